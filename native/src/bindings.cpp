@@ -1,0 +1,36 @@
+// bindings.cpp - the lampo._native module: the engine (`Engine`), the per-op test bindings
+// (`lampo._native.ops`, used by the cuda-marked tests to check each kernel against the numpy
+// reference) and the CudaError exception. Each part registers itself from its own file; the hooks
+// are weak so that a build restricted to a subset of sources (-DLAMPO_SOURCES=...) still links.
+#include <pybind11/pybind11.h>
+
+#include "common.cuh"
+
+namespace py = pybind11;
+
+namespace lampo {
+void register_core_ops(py::module_& ops) __attribute__((weak));
+void register_gdn_moe_ops(py::module_& ops) __attribute__((weak));
+void register_engine(py::module_& m) __attribute__((weak));
+}  // namespace lampo
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "Lampo's C++/CUDA engine for the Qwen3.5/3.6 family";
+    static py::exception<lampo::CudaError> cuda_error(m, "CudaError", PyExc_RuntimeError);
+    py::register_exception_translator([](std::exception_ptr p) {
+        try {
+            if (p) std::rethrow_exception(p);
+        } catch (const lampo::CudaError& e) {
+            py::set_error(cuda_error, e.what());
+        }
+    });
+    m.def("device_count", []() {
+        int n = 0;
+        return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+    }, "Number of CUDA devices visible (0 when no driver or GPU).");
+
+    py::module_ ops = m.def_submodule("ops", "Single-op entry points on numpy arrays, for tests");
+    if (lampo::register_core_ops) lampo::register_core_ops(ops);
+    if (lampo::register_gdn_moe_ops) lampo::register_gdn_moe_ops(ops);
+    if (lampo::register_engine) lampo::register_engine(m);
+}

@@ -1,0 +1,56 @@
+// common.cuh - error checking (host) and small device helpers (CUDA only) shared by every
+// kernel file; safe to include from plain C++ translation units.
+#pragma once
+
+#include <cstdio>
+#include <stdexcept>
+#include <string>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+namespace lampo {
+
+// A CUDA failure, carrying the op that failed; surfaces in Python as lampo._native.CudaError.
+struct CudaError : std::runtime_error {
+    explicit CudaError(const std::string& what) : std::runtime_error(what) {}
+};
+
+inline void cuda_check(cudaError_t err, const char* op, const char* file, int line) {
+    if (err != cudaSuccess) {
+        throw CudaError(std::string(op) + ": " + cudaGetErrorString(err) + " (" + file + ":" +
+                        std::to_string(line) + ")");
+    }
+}
+
+}  // namespace lampo
+
+#define LAMPO_CUDA_CHECK(expr) ::lampo::cuda_check((expr), #expr, __FILE__, __LINE__)
+// After a kernel launch: raises with the op name if the launch failed.
+#define LAMPO_CHECK_LAUNCH(op) ::lampo::cuda_check(cudaGetLastError(), op, __FILE__, __LINE__)
+
+#if defined(__CUDACC__)
+namespace lampo {
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(__expf(x)); }
+
+}  // namespace lampo
+#endif  // __CUDACC__
+
+namespace lampo {
+inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+}  // namespace lampo

@@ -1,0 +1,38 @@
+// linear.h - the weight-format seam: every projection of the layer loop is a `Linear`, and
+// `linear_forward` picks the kernel by format and token count. A quantized format (the ~5 bpw
+// format of the next milestone) adds an enum value, its storage fields and its kernels here,
+// without touching the layer loop.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+namespace lampo {
+
+enum class WeightFormat : int32_t { BF16 = 0 };
+
+struct Linear {
+    WeightFormat format = WeightFormat::BF16;
+    const void* data = nullptr;  // BF16: [out, in] row-major bf16
+    int out = 0;
+    int in = 0;
+    size_t bytes() const { return size_t(out) * size_t(in) * 2; }
+};
+
+// Largest token count served by the GEMV path (decode and speculative verify windows).
+constexpr int GEMV_MAX_T = 8;
+
+// y [T, W.out] = x [T, W.in] @ W^T.  bf16 in/out, fp32 accumulation.
+// T <= GEMV_MAX_T: bandwidth-bound GEMV kernel (gemv.cu), graph-capturable.
+// T  > GEMV_MAX_T: our own tensor-core GEMM (gemm.cu, mma.sync bf16 -> fp32). Lampo links no
+//                  cuBLAS: the CPU machines that build it have nvcc but no cuBLAS, and the
+//                  engine needs only these two shapes of product.
+void linear_forward(const Linear& W, const __nv_bfloat16* x, __nv_bfloat16* y, int T,
+                    cudaStream_t stream);
+// Same product with fp32 output (LM head logits, router logits).
+void linear_forward_f32(const Linear& W, const __nv_bfloat16* x, float* y, int T,
+                        cudaStream_t stream);
+
+}  // namespace lampo
