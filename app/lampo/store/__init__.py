@@ -1,0 +1,6 @@
+"""Persistent chats: `Store` (SQLite) and its records. See sqlite_store.py for the contract."""
+
+from lampo.store.migrations import SCHEMA_VERSION, SchemaTooNew
+from lampo.store.sqlite_store import ChatRecord, MessageRecord, Store
+
+__all__ = ["ChatRecord", "MessageRecord", "SCHEMA_VERSION", "SchemaTooNew", "Store"]
