@@ -1,0 +1,203 @@
+"""Open and validate a HF checkpoint directory of the Qwen3.5/3.6 family, then hand out its
+tensors as zero-copy memory maps.
+
+`Checkpoint.open(model_dir)` reads `config.json`, then `model.safetensors.index.json` (sharded) or
+`model.safetensors` (single file), and parses every header before any tensor data is touched. It
+checks that each tensor of `tensor_specs.expected_tensors` is present once with the expected shape
+and an accepted dtype, and that its bytes lie inside its file. Every problem raises
+`CheckpointError` with one line naming the file and tensor. Tensors the text engine does not use
+(`model.visual.*`, anything unknown) are skipped and counted in `ignored`. MTP: when all `mtp.*`
+tensors are absent the checkpoint opens without them (`has_mtp` False, see `notes`); a partial MTP
+module is an error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from lampo.models.bf16 import from_bf16
+from lampo.models.config import ConfigError, ModelConfig, load_config
+from lampo.models.safetensors_io import SafetensorsError, StoredTensor, read_header
+from lampo.models.tensor_specs import BF16, F32, TensorSpec, expected_tensors, is_mtp
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+_NUMPY_DTYPES = {BF16: np.dtype("<u2"), F32: np.dtype("<f4")}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint Lampo cannot load; the message is one line naming the file and tensor."""
+
+
+def _fail(msg: str) -> CheckpointError:
+    return CheckpointError(f"checkpoint: {msg}")
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _shard_files(model_dir: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The safetensors files in order, and the index's weight_map (None for a single file)."""
+    index_path = model_dir / INDEX_NAME
+    if index_path.is_file():
+        try:
+            index = json.loads(index_path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise _fail(f"{INDEX_NAME} is not valid JSON ({e})") from None
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise _fail(f"{INDEX_NAME} has no valid 'weight_map' object")
+        files = []
+        for fname in sorted(set(weight_map.values())):
+            path = model_dir / fname
+            if Path(fname).name != fname:
+                raise _fail(f"{INDEX_NAME} names shard {fname!r}, which is not a plain file name")
+            if not path.is_file():
+                raise _fail(f"{INDEX_NAME} names shard {fname}, which is missing from {model_dir}")
+            files.append(path)
+        return files, weight_map
+    single = model_dir / SINGLE_NAME
+    if single.is_file():
+        return [single], None
+    raise _fail(f"{model_dir} has neither {INDEX_NAME} nor {SINGLE_NAME}")
+
+
+class Checkpoint:
+    """A validated checkpoint. Build it with `Checkpoint.open`."""
+
+    def __init__(self, model_dir: Path, config: ModelConfig, tensors: dict[str, StoredTensor],
+                 files: list[Path], has_mtp: bool, ignored: tuple[str, ...], notes: tuple[str, ...]):
+        self.model_dir = model_dir
+        self.config = config
+        self.has_mtp = has_mtp
+        self.ignored = ignored  # names present in the files but not used by the text engine
+        self.notes = notes  # human-readable remarks, e.g. that the MTP module is absent
+        self._tensors = tensors  # in canonical (expected_tensors) order
+        self._files = files
+        self._maps: dict[Path, np.memmap] = {}
+
+    # ---- opening and validation ----------------------------------------------------------
+    @classmethod
+    def open(cls, model_dir: str | Path, include_mtp: bool = True) -> "Checkpoint":
+        model_dir = Path(model_dir)
+        if not model_dir.is_dir():
+            raise _fail(f"{model_dir} is not a directory")
+        try:
+            config = load_config(model_dir)
+        except ConfigError as e:
+            raise _fail(str(e)) from None
+        files, weight_map = _shard_files(model_dir)
+
+        stored: dict[str, StoredTensor] = {}
+        for path in files:
+            try:
+                header = read_header(path)
+            except SafetensorsError as e:
+                raise _fail(str(e)) from None
+            for t in header:
+                if t.name in stored:
+                    raise _fail(f"{path.name}: tensor {t.name!r} also appears in {stored[t.name].path.name}")
+                if weight_map is not None and weight_map.get(t.name, path.name) != path.name:
+                    raise _fail(f"{path.name}: tensor {t.name!r} is mapped to {weight_map[t.name]} by {INDEX_NAME}")
+                stored[t.name] = t
+        if weight_map is not None:
+            for name, fname in weight_map.items():
+                if name not in stored:
+                    raise _fail(f"{fname}: tensor {name!r} is listed in {INDEX_NAME} but not in the shard")
+
+        expected = expected_tensors(config, include_mtp=include_mtp)
+        notes: list[str] = []
+        has_mtp = any(is_mtp(n) for n in expected)
+        if has_mtp and not any(is_mtp(n) and n in stored for n in expected):
+            has_mtp = False
+            expected = {n: s for n, s in expected.items() if not is_mtp(n)}
+            notes.append("no MTP weights (mtp.*) in the checkpoint: speculative decoding is unavailable")
+        cls._check_present(model_dir, expected, stored)
+        for name, spec in expected.items():
+            cls._check_tensor(stored[name], spec)
+        ignored = tuple(n for n in stored if n not in expected)
+        tensors = {name: stored[name] for name in expected}
+        return cls(model_dir, config, tensors, files, has_mtp, ignored, tuple(notes))
+
+    @staticmethod
+    def _check_present(model_dir: Path, expected: dict[str, TensorSpec], stored: dict[str, StoredTensor]) -> None:
+        missing = [n for n in expected if n not in stored]
+        if not missing:
+            return
+        first, more = missing[0], len(missing) - 1
+        spec = expected[first]
+        extra = f" (and {more} more)" if more else ""
+        if is_mtp(first):
+            n_mtp = sum(is_mtp(n) for n in expected)
+            raise _fail(
+                f"{model_dir.name}: the MTP module is incomplete: tensor {first!r} "
+                f"({spec.dtype} {_shape(spec.shape)}) is missing{extra}; "
+                f"{n_mtp - len(missing)} of {n_mtp} mtp.* tensors present"
+            )
+        raise _fail(f"{model_dir.name}: tensor {first!r} ({spec.dtype} {_shape(spec.shape)}) is missing{extra}")
+
+    @staticmethod
+    def _check_tensor(t: StoredTensor, spec: TensorSpec) -> None:
+        if t.shape != spec.shape:
+            raise _fail(f"{t.path.name}: tensor {t.name!r} has shape {_shape(t.shape)}, expected {_shape(spec.shape)}")
+        if not spec.accepts(t.dtype):
+            allowed = " or ".join(sorted(spec.allowed_dtypes))
+            raise _fail(f"{t.path.name}: tensor {t.name!r} has dtype {t.dtype}, expected {allowed}")
+
+    # ---- queries -------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        """The tensors the text engine uses, in canonical order (embedding, layers, norm,
+        lm_head, MTP)."""
+        return list(self._tensors)
+
+    def spec(self, name: str) -> TensorSpec:
+        """Shape and the dtype actually stored for `name`."""
+        t = self._stored(name)
+        return TensorSpec(t.shape, t.dtype, frozenset({t.dtype}))
+
+    def shards(self) -> list[tuple[Path, list[str]]]:
+        """(file, the used tensors in it in file order) for each file holding any, in file order,
+        for shard-by-shard loading."""
+        by_file: dict[Path, list[StoredTensor]] = {p: [] for p in self._files}
+        for t in self._tensors.values():
+            by_file[t.path].append(t)
+        return [(p, [t.name for t in sorted(ts, key=lambda t: t.start)]) for p, ts in by_file.items() if ts]
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of all used tensors."""
+        return sum(t.nbytes for t in self._tensors.values())
+
+    # ---- data ----------------------------------------------------------------------------
+    def raw(self, name: str) -> np.ndarray:
+        """Zero-copy read-only view of the stored bytes: BF16 as uint16 bits, F32 as float32."""
+        t = self._stored(name)
+        mm = self._maps.get(t.path)
+        if mm is None:
+            mm = self._maps[t.path] = np.memmap(t.path, dtype=np.uint8, mode="r")
+        return np.asarray(mm[t.start:t.end]).view(_NUMPY_DTYPES[t.dtype]).reshape(t.shape)
+
+    def tensor_f32(self, name: str) -> np.ndarray:
+        """The tensor as float32 (a new array for BF16; the read-only map itself for F32)."""
+        raw = self.raw(name)
+        return from_bf16(raw) if raw.dtype == np.uint16 else raw
+
+    def close(self) -> None:
+        """Drop the memory maps (arrays handed out earlier keep their own reference)."""
+        self._maps.clear()
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _stored(self, name: str) -> StoredTensor:
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise KeyError(f"checkpoint: no tensor {name!r} in {self.model_dir}") from None
