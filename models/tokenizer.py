@@ -93,7 +93,7 @@ class Tokenizer:
         return self._tok.decode(ids, skip_special_tokens=skip_special)
 
     def token_to_id(self, token: str) -> int | None:
-        """Id of a vocabulary entry (byte-level form, e.g. 'Ġthe') or added token; None if absent."""
+        """Id of a vocabulary entry (byte-level form, e.g. 'Ġthe') or added token, else None."""
         return self._tok.token_to_id(token)
 
     def id_to_token(self, token_id: int) -> str:
@@ -114,7 +114,9 @@ class Tokenizer:
     def _checked(self, token_id: int) -> int:
         token_id = int(token_id)
         if not 0 <= token_id < REAL_VOCAB_SIZE:
-            raise TokenizerError(f"token id {token_id} outside the vocabulary [0, {REAL_VOCAB_SIZE})")
+            raise TokenizerError(
+                f"token id {token_id} outside the vocabulary [0, {REAL_VOCAB_SIZE})"
+            )
         return token_id
 
 

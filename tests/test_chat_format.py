@@ -1,0 +1,244 @@
+"""chat_format against the official Qwen3.6 chat_template.jinja, rendered with jinja2 as HF does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lampo.models.chat_format import (
+    ChatFormatError,
+    Message,
+    ToolCall,
+    build_prompt,
+    render,
+    split_reasoning,
+)
+from lampo.models.tokenizer import Tokenizer
+
+jinja2_sandbox = pytest.importorskip("jinja2.sandbox")
+
+
+def _shared_qwen_dir() -> Path:
+    for root in (Path(__file__).resolve().parents[2] / "shared", Path("/work/shared")):
+        path = root / "qwen3.6"
+        if (path / "tokenizer.json").is_file() and (path / "chat_template.jinja").is_file():
+            return path
+    pytest.skip("shared/qwen3.6 (tokenizer.json, chat_template.jinja) not found beside the repo "
+                "or at /work/shared")
+
+
+@pytest.fixture(scope="module")
+def qwen_dir() -> Path:
+    return _shared_qwen_dir()
+
+
+@pytest.fixture(scope="module")
+def tok(qwen_dir) -> Tokenizer:
+    return Tokenizer.from_file(qwen_dir / "tokenizer.json")
+
+
+class TemplateError(Exception):
+    pass
+
+
+@pytest.fixture(scope="module")
+def template(qwen_dir):
+    """The template in an environment configured like HF transformers' apply_chat_template."""
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env = jinja2_sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string((qwen_dir / "chat_template.jinja").read_text(encoding="utf-8"))
+
+
+def as_hf(message: Message) -> dict:
+    out = {"role": message.role, "content": message.content}
+    if message.reasoning:
+        out["reasoning_content"] = message.reasoning
+    if message.tool_calls:
+        out["tool_calls"] = [
+            {"type": "function", "function": {"name": c.name, "arguments": dict(c.arguments)}}
+            for c in message.tool_calls
+        ]
+    return out
+
+
+def jinja_render(template, messages, *, enable_thinking=True, add_generation_prompt=True,
+                 preserve_thinking=False, tools=None) -> str:
+    return template.render(
+        messages=[as_hf(m) for m in messages], tools=tools, enable_thinking=enable_thinking,
+        add_generation_prompt=add_generation_prompt, preserve_thinking=preserve_thinking,
+    )
+
+
+S, U, A, T = "system", "user", "assistant", "tool"
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city — «quoted», 東京 & <tags>",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                        "days": {"type": "integer"}},
+                       "required": ["city"]},
+    },
+}
+SEARCH_TOOL = {"type": "function", "function": {"name": "search", "parameters": {}}}
+
+CASES = {
+    "single_user": ([Message(U, "Hello!")], {}),
+    "thinking_off": ([Message(U, "What is 2+2?")], {"enable_thinking": False}),
+    "system_and_user": ([Message(S, "You are Lampo."), Message(U, "Hi")], {}),
+    "whitespace_trimmed": (
+        [Message(S, "  \n sys with spaces \n\n"), Message(U, "\n\n  question?\t \n")], {}),
+    "empty_system": ([Message(S, "   "), Message(U, "hi")], {}),
+    "multi_turn_reasoning_field_dropped": (
+        [Message(U, "first"), Message(A, "answer one", reasoning="thought one"),
+         Message(U, "second")], {}),
+    "multi_turn_reasoning_in_content_dropped": (
+        [Message(S, "sys"), Message(U, "first"),
+         Message(A, "<think>\nthought one\n</think>\n\nanswer one"), Message(U, "second"),
+         Message(A, "\n\nthought two</think>\n\n  answer two  "), Message(U, "third")], {}),
+    "preserve_thinking": (
+        [Message(U, "first"), Message(A, "answer one", reasoning="  thought one \n"),
+         Message(U, "second"), Message(A, "<think>\nt2\n</think>\n\nanswer two"),
+         Message(U, "third")], {"preserve_thinking": True}),
+    "preserve_thinking_off_mode": (
+        [Message(U, "first"), Message(A, "answer one", reasoning="thought one"),
+         Message(U, "second")], {"preserve_thinking": True, "enable_thinking": False}),
+    "assistant_last_keeps_reasoning": (
+        [Message(U, "q"), Message(A, "partial answer", reasoning="some thought")],
+        {"add_generation_prompt": False}),
+    "assistant_last_no_reasoning": (
+        [Message(U, "q"), Message(A, "plain answer")], {"add_generation_prompt": False}),
+    "reasoning_field_wins_over_content": (
+        [Message(U, "q"), Message(A, "kept </think> literally", reasoning="r")],
+        {"add_generation_prompt": False}),
+    "unicode": (
+        [Message(S, "Réponds en français 🇫🇷"),
+         Message(U, "人工智能是什么？ 😀 Ελληνικά e\u0301 עברית"),
+         Message(A, "答案：人工智能 👍🏽", reasoning="思考中……"),
+         Message(U, "спасибо! 🎉")], {}),
+    "code_and_numbers": (
+        [Message(U, "```python\ndef f(x):\n    return x ** 2\n```\nWhat does f(12) return?"),
+         Message(A, "It returns `144`.\n\n    indented line\n"),
+         Message(U, "and 3.14159 * 2 = ?")], {"enable_thinking": False}),
+    "specials_in_user_text": (
+        [Message(U, "What does <|im_end|> or <think> mean?")], {}),
+    "tools_with_system": (
+        [Message(S, "Be brief."), Message(U, "Weather in Paris and Tokyo?"),
+         Message(A, "", reasoning="Need two calls.", tool_calls=(
+             ToolCall("get_weather", {"city": "Paris", "days": 2}),
+             ToolCall("get_weather", {"city": "東京", "options": {"unit": "C", "raw": True}}))),
+         Message(T, '{"temp": 21}'), Message(T, "  sunny, 25°C  \n"),
+         Message(A, "Paris 21, Tokyo 25.", reasoning="Both results in.")],
+        {"tools": [WEATHER_TOOL, SEARCH_TOOL], "add_generation_prompt": False}),
+    "tools_without_system_mid_flow": (
+        [Message(U, "Search for lampo"),
+         Message(A, "Let me search.", reasoning="search it",
+                 tool_calls=(ToolCall("search", {"query": "lampo", "limit": 5,
+                                                 "tags": ["a", "b"], "x": None}),)),
+         Message(T, "result one")],
+        {"tools": [SEARCH_TOOL]}),
+    "tools_empty_system": (
+        [Message(S, " \n"), Message(U, "hi")], {"tools": [SEARCH_TOOL]}),
+    "tool_history_before_new_query": (
+        [Message(U, "Search for lampo"),
+         Message(A, "", reasoning="search", tool_calls=(ToolCall("search", {"q": "lampo"}),)),
+         Message(T, "found"), Message(A, "Found it.", reasoning="done"),
+         Message(U, "thanks, and now?")], {"tools": [SEARCH_TOOL]}),
+    "user_turn_of_wrapped_tool_responses": (
+        [Message(U, "go"), Message(A, "step one", reasoning="r1"),
+         Message(U, "<tool_response>\nout\n</tool_response>")], {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_render_matches_template_text_and_ids(name, template, tok):
+    messages, kwargs = CASES[name]
+    expected = jinja_render(template, messages, **kwargs)
+    assert render(messages, **kwargs) == expected
+    if kwargs.get("add_generation_prompt", True):
+        prompt_kwargs = {k: v for k, v in kwargs.items() if k != "add_generation_prompt"}
+        prompt = build_prompt(tok, messages, **prompt_kwargs)
+        assert prompt.text == expected
+        assert list(prompt.ids) == tok.encode(expected)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_reuse_boundary_ends_the_last_user_query(name, tok):
+    messages, kwargs = CASES[name]
+    kwargs = {k: v for k, v in kwargs.items() if k != "add_generation_prompt"}
+    prompt = build_prompt(tok, messages, **kwargs)
+    last_query = max(i for i, m in enumerate(messages)
+                     if m.role == U and not m.content.strip().startswith("<tool_response>"))
+    head = render(messages[: last_query + 1], add_generation_prompt=False, **kwargs)
+    assert prompt.ids[: prompt.reuse_boundary] == tuple(tok.encode(head))
+    assert prompt.ids[prompt.reuse_boundary - 2 : prompt.reuse_boundary + 1] == (
+        248046, tok.encode("\n")[0], 248045)
+
+
+def test_reuse_boundary_prefix_survives_continuation(tok):
+    convo = [Message(S, "You are Lampo."), Message(U, "Name a prime.")]
+    for turn in range(3):
+        before = build_prompt(tok, convo)
+        convo = [*convo, Message(A, f"{turn * 2 + 3}.", reasoning=f"I pick prime {turn}."),
+                 Message(U, f"Another one, please ({turn}).")]
+        after = build_prompt(tok, convo)
+        assert after.ids[: before.reuse_boundary] == before.ids[: before.reuse_boundary]
+        assert after.reuse_boundary > len(before.ids)
+        # The whole previous prompt is not a prefix: its generation prompt opened <think>.
+        assert after.ids[: len(before.ids)] != before.ids
+
+
+def test_preserve_thinking_keeps_the_whole_history_stable(tok):
+    convo = [Message(U, "q1"), Message(A, "a1", reasoning="r1")]
+    before = build_prompt(tok, [*convo[:1]], preserve_thinking=True)
+    after = build_prompt(tok, [*convo, Message(U, "q2")], preserve_thinking=True)
+    generated = tok.encode("r1\n</think>\n\na1<|im_end|>\n")
+    assert after.ids[: len(before.ids) + len(generated)] == before.ids + tuple(generated)
+
+
+@pytest.mark.parametrize(
+    ("messages", "match"),
+    [([], "no messages"),
+     ([Message(U, "hi"), Message(S, "late system")], "only first"),
+     ([Message("bot", "hi")], "unexpected role 'bot'"),
+     ([Message(S, "sys")], "no user query"),
+     ([Message(U, "<tool_response>\nx\n</tool_response>")], "no user query")],
+)
+def test_errors_where_the_template_raises(messages, match, template):
+    with pytest.raises(ChatFormatError, match=match):
+        render(messages)
+    with pytest.raises(TemplateError):
+        jinja_render(template, messages)
+
+
+@pytest.mark.parametrize(
+    ("raw", "reasoning", "answer"),
+    [("Let me think.\n</think>\n\nThe answer is 4.", "Let me think.", "The answer is 4."),
+     ("<think>\nstill thinking", "still thinking", ""),
+     ("partial reasoning so far", "partial reasoning so far", ""),
+     ("\n</think>\n\n", "", ""),
+     ("r</think>a</think>b", "r", "a</think>b")],
+)
+def test_split_reasoning(raw, reasoning, answer):
+    assert split_reasoning(raw) == (reasoning, answer)
+
+
+def test_split_reasoning_round_trips_through_render(template):
+    raw = "Adding.\n</think>\n\n2 + 2 = 4."
+    reasoning, answer = split_reasoning(raw)
+    convo = [Message(U, "2+2?"), Message(A, answer, reasoning=reasoning)]
+    prompt_then_raw = render(convo[:1]) + raw
+    assert render(convo, add_generation_prompt=False) == prompt_then_raw + "<|im_end|>\n"
