@@ -70,8 +70,6 @@ def count_params(cfg: ModelConfig) -> ParamCounts:
     )
 
 
-def format_count(n: int) -> str:
-    """34,660,610,688 (34.66 B)"""
-    if n >= 1_000_000_000:
-        return f"{n:,} ({n / 1e9:.2f} B)"
-    return f"{n:,} ({n / 1e6:.2f} M)"
+def short_count(n: int) -> str:
+    """34.66 B, 394.37 M"""
+    return f"{n / 1e9:.2f} B" if n >= 100_000_000 else f"{n / 1e6:.2f} M"

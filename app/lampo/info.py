@@ -1,0 +1,94 @@
+"""`lampo info MODEL [--context N]`: model shape, parameter counts and the GPU memory plan.
+
+MODEL is a checkpoint directory (validated: every header is read, no tensor data), a config.json
+(or a directory holding only one), or a preset name (`lampo.models.presets.PRESETS`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from lampo.models.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint, CheckpointError
+from lampo.models.config import ConfigError, ModelConfig, load_config
+from lampo.models.memory_plan import format_plans_table, plan_memory
+from lampo.models.params import count_params, short_count
+from lampo.models.presets import PRESETS, get_preset
+
+DEFAULT_CONTEXT = 262_144
+
+
+def _resolve(model: str | Path) -> tuple[ModelConfig, Checkpoint | None, str]:
+    """(config, the opened checkpoint if MODEL is one, a label of where it came from)."""
+    path = Path(model)
+    if path.is_dir() and ((path / INDEX_NAME).is_file() or (path / SINGLE_NAME).is_file()):
+        ckpt = Checkpoint.open(path)
+        return ckpt.config, ckpt, f"checkpoint {path}"
+    if path.is_dir() or path.is_file():
+        return load_config(path), None, f"config {path / 'config.json' if path.is_dir() else path}"
+    if str(model) in PRESETS:
+        return get_preset(str(model)), None, f"preset {model}"
+    raise ConfigError(f"{model!r} is not a checkpoint directory, a config.json or a preset ({', '.join(PRESETS)})")
+
+
+def describe(model: str | Path, context: int = DEFAULT_CONTEXT) -> str:
+    """Human-readable summary of MODEL; raises ConfigError / CheckpointError / ValueError."""
+    cfg, ckpt, source = _resolve(model)
+    counts = count_params(cfg)
+    n_lin, n_full = len(cfg.linear_layer_ids), len(cfg.full_layer_ids)
+    if cfg.is_moe:
+        ffn = (f"MoE: {cfg.num_experts} experts, top-{cfg.num_experts_per_tok}, expert width "
+               f"{cfg.moe_intermediate_size}, shared expert {cfg.shared_expert_intermediate_size}")
+    else:
+        ffn = f"dense SwiGLU, width {cfg.intermediate_size:,}"
+    rows = [
+        ("model", f"{cfg.model_type} ({source})"),
+        ("layers", f"{cfg.num_hidden_layers} ({n_lin} Gated DeltaNet + {n_full} full attention)"),
+        ("hidden", f"{cfg.hidden_size:,}"),
+        ("attention", f"{cfg.num_attention_heads} query heads, {cfg.num_key_value_heads} KV heads × "
+                      f"{cfg.head_dim} (rotary {cfg.rotary_dim}, theta {cfg.rope_theta:,.0f})"),
+        ("Gated DeltaNet", f"{cfg.linear_num_key_heads} QK heads × {cfg.linear_key_head_dim}, "
+                           f"{cfg.linear_num_value_heads} V heads × {cfg.linear_value_head_dim}, "
+                           f"conv {cfg.linear_conv_kernel_dim}"),
+        ("FFN", ffn),
+        ("vocab", f"{cfg.vocab_size:,} rows ({cfg.real_vocab_size:,} real tokens)"),
+        ("max context", f"{cfg.max_position_embeddings:,}"),
+        ("MTP layers", str(cfg.mtp_num_hidden_layers)),
+    ]
+    if ckpt is not None:
+        n_files = len(ckpt.shards())
+        mtp = "with MTP" if ckpt.has_mtp else "without MTP"
+        rows.append(("checkpoint", f"{len(ckpt.names())} tensors in {n_files} file{'s' if n_files != 1 else ''}, "
+                                   f"{ckpt.total_bytes / 1e9:.2f} GB, {mtp}, {len(ckpt.ignored)} tensors ignored"))
+    with_mtp = ckpt.has_mtp if ckpt is not None else True
+    rows += [
+        ("params, text", f"{counts.total_text:,} ({short_count(counts.total_text)})"),
+        ("params, MTP", f"{counts.mtp:,} ({short_count(counts.mtp)})"),
+        ("params, active/token", f"{counts.active_per_token:,} ({short_count(counts.active_per_token)})"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
+    if ckpt is not None:
+        lines += [f"note: {n}" for n in ckpt.notes]
+    plans = [plan_memory(cfg, context, fmt, with_mtp=with_mtp) for fmt in ("bf16", "5bpw")]
+    lines += ["", f"GPU memory plan at {context:,} tokens (int8 KV cache):",
+              format_plans_table(plans, ["bf16", "~5 bpw"])]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="lampo info", description=__doc__.splitlines()[0])
+    p.add_argument("model", help=f"checkpoint directory, config.json, or preset ({', '.join(PRESETS)})")
+    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, metavar="N",
+                   help=f"context length for the memory plan (default {DEFAULT_CONTEXT:,})")
+    try:
+        args = p.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    try:
+        print(describe(args.model, args.context))
+    except (ConfigError, CheckpointError, ValueError) as e:
+        print(f"lampo info: {e}", file=sys.stderr)
+        return 2
+    return 0

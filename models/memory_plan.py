@@ -1,0 +1,226 @@
+"""GPU memory plan: what the engine allocates for a model at a given context, computed before
+allocating so that it can print the plan and refuse clearly when it does not fit.
+
+Items (architecture doc §5):
+- weights: parameters (`params.count_params`) × bytes per parameter of the weight format;
+- KV cache: per full-attention layer (and the MTP layer) and token, K and V of nkv heads × D values;
+  `int8` stores 1 byte per value plus one fp16 scale per 64 values, `bf16` 2 bytes per value;
+- GDN recurrent state: per GDN layer Hv × dk × dv fp32; conv windows: conv_dim × (K−1) bf16;
+- speculative snapshot slots: one more copy of both GDN states per slot;
+- activations for one prefill chunk of T tokens, T × `activation_bytes_per_token` (see there),
+  plus logits and sampling scratch for the rows that need them;
+- CUDA graphs and a runtime reserve: fixed estimates (graph executables and their pools; kernel
+  modules loaded lazily, allocator granularity).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from lampo.models.config import ModelConfig
+from lampo.models.params import count_params, short_count
+
+GIB = 1 << 30
+MIB = 1 << 20
+WEIGHT_FORMATS = {"bf16": 2.0, "5bpw": 5 / 8}  # bytes per parameter
+KV_FORMATS = ("int8", "bf16")
+KV_SCALE_GROUP = 64  # int8 KV: one fp16 scale per this many values of a head row
+DEFAULT_PREFILL_CHUNK = 2048
+GDN_CHUNK = 64  # chunked gated-delta-rule block length
+CUDA_GRAPHS_BYTES = 64 * MIB
+RUNTIME_RESERVE_BYTES = 256 * MIB
+CONTEXT_STEP = 1024  # suggested contexts are multiples of this
+
+
+@dataclass(frozen=True)
+class MemoryItem:
+    name: str
+    bytes: int
+    note: str = ""
+
+
+def kv_bytes_per_token_per_layer(cfg: ModelConfig, kv: str) -> int:
+    """K and V rows of one attention layer for one token."""
+    if kv == "int8":
+        row = cfg.head_dim + 2 * math.ceil(cfg.head_dim / KV_SCALE_GROUP)
+    elif kv == "bf16":
+        row = 2 * cfg.head_dim
+    else:
+        raise ValueError(f"memory plan: kv must be one of {', '.join(KV_FORMATS)}, got {kv!r}")
+    return 2 * cfg.num_key_value_heads * row
+
+
+def gdn_state_bytes(cfg: ModelConfig) -> tuple[int, int]:
+    """(recurrent state fp32, conv windows bf16) over all GDN layers."""
+    n = len(cfg.linear_layer_ids)
+    recurrent = n * cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim * 4
+    conv = n * cfg.conv_dim * (cfg.linear_conv_kernel_dim - 1) * 2
+    return recurrent, conv
+
+
+def activation_bytes_per_token(cfg: ModelConfig) -> dict[str, int]:
+    """Live activation bytes per prefill token, by buffer (bf16 = 2 B, fp32 = 4 B). Buffers are
+    reused across layers, so each term is the widest layer kind's need:
+    - residual: the residual stream in fp32 and the sublayer output added to it (2 × 4H);
+    - normed: the normed sublayer input, bf16 (2H);
+    - projections: mixer input projections, bf16: GDN qkv + z + a + b, or attention q|gate + k + v;
+    - mixer: fp32 mixer internals: GDN conv output + core output, or the attention output;
+    - gdn_chunk: chunked delta-rule workspace per V head: a C×C block, U [C, dv], W [C, dk] per C tokens;
+    - ffn: dense gate|up + activation (3I, bf16); MoE: k experts' gate|up + activation (3·k·I) and
+      the shared expert's (3S) in bf16, router logits (fp32 E) and k weighted expert outputs (fp32 k·H).
+    """
+    h = cfg.hidden_size
+    gdn_proj = cfg.conv_dim + cfg.value_dim + 2 * cfg.linear_num_value_heads
+    attn_proj = cfg.q_proj_rows + 2 * cfg.kv_width
+    if cfg.is_moe:
+        k = cfg.num_experts_per_tok
+        ffn = (2 * (3 * k * cfg.moe_intermediate_size + 3 * cfg.shared_expert_intermediate_size)
+               + 4 * cfg.num_experts + 4 * k * h)
+    else:
+        ffn = 2 * 3 * cfg.intermediate_size
+    return {
+        "residual": 2 * 4 * h,
+        "normed": 2 * h,
+        "projections": 2 * max(gdn_proj, attn_proj),
+        "mixer": 4 * max(cfg.conv_dim + cfg.value_dim, cfg.attn_inner),
+        "gdn_chunk": 4 * cfg.linear_num_value_heads * (GDN_CHUNK + cfg.linear_key_head_dim + cfg.linear_value_head_dim),
+        "ffn": ffn,
+    }
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _fmt(n: float) -> str:
+    if n >= GIB:
+        return f"{n / GIB:.2f} GiB"
+    if n >= 100 * MIB:
+        return f"{n / MIB:.0f} MiB"
+    if n >= MIB:
+        return f"{n / MIB:.1f} MiB"
+    return f"{n / 1024:.1f} KiB"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    model: str
+    context: int
+    weight_format: str  # a WEIGHT_FORMATS name or "<x> B/param"
+    kv: str
+    items: tuple[MemoryItem, ...]
+    kv_bytes_per_token: int  # trunk + MTP KV bytes per token of context
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(i.bytes for i in self.items)
+
+    def item(self, name: str) -> MemoryItem:
+        for i in self.items:
+            if i.name == name:
+                return i
+        raise KeyError(f"memory plan has no item {name!r}")
+
+    def max_context(self, free_bytes: int) -> int:
+        """The largest context (a multiple of CONTEXT_STEP, capped at this plan's) that fits."""
+        fixed = self.total_bytes - self.kv_bytes_per_token * self.context
+        tokens = (free_bytes - fixed) // self.kv_bytes_per_token if free_bytes > fixed else 0
+        return min(self.context, tokens // CONTEXT_STEP * CONTEXT_STEP)
+
+    def fits(self, free_bytes: int) -> tuple[bool, str]:
+        """Whether the plan fits in `free_bytes`, and a one-paragraph explanation with numbers."""
+        total = self.total_bytes
+        if total <= free_bytes:
+            return True, (f"memory plan {_fmt(total)} fits in {_fmt(free_bytes)} free "
+                          f"({_fmt(free_bytes - total)} spare)")
+        weights = sum(i.bytes for i in self.items if i.name.startswith("weights"))
+        kv = self.kv_bytes_per_token * self.context
+        other = total - weights - kv
+        msg = (f"not enough GPU memory: the plan needs {_fmt(total)} but only {_fmt(free_bytes)} is free "
+               f"(weights {_fmt(weights)} in {self.weight_format}, KV cache {_fmt(kv)} for "
+               f"{self.context:,} tokens ({self.kv}), state/activations/reserve {_fmt(other)}); ")
+        best = self.max_context(free_bytes)
+        if best > 0:
+            return False, msg + f"try --context {best} (the largest that fits)"
+        return False, msg + "the weights and fixed buffers alone do not fit, even with a tiny --context"
+
+    def format_table(self) -> str:
+        return format_plans_table([self], [self.weight_format])
+
+
+def format_plans_table(plans: list[MemoryPlan], headers: list[str]) -> str:
+    """Aligned text table: one row per item, one column per plan (headers), then the item's note."""
+    names = list(dict.fromkeys(i.name for p in plans for i in p.items))
+    rows = [["", *headers, ""]]
+    for name in names:
+        present = [next((i for i in p.items if i.name == name), None) for p in plans]
+        note = next(i.note for i in present if i is not None)
+        rows.append([name, *[_fmt(i.bytes) if i else "-" for i in present], note])
+    rows.append(["total", *[_fmt(p.total_bytes) for p in plans], ""])
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = []
+    for r in rows:
+        cols = [r[0].ljust(widths[0])] + [r[c].rjust(widths[c]) for c in range(1, len(r) - 1)] + [r[-1]]
+        lines.append("  ".join(cols).rstrip())
+    return "\n".join(lines)
+
+
+def plan_memory(
+    cfg: ModelConfig,
+    context: int = 262_144,
+    weight_bytes_per_param: float | str = 2.0,
+    kv: str = "int8",
+    with_mtp: bool = True,
+    spec_slots: int = 0,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+) -> MemoryPlan:
+    """The memory plan of `cfg` at `context` tokens. `weight_bytes_per_param`: a number or a
+    WEIGHT_FORMATS name; `spec_slots`: extra GDN state snapshots for speculative verify."""
+    if not 1 <= context <= cfg.max_position_embeddings:
+        raise ValueError(f"memory plan: context must be in 1..{cfg.max_position_embeddings:,}, got {context:,}")
+    if spec_slots < 0 or prefill_chunk < 1:
+        raise ValueError(f"memory plan: spec_slots must be >= 0 and prefill_chunk >= 1 "
+                         f"(got {spec_slots}, {prefill_chunk})")
+    if isinstance(weight_bytes_per_param, str):
+        if weight_bytes_per_param not in WEIGHT_FORMATS:
+            raise ValueError(f"memory plan: unknown weight format {weight_bytes_per_param!r} "
+                             f"(formats: {', '.join(WEIGHT_FORMATS)})")
+        wfmt, bpp = weight_bytes_per_param, WEIGHT_FORMATS[weight_bytes_per_param]
+    else:
+        bpp = float(weight_bytes_per_param)
+        if bpp <= 0:
+            raise ValueError(f"memory plan: weight bytes per parameter must be positive, got {bpp}")
+        wfmt = next((n for n, v in WEIGHT_FORMATS.items() if v == bpp), f"{bpp:g} B/param")
+    mtp = with_mtp and cfg.mtp_num_hidden_layers > 0
+    counts = count_params(cfg)
+    per_layer_kv = kv_bytes_per_token_per_layer(cfg, kv)
+    n_full = len(cfg.full_layer_ids)
+    recurrent, conv = gdn_state_bytes(cfg)
+    act = activation_bytes_per_token(cfg)
+    chunk = min(prefill_chunk, context)
+    logit_rows = spec_slots + 1
+    # fp32 logits of the rows that need them, plus sampling scratch (sort keys and ids) for one row
+    logits = 4 * logit_rows * cfg.vocab_size + 8 * cfg.vocab_size
+
+    items = [MemoryItem("weights (text)", round(counts.total_text * bpp), f"{short_count(counts.total_text)} params")]
+    if mtp:
+        items.append(MemoryItem("weights (MTP)", round(counts.mtp * bpp), f"{short_count(counts.mtp)} params"))
+    items.append(MemoryItem("KV cache (trunk)", n_full * per_layer_kv * context,
+                            f"{_plural(n_full, 'layer')} × {_plural(cfg.num_key_value_heads, 'KV head')} × "
+                            f"{cfg.head_dim}, {kv}, {context:,} tokens"))
+    if mtp:
+        items.append(MemoryItem("KV cache (MTP)", cfg.mtp_num_hidden_layers * per_layer_kv * context,
+                                f"{_plural(cfg.mtp_num_hidden_layers, 'layer')}, {kv}"))
+    items.append(MemoryItem("GDN recurrent state", recurrent,
+                            f"{_plural(len(cfg.linear_layer_ids), 'layer')} × {_plural(cfg.linear_num_value_heads, 'head')} × "
+                            f"{cfg.linear_key_head_dim}×{cfg.linear_value_head_dim} fp32"))
+    items.append(MemoryItem("GDN conv windows", conv, f"{cfg.conv_dim} channels × {cfg.linear_conv_kernel_dim - 1} bf16"))
+    if spec_slots:
+        items.append(MemoryItem("speculative snapshots", spec_slots * (recurrent + conv), f"{spec_slots} slots"))
+    items.append(MemoryItem("activations", chunk * sum(act.values()) + logits,
+                            f"prefill chunk {chunk:,} × {sum(act.values()) / 1024:.0f} KiB + logits"))
+    items.append(MemoryItem("CUDA graphs", CUDA_GRAPHS_BYTES, "estimate"))
+    items.append(MemoryItem("runtime reserve", RUNTIME_RESERVE_BYTES, "lazy kernel modules, allocator slack"))
+    kv_per_token = (n_full + (cfg.mtp_num_hidden_layers if mtp else 0)) * per_layer_kv
+    return MemoryPlan(cfg.name, context, wfmt, kv, tuple(items), kv_per_token)
