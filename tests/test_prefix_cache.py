@@ -42,7 +42,7 @@ def test_snapshot_resume_after_divergence():
     assert c.snapshots() == {saved[3]: 3}  # still valid: rows 0..2 untouched
 
 
-def test_overwritten_rows_invalidate_longer_snapshots():
+def test_rewinding_drops_longer_snapshots():
     c = PrefixCache()
     run(c, [1, 2, 3, 4, 5, 6], snapshot_at=(2, 5))
     assert sorted(c.snapshots().values()) == [2, 5]
@@ -51,12 +51,14 @@ def test_overwritten_rows_invalidate_longer_snapshots():
     assert c.best_resume([1, 2, 3, 4, 5, 6, 7]) == Resume("snapshot", 2, c.best_resume([1, 2, 0]).slot)
 
 
-def test_rewriting_identical_tokens_keeps_snapshots():
+def test_continuing_keeps_snapshots_but_a_rewind_drops_them_even_for_same_tokens():
     c = PrefixCache()
     run(c, [1, 2, 3, 4, 5], snapshot_at=(2, 4))
-    run(c, [1, 2, 3, 4, 5, 6])  # continues the current state: nothing diverges
+    run(c, [1, 2, 3, 4, 5, 6])  # continues the current state: nothing is rewound
     r = c.best_resume([1, 2, 3, 4, 8])
     assert (r.source, r.reused) == ("snapshot", 4)
+    run(c, [1, 2, 3, 4])  # resumes at 2 (4 is not a strict prefix), rewrites 3, 4 identically
+    assert sorted(c.snapshots().values()) == [2]  # KV rows of 4 were rewritten: not trusted
 
 
 def test_current_wins_ties_and_longest_wins():

@@ -2,11 +2,13 @@
 
 A hybrid model (Gated DeltaNet + attention) cannot roll its recurrent state back, so an engine
 keeps (1) its *current* state and (2) a few *snapshots* of the recurrent state taken at requested
-prompt positions (turn boundaries). KV rows are position-indexed and shared: the row at position
-i depends only on tokens 0..i, so this class tracks the ids whose rows are written (`kv_ids`) and
-treats a snapshot of length L as valid exactly while `kv_ids[:L]` is still the prefix it was taken
-at. Writing a different token at position p drops every row (and snapshot) beyond p. An engine
-that copies whole states loses nothing by following the same rule.
+prompt positions (turn boundaries). KV rows are position-indexed and may be shared rather than
+copied: a snapshot of length L is a prefix of the current state and stays valid while no row
+below L is rewritten. Rewinding to a resume point r (restoring a shorter snapshot, or starting
+fresh) therefore drops every snapshot longer than r, even if the same tokens are written again
+(matching `lampo.models.reference.state`, which refuses such snapshots as stale). In chat use
+this loses nothing: the longest usable state is always chosen, so a longer snapshot that is
+dropped could not have been used for the new prompt.
 
 Engine loop, per request:
     r = cache.best_resume(prompt)           # longest held state that is a strict prefix
@@ -37,9 +39,8 @@ class PrefixCache:
     def __init__(self, slots: int = 4):
         if slots < 1:
             raise ValueError(f"PrefixCache needs at least 1 snapshot slot (got {slots})")
-        self._kv: list[int] = []  # ids whose KV rows are written, position by position
-        self._current = 0  # the current state covers kv[:current]
-        self._slots: list[int | None] = [None] * slots  # snapshot lengths
+        self._ids: list[int] = []  # token ids of the current state
+        self._slots: list[int | None] = [None] * slots  # snapshot lengths (prefixes of _ids)
         self._last_use = [0] * slots
         self._clock = 0
 
@@ -47,11 +48,11 @@ class PrefixCache:
     @property
     def current(self) -> tuple[int, ...]:
         """Token ids of the current state."""
-        return tuple(self._kv[: self._current])
+        return tuple(self._ids)
 
     @property
     def current_len(self) -> int:
-        return self._current
+        return len(self._ids)
 
     def snapshots(self) -> dict[int, int]:
         """slot -> length of every valid snapshot."""
@@ -62,8 +63,8 @@ class PrefixCache:
         state wins ties (no copy needed)."""
         limit = min(self._common_prefix(prompt_ids), len(prompt_ids) - 1)
         best = Resume("fresh", 0)
-        if 0 < self._current <= limit:
-            best = Resume("current", self._current)
+        if 0 < len(self._ids) <= limit:
+            best = Resume("current", len(self._ids))
         for slot, n in self.snapshots().items():
             if 0 < n <= limit and n > best.reused:
                 best = Resume("snapshot", n, slot)
@@ -72,8 +73,8 @@ class PrefixCache:
     def snapshot_positions(self, prompt_ids: Sequence[int], start: int,
                            snapshot_at: Iterable[int]) -> list[int]:
         """Sorted positions in `snapshot_at` within (0, len(prompt)] and >= `start` where the
-        engine must save a state while prefilling `prompt_ids` from `start` (held ones skipped,
-        provided the prompt up to them matches what is written)."""
+        engine must save a state while prefilling `prompt_ids` from `start` (positions already
+        held as a snapshot of this same prefix are skipped)."""
         held = set(self.snapshots().values())
         common = self._common_prefix(prompt_ids)
         return sorted({p for p in snapshot_at
@@ -81,43 +82,36 @@ class PrefixCache:
 
     # ---- updates ----------------------------------------------------------------------------
     def restore(self, resume: Resume) -> None:
-        """Make the state chosen by `best_resume` current."""
+        """Make the state chosen by `best_resume` current (snapshots beyond it are dropped)."""
         if resume.source == "snapshot":
             if resume.slot is None or self._slots[resume.slot] != resume.reused:
                 raise ValueError(f"snapshot slot {resume.slot} no longer holds {resume.reused} tokens")
             self._touch(resume.slot)
-        elif resume.source == "current" and resume.reused != self._current:
-            raise ValueError(f"current state holds {self._current} tokens, not {resume.reused}")
-        self._current = resume.reused
+        elif resume.source == "current" and resume.reused != len(self._ids):
+            raise ValueError(f"current state holds {len(self._ids)} tokens, not {resume.reused}")
+        del self._ids[resume.reused:]
+        self._slots = [n if n is None or n <= resume.reused else None for n in self._slots]
 
     def append(self, ids: Iterable[int]) -> None:
-        """The current state advanced over `ids` (their KV rows are now written)."""
-        for token in ids:
-            pos = self._current
-            if pos < len(self._kv) and self._kv[pos] != token:
-                del self._kv[pos:]
-                self._slots = [n if n is None or n <= pos else None for n in self._slots]
-            if pos == len(self._kv):
-                self._kv.append(token)
-            self._current = pos + 1
+        """The current state advanced over `ids`."""
+        self._ids.extend(ids)
 
     def save(self) -> int:
         """Record a snapshot of the current state; returns the slot the engine must write it to
         (the slot already holding this prefix, else a free one, else the least recently used)."""
         for slot, n in self.snapshots().items():
-            if n == self._current:
+            if n == len(self._ids):
                 self._touch(slot)
                 return slot
         free = [i for i, n in enumerate(self._slots) if n is None]
         slot = free[0] if free else min(range(len(self._slots)), key=self._last_use.__getitem__)
-        self._slots[slot] = self._current
+        self._slots[slot] = len(self._ids)
         self._touch(slot)
         return slot
 
     def reset(self) -> None:
         """Forget every state (new chat)."""
-        self._kv.clear()
-        self._current = 0
+        self._ids.clear()
         self._slots = [None] * len(self._slots)
 
     # ---- internals ----------------------------------------------------------------------------
@@ -126,8 +120,8 @@ class PrefixCache:
         self._last_use[slot] = self._clock
 
     def _common_prefix(self, ids: Sequence[int]) -> int:
-        n = min(len(ids), len(self._kv))
+        n = min(len(ids), len(self._ids))
         i = 0
-        while i < n and ids[i] == self._kv[i]:
+        while i < n and ids[i] == self._ids[i]:
             i += 1
         return i
