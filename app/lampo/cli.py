@@ -1,10 +1,59 @@
-"""The `lampo` command line."""
+"""The `lampo` command line: `chat` (the default), `info`, `bench`.
+
+Each subcommand's module is imported only when it runs, so `lampo info` never loads Textual and the
+CPU-only install never touches the CUDA extension unless asked to.
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
+
+SUBCOMMANDS = ("chat", "info", "bench")
+
+
+def _chat_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("chat", help="chat with the model (default)")
+    p.add_argument("--model", metavar="DIR", help="checkpoint directory (HF format); default: settings, else the demo")
+    p.add_argument("--backend", choices=("auto", "cuda", "reference"), default=None,
+                   help="engine: cuda (GPU), reference (numpy, CPU), auto (cuda when a GPU is present)")
+    p.add_argument("--plain", action="store_true", help="line-mode REPL instead of the full-screen UI")
+    p.add_argument("--context", type=int, metavar="N", help="maximum context in tokens (default 262,144)")
+    p.add_argument("--no-think", action="store_true", help="start with thinking off")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lampo",
+        description="Lampo: a terminal chat for Qwen3.6 on one NVIDIA GPU. "
+        "With no subcommand, starts the chat.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{chat,info,bench}")
+    _chat_parser(sub)
+    info = sub.add_parser("info", help="model shape, parameter counts and the memory plan")
+    info.add_argument("rest", nargs=argparse.REMAINDER)
+    bench = sub.add_parser("bench", help="measure prefill and decode speed")
+    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("lampo: skeleton", file=sys.stderr)
-    return 0
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help")):
+        argv = ["chat", *argv]
+    args = build_parser().parse_args(argv)
+    if args.command == "info":
+        from lampo.info import main as info_main
+
+        return info_main(args.rest)
+    if args.command == "bench":
+        from lampo.bench import main as bench_main
+
+        return bench_main(args.rest)
+    from lampo.chat_entry import run_chat
+
+    return run_chat(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
