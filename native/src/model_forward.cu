@@ -1,0 +1,381 @@
+// model_forward.cu - the layer loop, top to bottom:
+//
+//   embedding -> for each layer: pre-norm, mixer (Gated DeltaNet or gated attention), residual add
+//   + post-norm, FFN (SwiGLU or MoE), residual add + next pre-norm -> final norm -> LM head.
+//
+// The residual stream is fp32 [T, H]; `add_rmsnorm` fuses each residual add with the norm that
+// follows it. T <= GEMV_MAX_T (decode, verify windows) takes the GEMV / recurrent / flash-decoding
+// paths that read positions from device memory (graph-capturable); larger T (prefill chunks) takes
+// the GEMM / chunked GDN / flash prefill / grouped-MoE paths. Every launch is checked with its op
+// name, so a failure surfaces as CudaError("<op>: ...").
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "common.cuh"
+#include "model.h"
+#include "weights.h"
+
+namespace lampo {
+
+// ---- ModelDims -----------------------------------------------------------------------------
+int ModelDims::count(MixerKind k) const {
+    int n = 0;
+    for (MixerKind m : mixers) n += (m == k);
+    return n;
+}
+
+void ModelDims::validate() const {
+    auto need = [](bool ok, const std::string& what) {
+        if (!ok) throw std::invalid_argument("model config: " + what);
+    };
+    need(hidden > 0 && hidden % 64 == 0, "hidden_size must be a positive multiple of 64");
+    need(!mixers.empty(), "num_hidden_layers must be positive");
+    need(vocab > 0 && vocab_real > 0 && vocab_real <= vocab, "vocab sizes are inconsistent");
+    if (count(MixerKind::GatedAttention)) {
+        need(n_q_heads > 0 && n_kv_heads > 0 && n_q_heads % n_kv_heads == 0,
+             "num_attention_heads must be a positive multiple of num_key_value_heads");
+        need(head_dim > 0 && head_dim % KV_GROUP == 0, "head_dim must be a multiple of 64");
+        need(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim, "bad rotary dim");
+    }
+    if (count(MixerKind::GatedDeltaNet)) {
+        need(gdn_k_heads > 0 && gdn_v_heads % gdn_k_heads == 0,
+             "linear_num_value_heads must be a multiple of linear_num_key_heads");
+        need(gdn_k_dim > 0 && gdn_v_dim > 0 && conv_kernel >= 2, "bad Gated DeltaNet dims");
+    }
+    if (moe) {
+        need(n_experts > 0 && top_k > 0 && top_k <= n_experts && expert_inter > 0 && shared_inter > 0,
+             "MoE sizes (num_experts, num_experts_per_tok, moe/shared intermediate) must be positive");
+    } else {
+        need(ffn_inter > 0, "intermediate_size must be positive");
+    }
+}
+
+// ---- workspace -----------------------------------------------------------------------------
+size_t WorkspaceLayout::total() const {
+    size_t t = 0;
+    for (const auto& b : buffers) t += (b.second + 255) / 256 * 256;
+    return t;
+}
+
+WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx) {
+    const size_t T = size_t(max_tokens), H = size_t(d.hidden), b16 = 2;
+    const size_t proj_w = std::max({size_t(d.q_rows() + 2 * d.kv_width()),
+                                    size_t(d.conv_channels() + d.gdn_value_width() + 2 * d.gdn_v_heads),
+                                    size_t(2 * (d.moe ? d.shared_inter : d.ffn_inter))});
+    const size_t mixed_w = std::max(size_t(d.attn_width()), size_t(d.gdn_value_width()));
+    const size_t act_rows = std::max(T * size_t(d.moe ? d.shared_inter : d.ffn_inter),
+                                     d.moe ? size_t(GEMV_MAX_T) * d.top_k * d.expert_inter : 0);
+    const bool attn = d.count(MixerKind::GatedAttention) > 0;
+    const bool gdn = d.count(MixerKind::GatedDeltaNet) > 0;
+    const int k = d.moe ? d.top_k : 0;
+    WorkspaceLayout l;
+    l.buffers = {
+        {"residual", T * H * 4},
+        {"normed", T * H * b16},
+        {"proj", T * proj_w * b16},
+        {"q", T * d.attn_width() * b16},
+        {"gate", T * d.attn_width() * b16},
+        {"k", T * d.kv_width() * b16},
+        {"mixed", T * mixed_w * b16},
+        {"conv_out", T * d.conv_channels() * b16},
+        {"gdn_o", T * d.gdn_value_width() * b16},
+        {"act", act_rows * b16},
+        {"delta", T * H * b16},
+        {"routed", d.moe ? T * H * b16 : 0},
+        {"shared", d.moe ? T * H * b16 : 0},
+        {"expert_ids", T * k * 4},
+        {"expert_weights", T * k * 4},
+        {"gdn_chunked", gdn ? gdn_chunked_workspace_bytes(max_tokens, d.gdn_v_heads, d.gdn_k_dim,
+                                                          d.gdn_v_dim) : 0},
+        {"moe_prefill", d.moe ? moe_prefill_workspace_bytes(max_tokens, d.top_k, d.hidden,
+                                                            d.expert_inter, d.n_experts) : 0},
+        {"attn_partial", attn ? attn_decode_partial_floats(GEMV_MAX_T, d.n_q_heads, d.head_dim,
+                                                           max_ctx) * 4 : 0},
+        {"logits", size_t(d.vocab) * 4},
+        {"sampling_scratch", sampling_scratch_bytes(d.vocab)},
+    };
+    return l;
+}
+
+Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void* base) {
+    const WorkspaceLayout l = workspace_layout(d, max_tokens, max_ctx);
+    char* p = static_cast<char*>(base);
+    std::vector<void*> ptr;
+    for (const auto& b : l.buffers) {
+        ptr.push_back(b.second ? p : nullptr);
+        p += (b.second + 255) / 256 * 256;
+    }
+    Workspace ws;
+    ws.max_tokens = max_tokens;
+    size_t i = 0;
+    ws.residual = static_cast<float*>(ptr[i++]);
+    ws.normed = static_cast<bf16*>(ptr[i++]);
+    ws.proj = static_cast<bf16*>(ptr[i++]);
+    ws.q = static_cast<bf16*>(ptr[i++]);
+    ws.gate = static_cast<bf16*>(ptr[i++]);
+    ws.k = static_cast<bf16*>(ptr[i++]);
+    ws.mixed = static_cast<bf16*>(ptr[i++]);
+    ws.conv_out = static_cast<bf16*>(ptr[i++]);
+    ws.gdn_o = static_cast<bf16*>(ptr[i++]);
+    ws.act = static_cast<bf16*>(ptr[i++]);
+    ws.delta = static_cast<bf16*>(ptr[i++]);
+    ws.routed = static_cast<bf16*>(ptr[i++]);
+    ws.shared = static_cast<bf16*>(ptr[i++]);
+    ws.expert_ids = static_cast<int32_t*>(ptr[i++]);
+    ws.expert_weights = static_cast<float*>(ptr[i++]);
+    ws.gdn_chunked = ptr[i++];
+    ws.moe_prefill = ptr[i++];
+    ws.attn_partial = static_cast<float*>(ptr[i++]);
+    ws.logits = static_cast<float*>(ptr[i++]);
+    ws.sampling_scratch = ptr[i++];
+    return ws;
+}
+
+// ---- profiling -----------------------------------------------------------------------------
+const char* op_family_name(OpFamily f) {
+    static const char* names[] = {"embedding", "norms", "attention_prep", "kv_append", "attention",
+                                  "gdn_conv", "gdn_rule", "gated_norm", "projections",
+                                  "activations", "moe_router", "moe_experts", "lm_head",
+                                  "sampling"};
+    return names[int(f)];
+}
+
+OpTimer::~OpTimer() {
+    for (cudaEvent_t e : pool_) cudaEventDestroy(e);
+}
+
+cudaEvent_t OpTimer::next_event() {
+    if (used_ == pool_.size()) {
+        cudaEvent_t e;
+        LAMPO_CUDA_CHECK(cudaEventCreate(&e));
+        pool_.push_back(e);
+    }
+    return pool_[used_++];
+}
+
+void OpTimer::begin(OpFamily f) {
+    marks_.emplace_back(f, used_);
+    LAMPO_CUDA_CHECK(cudaEventRecord(next_event(), stream_));
+}
+
+void OpTimer::end() { LAMPO_CUDA_CHECK(cudaEventRecord(next_event(), stream_)); }
+
+void OpTimer::collect() {
+    LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (const auto& [family, start] : marks_) {
+        float ms = 0.f;
+        LAMPO_CUDA_CHECK(cudaEventElapsedTime(&ms, pool_[start], pool_[start + 1]));
+        total_ms_[size_t(family)] += ms;
+    }
+    marks_.clear();
+    used_ = 0;
+}
+
+// ---- the loop ------------------------------------------------------------------------------
+namespace {
+
+// Everything one forward call needs, so the sub-blocks below read like the model's math.
+struct Ctx {
+    const ModelDims& d;
+    const Workspace& ws;
+    const ForwardStep& step;
+    cudaStream_t st;
+    OpTimer* timer;
+
+    // Runs one op (any launcher call), times it under `family` and checks its launch.
+    template <class F>
+    void op(OpFamily family, const char* name, F&& launch) const {
+        if (timer) timer->begin(family);
+        launch();
+        LAMPO_CHECK_LAUNCH(name);
+        if (timer) timer->end();
+    }
+    bool small() const { return step.T <= GEMV_MAX_T; }
+};
+
+// A fused projection whose output is used as separate parts. Part i of T rows is stored
+// contiguous as [T, width_i] at proj + T * (sum of the widths before it). With T == 1 that is
+// exactly one row of the fused product, so one GEMV over the fused matrix fills every part; for
+// T > 1 each part is its own product over a row slice of the fused matrix.
+template <size_t N>
+std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std::array<int, N>& widths,
+                                   const bf16* x, const char* name) {
+    std::array<bf16*, N> out{};
+    const int T = c.step.T;
+    int row = 0;
+    for (size_t i = 0; i < N; ++i) {
+        out[i] = c.ws.proj + size_t(T) * row;
+        row += widths[i];
+    }
+    if (row != fused.out) throw std::logic_error(std::string(name) + ": fused rows do not add up");
+    if (T == 1) {
+        c.op(OpFamily::Projections, name, [&] { linear_forward(fused, x, c.ws.proj, 1, c.st); });
+        return out;
+    }
+    row = 0;
+    for (size_t i = 0; i < N; ++i) {
+        const Linear part = linear_rows(fused, row, widths[i]);
+        c.op(OpFamily::Projections, name, [&] { linear_forward(part, x, out[i], T, c.st); });
+        row += widths[i];
+    }
+    return out;
+}
+
+// Gated full attention: fused q|k|v projection, q/k norm + partial RoPE, INT8 KV append,
+// causal attention over the cache times sigmoid(gate), output projection -> ws.delta.
+void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCacheLayer& kv,
+                     int max_ctx) {
+    const ModelDims& d = c.d;
+    const Workspace& ws = c.ws;
+    const int T = c.step.T;
+    const auto parts = project_parts<3>(c, w.qkv, {d.q_rows(), d.kv_width(), d.kv_width()},
+                                        ws.normed, "attention qkv projection");
+    const bf16 *qg = parts[0], *k_raw = parts[1], *v = parts[2];
+    c.op(OpFamily::AttentionPrep, "attn_prep", [&] {
+        attn_prep(qg, k_raw, w.q_norm, w.k_norm, c.step.d_pos, ws.q, ws.gate, ws.k, T, d.n_q_heads,
+                  d.n_kv_heads, d.head_dim, d.rotary_dim, d.rope_theta, d.eps, c.st);
+    });
+    c.op(OpFamily::KvAppend, "kv_append_int8", [&] {
+        kv_append_int8(ws.k, v, kv.k, kv.v, kv.k_scale, kv.v_scale, c.step.d_pos, T, d.n_kv_heads,
+                       d.head_dim, max_ctx, c.st);
+    });
+    if (c.small()) {
+        c.op(OpFamily::Attention, "attn_decode_int8", [&] {
+            attn_decode_int8(ws.q, ws.gate, kv.k, kv.v, kv.k_scale, kv.v_scale, c.step.d_pos,
+                             ws.mixed, ws.attn_partial, T, d.n_q_heads, d.n_kv_heads, d.head_dim,
+                             max_ctx, c.st);
+        });
+    } else {
+        c.op(OpFamily::Attention, "attn_prefill_int8", [&] {
+            attn_prefill_int8(ws.q, ws.gate, kv.k, kv.v, kv.k_scale, kv.v_scale, c.step.pos0,
+                              ws.mixed, T, d.n_q_heads, d.n_kv_heads, d.head_dim, max_ctx, c.st);
+        });
+    }
+    c.op(OpFamily::Projections, "attention o_proj",
+         [&] { linear_forward(w.o, ws.mixed, ws.delta, T, c.st); });
+}
+
+// Gated DeltaNet: fused qkv|z|b|a projection, causal conv + SiLU on qkv, the gated delta rule
+// (recurrent for few tokens, chunked WY form for prefill), gated RMSNorm with z, out proj.
+void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStateLayer& s) {
+    const ModelDims& d = c.d;
+    const Workspace& ws = c.ws;
+    const int T = c.step.T, C = d.conv_channels(), Hv = d.gdn_v_heads;
+    const auto parts = project_parts<4>(c, w.in_proj, {C, d.gdn_value_width(), Hv, Hv},
+                                        ws.normed, "gdn in projection");
+    const bf16 *qkv = parts[0], *z = parts[1], *b = parts[2], *a = parts[3];
+    c.op(OpFamily::GdnConv, "causal_conv1d_silu",
+         [&] { causal_conv1d_silu(qkv, w.conv, s.conv, ws.conv_out, T, C, d.conv_kernel, c.st); });
+    if (c.small()) {
+        c.op(OpFamily::GdnRule, "gated_delta_rule_recurrent", [&] {
+            gated_delta_rule_recurrent(ws.conv_out, a, b, w.A_log, w.dt_bias, s.recurrent, ws.gdn_o,
+                                       nullptr, T, d.gdn_k_heads, Hv, d.gdn_k_dim, d.gdn_v_dim, c.st);
+        });
+    } else {
+        c.op(OpFamily::GdnRule, "gated_delta_rule_chunked", [&] {
+            gated_delta_rule_chunked(ws.conv_out, a, b, w.A_log, w.dt_bias, s.recurrent, ws.gdn_o,
+                                     ws.gdn_chunked, T, d.gdn_k_heads, Hv, d.gdn_k_dim,
+                                     d.gdn_v_dim, c.st);
+        });
+    }
+    c.op(OpFamily::GatedNorm, "gated_rmsnorm",
+         [&] { gated_rmsnorm(ws.gdn_o, z, w.norm, ws.mixed, T, Hv, d.gdn_v_dim, d.eps, c.st); });
+    c.op(OpFamily::Projections, "gdn out_proj",
+         [&] { linear_forward(w.out, ws.mixed, ws.delta, T, c.st); });
+}
+
+// SwiGLU: down(silu(gate(h)) * up(h)) -> ws.delta.
+void dense_ffn(const Ctx& c, const DenseFfnWeights& w) {
+    const int T = c.step.T, I = c.d.ffn_inter;
+    c.op(OpFamily::Projections, "ffn gate_up",
+         [&] { linear_forward(w.gate_up, c.ws.normed, c.ws.proj, T, c.st); });
+    c.op(OpFamily::Activations, "silu_mul", [&] { silu_mul(c.ws.proj, c.ws.act, T, I, c.st); });
+    c.op(OpFamily::Projections, "ffn down",
+         [&] { linear_forward(w.down, c.ws.act, c.ws.delta, T, c.st); });
+}
+
+// Sparse MoE: router top-k, the selected experts (batched GEMVs or grouped prefill GEMM), the
+// shared expert, and their sigmoid-gated sum -> ws.delta.
+void moe_ffn(const Ctx& c, const MoeFfnWeights& w) {
+    const ModelDims& d = c.d;
+    const Workspace& ws = c.ws;
+    const int T = c.step.T, H = d.hidden, k = d.top_k, I = d.expert_inter;
+    c.op(OpFamily::MoeRouter, "moe_router_topk", [&] {
+        moe_router_topk(ws.normed, w.router, ws.expert_ids, ws.expert_weights, T, H, d.n_experts,
+                        k, c.st);
+    });
+    if (c.small()) {
+        c.op(OpFamily::MoeExperts, "moe_experts_gate_up", [&] {
+            moe_experts_gate_up(ws.normed, w.experts_gate_up, ws.expert_ids, ws.act, T, k, H, I, c.st);
+        });
+        c.op(OpFamily::MoeExperts, "moe_experts_down", [&] {
+            moe_experts_down(ws.act, w.experts_down, ws.expert_ids, ws.expert_weights, ws.routed, T,
+                             k, H, I, c.st);
+        });
+    } else {
+        c.op(OpFamily::MoeExperts, "moe_experts_prefill", [&] {
+            moe_experts_prefill(ws.normed, w.experts_gate_up, w.experts_down, ws.expert_ids,
+                                ws.expert_weights, ws.routed, ws.moe_prefill, T, k, H, I,
+                                d.n_experts, c.st);
+        });
+    }
+    c.op(OpFamily::Projections, "shared expert gate_up",
+         [&] { linear_forward(w.shared_gate_up, ws.normed, ws.proj, T, c.st); });
+    c.op(OpFamily::Activations, "silu_mul",
+         [&] { silu_mul(ws.proj, ws.act, T, d.shared_inter, c.st); });
+    c.op(OpFamily::Projections, "shared expert down",
+         [&] { linear_forward(w.shared_down, ws.act, ws.shared, T, c.st); });
+    c.op(OpFamily::Activations, "moe_shared_combine", [&] {
+        moe_shared_combine(ws.routed, ws.shared, ws.normed, w.shared_gate, ws.delta, T, H, c.st);
+    });
+}
+
+}  // namespace
+
+void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& s,
+                   const Workspace& ws, const ForwardStep& step, cudaStream_t stream,
+                   OpTimer* timer) {
+    if (step.T < 1 || step.T > ws.max_tokens) {
+        throw std::invalid_argument("model_forward: " + std::to_string(step.T) +
+                                    " tokens do not fit the workspace of " +
+                                    std::to_string(ws.max_tokens));
+    }
+    const Ctx c{d, ws, step, stream, timer};
+    const int T = step.T, H = d.hidden, L = d.n_layers();
+
+    c.op(OpFamily::Embedding, "embedding_gather",
+         [&] { embedding_gather(w.embed, step.d_ids, ws.residual, T, H, stream); });
+    c.op(OpFamily::Norms, "rmsnorm",
+         [&] { rmsnorm(ws.residual, w.layers[0].input_norm, ws.normed, T, H, d.eps, stream); });
+
+    for (int l = 0; l < L; ++l) {
+        const LayerWeights& lw = w.layers[l];
+        if (d.mixers[l] == MixerKind::GatedAttention) {
+            gated_attention(c, lw.attn, s.kv[l], s.max_ctx);
+        } else {
+            gated_deltanet(c, lw.gdn, s.gdn[l]);
+        }
+        c.op(OpFamily::Norms, "add_rmsnorm", [&] {
+            add_rmsnorm(ws.residual, ws.delta, lw.post_norm, ws.normed, T, H, d.eps, stream);
+        });
+
+        if (d.moe) {
+            moe_ffn(c, lw.moe);
+        } else {
+            dense_ffn(c, lw.dense);
+        }
+        const bf16* next_norm = l + 1 < L ? w.layers[l + 1].input_norm : w.final_norm;
+        c.op(OpFamily::Norms, "add_rmsnorm", [&] {
+            add_rmsnorm(ws.residual, ws.delta, next_norm, ws.normed, T, H, d.eps, stream);
+        });
+    }
+
+    if (step.logits) {
+        const bf16* last = ws.normed + size_t(T - 1) * H;
+        c.op(OpFamily::LmHead, "lm_head",
+             [&] { linear_forward_f32(w.lm_head, last, ws.logits, 1, stream); });
+    }
+}
+
+}  // namespace lampo
