@@ -1,0 +1,30 @@
+"""Shared pytest fixtures.
+
+Synthetic checkpoints (written once per test session, read-only for tests):
+- `tiny_dense_dir`: `Path` of a `tiny-dense` preset checkpoint (`lampo.models.presets`: hidden 128,
+  layers [GDN, GDN, GDN, full], the real 248,320-row vocabulary, one MTP layer), seed 0, one
+  `model.safetensors` file, all tensors BF16, no tokenizer.json.
+- `tiny_moe_dir`: the same for the `tiny-moe` preset (8 experts, top-2, shared expert).
+Each is about 130 MB and takes a second or two to write. Their values are reproducible:
+`lampo.models.synthetic.synthetic_tensor(name, spec, seed=0)` returns any tensor without reading it.
+Open them with `lampo.models.checkpoint.Checkpoint.open(dir)`. Do not modify them; copy first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lampo.models.presets import get_preset
+from lampo.models.synthetic import write_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_dense_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_checkpoint(tmp_path_factory.mktemp("tiny-dense"), get_preset("tiny-dense"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_checkpoint(tmp_path_factory.mktemp("tiny-moe"), get_preset("tiny-moe"), seed=0)

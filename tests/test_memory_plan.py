@@ -1,0 +1,105 @@
+"""Memory plan vs the architecture doc §5 and the DESIGN targets; refusal messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from lampo.models.memory_plan import CONTEXT_STEP, GIB, MIB, format_plans_table, plan_memory
+from lampo.models.presets import get_preset
+
+MOE = get_preset("qwen3.6-35b-a3b")
+DENSE = get_preset("qwen3.6-27b")
+FULL_CONTEXT = 262_144
+
+
+def _gib(plan, item: str) -> float:
+    return plan.item(item).bytes / GIB
+
+
+@pytest.mark.parametrize(
+    "cfg,kv_int8,kv_bf16,mtp_int8,mtp_bf16",
+    [(MOE, 2.58, 5.0, 0.26, 0.5), (DENSE, 8.25, 16.0, 0.52, 1.0)],
+)
+def test_kv_cache_at_full_context(cfg, kv_int8, kv_bf16, mtp_int8, mtp_bf16):
+    p8 = plan_memory(cfg, FULL_CONTEXT, kv="int8")
+    p16 = plan_memory(cfg, FULL_CONTEXT, kv="bf16")
+    assert round(_gib(p8, "KV cache (trunk)"), 2) == kv_int8
+    assert _gib(p16, "KV cache (trunk)") == kv_bf16
+    assert round(_gib(p8, "KV cache (MTP)"), 2) == mtp_int8
+    assert _gib(p16, "KV cache (MTP)") == mtp_bf16
+
+
+@pytest.mark.parametrize("cfg,state_mib,conv_mib,slot_mib", [(MOE, 60, 1.4, 61), (DENSE, 144, 2.8, 147)])
+def test_gdn_state(cfg, state_mib, conv_mib, slot_mib):
+    p = plan_memory(cfg, spec_slots=2)
+    assert p.item("GDN recurrent state").bytes == state_mib * MIB
+    assert round(p.item("GDN conv windows").bytes / MIB, 1) == conv_mib
+    assert round(p.item("speculative snapshots").bytes / 2 / MIB) == slot_mib
+
+
+@pytest.mark.parametrize("cfg,text_gb,mtp_gb,target_gib", [(MOE, 69.3, 1.69, 21), (DENSE, 53.8, 0.85, 17)])
+def test_weights(cfg, text_gb, mtp_gb, target_gib):
+    bf16 = plan_memory(cfg, weight_bytes_per_param="bf16")
+    assert round(bf16.item("weights (text)").bytes / 1e9, 1) == text_gb
+    assert round(bf16.item("weights (MTP)").bytes / 1e9, 2) == mtp_gb
+    q5 = plan_memory(cfg, weight_bytes_per_param="5bpw")
+    assert _gib(q5, "weights (text)") <= target_gib
+    assert q5.total_bytes < 32e9  # DESIGN: fits a 32 GB card at 262,144 tokens
+    assert plan_memory(cfg, weight_bytes_per_param=2.0) == bf16
+
+
+def test_without_mtp_drops_its_items():
+    p = plan_memory(MOE, with_mtp=False)
+    names = [i.name for i in p.items]
+    assert "weights (MTP)" not in names and "KV cache (MTP)" not in names
+    assert p.total_bytes < plan_memory(MOE).total_bytes
+
+
+def test_kv_scales_with_context():
+    a, b = plan_memory(DENSE, 65_536), plan_memory(DENSE, 131_072)
+    assert b.total_bytes - a.total_bytes == 65_536 * a.kv_bytes_per_token
+
+
+def test_fits_and_refusal_suggests_a_context():
+    plan = plan_memory(DENSE, weight_bytes_per_param="5bpw")
+    ok, msg = plan.fits(40 * GIB)
+    assert ok and "fits" in msg
+    free = 20 * GIB
+    ok, msg = plan.fits(free)
+    assert not ok and "\n" not in msg
+    assert "GiB" in msg and "262,144 tokens" in msg
+    suggested = plan.max_context(free)
+    assert f"--context {suggested}" in msg
+    assert 0 < suggested < FULL_CONTEXT and suggested % CONTEXT_STEP == 0
+    assert plan_memory(DENSE, suggested, "5bpw").fits(free)[0]
+    assert not plan_memory(DENSE, suggested + CONTEXT_STEP, "5bpw").fits(free)[0]
+
+
+def test_refusal_when_weights_alone_do_not_fit():
+    ok, msg = plan_memory(MOE, weight_bytes_per_param="bf16").fits(24 * GIB)
+    assert not ok and "weights" in msg and "--context" in msg and "do not fit" in msg
+
+
+def test_table_lists_every_item():
+    plans = [plan_memory(MOE), plan_memory(MOE, weight_bytes_per_param="5bpw", spec_slots=3)]
+    table = format_plans_table(plans, ["bf16", "~5 bpw"])
+    for item in plans[1].items:
+        assert item.name in table
+    assert "2.58 GiB" in table and "total" in table
+    assert plans[0].format_table().splitlines()[0].split() == ["bf16"]
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(context=0), "context"),
+        (dict(context=FULL_CONTEXT + 1), "context"),
+        (dict(weight_bytes_per_param="fp4"), "weight format"),
+        (dict(weight_bytes_per_param=0), "weight bytes"),
+        (dict(kv="fp8"), "kv"),
+        (dict(spec_slots=-1), "spec_slots"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        plan_memory(MOE, **kwargs)
