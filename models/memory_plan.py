@@ -6,7 +6,8 @@ Items (architecture doc §5):
 - KV cache: per full-attention layer (and the MTP layer) and token, K and V of nkv heads × D values;
   `int8` stores 1 byte per value plus one fp16 scale per 64 values, `bf16` 2 bytes per value;
 - GDN recurrent state: per GDN layer Hv × dk × dv fp32; conv windows: conv_dim × (K−1) bf16;
-- speculative snapshot slots: one more copy of both GDN states per slot;
+- state snapshot slots (speculative verify, turn-boundary reuse): one more copy of both GDN
+  states per slot;
 - activations for one prefill chunk of T tokens, T × `activation_bytes_per_token` (see there),
   plus logits and sampling scratch for the rows that need them;
 - CUDA graphs and a runtime reserve: fixed estimates (graph executables and their pools; kernel
@@ -176,7 +177,8 @@ def plan_memory(
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
 ) -> MemoryPlan:
     """The memory plan of `cfg` at `context` tokens. `weight_bytes_per_param`: a number or a
-    WEIGHT_FORMATS name; `spec_slots`: extra GDN state snapshots for speculative verify."""
+    WEIGHT_FORMATS name; `spec_slots`: extra GDN state snapshots (speculative verify, turn
+    reuse); `prefill_chunk`: tokens per prefill call."""
     if not 1 <= context <= cfg.max_position_embeddings:
         raise ValueError(f"memory plan: context must be in 1..{cfg.max_position_embeddings:,}, got {context:,}")
     if spec_slots < 0 or prefill_chunk < 1:
@@ -217,7 +219,8 @@ def plan_memory(
                             f"{cfg.linear_key_head_dim}×{cfg.linear_value_head_dim} fp32"))
     items.append(MemoryItem("GDN conv windows", conv, f"{cfg.conv_dim} channels × {cfg.linear_conv_kernel_dim - 1} bf16"))
     if spec_slots:
-        items.append(MemoryItem("speculative snapshots", spec_slots * (recurrent + conv), f"{spec_slots} slots"))
+        items.append(MemoryItem("GDN state snapshots", spec_slots * (recurrent + conv),
+                                f"{_plural(spec_slots, 'slot')} × (recurrent + conv)"))
     items.append(MemoryItem("activations", chunk * sum(act.values()) + logits,
                             f"prefill chunk {chunk:,} × {sum(act.values()) / 1024:.0f} KiB + logits"))
     items.append(MemoryItem("CUDA graphs", CUDA_GRAPHS_BYTES, "estimate"))

@@ -17,7 +17,6 @@ from lampo.models.tensor_specs import (
     ROUTED_EXPERT_TENSORS,
     TensorSpec,
     attention_tensors,
-    decoder_layer_tensors,
     expected_tensors,
     ffn_tensors,
     gdn_tensors,

@@ -34,7 +34,7 @@ def test_gdn_state(cfg, state_mib, conv_mib, slot_mib):
     p = plan_memory(cfg, spec_slots=2)
     assert p.item("GDN recurrent state").bytes == state_mib * MIB
     assert round(p.item("GDN conv windows").bytes / MIB, 1) == conv_mib
-    assert round(p.item("speculative snapshots").bytes / 2 / MIB) == slot_mib
+    assert round(p.item("GDN state snapshots").bytes / 2 / MIB) == slot_mib
 
 
 @pytest.mark.parametrize("cfg,text_gb,mtp_gb,target_gib", [(MOE, 69.3, 1.69, 21), (DENSE, 53.8, 0.85, 17)])
