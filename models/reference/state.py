@@ -94,7 +94,7 @@ class SequenceState:
         if len(snap.gdn) != len(self.gdn) or len(snap.kv_lengths) != len(self.kv):
             raise ValueError("restore: the snapshot belongs to a different model")
         if not all(c.holds(n, m) for c, n, m in zip(self.kv, snap.kv_lengths, snap.rollback_marks)):
-            raise ValueError("restore: the snapshot is stale (KV rows it relies on were rolled back since it was taken)")
+            raise ValueError("restore: the snapshot is stale (KV rows it relies on were rolled back since)")
         for cache, n in zip(self.kv, snap.kv_lengths):
             cache.truncate(n)
         self.gdn[:] = [copy.deepcopy(s) for s in snap.gdn]

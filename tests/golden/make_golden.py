@@ -100,7 +100,7 @@ def text_config(moe: bool) -> dict:
 
 
 def hf_config(cfg: dict):
-    kwargs = {k: v for k, v in cfg.items() if k not in ("model_type", "mtp_num_hidden_layers", "mtp_use_dedicated_embeddings")}
+    kwargs = {k: v for k, v in cfg.items() if k != "model_type"}  # the class fixes model_type
     cls = Qwen3_5MoeTextConfig if cfg["model_type"].startswith("qwen3_5_moe") else Qwen3_5TextConfig
     hf = cls(**kwargs)
     hf._attn_implementation = "eager"
@@ -238,7 +238,7 @@ def generate(moe: bool, seed: int) -> dict[str, np.ndarray]:
 def main() -> None:
     for package in ("fla", "causal_conv1d", "kernels"):
         if importlib.util.find_spec(package) is not None:
-            raise SystemExit(f"{package} is installed: HF would use its fused kernels instead of the torch reference paths")
+            raise SystemExit(f"{package} is installed: HF would use fused kernels, not its torch reference paths")
     torch.set_default_dtype(torch.float32)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     for name, moe, seed in (("dense", False, 1234), ("moe", True, 5678)):
