@@ -385,6 +385,14 @@ bool Engine::healthy() {
 void Engine::synchronize() { LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
 // ---- device-level helpers ------------------------------------------------------------------
+DeviceInfo device_info() {
+    int dev = 0;
+    LAMPO_CUDA_CHECK(cudaGetDevice(&dev));
+    cudaDeviceProp p;
+    LAMPO_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
+    return DeviceInfo{p.name, p.multiProcessorCount, p.major, p.minor, p.totalGlobalMem};
+}
+
 std::pair<size_t, size_t> mem_info() {
     size_t free_b = 0, total_b = 0;
     LAMPO_CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));

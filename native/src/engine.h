@@ -120,6 +120,13 @@ private:
     int read_token();
 };
 
+struct DeviceInfo {
+    std::string name;
+    int sm_count = 0;
+    int cc_major = 0, cc_minor = 0;
+    size_t memory = 0;
+};
+DeviceInfo device_info();
 // Device memory (free, total) in bytes.
 std::pair<size_t, size_t> mem_info();
 // Device-to-device copy bandwidth in bytes/s, counting bytes read + written.

@@ -170,6 +170,15 @@ void register_engine(py::module_& m) {
         .def("synchronize", &Engine::synchronize, release());
 
     m.def("mem_info", &mem_info, "(free, total) device memory in bytes");
+    m.def("device_info", [] {
+        const DeviceInfo i = device_info();
+        py::dict d;
+        d["name"] = i.name;
+        d["sm_count"] = i.sm_count;
+        d["compute_capability"] = std::to_string(i.cc_major) + "." + std::to_string(i.cc_minor);
+        d["memory"] = i.memory;
+        return d;
+    }, "Name, SM count, compute capability and memory of the current device");
     m.def("measure_copy_bandwidth", &measure_copy_bandwidth, py::arg("bytes") = size_t(1) << 30,
           py::arg("iters") = 10, py::call_guard<py::gil_scoped_release>(),
           "Device-to-device copy bandwidth in bytes/s (read + written)");

@@ -1,0 +1,438 @@
+"""`lampo bench`: prefill and decode speed, the per-op decode profile and the bandwidth roofline.
+
+    lampo bench [--model DIR | --preset NAME --random-weights] [--layers N] [--prompt 8192,65536]
+                [--depths 0,8192,65536,262144] [--decode-tokens 128] [--chunk N] [--context N]
+                [--fast-depth] [--profile-steps N] [--backend auto|cuda|reference] [--json PATH]
+
+Measured (CUDA engine):
+- prefill tok/s and TTFT for each prompt length (random token ids, fresh state; TTFT = the prefill
+  chunks plus sampling of the first token);
+- decode tok/s at each context depth: graph-replayed steps of the real decode loop (host reads
+  back every sampled id). A depth is reached by real prefill (continuing from the previous depth),
+  or with `--fast-depth` by filling the KV cache and the GDN states with random values (said so in
+  the output: speed is representative, the text would not be);
+- launches per decode step (kernel nodes of the captured graph), VRAM used, and a per-op-family
+  breakdown from an un-graphed profiled run (event pairs around each op: the sum exceeds the graph
+  step time by the launch gaps the graph removes);
+- the fraction of the bandwidth roofline: bytes read per token (active weights from
+  `lampo.models.params`, bf16, + INT8 KV rows at that depth + GDN recurrent and conv state read and
+  written) / time, divided by the measured device copy bandwidth (big D2D cudaMemcpy, bytes read +
+  written).
+Without a CUDA engine (CPU machines) the same measurements run on the numpy reference backend with
+a small default workload, so the command works everywhere. `--preset` shapes need
+`--random-weights` (weights filled in VRAM, or generated in memory for the reference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lampo.models.config import ModelConfig
+from lampo.models.memory_plan import gdn_state_bytes, kv_bytes_per_token_per_layer
+from lampo.models.params import count_params
+
+CUDA_DEFAULTS = dict(prompt="8192,65536", depths="0,8192,65536,262144", decode_tokens=128)
+CPU_DEFAULTS = dict(prompt="64", depths="0,64", decode_tokens=8)
+DEFAULT_PRESET = "tiny-moe"
+WARMUP_STEPS = 4
+BANDWIDTH_PROBE_BYTES = 1 << 30
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v.replace("_", "")) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected non-negative integers, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lampo bench", description="Measure prefill and decode speed.")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model", type=Path, metavar="DIR", help="checkpoint directory (HF format)")
+    src.add_argument("--preset", metavar="NAME", help="model shapes of a preset (needs --random-weights)")
+    p.add_argument("--random-weights", action="store_true",
+                   help="fill the preset's weights with deterministic random values (no file)")
+    p.add_argument("--layers", type=int, metavar="N", help="keep only the first N layers")
+    p.add_argument("--prompt", type=_int_list, metavar="N,N", help="prefill lengths "
+                   f"(default {CUDA_DEFAULTS['prompt']} on CUDA, {CPU_DEFAULTS['prompt']} on CPU)")
+    p.add_argument("--depths", type=_int_list, metavar="N,N", help="context depths for decode "
+                   f"(default {CUDA_DEFAULTS['depths']} on CUDA, {CPU_DEFAULTS['depths']} on CPU)")
+    p.add_argument("--decode-tokens", type=int, metavar="N", help="timed decode steps per depth "
+                   f"(default {CUDA_DEFAULTS['decode_tokens']} on CUDA, {CPU_DEFAULTS['decode_tokens']} on CPU)")
+    p.add_argument("--chunk", type=int, default=2048, metavar="N", help="prefill chunk (default 2048)")
+    p.add_argument("--context", type=int, metavar="N",
+                   help="engine context (default: what the prompts and depths need, up to the model's)")
+    p.add_argument("--fast-depth", action="store_true",
+                   help="reach decode depths by filling KV cache and GDN state with random values")
+    p.add_argument("--profile-steps", type=int, default=8, metavar="N",
+                   help="un-graphed profiled decode steps per depth (0: skip; CUDA only)")
+    p.add_argument("--backend", choices=("auto", "cuda", "reference"), default="auto")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
+    return p
+
+
+@dataclass
+class Workload:
+    prompts: list[int]
+    depths: list[int]
+    decode_tokens: int
+    chunk: int
+    context: int
+    fast_depth: bool
+    profile_steps: int
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_workload(args: argparse.Namespace, cfg: ModelConfig, cuda: bool) -> Workload:
+    """Fill in per-backend defaults and fit everything into the context (noting any clamping)."""
+    defaults = CUDA_DEFAULTS if cuda else CPU_DEFAULTS
+    prompts = args.prompt or _int_list(defaults["prompt"])
+    depths = args.depths if args.depths is not None else _int_list(defaults["depths"])
+    n = args.decode_tokens or defaults["decode_tokens"]
+    if n < 1 or args.chunk < 1:
+        raise ValueError("--decode-tokens and --chunk must be >= 1")
+    if any(p < 1 for p in prompts):
+        raise ValueError("--prompt lengths must be >= 1")
+    # room after the deepest depth: warm-up + timed + profiled steps (+1 for the start token)
+    tail = WARMUP_STEPS + n + (args.profile_steps if cuda else 0) + 1
+    limit = cfg.max_position_embeddings
+    context = args.context or min(limit, max(max(prompts), max(depths, default=0) + tail))
+    if not 1 <= context <= limit:
+        raise ValueError(f"--context must be in 1..{limit:,} (got {context:,})")
+    w = Workload(prompts, [], n, args.chunk, context, args.fast_depth, args.profile_steps if cuda else 0)
+    for p in prompts:
+        if p > context:
+            raise ValueError(f"prompt length {p:,} exceeds the context {context:,}")
+    for d in sorted(set(depths)):
+        fit = min(d, context - tail)
+        if fit < 0:
+            raise ValueError(f"the context {context:,} leaves no room for {tail} decode steps")
+        if fit != d:
+            w.notes.append(f"depth {d:,} lowered to {fit:,} to leave room for {tail} decode steps "
+                           f"in the {context:,}-token context")
+        w.depths.append(fit)
+    return w
+
+
+# ---- targets: what is being measured --------------------------------------------------------
+class CudaTarget:
+    """The CUDA engine, driven chunk by chunk exactly like CudaBackend."""
+
+    kind = "cuda"
+
+    def __init__(self, native, cfg: ModelConfig, w: Workload, model_dir: Path | None, seed: int):
+        from lampo.cuda_backend import create_engine, load_weights
+        from lampo.models.checkpoint import Checkpoint
+
+        self.native, self.cfg = native, cfg
+        self.engine = create_engine(native, cfg, context=w.context, prefill_chunk=w.chunk, snapshot_slots=0)
+        t0 = time.perf_counter()
+        if model_dir is not None:
+            with Checkpoint.open(model_dir, include_mtp=False) as ck:
+                n = load_weights(self.engine, ck)
+            self.source = f"checkpoint {model_dir}"
+            self.load = {"bytes": n, "seconds": time.perf_counter() - t0}
+        else:
+            self.engine.random_weights(seed)
+            self.source = "random weights filled in VRAM (no checkpoint file)"
+            self.load = {"bytes": self.engine.weight_bytes, "seconds": time.perf_counter() - t0}
+        self.engine.set_sampling(0.0, 0, 1.0, 0.0, 0.0, seed)  # greedy
+
+    @property
+    def position(self) -> int:
+        return self.engine.position
+
+    def reset(self) -> None:
+        self.engine.reset()
+        self.engine.begin_generation()
+
+    def prefill(self, ids: np.ndarray, chunk: int) -> int:
+        from lampo.cuda_backend import chunk_ends
+
+        pos, start, token = 0, self.engine.position, -1
+        for end in chunk_ends(start, start + len(ids), chunk):
+            token = self.engine.prefill(ids[pos:end - start], end == start + len(ids))
+            pos = end - start
+        return token
+
+    def decode(self, n: int) -> None:
+        for _ in range(n):
+            self.engine.decode(-1)
+
+    def fill_depth(self, depth: int, seed: int) -> None:
+        self.engine.fill_state_random(depth, seed)
+
+    def device(self) -> dict:
+        info = self.native.device_info()
+        free, total = self.native.mem_info()
+        info.update(vram_used=total - free, vram_total=total,
+                    copy_bandwidth=self.native.measure_copy_bandwidth(BANDWIDTH_PROBE_BYTES, 20))
+        return info
+
+    def launches(self) -> dict:
+        return dict(self.engine.decode_graph_info())
+
+    def profile(self, steps: int) -> dict[str, float]:
+        return dict(self.engine.profile_decode(steps))
+
+
+class ReferenceTarget:
+    """The numpy reference model (CPU)."""
+
+    kind = "reference"
+
+    def __init__(self, cfg: ModelConfig, model_dir: Path | None, seed: int):
+        from lampo.models.reference.model import ReferenceModel
+
+        t0 = time.perf_counter()
+        if model_dir is not None:
+            from lampo.models.checkpoint import Checkpoint
+
+            self.model = ReferenceModel.from_checkpoint(Checkpoint.open(model_dir))
+            self.source = f"checkpoint {model_dir}"
+        else:
+            from lampo.models.synthetic import synthetic_tensor
+            from lampo.models.tensor_specs import expected_tensors
+
+            specs = expected_tensors(cfg, include_mtp=False)
+            self.model = ReferenceModel(cfg, {n: synthetic_tensor(n, s, seed) for n, s in specs.items()})
+            self.source = "random weights generated in memory (no checkpoint file)"
+        self.cfg = cfg
+        self.load = {"bytes": 0, "seconds": time.perf_counter() - t0}
+        self._next = 0
+
+    @property
+    def position(self) -> int:
+        return self.model.position
+
+    def reset(self) -> None:
+        self.model.reset()
+
+    def prefill(self, ids: np.ndarray, chunk: int) -> int:
+        logits = self.model.prefill(ids, chunk_size=chunk, last_only=True)
+        self._next = int(np.argmax(logits))
+        return self._next
+
+    def decode(self, n: int) -> None:
+        for _ in range(n):
+            self._next = int(np.argmax(self.model.decode(self._next)))
+
+    def fill_depth(self, depth: int, seed: int) -> None:
+        raise ValueError("--fast-depth needs the CUDA engine")
+
+    def device(self) -> dict:
+        return {"name": "CPU (numpy reference)"}
+
+    def launches(self) -> dict:
+        return {}
+
+    def profile(self, steps: int) -> dict[str, float]:
+        return {}
+
+
+# ---- measurements ---------------------------------------------------------------------------
+def bytes_per_token(cfg: ModelConfig, depth: int) -> dict[str, int]:
+    """Bytes one decode step reads (and, for the GDN state, writes) at `depth` tokens of context."""
+    recurrent, conv = gdn_state_bytes(cfg)
+    parts = {
+        "weights": 2 * count_params(cfg).active_per_token,  # bf16
+        "kv_cache": len(cfg.full_layer_ids) * kv_bytes_per_token_per_layer(cfg, "int8") * depth,
+        "gdn_state": 2 * (recurrent + conv),
+    }
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def random_ids(cfg: ModelConfig, n: int, rng: np.random.Generator) -> np.ndarray:
+    return rng.integers(0, cfg.real_vocab_size, size=n, dtype=np.int32)
+
+
+def measure_prefill(target, length: int, w: Workload, rng) -> dict:
+    ids = random_ids(target.cfg, length, rng)
+    target.reset()
+    t0 = time.perf_counter()
+    target.prefill(ids, w.chunk)
+    seconds = time.perf_counter() - t0
+    return {"tokens": length, "seconds": seconds, "tokens_per_second": length / seconds,
+            "ttft_ms": seconds * 1000.0}
+
+
+def reach_depth(target, depth: int, w: Workload, rng, seed: int) -> str:
+    """Bring the state to `depth` tokens (at least 1: decoding needs a last token)."""
+    if w.fast_depth and depth > 0:
+        target.reset()
+        target.fill_depth(depth - 1, seed)
+        target.prefill(random_ids(target.cfg, 1, rng), w.chunk)
+        return "random fill"
+    if target.position > max(depth - 1, 0) or depth == 0:
+        target.reset()
+    todo = max(depth, 1) - target.position
+    if todo > 0:
+        target.prefill(random_ids(target.cfg, todo, rng), w.chunk)
+    return "prefill"
+
+
+def measure_decode(target, depth: int, w: Workload, rng, bandwidth: float | None, seed: int) -> dict:
+    how = reach_depth(target, depth, w, rng, seed)
+    start = target.position
+    target.decode(WARMUP_STEPS)
+    t0 = time.perf_counter()
+    target.decode(w.decode_tokens)
+    seconds = time.perf_counter() - t0
+    tok_s = w.decode_tokens / seconds
+    bytes_tok = bytes_per_token(target.cfg, start)
+    out = {"depth": start, "reached_by": how, "tokens": w.decode_tokens, "seconds": seconds,
+           "tokens_per_second": tok_s, "ms_per_token": 1000.0 / tok_s, "bytes_per_token": bytes_tok}
+    if bandwidth:
+        out["roofline_tokens_per_second"] = bandwidth / bytes_tok["total"]
+        out["roofline_fraction"] = tok_s * bytes_tok["total"] / bandwidth
+    if w.profile_steps:
+        out["profile_ms"] = target.profile(w.profile_steps)
+    return out
+
+
+# ---- reporting ------------------------------------------------------------------------------
+def git_commit() -> str:
+    if os.environ.get("LAMPO_COMMIT"):
+        return os.environ["LAMPO_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                              capture_output=True, text=True, timeout=5, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
+
+
+def format_report(r: dict) -> str:
+    lines = [f"model: {r['model']} ({r['layers']} layers, {r['backend']} backend) - {r['weights']}",
+             f"device: {r['device'].get('name', '?')}"]
+    dev = r["device"]
+    if dev.get("copy_bandwidth"):
+        lines[-1] += f", copy bandwidth {dev['copy_bandwidth'] / 1e12:.2f} TB/s (read + written)"
+    if dev.get("vram_total"):
+        lines.append(f"VRAM used: {_gib(dev['vram_used'])} of {_gib(dev['vram_total'])}")
+    if r.get("launches_per_token"):
+        lines.append(f"launches per decode step: {r['launches_per_token']['kernels']} kernels "
+                     f"({r['launches_per_token']['nodes']} graph nodes)")
+    lines.append(f"context {r['context']:,}, prefill chunk {r['chunk']:,}")
+    lines += [f"note: {n}" for n in r["notes"]]
+    lines.append("")
+    lines.append(f"{'prefill tokens':>15} {'tok/s':>10} {'TTFT ms':>10}")
+    for p in r["prefill"]:
+        lines.append(f"{p['tokens']:>15,} {p['tokens_per_second']:>10,.1f} {p['ttft_ms']:>10,.1f}")
+    lines.append("")
+    lines.append(f"{'decode depth':>15} {'reached by':>12} {'tok/s':>10} {'ms/token':>9} "
+                 f"{'GB/token':>9} {'roofline':>9}")
+    for d in r["decode"]:
+        frac = f"{100 * d['roofline_fraction']:.1f}%" if "roofline_fraction" in d else "-"
+        lines.append(f"{d['depth']:>15,} {d['reached_by']:>12} {d['tokens_per_second']:>10,.1f} "
+                     f"{d['ms_per_token']:>9.3f} {d['bytes_per_token']['total'] / 1e9:>9.3f} {frac:>9}")
+    for d in r["decode"]:
+        if d.get("profile_ms"):
+            prof = {k: v for k, v in d["profile_ms"].items() if v > 0}
+            lines.append("")
+            lines.append(f"per-op ms per decode step at depth {d['depth']:,} (un-graphed, events):")
+            for k, v in sorted(prof.items(), key=lambda kv: -kv[1]):
+                lines.append(f"  {k:<16} {v:8.3f}")
+    return "\n".join(lines)
+
+
+def resolve_model(args) -> tuple[ModelConfig, Path | None]:
+    from lampo.models.config import load_config
+    from lampo.models.presets import get_preset
+
+    if args.model is not None:
+        cfg = load_config(args.model)
+        model_dir = args.model
+    else:
+        if args.preset is not None and not args.random_weights:
+            raise ValueError("a preset has no weights: add --random-weights, or write a checkpoint with "
+                             "`python -m lampo.models.synthetic PRESET DIR` and pass --model DIR")
+        cfg = get_preset(args.preset or DEFAULT_PRESET)
+        model_dir = None
+    if args.layers is not None:
+        if not 1 <= args.layers <= cfg.num_hidden_layers:
+            raise ValueError(f"--layers must be in 1..{cfg.num_hidden_layers} (got {args.layers})")
+        if model_dir is not None:
+            raise ValueError("--layers applies to --preset only (a checkpoint has its own layer count)")
+        cfg = cfg.with_layers(args.layers)
+    return cfg, model_dir
+
+
+def pick_native(backend: str):
+    """The native module for the CUDA backend, or None for the reference."""
+    if backend == "reference":
+        return None
+    from lampo.cuda_backend import EngineUnavailable, load_native
+
+    try:
+        return load_native()
+    except EngineUnavailable:
+        if backend == "cuda":
+            raise
+        return None
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> dict:
+    cfg, model_dir = resolve_model(args)
+    native = pick_native(args.backend)
+    w = plan_workload(args, cfg, cuda=native is not None)
+    target = (CudaTarget(native, cfg, w, model_dir, args.seed) if native is not None
+              else ReferenceTarget(cfg, model_dir, args.seed))
+    device = target.device()
+    rng = np.random.default_rng(args.seed)
+    target.prefill(random_ids(cfg, min(w.chunk, max(w.prompts)), rng), w.chunk)  # warm-up
+    prefill = [measure_prefill(target, p, w, rng) for p in w.prompts]
+    decode = [measure_decode(target, d, w, rng, device.get("copy_bandwidth"), args.seed) for d in w.depths]
+    return {
+        "model": cfg.name or (model_dir.name if model_dir else "?"),
+        "layers": cfg.num_hidden_layers,
+        "backend": target.kind,
+        "weights": target.source,
+        "load": target.load,
+        "device": device,
+        "launches_per_token": target.launches(),
+        "context": w.context,
+        "chunk": w.chunk,
+        "fast_depth": w.fast_depth,
+        "notes": w.notes,
+        "prefill": prefill,
+        "decode": decode,
+        "commit": git_commit(),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": shlex.join(["lampo", "bench", *argv]),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    try:
+        result = run(args, argv)
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"lampo bench: {e}", file=sys.stderr)
+        return 2
+    print(format_report(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        print(f"\nwrote {args.json}")
+    return 0

@@ -1,0 +1,325 @@
+"""CudaBackend and `lampo bench` logic that needs no GPU: the native module is replaced by a fake
+whose "model" is a deterministic function of the token history, so prefix reuse, snapshots,
+stopping, cancellation and error recovery can be checked exactly."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lampo import bench
+from lampo.backend import ContextOverflow, Done, GenerationRequest, PrefillProgress, Stats, TokenEvent
+from lampo.cuda_backend import CudaBackend, EngineUnavailable, chunk_ends, create_engine, load_weights, native_dims
+from lampo.models.checkpoint import Checkpoint
+from lampo.models.presets import get_preset
+from lampo.models.sampling_params import GREEDY
+from lampo.models.tensor_specs import expected_tensors
+
+STOP = 248046
+GIB = 1 << 30
+
+
+# ---- the fake native module -------------------------------------------------------------------
+class FakeCudaError(RuntimeError):
+    pass
+
+
+def next_token(history: list[int]) -> int:
+    """The fake model: the next token is a fixed function of everything fed so far."""
+    return 1000 + sum((i + 1) * t for i, t in enumerate(history)) % 997
+
+
+class FakeEngine:
+    def __init__(self, native: "FakeNative", dims: dict, max_context: int, prefill_chunk: int,
+                 snapshot_slots: int):
+        self.native, self.dims = native, dims
+        self.max_context, self.prefill_chunk, self.snapshot_slots = max_context, prefill_chunk, snapshot_slots
+        self.loaded: list[str] = []
+        self.history: list[int] = []
+        self.slots: dict[int, list[int]] = {}
+        self.pending = -1
+        self.calls: list[tuple] = []
+        native.engines.append(self)
+
+    def weight_specs(self):
+        return [(n, s.shape, s.dtype) for n, s in expected_tensors(self.native.cfg, include_mtp=False).items()]
+
+    def load_tensor(self, name, array):
+        self.loaded.append(name)
+
+    def finish_loading(self):
+        self.calls.append(("finish_loading",))
+
+    @property
+    def position(self) -> int:
+        return len(self.history)
+
+    def reset(self):
+        self.calls.append(("reset",))
+        self.history = []
+
+    def snapshot(self, slot):
+        self.calls.append(("snapshot", slot, self.position))
+        self.slots[slot] = list(self.history)
+
+    def restore(self, slot):
+        self.calls.append(("restore", slot))
+        self.history = list(self.slots[slot])
+
+    def set_sampling(self, *args):
+        self.calls.append(("set_sampling", *args))
+
+    def begin_generation(self):
+        pass
+
+    def prefill(self, ids, sample):
+        assert 1 <= len(ids) <= self.prefill_chunk and ids.dtype == np.int32
+        assert self.position + len(ids) <= self.max_context
+        self.calls.append(("prefill", len(ids), bool(sample)))
+        self.history += [int(t) for t in ids]
+        self.pending = self._sample() if sample else -1
+        return self.pending
+
+    def decode(self, token=-1):
+        if self.native.fail_at_decode is not None and len(self.history) >= self.native.fail_at_decode:
+            self.native.fail_at_decode = None
+            raise FakeCudaError("attn_decode_int8: an illegal memory access was encountered")
+        self.history.append(self.pending if token < 0 else token)
+        self.pending = self._sample()
+        return self.pending
+
+    def _sample(self) -> int:
+        if self.native.stop_at is not None and len(self.history) >= self.native.stop_at:
+            return STOP
+        return next_token(self.history)
+
+    def healthy(self):
+        return self.native.healthy
+
+
+class FakeNative:
+    CudaError = FakeCudaError
+
+    def __init__(self, cfg, free=100 * GIB, total=141 * GIB):
+        self.cfg, self.free, self.total = cfg, free, total
+        self.engines: list[FakeEngine] = []
+        self.fail_at_decode: int | None = None
+        self.stop_at: int | None = None
+        self.healthy = True
+        self.device_resets = 0
+
+    def Engine(self, dims, max_context, prefill_chunk, snapshot_slots):  # noqa: N802 (mirrors the class)
+        return FakeEngine(self, dims, max_context, prefill_chunk, snapshot_slots)
+
+    def mem_info(self):
+        return self.free, self.total
+
+    def reset_device(self):
+        self.device_resets += 1
+
+
+class FakeTokenizer:
+    class Decoder:
+        def push(self, token):
+            return f"<{token}>"
+
+        def flush(self):
+            return ""
+
+    def stream_decoder(self):
+        return self.Decoder()
+
+
+@pytest.fixture
+def backend(tiny_dense_dir):
+    native = FakeNative(get_preset("tiny-dense"))
+    b = CudaBackend(tiny_dense_dir, context_max=64, prefill_chunk=4, snapshot_slots=2, native=native,
+                    tokenizer=FakeTokenizer())
+    return b, native
+
+
+def run(b: CudaBackend, prompt, max_tokens=5, snapshot_at=(), cancel=None):
+    req = GenerationRequest(tuple(prompt), GREEDY.__class__(**{**GREEDY.to_dict(), "max_tokens": max_tokens}),
+                            snapshot_at=snapshot_at)
+    events = list(b.generate(req, cancel or threading.Event()))
+    assert isinstance(events[-1], Done) and sum(isinstance(e, Done) for e in events) == 1
+    ids = [i for e in events if isinstance(e, TokenEvent) for i in e.ids]
+    return events, ids
+
+
+def fresh_generation(prompt, n):
+    history, out = list(prompt), []
+    for _ in range(n):
+        out.append(next_token(history))
+        history.append(out[-1])
+    return out
+
+
+# ---- setup ------------------------------------------------------------------------------------
+def test_native_dims_has_exactly_the_fields_the_binding_reads():
+    src = (Path(__file__).parents[1] / "native/src/engine_bindings.cpp").read_text()
+    body = src[src.index("ModelDims dims_from_dict"):src.index("void load_tensor")]
+    read = set(re.findall(r'\b(?:i|get)\("(\w+)"\)', body))
+    dims = native_dims(get_preset("qwen3.6-35b-a3b"))
+    assert set(dims) == read
+    assert dims["rotary_dim"] == 64 and dims["vocab_real"] == 248_077 and dims["moe"] is True
+    assert native_dims(get_preset("qwen3.6-27b"))["ffn_inter"] == 17408
+
+
+def test_memory_plan_refusal_names_the_plan_and_a_context_that_fits():
+    cfg = get_preset("qwen3.6-35b-a3b")
+    with pytest.raises(EngineUnavailable) as e:
+        create_engine(FakeNative(cfg, free=67 * GIB), cfg, context=262_144)
+    msg = str(e.value)
+    assert "not enough GPU memory" in msg and "try --context" in msg
+    assert "KV cache (trunk)" in msg and "weights (text)" in msg
+    suggested = int(re.search(r"--context (\d+)", msg).group(1))
+    assert 0 < suggested < 262_144
+    engine = create_engine(FakeNative(cfg, free=67 * GIB), cfg, context=suggested)  # the suggestion fits
+    assert engine.max_context == suggested and engine.snapshot_slots == 4
+
+
+def test_load_weights_walks_the_shards_and_skips_mtp(tiny_dense_dir):
+    ck = Checkpoint.open(tiny_dense_dir, include_mtp=False)
+    native = FakeNative(ck.config)
+    engine = native.Engine(native_dims(ck.config), 64, 4, 1)
+    seen = []
+    n = load_weights(engine, ck, lambda done, total: seen.append((done, total)))
+    expected = [name for _path, names in ck.shards() for name in names]
+    assert engine.loaded == expected and not any(name.startswith("mtp.") for name in engine.loaded)
+    assert set(engine.loaded) == {name for name, _s, _d in engine.weight_specs()}
+    assert seen[-1] == (n, n) and all(a[0] < b[0] for a, b in zip(seen, seen[1:]))
+    assert engine.calls[-1] == ("finish_loading",)
+
+
+@pytest.mark.parametrize("start,end,chunk,cuts,want", [
+    (0, 10, 4, (), [4, 8, 10]),
+    (0, 10, 4, (6,), [4, 6, 10]),
+    (3, 10, 4, (3, 5, 10, 12), [5, 9, 10]),
+    (0, 3, 8, (), [3]),
+])
+def test_chunk_ends(start, end, chunk, cuts, want):
+    assert chunk_ends(start, end, chunk, cuts) == want
+
+
+# ---- generation -------------------------------------------------------------------------------
+def test_generation_streams_the_model_and_reuses_the_prefix(backend):
+    b, native = backend
+    engine = native.engines[0]
+    p1 = list(range(1, 11))
+    events, ids = run(b, p1, max_tokens=5, snapshot_at=(6,))
+    assert ids == fresh_generation(p1, 5)
+    assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == "".join(f"<{i}>" for i in ids)
+    assert [c for c in engine.calls if c[0] == "prefill"] == [("prefill", 4, False), ("prefill", 2, False),
+                                                             ("prefill", 4, True)]
+    assert ("snapshot", 0, 6) in engine.calls
+    assert events[-1].reason == "length" and events[-1].stats.predicted_n == 5
+    assert [e.done for e in events if isinstance(e, PrefillProgress)] == [4, 6, 10]
+
+    # next turn continues the current state: only the new tokens are prefilled
+    p2 = p1 + ids + [7, 8]
+    engine.calls.clear()
+    events, ids2 = run(b, p2, max_tokens=3)
+    assert ids2 == fresh_generation(p2, 3)
+    assert events[-1].stats.cached_n == len(p1) + len(ids) - 1  # the last reply token was never fed
+    assert sum(c[1] for c in engine.calls if c[0] == "prefill") == 3
+
+    # a prompt diverging after position 6 resumes from the snapshot
+    p3 = p1[:6] + [42, 43]
+    engine.calls.clear()
+    events, ids3 = run(b, p3, max_tokens=3)
+    assert ("restore", 0) in engine.calls and events[-1].stats.cached_n == 6
+    assert ids3 == fresh_generation(p3, 3)
+
+
+def test_overflow_is_refused_before_any_work(backend):
+    b, native = backend
+    native.engines[0].calls.clear()
+    with pytest.raises(ContextOverflow) as e:
+        b.generate(GenerationRequest(tuple(range(65))), threading.Event())
+    assert e.value.context_max == 64 and native.engines[0].calls == []
+
+
+def test_stop_id_and_context_end(backend):
+    b, native = backend
+    native.stop_at = 12  # the model emits <|im_end|> once 12 tokens are in the state
+    events, ids = run(b, list(range(1, 11)), max_tokens=50)
+    assert events[-1].reason == "stop" and len(ids) == 2 and STOP not in ids
+    native.stop_at = None
+    b.reset()
+    events, ids = run(b, list(range(1, 61)), max_tokens=50)
+    assert events[-1].reason == "context" and len(ids) == 4  # prompt + reply == context_max
+
+
+def test_cancel_between_prefill_chunks_keeps_the_prefilled_state(backend):
+    b, _native = backend
+    cancel = threading.Event()
+    prompt = list(range(1, 15))
+    events = []
+    for e in b.generate(GenerationRequest(tuple(prompt)), cancel):
+        events.append(e)
+        if isinstance(e, PrefillProgress):
+            cancel.set()
+    assert events[-1].reason == "cancelled" and not any(isinstance(e, TokenEvent) for e in events)
+    events, _ = run(b, prompt, max_tokens=1)
+    assert events[-1].stats.cached_n == 4  # resumed after the one chunk that ran
+
+
+@pytest.mark.parametrize("healthy", [True, False])
+def test_cuda_error_ends_the_call_and_the_backend_recovers(backend, healthy):
+    b, native = backend
+    native.fail_at_decode = 12
+    native.healthy = healthy
+    events, ids = run(b, list(range(1, 11)), max_tokens=10)
+    done = events[-1]
+    assert done.reason == "error" and "attn_decode_int8" in done.error and len(ids) == 3
+    assert native.device_resets == (0 if healthy else 1)
+    assert len(native.engines) == (1 if healthy else 2)  # rebuilt (and reloaded) after a sticky error
+    native.healthy = True
+    prompt = list(range(1, 11))
+    events, ids = run(b, prompt, max_tokens=4)
+    assert events[-1].reason == "length" and events[-1].stats.cached_n == 0 and ids == fresh_generation(prompt, 4)
+
+
+# ---- lampo bench ------------------------------------------------------------------------------
+def test_bench_arguments_and_workload_planning():
+    args = bench.build_parser().parse_args(["--preset", "qwen3.6-35b-a3b", "--random-weights",
+                                            "--prompt", "8192,65_536", "--depths", "0,262144"])
+    assert args.prompt == [8192, 65536] and args.depths == [0, 262144]
+    cfg, model_dir = bench.resolve_model(args)
+    assert model_dir is None and cfg.num_hidden_layers == 40
+    w = bench.plan_workload(args, cfg, cuda=True)
+    assert w.context == 262_144 and w.prompts == [8192, 65536]
+    assert w.depths[0] == 0 and w.depths[1] < 262_144 and "lowered" in w.notes[0]
+    assert w.depths[1] + bench.WARMUP_STEPS + w.decode_tokens + w.profile_steps + 1 <= w.context
+    with pytest.raises(SystemExit):
+        bench.build_parser().parse_args(["--prompt", "8k"])
+    with pytest.raises(ValueError, match="--random-weights"):
+        bench.resolve_model(bench.build_parser().parse_args(["--preset", "tiny-dense"]))
+    cpu = bench.plan_workload(bench.build_parser().parse_args([]), get_preset("tiny-moe"), cuda=False)
+    assert cpu.prompts == [64] and cpu.decode_tokens == 8 and cpu.profile_steps == 0
+
+
+def test_bytes_per_token_roofline_terms():
+    cfg = get_preset("qwen3.6-35b-a3b")
+    b0, b1 = bench.bytes_per_token(cfg, 0), bench.bytes_per_token(cfg, 262_144)
+    assert 5.8e9 < b0["weights"] < 6.0e9  # ~2.95 B active params in bf16
+    assert b0["kv_cache"] == 0 and 2.7e9 < b1["kv_cache"] < 2.8e9  # INT8 + fp16 scales, 10 layers
+    assert b0["gdn_state"] == b1["gdn_state"] > 2 * 60 * (1 << 20)
+
+
+def test_bench_runs_on_the_reference_backend(tiny_moe_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    rc = bench.main(["--model", str(tiny_moe_dir), "--backend", "reference", "--prompt", "5",
+                     "--depths", "0,6", "--decode-tokens", "2", "--chunk", "4", "--json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert r["backend"] == "reference" and r["prefill"][0]["tokens"] == 5
+    assert [d["depth"] for d in r["decode"]] == [1, 6]
+    assert all(d["tokens_per_second"] > 0 for d in r["decode"])
+    assert r["command"].startswith("lampo bench --model")
