@@ -102,9 +102,7 @@ def text_config(moe: bool) -> dict:
 def hf_config(cfg: dict):
     kwargs = {k: v for k, v in cfg.items() if k != "model_type"}  # the class fixes model_type
     cls = Qwen3_5MoeTextConfig if cfg["model_type"].startswith("qwen3_5_moe") else Qwen3_5TextConfig
-    hf = cls(**kwargs)
-    hf._attn_implementation = "eager"
-    return hf
+    return cls(**kwargs, attn_implementation="eager")  # plain matmul + fp32 softmax (sdpa is the default)
 
 
 class Mtp(nn.Module):
@@ -236,7 +234,7 @@ def generate(moe: bool, seed: int) -> dict[str, np.ndarray]:
 
 
 def main() -> None:
-    for package in ("fla", "causal_conv1d", "kernels"):
+    for package in ("fla", "causal_conv1d"):
         if importlib.util.find_spec(package) is not None:
             raise SystemExit(f"{package} is installed: HF would use fused kernels, not its torch reference paths")
     torch.set_default_dtype(torch.float32)
