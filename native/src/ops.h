@@ -93,7 +93,7 @@ void attn_prefill_int8(const bf16* q, const bf16* gate, const int8_t* k_cache,
 void causal_conv1d_silu(const bf16* x, const bf16* w, bf16* state, bf16* y, int T, int C, int K,
                         cudaStream_t stream);
 
-// ---- gated_delta_rule.cu -------------------------------------------------------------------
+// ---- gated_delta_rule_recurrent.cu, gated_delta_rule_chunked.cu -----------------------------
 // Gated DeltaNet core over T tokens, continuing from `state` [Hv, dk, dv] fp32 (S[j][i][m]).
 //   qkv [T, 2*Hk*dk + Hv*dv] bf16 (post-conv: q | k | v) ; a, b [T, Hv] bf16 ;
 //   A_log, dt_bias [Hv] fp32.  Per token t and V head j (QK head j / (Hv/Hk)):
@@ -123,16 +123,20 @@ void silu_mul(const bf16* gu, bf16* y, int T, int I, cudaStream_t stream);
 // Attention output gate for the prefill path when not fused: y = x * sigmoid(gate), [T, n].
 void sigmoid_gate_mul(const bf16* x, const bf16* gate, bf16* y, int T, int n, cudaStream_t stream);
 
-// ---- moe.cu --------------------------------------------------------------------------------
+// ---- moe_router.cu, moe_experts.cu, moe_prefill.cu, moe_shared_combine.cu -------------------
+// Limits: E <= 512, k <= 16, H a multiple of 64, I a multiple of 64.
 // Router: logits = h @ Wr^T in fp32 (h [T, H] bf16, Wr [E, H] bf16); p = softmax(logits);
 //   top-k (ties -> lower id), weights renormalised to sum 1 -> ids [T, k] int32, w [T, k] fp32.
-void moe_router_topk(const bf16* h, const bf16* w_router, int32_t* ids, float* weights, int T,
-                     int H, int E, int k, cudaStream_t stream);
-// Routed experts for few tokens (decode / verify, T <= 8), all selected experts in two launches:
+//   `logits` [T, E] fp32 is caller-provided scratch (the logits are left there): the GEMV is
+//   spread over many blocks, and the top-k launch that follows reads it.
+void moe_router_topk(const bf16* h, const bf16* w_router, float* logits, int32_t* ids,
+                     float* weights, int T, int H, int E, int k, cudaStream_t stream);
+// Routed experts for few tokens (decode / verify, T <= MOE_DECODE_MAX_T), two launches:
 //   act[t, s, :]  = silu(h_t @ Wg[e]^T) * (h_t @ Wu[e]^T), e = ids[t, s]
 //                   gate_up [E, 2I, H] bf16 (rows 0..I-1 gate, I..2I-1 up) -> act [T, k, I] bf16
 //   out[t, :]     = sum_s w[t, s] * (act[t, s] @ Wd[e]^T)   down [E, H, I] bf16 -> out [T, H] bf16
 // plus the shared expert, folded in by the caller through moe_shared_combine.
+constexpr int MOE_DECODE_MAX_T = 8;
 void moe_experts_gate_up(const bf16* h, const bf16* gate_up, const int32_t* ids, bf16* act, int T,
                          int k, int H, int I, cudaStream_t stream);
 void moe_experts_down(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,

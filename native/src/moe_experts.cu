@@ -1,0 +1,136 @@
+// moe_experts.cu - routed experts for few tokens (decode, speculative verify; T <= 8).
+//
+//   gate_up: act[t, s, i] = bf16(silu(h_t . Wg[e][i]) * (h_t . Wu[e][i])), e = ids[t, s]
+//            gate_up [E, 2I, H] bf16 (rows 0..I-1 gate, I..2I-1 up) -> act [T, k, I] bf16
+//   down:    out[t, r] = bf16(sum_s w[t, s] * (act[t, s] . Wd[e][r]))   down [E, H, I] bf16
+//
+// These GEMVs stream the selected experts' weights (35B-A3B: 8 x 6 MiB per layer per token,
+// the largest byte stream of a decode step), so both kernels are built around 16-byte weight
+// loads with several in flight per lane and read nothing but the selected rows:
+// - gate_up: grid (row tiles of 16, T*k slots); a warp owns two (gate, up) row pairs and dots
+//   them with h_t (read through L1), then applies silu * up.
+// - down: grid (row tiles of 8); a warp owns one output row r and, per token, walks every slot's
+//   Wd[e][r] in a fixed order, so the weighted sum over experts needs no atomics and is
+//   deterministic.
+#include "common.cuh"
+#include "gdn_moe_vec.cuh"
+#include "moe_common.h"
+#include "ops.h"
+
+namespace lampo {
+namespace {
+
+constexpr int GU_WARPS = 8;
+constexpr int GU_PAIRS = 2;  // (gate, up) row pairs per warp
+constexpr int GU_ROWS_PER_BLOCK = GU_WARPS * GU_PAIRS;
+constexpr int GU_UNROLL = 2;  // 16-byte chunks per lane per row per batch (x 4 rows in flight)
+
+__global__ void __launch_bounds__(GU_WARPS * 32)
+moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up,
+                 const int32_t* __restrict__ ids, bf16* __restrict__ act, int k, int H, int I) {
+    const int slot = blockIdx.y, t = slot / k;
+    const int e = ids[slot];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int r0 = blockIdx.x * GU_ROWS_PER_BLOCK + warp * GU_PAIRS;
+    const bf16* hrow = h + size_t(t) * H;
+    const bf16* W = gate_up + size_t(e) * 2 * I * H;
+
+    const bf16* rows[2 * GU_PAIRS];  // gate r, up r, gate r+1, up r+1
+#pragma unroll
+    for (int p = 0; p < GU_PAIRS; ++p) {  // I % 64 == 0: every row of the grid exists
+        rows[2 * p] = W + size_t(r0 + p) * H;
+        rows[2 * p + 1] = W + size_t(I + r0 + p) * H;
+    }
+    float acc[2 * GU_PAIRS] = {};
+    for (int base = 0; base < H; base += 32 * 8 * GU_UNROLL) {
+        uint4 wv[GU_UNROLL][2 * GU_PAIRS];
+#pragma unroll
+        for (int u = 0; u < GU_UNROLL; ++u) {
+            const int c = base + (u * 32 + lane) * 8;
+            if (c < H) {
+#pragma unroll
+                for (int q = 0; q < 2 * GU_PAIRS; ++q) wv[u][q] = ldg_u4(rows[q] + c);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < GU_UNROLL; ++u) {
+            const int c = base + (u * 32 + lane) * 8;
+            if (c < H) {
+                const uint4 hv = ldg_u4(hrow + c);
+#pragma unroll
+                for (int q = 0; q < 2 * GU_PAIRS; ++q) acc[q] = dot_bf16x8(wv[u][q], hv, acc[q]);
+            }
+        }
+    }
+#pragma unroll
+    for (int p = 0; p < GU_PAIRS; ++p) {
+        const float g = warp_sum(acc[2 * p]), u = warp_sum(acc[2 * p + 1]);
+        if (lane == 0) act[size_t(slot) * I + r0 + p] = __float2bfloat16_rn(silu(g) * u);
+    }
+}
+
+constexpr int DN_WARPS = 8;   // one output row per warp
+constexpr int DN_UNROLL = 8;  // (slot, chunk) items per lane per batch
+
+__global__ void __launch_bounds__(DN_WARPS * 32)
+moe_down_gemv(const bf16* __restrict__ act, const bf16* __restrict__ down,
+              const int32_t* __restrict__ ids, const float* __restrict__ weights,
+              bf16* __restrict__ out, int T, int k, int H, int I) {
+    const int r = blockIdx.x * DN_WARPS + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (r >= H) return;
+    const int chunks = I / 8;       // 16-byte chunks per row
+    const int items = k * chunks;   // (slot, chunk) pairs per token
+    for (int t = 0; t < T; ++t) {
+        float acc = 0.f;
+        for (int base = 0; base < items; base += 32 * DN_UNROLL) {
+            uint4 wv[DN_UNROLL], av[DN_UNROLL];
+            float wt[DN_UNROLL];
+#pragma unroll
+            for (int u = 0; u < DN_UNROLL; ++u) {
+                const int item = base + u * 32 + lane;
+                if (item < items) {
+                    const int s = item / chunks, c = (item % chunks) * 8;
+                    const int slot = t * k + s;
+                    const int e = __ldg(ids + slot);
+                    wt[u] = __ldg(weights + slot);
+                    wv[u] = ldg_u4(down + (size_t(e) * H + r) * I + c);
+                    av[u] = *reinterpret_cast<const uint4*>(act + size_t(slot) * I + c);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < DN_UNROLL; ++u) {
+                const int item = base + u * 32 + lane;
+                if (item < items) acc = fmaf(wt[u], dot_bf16x8(wv[u], av[u], 0.f), acc);
+            }
+        }
+        acc = warp_sum(acc);
+        if (lane == 0) out[size_t(t) * H + r] = __float2bfloat16_rn(acc);
+    }
+}
+
+void check_decode_dims(const char* op, int T, int k, int H, int I) {
+    moe_check_tokens(op, T, k, H);
+    moe_check_intermediate(op, I);
+    if (T > MOE_DECODE_MAX_T)
+        throw std::invalid_argument(std::string(op) + ": T must be <= 8 (use moe_experts_prefill), got " +
+                                    std::to_string(T));
+}
+
+}  // namespace
+
+void moe_experts_gate_up(const bf16* h, const bf16* gate_up, const int32_t* ids, bf16* act, int T,
+                         int k, int H, int I, cudaStream_t stream) {
+    check_decode_dims("moe_experts_gate_up", T, k, H, I);
+    const dim3 grid(I / GU_ROWS_PER_BLOCK, T * k);
+    moe_gate_up_gemv<<<grid, GU_WARPS * 32, 0, stream>>>(h, gate_up, ids, act, k, H, I);
+}
+
+void moe_experts_down(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
+                      bf16* out, int T, int k, int H, int I, cudaStream_t stream) {
+    check_decode_dims("moe_experts_down", T, k, H, I);
+    moe_down_gemv<<<ceil_div(H, DN_WARPS), DN_WARPS * 32, 0, stream>>>(act, down, ids, weights, out,
+                                                                      T, k, H, I);
+}
+
+}  // namespace lampo

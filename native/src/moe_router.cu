@@ -1,0 +1,146 @@
+// moe_router.cu - MoE router: fp32 logits, softmax over all experts, top-k, renormalised weights.
+//
+//   h [T, H] bf16 ; w_router [E, H] bf16 -> logits [T, E] fp32 (written: caller's scratch)
+//   p = softmax(logits) ; top-k of p (ties -> lower id) ; w = p_sel / sum(p_sel)
+//   -> ids [T, k] int32 (descending p), weights [T, k] fp32
+//   (w is computed as exp(l_sel - l_max) / sum over the selected: the same numbers.)
+//
+// Two launches. Logits: for T <= 8 a GEMV that reads the router matrix once for all rows (one
+// warp per expert row, 16-byte loads); for a prefill chunk the tensor-core GEMM of
+// moe_grouped_gemm.cuh as one dense group. Top-k: one warp per token, each lane holding up to 16
+// logits in registers (E <= 512), k rounds of a warp arg-max.
+#include "common.cuh"
+#include "gdn_moe_vec.cuh"
+#include "moe_common.h"
+#include "moe_grouped_gemm.cuh"
+#include "ops.h"
+
+namespace lampo {
+namespace {
+
+constexpr int ROUTER_GEMV_WARPS = 4;
+constexpr int TOPK_WARPS = 4;
+constexpr int TOPK_PER_LANE = MOE_MAX_EXPERTS / 32;
+
+template <int TT>
+__global__ void __launch_bounds__(ROUTER_GEMV_WARPS * 32)
+router_logits_gemv(const bf16* __restrict__ h, const bf16* __restrict__ w, float* __restrict__ logits,
+                   int H, int E) {
+    const int e = blockIdx.x * ROUTER_GEMV_WARPS + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (e >= E) return;
+    const bf16* row = w + size_t(e) * H;
+    float acc[TT];
+#pragma unroll
+    for (int t = 0; t < TT; ++t) acc[t] = 0.f;
+    constexpr int U = 4;  // 16-byte weight loads in flight per lane
+    for (int base = 0; base < H; base += 32 * 8 * U) {
+        uint4 wv[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = base + (u * 32 + lane) * 8;
+            if (c < H) wv[u] = ldg_u4(row + c);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = base + (u * 32 + lane) * 8;
+            if (c < H) {
+#pragma unroll
+                for (int t = 0; t < TT; ++t) acc[t] = dot_bf16x8(wv[u], ldg_u4(h + size_t(t) * H + c), acc[t]);
+            }
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < TT; ++t) {
+        const float s = warp_sum(acc[t]);
+        if (lane == 0) logits[size_t(t) * E + e] = s;
+    }
+}
+
+__global__ void __launch_bounds__(TOPK_WARPS * 32)
+router_topk(const float* __restrict__ logits, int32_t* __restrict__ ids, float* __restrict__ weights,
+            int T, int E, int k) {
+    const int t = blockIdx.x * TOPK_WARPS + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (t >= T) return;
+    const float* row = logits + size_t(t) * E;
+    float v[TOPK_PER_LANE];  // v[i] = logit of expert lane + 32 i
+#pragma unroll
+    for (int i = 0; i < TOPK_PER_LANE; ++i) {
+        const int e = lane + 32 * i;
+        v[i] = e < E ? row[e] : -INFINITY;
+    }
+    float top = 0.f, denom = 0.f, my_val = 0.f;
+    int my_id = 0;
+    for (int r = 0; r < k; ++r) {
+        float bv = -INFINITY;
+        int bi = 0x7fffffff;
+#pragma unroll
+        for (int i = 0; i < TOPK_PER_LANE; ++i) {
+            const int e = lane + 32 * i;
+            if (e < E && (v[i] > bv || bi == 0x7fffffff)) {  // ascending ids: first max wins
+                bv = v[i];
+                bi = e;
+            }
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+            if (ov > bv || (ov == bv && oi < bi)) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if (r == 0) top = bv;
+        denom += expf(bv - top);
+        if (lane == r) {
+            my_val = bv;
+            my_id = bi;
+        }
+        if ((bi & 31) == lane) {
+#pragma unroll
+            for (int i = 0; i < TOPK_PER_LANE; ++i)
+                if (lane + 32 * i == bi) v[i] = -INFINITY;
+        }
+    }
+    if (lane < k) {
+        ids[size_t(t) * k + lane] = my_id;
+        weights[size_t(t) * k + lane] = expf(my_val - top) / denom;
+    }
+}
+
+}  // namespace
+
+void moe_router_topk(const bf16* h, const bf16* w_router, float* logits, int32_t* ids,
+                     float* weights, int T, int H, int E, int k, cudaStream_t stream) {
+    moe_check_tokens("moe_router_topk", T, k, H);
+    moe_check_experts("moe_router_topk", E, k);
+    if (T <= MOE_DECODE_MAX_T) {
+        const dim3 grid(ceil_div(E, ROUTER_GEMV_WARPS));
+        const int threads = ROUTER_GEMV_WARPS * 32;
+        switch (T) {
+            case 1: router_logits_gemv<1><<<grid, threads, 0, stream>>>(h, w_router, logits, H, E); break;
+            case 2: router_logits_gemv<2><<<grid, threads, 0, stream>>>(h, w_router, logits, H, E); break;
+            case 3: router_logits_gemv<3><<<grid, threads, 0, stream>>>(h, w_router, logits, H, E); break;
+            case 4: router_logits_gemv<4><<<grid, threads, 0, stream>>>(h, w_router, logits, H, E); break;
+            case 5: router_logits_gemv<5><<<grid, threads, 0, stream>>>(h, w_router, logits, H, E); break;
+            case 6: router_logits_gemv<6><<<grid, threads, 0, stream>>>(h, w_router, logits, H, E); break;
+            case 7: router_logits_gemv<7><<<grid, threads, 0, stream>>>(h, w_router, logits, H, E); break;
+            default: router_logits_gemv<8><<<grid, threads, 0, stream>>>(h, w_router, logits, H, E); break;
+        }
+    } else {
+        moe_gemm::Problem p{};
+        p.A = h;
+        p.B = w_router;
+        p.C = logits;
+        p.ldc = E;
+        p.N = E;
+        p.K = H;
+        p.rows = T;
+        moe_gemm::launch_grouped_gemm<moe_gemm::Epilogue::F32>(p, ceil_div(T, moe_gemm::BM), stream);
+    }
+    router_topk<<<ceil_div(T, TOPK_WARPS), TOPK_WARPS * 32, 0, stream>>>(logits, ids, weights, T, E, k);
+}
+
+}  // namespace lampo
