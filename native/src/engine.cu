@@ -287,21 +287,24 @@ void Engine::ensure_decode_graph() {
     }
 }
 
+void Engine::feed_token(int token) {
+    if (token < 0) return;
+    if (token >= dims_.vocab) {
+        throw std::invalid_argument("decode: token id " + std::to_string(token) +
+                                    " is outside the vocabulary [0, " + std::to_string(dims_.vocab) + ")");
+    }
+    h_io_[opt_.prefill_chunk + 1] = token;
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_tok_, &h_io_[opt_.prefill_chunk + 1], 4,
+                                     cudaMemcpyHostToDevice, stream_));
+}
+
 int Engine::decode(int token) {
     require_weights();
     if (pos_ >= opt_.max_context) {
         throw std::out_of_range("decode: the context of " + std::to_string(opt_.max_context) +
                                 " tokens is full");
     }
-    if (token >= 0) {
-        if (token >= dims_.vocab) {
-            throw std::invalid_argument("decode: token id " + std::to_string(token) +
-                                        " is outside the vocabulary [0, " + std::to_string(dims_.vocab) + ")");
-        }
-        h_io_[opt_.prefill_chunk + 1] = token;
-        LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_tok_, &h_io_[opt_.prefill_chunk + 1], 4,
-                                         cudaMemcpyHostToDevice, stream_));
-    }
+    feed_token(token);
     ensure_decode_graph();
     LAMPO_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
     const int next = read_token();
@@ -322,10 +325,11 @@ DecodeGraphInfo Engine::decode_graph_info() {
 }
 
 // ---- profiling and bench helpers -----------------------------------------------------------
-std::vector<std::pair<std::string, double>> Engine::profile_decode(int steps) {
+std::vector<std::pair<std::string, double>> Engine::profile_decode(int steps, int token) {
     require_weights();
     if (steps < 1) throw std::invalid_argument("profile_decode: steps must be >= 1");
     if (pos_ + steps > opt_.max_context) throw std::out_of_range("profile_decode: context full");
+    feed_token(token);
     OpTimer timer(stream_);
     cudaEvent_t start, stop;
     LAMPO_CUDA_CHECK(cudaEventCreate(&start));

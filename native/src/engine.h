@@ -73,9 +73,10 @@ public:
     int decode(int token);
     std::vector<float> logits();       // fp32 logits [V] of the last row of the last call
     DecodeGraphInfo decode_graph_info();
-    // Runs `steps` decode steps un-graphed with events around each op family; returns mean ms per
-    // step for each family and "step_total" (advances the conversation like decode).
-    std::vector<std::pair<std::string, double>> profile_decode(int steps);
+    // Runs `steps` decode steps un-graphed with events around each op family (the first feeds
+    // `token`, or the last sampled one when token < 0); returns mean ms per step for each family
+    // and "step_total". Advances the conversation like decode.
+    std::vector<std::pair<std::string, double>> profile_decode(int steps, int token);
     // Bench --fast-depth: random KV cache contents and GDN states, position set to `depth`.
     void fill_state_random(int depth, uint64_t seed);
     // False when the CUDA context has a sticky error (then the process must reset the device).
@@ -118,6 +119,7 @@ private:
     void check_slot(int slot) const;
     void require_weights() const;
     int read_token();
+    void feed_token(int token);  // token >= 0: the next step's input (else the last sampled id)
 };
 
 struct DeviceInfo {

@@ -153,17 +153,18 @@ void register_engine(py::module_& m) {
                  return d;
              })
         .def("profile_decode",
-             [](Engine& e, int steps) {
+             [](Engine& e, int steps, int token) {
                  std::vector<std::pair<std::string, double>> r;
                  {
                      py::gil_scoped_release rel;
-                     r = e.profile_decode(steps);
+                     r = e.profile_decode(steps, token);
                  }
                  py::dict d;
                  for (const auto& [k, v] : r) d[py::str(k)] = v;
                  return d;
              },
-             py::arg("steps"))
+             py::arg("steps"), py::arg("token") = -1,
+             "Un-graphed decode steps timed per op family: {family: mean ms per step}")
         .def("fill_state_random", &Engine::fill_state_random, py::arg("depth"), py::arg("seed") = 0,
              release())
         .def("healthy", &Engine::healthy, release())

@@ -128,6 +128,7 @@ struct Workspace {
     bf16* delta = nullptr;       // [T, H] sub-block output added to the residual
     bf16* routed = nullptr;      // [T, H]
     bf16* shared = nullptr;      // [T, H]
+    float* router_logits = nullptr;  // [T, E]
     int32_t* expert_ids = nullptr;   // [T, k]
     float* expert_weights = nullptr; // [T, k]
     void* gdn_chunked = nullptr;

@@ -65,7 +65,7 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx
                                     size_t(2 * (d.moe ? d.shared_inter : d.ffn_inter))});
     const size_t mixed_w = std::max(size_t(d.attn_width()), size_t(d.gdn_value_width()));
     const size_t act_rows = std::max(T * size_t(d.moe ? d.shared_inter : d.ffn_inter),
-                                     d.moe ? size_t(GEMV_MAX_T) * d.top_k * d.expert_inter : 0);
+                                     d.moe ? size_t(MOE_DECODE_MAX_T) * d.top_k * d.expert_inter : 0);
     const bool attn = d.count(MixerKind::GatedAttention) > 0;
     const bool gdn = d.count(MixerKind::GatedDeltaNet) > 0;
     const int k = d.moe ? d.top_k : 0;
@@ -84,6 +84,7 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx
         {"delta", T * H * b16},
         {"routed", d.moe ? T * H * b16 : 0},
         {"shared", d.moe ? T * H * b16 : 0},
+        {"router_logits", d.moe ? T * d.n_experts * 4 : 0},
         {"expert_ids", T * k * 4},
         {"expert_weights", T * k * 4},
         {"gdn_chunked", gdn ? gdn_chunked_workspace_bytes(max_tokens, d.gdn_v_heads, d.gdn_k_dim,
@@ -122,6 +123,7 @@ Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void*
     ws.delta = static_cast<bf16*>(ptr[i++]);
     ws.routed = static_cast<bf16*>(ptr[i++]);
     ws.shared = static_cast<bf16*>(ptr[i++]);
+    ws.router_logits = static_cast<float*>(ptr[i++]);
     ws.expert_ids = static_cast<int32_t*>(ptr[i++]);
     ws.expert_weights = static_cast<float*>(ptr[i++]);
     ws.gdn_chunked = ptr[i++];
@@ -192,6 +194,7 @@ struct Ctx {
         if (timer) timer->end();
     }
     bool small() const { return step.T <= GEMV_MAX_T; }
+    bool small_moe() const { return step.T <= MOE_DECODE_MAX_T; }
 };
 
 // A fused projection whose output is used as separate parts. Part i of T rows is stored
@@ -302,10 +305,10 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w) {
     const Workspace& ws = c.ws;
     const int T = c.step.T, H = d.hidden, k = d.top_k, I = d.expert_inter;
     c.op(OpFamily::MoeRouter, "moe_router_topk", [&] {
-        moe_router_topk(ws.normed, w.router, ws.expert_ids, ws.expert_weights, T, H, d.n_experts,
-                        k, c.st);
+        moe_router_topk(ws.normed, w.router, ws.router_logits, ws.expert_ids, ws.expert_weights, T,
+                        H, d.n_experts, k, c.st);
     });
-    if (c.small()) {
+    if (c.small_moe()) {
         c.op(OpFamily::MoeExperts, "moe_experts_gate_up", [&] {
             moe_experts_gate_up(ws.normed, w.experts_gate_up, ws.expert_ids, ws.act, T, k, H, I, c.st);
         });
