@@ -1,0 +1,1 @@
+"""Package data: stylesheets (`styles/`), bench prompts, sample documents, small fixtures."""
