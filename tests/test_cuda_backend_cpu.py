@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from lampo import bench
-from lampo.backend import ContextOverflow, Done, GenerationRequest, PrefillProgress, Stats, TokenEvent
+from lampo.backend import ContextOverflow, Done, GenerationRequest, PrefillProgress, TokenEvent
 from lampo.cuda_backend import CudaBackend, EngineUnavailable, chunk_ends, create_engine, load_weights, native_dims
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.presets import get_preset

@@ -436,3 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         print(f"\nwrote {args.json}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

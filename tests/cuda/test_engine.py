@@ -5,17 +5,20 @@ cache, the reference is fp32 throughout, so logits agree to about 1e-2 relative.
 real vocabulary (the engine leaves padding-row logits unmasked; its sampler masks them):
 - engine vs reference: relative L2 error <= 4e-2 and 4 of the reference's top-5 ids in the engine's;
 - engine vs engine along different kernel paths (chunk sizes, prefill vs decode): <= 2e-2;
-- the same computation repeated (graph vs un-graphed step, snapshot restore): <= 1e-5.
+- the same computation repeated (graph vs un-graphed step, snapshot restore): <= 1e-3 (exact
+  unless a kernel reduces in a nondeterministic order; a restore bug is an O(1) error).
 Greedy decoding runs the reference in lockstep on the engine's tokens: at every step the engine's
 token must be the reference argmax, unless the reference itself has the two within a near-tie
 (gap < 0.1 std of its logits), which bf16 may legitimately flip.
 
-Full-width 4-layer checkpoints of both real models are written with the synthetic writer, or taken
-from $LAMPO_FULL_WIDTH_35B / $LAMPO_FULL_WIDTH_27B (tests/gpu/run.sh writes them beside the build).
+Full-width 4-layer checkpoints of both real models (tests/gpu/full_width.py: real hidden size and
+layer shapes, reduced vocabulary and expert count) are taken from $LAMPO_FULL_WIDTH_DIR, where
+tests/gpu/run.sh writes them while the extension builds, or written here.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import threading
 from pathlib import Path
@@ -72,8 +75,8 @@ def assert_matches_reference(got, want, what: str, tol=4e-2):
         f"{what}: rel L2 {err:.2e}, top-5 overlap {len(top_want & top_got)}"
 
 
-def prompt_ids(n, seed=0):
-    return np.random.default_rng(seed).integers(0, REAL_VOCAB, size=n).astype(np.int32)
+def prompt_ids(n, seed=0, vocab=REAL_VOCAB):
+    return np.random.default_rng(seed).integers(0, vocab, size=n).astype(np.int32)
 
 
 @pytest.fixture(scope="module", params=["tiny-dense", "tiny-moe"])
@@ -159,13 +162,13 @@ def test_snapshot_restore_reproduces_and_rewrites(tiny):
     engine.restore(1)
     assert engine.position == 70
     prefill(engine, p2)
-    np.testing.assert_allclose(engine.logits(), after_p2, rtol=1e-5, atol=1e-5)
+    assert rel_l2(engine.logits(), after_p2) <= 1e-3
     engine.restore(1)
     prefill(engine, p3)  # overwrites the KV rows p2 left behind
     diverged = engine.logits()
     prefill(fresh(engine), p1)
     prefill(engine, p3)
-    np.testing.assert_allclose(diverged, engine.logits(), rtol=1e-5, atol=1e-5)
+    assert rel_l2(diverged, engine.logits()) <= 1e-3
 
 
 def test_graph_replay_equals_the_ungraphed_step_and_sampling_needs_no_recapture(tiny):
@@ -178,7 +181,7 @@ def test_graph_replay_equals_the_ungraphed_step_and_sampling_needs_no_recapture(
     info = engine.decode_graph_info()
     engine.restore(0)
     profile = engine.profile_decode(1, first)  # the same step, un-graphed, with events
-    np.testing.assert_allclose(engine.logits(), graphed, rtol=1e-5, atol=1e-5)
+    assert rel_l2(engine.logits(), graphed) <= 1e-3
     assert info["kernels"] > 0 and profile["step_total"] > 0
     assert profile["lm_head"] > 0 and profile["sampling"] > 0 and profile["embedding"] > 0
 
@@ -194,21 +197,32 @@ def test_graph_replay_equals_the_ungraphed_step_and_sampling_needs_no_recapture(
 
 
 # ---- full-width checkpoints -------------------------------------------------------------------
-@pytest.mark.parametrize("preset,env", [("qwen3.6-35b-a3b", "LAMPO_FULL_WIDTH_35B"),
-                                        ("qwen3.6-27b", "LAMPO_FULL_WIDTH_27B")])
-def test_full_width_four_layer_checkpoints(preset, env, tmp_path_factory):
-    d = os.environ.get(env)
-    if not d:
-        d = write_checkpoint(tmp_path_factory.mktemp(preset), get_preset(preset).with_layers(4),
-                             with_mtp=False, shard_mb=4000)
-    ck = Checkpoint.open(Path(d), include_mtp=False)
-    assert ck.config.hidden_size == get_preset(preset).hidden_size and ck.config.num_hidden_layers == 4
+def _full_width_module():
+    path = Path(__file__).parents[1] / "gpu" / "full_width.py"
+    spec = importlib.util.spec_from_file_location("lampo_tests_full_width", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("preset", ["qwen3.6-35b-a3b", "qwen3.6-27b"])
+def test_full_width_four_layer_checkpoints(preset, tmp_path_factory):
+    full_width = _full_width_module()
+    root = os.environ.get("LAMPO_FULL_WIDTH_DIR")  # written by tests/gpu/run.sh during the build
+    d = Path(root) / preset if root else full_width.write(tmp_path_factory.mktemp("full-width"), preset)
+    ck = Checkpoint.open(d, include_mtp=False)
+    want = full_width.full_width_config(preset)
+    got = ck.config
+    assert (got.hidden_size, got.num_hidden_layers, got.vocab_size, got.num_experts) == \
+        (want.hidden_size, want.num_hidden_layers, want.vocab_size, want.num_experts)
+    assert got.hidden_size == get_preset(preset).hidden_size
+    vocab = ck.config.real_vocab_size
     engine = make_engine(ck, context=1024, chunk=256)
     ref = ReferenceModel.from_checkpoint(ck)
-    ids = prompt_ids(100, seed=10)
-    prefill(engine, ids)
+    ids = prompt_ids(100, seed=10, vocab=vocab)
+    prefill(engine, ids)  # one 100-token chunk: GEMM path
     assert_matches_reference(engine.logits(), ref.prefill(ids, last_only=True), f"{preset} prefill")
-    for token in prompt_ids(3, seed=11):
+    for token in prompt_ids(3, seed=11, vocab=vocab):
         engine.decode(int(token))
         assert_matches_reference(engine.logits(), ref.decode(int(token)), f"{preset} decode")
     print(f"\n{preset} 4 layers: weights {engine.weight_bytes / 2**30:.2f} GiB, workspace "

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# tests/gpu/run.sh MODE - on the GPU machine, from the repository root: build lampo._native (all
+# sources), run the cuda-marked tests, then the benchmarks; logs, JSON and a summary go to $OUT.
+#
+#   quick  build + pytest -m cuda + short benches: tiny-moe, and the full-width 35B-A3B / 27B shapes
+#          cut to 4 layers (random weights in VRAM); the GPU tests get full-width 4-layer checkpoint
+#          FILES (tests/gpu/full_width.py), written in the background while the extension builds
+#   full   build + pytest -m cuda + the whole benchmark: full-size random-weight models, prompts
+#          8,192 / 65,536, decode at depths 0 / 8,192 / 65,536 / 262,144 by real prefill, and the
+#          --fast-depth variant
+#
+# Environment: OUT (default .gpu/out), LAMPO_GPU_TESTS (pytest paths, default tests/cuda),
+# LAMPO_COMMIT (recorded in the bench JSON; default `git rev-parse`), JOBS (build parallelism),
+# TEST_TIMEOUT / BENCH_TIMEOUT (seconds). Pure-Python dependencies missing on a bare machine may be
+# placed in .gpu/pylib (added to PYTHONPATH).
+set -uo pipefail
+MODE=${1:-quick}
+case "$MODE" in quick|full) ;; *) echo "usage: $0 quick|full" >&2; exit 2 ;; esac
+
+ROOT=$(pwd)
+OUT=${OUT:-$ROOT/.gpu/out}
+WORK=${LAMPO_GPU_WORK:-/tmp/lampo-gpu}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT/bench" "$WORK"
+export PYTHONUNBUFFERED=1
+[ -d "$ROOT/.gpu/pylib" ] && export PYTHONPATH="$ROOT/.gpu/pylib${PYTHONPATH:+:$PYTHONPATH}"
+export LAMPO_COMMIT=${LAMPO_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+T0=$(date +%s)
+log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
+
+log "mode $MODE, commit $LAMPO_COMMIT, $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
+
+# Python packages only (the CUDA extension is built below with every source).
+$PY -m pip install -q --no-build-isolation --no-deps -e . -Ccmake.define.LAMPO_CPU_ONLY=ON >"$OUT/pip.log" 2>&1 \
+  || { log "pip install failed"; tail -20 "$OUT/pip.log"; exit 1; }
+
+WRITERS=()
+if [ "$MODE" = quick ]; then
+  for preset in qwen3.6-35b-a3b qwen3.6-27b; do
+    $PY tests/gpu/full_width.py "$WORK/full-width" "$preset" >"$OUT/write-$preset.log" 2>&1 &
+    WRITERS+=($!)
+  done
+fi
+
+log "building lampo._native"
+cmake -S native -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/build.log" 2>&1 \
+  && cmake --build "$WORK/build" -j"${JOBS:-14}" >>"$OUT/build.log" 2>&1
+if [ $? -ne 0 ]; then
+  log "BUILD FAILED"; grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1
+fi
+cp "$WORK"/build/_native*.so app/lampo/
+log "built $(ls "$WORK"/build/_native*.so | xargs -n1 basename)"
+
+for pid in "${WRITERS[@]}"; do
+  wait "$pid" || log "writing a full-width checkpoint failed (see $OUT/write-*.log)"
+done
+[ "$MODE" = quick ] && export LAMPO_FULL_WIDTH_DIR="$WORK/full-width" && log "full-width checkpoints written"
+
+log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
+timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
+  --durations=12 -p no:cacheprovider >"$OUT/pytest.log" 2>&1
+log "pytest exit $?: $(tail -1 "$OUT/pytest.log")"
+
+bench() {  # bench NAME ARGS...
+  local name=$1; shift
+  timeout "${BENCH_TIMEOUT:-240}" $PY -m lampo.bench "$@" --json "$OUT/bench/$name.json" >"$OUT/bench/$name.txt" 2>&1
+  log "bench $name exit $?"
+}
+if [ "$MODE" = quick ]; then
+  bench tiny-moe --preset tiny-moe --random-weights --prompt 2048 --depths 0,2048 --decode-tokens 64
+  bench 35b-a3b-4layers --preset qwen3.6-35b-a3b --layers 4 --random-weights --prompt 8192 --depths 0,8192 --decode-tokens 64
+  bench 27b-4layers --preset qwen3.6-27b --layers 4 --random-weights --prompt 8192 --depths 0,8192 --decode-tokens 64
+else
+  bench 35b-a3b --preset qwen3.6-35b-a3b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144
+  bench 27b --preset qwen3.6-27b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144
+  bench 35b-a3b-fast-depth --preset qwen3.6-35b-a3b --random-weights --prompt 8192 --depths 0,32768,131072,262144 --fast-depth
+  bench 27b-fast-depth --preset qwen3.6-27b --random-weights --prompt 8192 --depths 0,32768,131072,262144 --fast-depth
+fi
+
+echo "================ pytest (tail) ================"
+grep -vE "^\s*$" "$OUT/pytest.log" | tail -60
+for f in "$OUT"/bench/*.txt; do
+  echo "================ $(basename "$f" .txt) ================"
+  tail -45 "$f"
+done
+log "done"
