@@ -235,6 +235,7 @@ void Engine::decode_body(OpTimer* timer) {
 }
 
 cudaGraph_t Engine::capture_decode() {
+    LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));  // capture starts on an idle stream
     LAMPO_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     try {
         decode_body(nullptr);

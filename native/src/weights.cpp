@@ -280,19 +280,20 @@ void WeightStore::load(const std::string& name, const void* data, DType dtype,
                                     ", expected " + shape_str(s.shape));
     }
     const size_t n = s.numel();
+    if (!staging_) staging_ = std::make_unique<StagingRing>();
     if (dtype == s.dtype) {
-        staging_.copy(s.device, s.bytes(), [&](void* pinned, size_t off, size_t len) {
+        staging_->copy(s.device, s.bytes(), [&](void* pinned, size_t off, size_t len) {
             std::memcpy(pinned, static_cast<const char*>(data) + off, len);
         });
     } else if (s.dtype == DType::F32) {  // bf16 checkpoint tensor -> f32 slot
         const uint16_t* src = static_cast<const uint16_t*>(data);
-        staging_.copy(s.device, n * 4, [&](void* pinned, size_t off, size_t len) {
+        staging_->copy(s.device, n * 4, [&](void* pinned, size_t off, size_t len) {
             float* out = static_cast<float*>(pinned);
             for (size_t i = 0; i < len / 4; ++i) out[i] = bf16_bits_to_f32(src[off / 4 + i]);
         });
     } else {  // f32 checkpoint tensor -> bf16 slot
         const float* src = static_cast<const float*>(data);
-        staging_.copy(s.device, n * 2, [&](void* pinned, size_t off, size_t len) {
+        staging_->copy(s.device, n * 2, [&](void* pinned, size_t off, size_t len) {
             uint16_t* out = static_cast<uint16_t*>(pinned);
             for (size_t i = 0; i < len / 2; ++i) out[i] = f32_to_bf16_bits(src[off / 2 + i]);
         });
@@ -302,7 +303,10 @@ void WeightStore::load(const std::string& name, const void* data, DType dtype,
 }
 
 void WeightStore::finish_loading() {
-    staging_.wait();
+    if (staging_) {
+        staging_->wait();
+        staging_.reset();
+    }
     std::vector<std::string> missing;
     for (size_t i = 0; i < slots_.size(); ++i) {
         if (!loaded_[i]) missing.push_back(slots_[i].name);

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -101,7 +102,7 @@ public:
     // `dtype`, C order) of a tensor of `shape`, which must match the slot; bf16 <-> f32 converted.
     void load(const std::string& name, const void* data, DType dtype,
               const std::vector<int64_t>& shape);
-    // Waits for every copy; throws naming the tensors that were never loaded.
+    // Waits for every copy and frees the staging buffers; throws naming the tensors never loaded.
     void finish_loading();
     // Bench mode: every tensor filled with deterministic random values in VRAM.
     void fill_random(uint64_t seed, cudaStream_t stream);
@@ -117,7 +118,7 @@ private:
     std::vector<bool> loaded_;
     std::unordered_map<std::string, size_t> index_;
     ModelWeights model_;
-    StagingRing staging_;
+    std::unique_ptr<StagingRing> staging_;  // exists while loading (pinned host memory)
     size_t bytes_ = 0, loaded_bytes_ = 0;
     bool ready_ = false;
 
