@@ -12,9 +12,16 @@ Open them with `lampo.models.checkpoint.Checkpoint.open(dir)`. Do not modify the
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
-import pytest
+# The numpy reference does many small matrix products; a multi-threaded BLAS on a shared 2-core
+# CI box spends more time spinning than computing (10 s vs 0.3 s for one golden test). Must be set
+# before numpy is first imported.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
 
 from lampo.models.presets import get_preset
 from lampo.models.synthetic import write_checkpoint
