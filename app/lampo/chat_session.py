@@ -149,6 +149,9 @@ class ChatSession:
             done = Done("error", self.last_stats or Stats(), f"{type(e).__name__}: {e}")
             raise
         finally:  # also when the consumer stops early or the backend raises
+            close = getattr(events, "close", None)
+            if close:
+                close()
             self._finish(user, done or Done("cancelled", self.last_stats or Stats(), "interrupted"))
 
     def _finish(self, user: MessageRecord, done: Done) -> None:
