@@ -1,0 +1,123 @@
+// attention_decode.cu - flash-decoding over the INT8 KV cache for Tq <= 8 query rows (decode and
+// speculative verify); contract in ops.h (attn_decode_int8).
+//
+// The grid is fixed (nsplit x nkv blocks, nsplit = min(#SMs, max_ctx / 64)) so the call can be
+// graph-captured; each block reads the live length L = d_pos[0] + Tq from device memory and takes
+// keys [s * chunk, (s + 1) * chunk), chunk = max(64, ceil(L / nsplit) rounded up to 64); blocks past
+// L exit at once. A block runs the shared tensor-core core (attention_int8.cuh) for all Tq x group
+// query rows of its KV head, writing the unnormalised output, max and sum of its split. The combine
+// kernel (one block per (token, query head) and 32 dims, 16 warps sharing the splits) merges the
+// live splits and applies the sigmoid output gate. Needs head dim 256 and Tq * (nq / nkv) <= 64.
+#include "attention_int8.cuh"
+#include "launch_utils.cuh"
+
+namespace lampo {
+namespace {
+
+int decode_splits(int max_ctx) { return std::max(1, std::min(sm_count(), ceil_div(max_ctx, attn::KEYS))); }
+
+constexpr int COMBINE_WARPS = 16;  // each warp sums every 16th split for 32 dims
+
+// Block (row = t * nq + query head, 32 dims): split weights w_s = exp2(m_s - M) in shared memory,
+// warp w accumulates splits w, w + 16, ..., then the warps' sums are added and normalised.
+__global__ void __launch_bounds__(COMBINE_WARPS * 32)
+attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                           const bf16* __restrict__ gate, const int32_t* __restrict__ d_pos, bf16* __restrict__ out,
+                           int Tq, int nq, int nsplit) {
+    extern __shared__ float weight[];  // [nsplit]
+    __shared__ float acc_w[COMBINE_WARPS][32];
+    __shared__ float red[COMBINE_WARPS];
+    __shared__ float M, l_total;
+    const int row = blockIdx.x;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int d = blockIdx.y * 32 + lane;
+    const int L = d_pos[0] + Tq;
+    const int chunk = attn::split_chunk(L, nsplit);
+    const int live = (L + chunk - 1) / chunk;
+    const size_t rows = size_t(Tq) * nq;
+
+    float m = -INFINITY;
+    for (int s = threadIdx.x; s < live; s += blockDim.x) m = fmaxf(m, part_ml[(s * rows + row) * 2]);
+    m = warp_max(m);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float mm = -INFINITY;
+        for (int w = 0; w < COMBINE_WARPS; ++w) mm = fmaxf(mm, red[w]);
+        M = mm;
+    }
+    __syncthreads();
+    float l = 0.0f;
+    for (int s = threadIdx.x; s < live; s += blockDim.x) {
+        const float w = exp2f(part_ml[(s * rows + row) * 2] - M);  // a split that saw no key: m = -inf -> 0
+        weight[s] = w;
+        l += w * part_ml[(s * rows + row) * 2 + 1];
+    }
+    l = warp_sum(l);
+    __syncthreads();
+    if (lane == 0) red[warp] = l;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int w = 0; w < COMBINE_WARPS; ++w) t += red[w];
+        l_total = t;
+    }
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int s = warp; s < live; s += COMBINE_WARPS) acc += weight[s] * part_o[(s * rows + row) * attn::D + d];
+    acc_w[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < COMBINE_WARPS; ++w) sum += acc_w[w][lane];
+        const size_t idx = size_t(row) * attn::D + d;
+        out[idx] = __float2bfloat16(sum / l_total * sigmoid(__bfloat162float(gate[idx])));
+    }
+}
+
+template <int MT, int KG>
+void launch_decode(const attn::Params& p, cudaStream_t stream) {
+    auto kernel = attn::attn_int8_kernel<MT, KG, false>;
+    const size_t smem = attn::smem_bytes(MT, KG, p.stages);
+    allow_dynamic_smem(kernel, smem, "attn_decode_int8");
+    kernel<<<dim3(p.nsplit, p.nkv), MT * KG * 32, smem, stream>>>(p);
+}
+
+}  // namespace
+
+size_t attn_decode_partial_floats(int Tq, int nq, int D, int max_ctx) {
+    return size_t(decode_splits(max_ctx)) * Tq * nq * (D + 2);
+}
+
+void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, const int8_t* v_cache,
+                      const half* k_scale, const half* v_scale, const int32_t* d_pos, bf16* out, float* partial,
+                      int Tq, int nq, int nkv, int D, int max_ctx, cudaStream_t stream) {
+    const char* op = "attn_decode_int8";
+    require(D == attn::D, op, "head dim must be 256 (the Qwen3.5/3.6 family), got " + std::to_string(D));
+    require(nkv > 0 && nq % nkv == 0, op, "nq must be a multiple of nkv");
+    require(Tq >= 1 && Tq <= 8, op, "Tq must be 1..8, got " + std::to_string(Tq));
+    require(Tq * (nq / nkv) <= attn::MAX_ROWS, op, "Tq * (nq / nkv) must be <= 64");
+    require(max_ctx > 0, op, "max_ctx must be positive");
+    attn::Params p{};
+    p.q = q; p.gate = gate; p.k_cache = k_cache; p.v_cache = v_cache; p.k_scale = k_scale; p.v_scale = v_scale;
+    p.nq = nq; p.nkv = nkv; p.group = nq / nkv; p.max_ctx = max_ctx; p.T = Tq;
+    p.d_pos = d_pos;
+    p.nsplit = decode_splits(max_ctx);
+    p.part_o = partial;
+    p.part_ml = partial + size_t(p.nsplit) * Tq * nq * D;
+    const int mt = ceil_div(Tq * p.group, 16);
+    const int kg = mt == 3 ? 1 : 4 / mt;
+    p.stages = attn::smem_bytes(mt, kg, 3) <= smem_optin_bytes() ? 3 : 2;
+    switch (mt) {
+        case 1: launch_decode<1, 4>(p, stream); break;
+        case 2: launch_decode<2, 2>(p, stream); break;
+        case 3: launch_decode<3, 1>(p, stream); break;
+        default: launch_decode<4, 1>(p, stream); break;
+    }
+    LAMPO_CHECK_LAUNCH(op);
+    attn_decode_combine_kernel<<<dim3(Tq * nq, attn::D / 32), COMBINE_WARPS * 32, p.nsplit * sizeof(float),
+                                 stream>>>(p.part_o, p.part_ml, gate, d_pos, out, Tq, nq, p.nsplit);
+}
+
+}  // namespace lampo

@@ -1,0 +1,31 @@
+// linear.cu - the weight-format seam's dispatch (contract in linear.h): BF16 weights go to the
+// GEMV kernel for T <= GEMV_MAX_T and to the tensor-core GEMM above; T == 0 is a no-op.
+#include "launch_utils.cuh"
+#include "linear.h"
+#include "matmul.cuh"
+
+namespace lampo {
+namespace {
+
+template <class OutT>
+void linear_dispatch(const Linear& W, const bf16* x, OutT* y, int T, cudaStream_t stream) {
+    require(W.format == WeightFormat::BF16, "linear_forward",
+            "unsupported weight format " + std::to_string(int32_t(W.format)));
+    require(W.data != nullptr && W.out > 0 && W.in > 0, "linear_forward", "empty weight");
+    if (T <= 0) return;
+    const bf16* w = static_cast<const bf16*>(W.data);
+    if (T <= GEMV_MAX_T) gemv_bf16(w, x, y, T, W.out, W.in, stream);
+    else gemm_bf16(w, x, y, T, W.out, W.in, stream);
+}
+
+}  // namespace
+
+void linear_forward(const Linear& W, const bf16* x, bf16* y, int T, cudaStream_t stream) {
+    linear_dispatch(W, x, y, T, stream);
+}
+
+void linear_forward_f32(const Linear& W, const bf16* x, float* y, int T, cudaStream_t stream) {
+    linear_dispatch(W, x, y, T, stream);
+}
+
+}  // namespace lampo

@@ -1,0 +1,368 @@
+// sampling.cu - on-GPU token sampling and row-wise argmax (contract in ops.h, sample_token and
+// argmax_rows). Exact and sort-free:
+//  1. sample_select_kernel (16 blocks x 1024 threads): block b copies its slice of the vocabulary
+//     into shared memory as order-preserving uint32 keys of the penalised logit (padding ids ->
+//     key 0, below every real value), finds its K-th largest key by a 4-pass 8-bit radix select
+//     (shared-memory histograms) and writes its top-K (ties at the cut -> lower ids) in id order.
+//     K = 1 when greedy, else top_k, or SAMPLE_MAX_K (1024) when top_k == 0: the documented cap -
+//     with top-k off the draw only considers the 1024 most likely tokens.
+//  2. sample_finish_kernel (1 block): the same select over the <= 16 K candidates gives the exact
+//     global top-K in id order; then p = exp((l - l_max) / temperature) in fp32, top-p keeps a
+//     token when the mass of the tokens ranked above it is < top_p * sum (an O(K^2) rank count,
+//     ties -> lower id first), min-p keeps p >= min_p * p_max, and the draw u (splitmix64 of
+//     (seed, d_step[0])) walks the CDF of the kept tokens in ascending id order. Greedy takes the
+//     top-1. Writes d_out[0], seen[id] = 1, d_step[0] += 1. Graph-capturable (no host reads).
+// argmax_rows: one block per row, float4 loads, ties -> lower id.
+#include <cstdint>
+
+#include "launch_utils.cuh"
+#include "ops.h"
+
+namespace lampo {
+namespace {
+
+constexpr int SAMPLE_BLOCKS = 16;
+constexpr int SAMPLE_THREADS = 1024;
+constexpr int SAMPLE_MAX_K = 1024;
+constexpr int SAMPLE_CANDIDATES = SAMPLE_BLOCKS * SAMPLE_MAX_K;
+static_assert(SAMPLE_MAX_K <= SAMPLE_THREADS, "one selected candidate per thread");
+
+struct Scratch {
+    uint32_t* key;  // [SAMPLE_BLOCKS][SAMPLE_MAX_K]
+    int32_t* id;    // [SAMPLE_BLOCKS][SAMPLE_MAX_K]
+    int32_t* count; // [SAMPLE_BLOCKS]
+};
+
+Scratch scratch_layout(void* base) {
+    uint8_t* p = static_cast<uint8_t*>(base);
+    return {reinterpret_cast<uint32_t*>(p), reinterpret_cast<int32_t*>(p + SAMPLE_CANDIDATES * 4),
+            reinterpret_cast<int32_t*>(p + SAMPLE_CANDIDATES * 8)};
+}
+
+// Order-preserving float <-> uint32 (larger float -> larger key; key 0 is below -inf).
+__device__ __forceinline__ uint32_t float_key(float f) {
+    const uint32_t b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ float key_float(uint32_t k) {
+    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+}
+
+__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+// Block-wide exclusive scan (any blockDim multiple of 32); `total` gets the sum.
+template <class T>
+__device__ T block_exclusive_scan(T v, T& total) {
+    __shared__ T warp_sums[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    T incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const T n = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += n;
+    }
+    if (lane == 31) warp_sums[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        T w = lane < nwarps ? warp_sums[lane] : T(0);
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const T n = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += n;
+        }
+        warp_sums[lane] = w;
+    }
+    __syncthreads();
+    const T before = (warp > 0 ? warp_sums[warp - 1] : T(0)) + incl - v;
+    total = warp_sums[nwarps - 1];
+    __syncthreads();
+    return before;
+}
+
+struct Threshold {
+    uint32_t tau;  // the k-th largest key
+    int take_eq;   // how many keys equal to tau are taken (the lowest indices)
+};
+
+// k-th largest of keys[0..n) (1 <= k <= n) by 4 passes of an 8-bit radix histogram.
+__device__ Threshold block_kth_largest(const uint32_t* keys, int n, int k) {
+    __shared__ int hist[256];
+    __shared__ int found[2];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint32_t prefix = 0;
+    int remaining = k;
+    for (int pass = 0; pass < 4; ++pass) {
+        const int shift = 24 - 8 * pass;
+        const uint32_t high = pass == 0 ? 0u : (0xffffffffu << (shift + 8));
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += blockDim.x) {
+            const uint32_t key = keys[i];
+            if ((key & high) == prefix) atomicAdd(&hist[(key >> shift) & 255], 1);
+        }
+        __syncthreads();
+        if (warp == 0) {
+            int c[8], tot = 0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) { c[j] = hist[lane * 8 + j]; tot += c[j]; }
+            int at_or_above = tot;  // keys in bins of this lane and all higher lanes
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int v = __shfl_down_sync(0xffffffffu, at_or_above, o);
+                if (lane + o < 32) at_or_above += v;
+            }
+            int above = at_or_above - tot;
+#pragma unroll
+            for (int j = 7; j >= 0; --j) {
+                if (above < remaining && remaining <= above + c[j]) {
+                    found[0] = lane * 8 + j;
+                    found[1] = remaining - above;
+                }
+                above += c[j];
+            }
+        }
+        __syncthreads();
+        prefix |= uint32_t(found[0]) << shift;
+        remaining = found[1];
+        __syncthreads();
+    }
+    return {prefix, remaining};
+}
+
+// Calls emit(i, rank) for every selected index i (key > tau, or == tau among the first take_eq)
+// with rank = its position among the selected in index order. Threads own contiguous index ranges.
+template <class Emit>
+__device__ void block_compact(const uint32_t* keys, int n, Threshold th, Emit emit) {
+    const int per = (n + blockDim.x - 1) / blockDim.x;
+    const int beg = min(n, int(threadIdx.x) * per), end = min(n, beg + per);
+    uint32_t gt = 0, eq = 0;
+    for (int i = beg; i < end; ++i) {
+        gt += keys[i] > th.tau;
+        eq += keys[i] == th.tau;
+    }
+    unsigned long long total;
+    const unsigned long long before = block_exclusive_scan<unsigned long long>((uint64_t(gt) << 32) | eq, total);
+    int eq_seen = int(before & 0xffffffffu);
+    int rank = int(before >> 32) + min(eq_seen, th.take_eq);
+    for (int i = beg; i < end; ++i) {
+        const uint32_t key = keys[i];
+        if (key > th.tau) {
+            emit(i, rank++);
+        } else if (key == th.tau) {
+            if (eq_seen < th.take_eq) emit(i, rank++);
+            ++eq_seen;
+        }
+    }
+}
+
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+sample_select_kernel(const float* __restrict__ logits, int V, int v_real, const uint8_t* __restrict__ seen,
+                     float penalty, int k, Scratch out) {
+    extern __shared__ uint32_t keys[];
+    __shared__ int valid_count;
+    const int slice = (V + gridDim.x - 1) / gridDim.x;
+    const int beg = blockIdx.x * slice;
+    const int n = max(0, min(slice, V - beg));
+    if (threadIdx.x == 0) valid_count = 0;
+    __syncthreads();
+    int valid = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const int id = beg + i;
+        uint32_t key = 0;
+        if (id < v_real) {
+            key = float_key(logits[id] - (seen[id] ? penalty : 0.0f));
+            valid += key != 0;
+        }
+        keys[i] = key;
+    }
+    atomicAdd(&valid_count, valid);
+    __syncthreads();
+    const int kk = min(k, valid_count);
+    if (kk == 0) {
+        if (threadIdx.x == 0) out.count[blockIdx.x] = 0;
+        return;
+    }
+    const Threshold th = block_kth_largest(keys, n, kk);
+    uint32_t* ckey = out.key + blockIdx.x * SAMPLE_MAX_K;
+    int32_t* cid = out.id + blockIdx.x * SAMPLE_MAX_K;
+    block_compact(keys, n, th, [&](int i, int rank) {
+        ckey[rank] = keys[i];
+        cid[rank] = beg + i;
+    });
+    if (threadIdx.x == 0) out.count[blockIdx.x] = kk;
+}
+
+struct FinishConfig {
+    int k;
+    bool greedy;
+    float temperature, top_p, min_p;
+    uint64_t seed;
+};
+
+__global__ void __launch_bounds__(SAMPLE_THREADS)
+sample_finish_kernel(const Scratch cand, FinishConfig cfg, uint8_t* __restrict__ seen, int32_t* __restrict__ d_step,
+                     int32_t* __restrict__ d_out) {
+    extern __shared__ uint32_t keys[];  // all candidates, in id order
+    __shared__ int offset[SAMPLE_BLOCKS + 1];
+    __shared__ float sel_val[SAMPLE_MAX_K], sel_p[SAMPLE_MAX_K];
+    __shared__ int sel_id[SAMPLE_MAX_K];
+    __shared__ float red[32];
+    __shared__ int pick;
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        offset[0] = 0;
+        for (int b = 0; b < SAMPLE_BLOCKS; ++b) offset[b + 1] = offset[b] + cand.count[b];
+        pick = SAMPLE_MAX_K;
+    }
+    __syncthreads();
+    const int n = offset[SAMPLE_BLOCKS];
+    for (int b = 0; b < SAMPLE_BLOCKS; ++b)
+        for (int j = tid; j < offset[b + 1] - offset[b]; j += blockDim.x)
+            keys[offset[b] + j] = cand.key[b * SAMPLE_MAX_K + j];
+    __syncthreads();
+    if (n == 0) {  // every id masked: nothing to draw
+        if (tid == 0) { d_out[0] = 0; d_step[0] += 1; }
+        return;
+    }
+    const int kk = min(cfg.k, n);
+    const Threshold th = block_kth_largest(keys, n, kk);
+    block_compact(keys, n, th, [&](int i, int rank) {
+        int b = 0;
+        while (offset[b + 1] <= i) ++b;
+        sel_id[rank] = cand.id[b * SAMPLE_MAX_K + (i - offset[b])];
+        sel_val[rank] = key_float(keys[i]);
+    });
+    __syncthreads();
+
+    int chosen;
+    if (cfg.greedy || kk == 1) {
+        chosen = 0;
+        for (int i = 1; i < kk; ++i) chosen = sel_val[i] > sel_val[chosen] ? i : chosen;
+    } else {
+        const bool mine = tid < kk;
+        // max logit among the candidates
+        float v = mine ? sel_val[tid] : -INFINITY;
+        v = warp_max(v);
+        if ((tid & 31) == 0) red[tid >> 5] = v;
+        __syncthreads();
+        float vmax = -INFINITY;
+        for (int w = 0; w < int(blockDim.x >> 5); ++w) vmax = fmaxf(vmax, red[w]);
+        const float p = mine ? __expf((sel_val[tid] - vmax) / cfg.temperature) : 0.0f;
+        if (mine) sel_p[tid] = p;
+        float total;
+        block_exclusive_scan(p, total);  // also a barrier: sel_p complete
+        bool keep = mine;
+        if (mine && cfg.top_p < 1.0f) {
+            float above = 0.0f;
+            for (int j = 0; j < kk; ++j) {
+                const bool higher = sel_val[j] > sel_val[tid] || (sel_val[j] == sel_val[tid] && sel_id[j] < sel_id[tid]);
+                above += higher ? sel_p[j] : 0.0f;
+            }
+            keep = above < cfg.top_p * total;
+        }
+        if (mine && cfg.min_p > 0.0f) keep = keep && p >= cfg.min_p;  // p_max is exp(0) = 1
+        const float w = keep ? p : 0.0f;
+        float kept_total;
+        const float cum_before = block_exclusive_scan(w, kept_total);
+        const uint64_t bits = splitmix64(cfg.seed ^ splitmix64(uint64_t(uint32_t(d_step[0]))));
+        const float target = float(bits >> 40) * (1.0f / 16777216.0f) * kept_total;
+        if (keep && cum_before + w > target) atomicMin(&pick, tid);
+        __syncthreads();
+        chosen = pick;
+        if (chosen >= kk) {  // rounding put the target past the last kept token: take the last kept one
+            __shared__ int last;
+            if (tid == 0) last = 0;
+            __syncthreads();
+            if (keep) atomicMax(&last, tid);
+            __syncthreads();
+            chosen = last;
+        }
+    }
+    if (tid == 0) {
+        const int id = sel_id[chosen];
+        d_out[0] = id;
+        seen[id] = 1;
+        d_step[0] += 1;
+    }
+}
+
+__global__ void __launch_bounds__(1024)
+argmax_rows_kernel(const float* __restrict__ logits, int V, int v_real, int32_t* __restrict__ d_out) {
+    __shared__ float best_v[32];
+    __shared__ int best_i[32];
+    const float4* row = reinterpret_cast<const float4*>(logits + size_t(blockIdx.x) * V);
+    float bv = -INFINITY;
+    int bi = 0x7fffffff;
+    const int n4 = (v_real + 3) / 4;
+#pragma unroll 8
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
+        const float4 f = row[i];
+        const float e[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int id = 4 * i + j;
+            if (id < v_real && (e[j] > bv || (e[j] == bv && id < bi))) { bv = e[j]; bi = id; }
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    if ((threadIdx.x & 31) == 0) { best_v[threadIdx.x >> 5] = bv; best_i[threadIdx.x >> 5] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < int(blockDim.x >> 5); ++w)
+            if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) { bv = best_v[w]; bi = best_i[w]; }
+        d_out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    }
+}
+
+size_t select_smem_bytes(int V) { return size_t(ceil_div(V, SAMPLE_BLOCKS)) * 4; }
+constexpr size_t FINISH_SMEM = size_t(SAMPLE_CANDIDATES) * 4;
+
+}  // namespace
+
+size_t sampling_scratch_bytes(int V) {
+    (void)V;  // the candidate buffers do not grow with the vocabulary
+    return size_t(SAMPLE_CANDIDATES) * 8 + SAMPLE_BLOCKS * 4;
+}
+
+void sample_token(const float* logits, int V, int v_real, const SamplingConfig& cfg, uint8_t* seen, int32_t* d_step,
+                  int32_t* d_out, void* scratch, cudaStream_t stream) {
+    const char* op = "sample_token";
+    require(V > 0 && v_real > 0 && v_real <= V, op, "need 0 < v_real <= V");
+    require(cfg.top_k >= 0 && cfg.top_k <= SAMPLE_MAX_K, op,
+            "top_k must be 0 (off) or at most " + std::to_string(SAMPLE_MAX_K) + ", got " + std::to_string(cfg.top_k));
+    const bool greedy = cfg.temperature <= 0.0f;
+    require(greedy || (cfg.top_p > 0.0f && cfg.top_p <= 1.0f), op, "top_p must be in (0, 1]");
+    FinishConfig fin{};
+    fin.greedy = greedy;
+    fin.k = greedy ? 1 : (cfg.top_k > 0 ? cfg.top_k : SAMPLE_MAX_K);
+    fin.temperature = cfg.temperature;
+    fin.top_p = cfg.top_p;
+    fin.min_p = cfg.min_p;
+    fin.seed = cfg.seed;
+    const Scratch s = scratch_layout(scratch);
+    allow_dynamic_smem(sample_select_kernel, select_smem_bytes(V), op);
+    sample_select_kernel<<<SAMPLE_BLOCKS, SAMPLE_THREADS, select_smem_bytes(V), stream>>>(
+        logits, V, v_real, seen, cfg.presence_penalty, fin.k, s);
+    LAMPO_CHECK_LAUNCH(op);
+    allow_dynamic_smem(sample_finish_kernel, FINISH_SMEM, op);
+    sample_finish_kernel<<<1, SAMPLE_THREADS, FINISH_SMEM, stream>>>(s, fin, seen, d_step, d_out);
+}
+
+void argmax_rows(const float* logits, int T, int V, int v_real, int32_t* d_out, cudaStream_t stream) {
+    require(V > 0 && V % 4 == 0, "argmax_rows", "V must be a positive multiple of 4, got " + std::to_string(V));
+    require(v_real > 0 && v_real <= V, "argmax_rows", "need 0 < v_real <= V");
+    if (T <= 0) return;
+    argmax_rows_kernel<<<T, 1024, 0, stream>>>(logits, V, v_real, d_out);
+}
+
+}  // namespace lampo

@@ -1,0 +1,376 @@
+"""Core CUDA kernels (lampo._native.ops) against the numpy reference (lampo.models.reference).
+
+Tolerances: bf16 outputs |got - ref| <= 1e-2 * (|ref| + rms(ref)) (bf16 rounding is 2^-9);
+fp32 outputs of the matrix kernels 1e-5 * (|ref| + rms(ref)); gathers, residual adds and the INT8
+cache are exact (quantized values within 1). Every output buffer is poisoned (NaN / -1) before the
+kernel runs, so rows a kernel forgets to write fail. test_zz_timings prints bandwidth / throughput
+figures (never asserted).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from lampo.models import sampling as ref_sampling
+from lampo.models.bf16 import from_bf16, to_bf16
+from lampo.models.reference import activations, attention, kv_int8, norms, rope
+from lampo.models.sampling_params import SamplingParams
+
+D = 256
+ROTARY = 64
+THETA = 1.0e7
+V_FULL = 248_320
+V_REAL = 248_077
+
+
+def rng_for(*key) -> np.random.Generator:
+    return np.random.default_rng(zlib.crc32(repr(key).encode()))
+
+
+def bf16_randn(rng, shape, scale=1.0) -> np.ndarray:
+    return to_bf16(rng.standard_normal(shape).astype(np.float32) * np.float32(scale))
+
+
+def check_bf16(got_bits: np.ndarray, ref: np.ndarray, tol: float = 1e-2, what: str = "") -> None:
+    got = from_bf16(got_bits)
+    ref = np.asarray(ref, dtype=np.float32)
+    assert got.shape == ref.shape, (what, got.shape, ref.shape)
+    assert np.isfinite(got).all(), f"{what}: non-finite output (unwritten rows?)"
+    check_close(got, ref, tol, what)
+
+
+def check_close(got: np.ndarray, ref: np.ndarray, tol: float, what: str = "") -> None:
+    ref64 = ref.astype(np.float64)
+    rms = np.sqrt(np.mean(ref64**2)) if ref.size else 0.0
+    err = np.abs(got.astype(np.float64) - ref64)
+    bound = tol * (np.abs(ref64) + rms)
+    bad = err > bound
+    assert not bad.any(), (
+        f"{what}: {bad.sum()} of {bad.size} outside tol {tol}; worst err {err.max():.3g} "
+        f"(rms ref {rms:.3g}) at {np.unravel_index(np.argmax(err - bound), err.shape)}"
+    )
+
+
+# ---- embedding, norms, activations ----------------------------------------------------------------
+
+
+def test_embedding_gather(ops):
+    rng = rng_for("emb")
+    table = bf16_randn(rng, (1000, 256))
+    ids = np.array([0, 999, 5, 5, 123, 456, 789, 1, 2], dtype=np.int32)
+    out = ops.embedding_gather(table, ids)
+    np.testing.assert_array_equal(out, from_bf16(table)[ids])
+
+
+@pytest.mark.parametrize("rows,n", [(1, 2048), (3, 5120), (9, 128)])
+def test_rmsnorm(ops, rows, n):
+    rng = rng_for("rms", rows, n)
+    x = (rng.standard_normal((rows, n)) * 3).astype(np.float32)
+    w = bf16_randn(rng, n, 0.2)
+    check_bf16(ops.rmsnorm(x, w, 1e-6), norms.rmsnorm1p(x, from_bf16(w)), what="rmsnorm")
+
+
+@pytest.mark.parametrize("rows,n", [(1, 2048), (8, 5120)])
+def test_add_rmsnorm_and_residual_add(ops, rows, n):
+    rng = rng_for("addrms", rows, n)
+    residual = (rng.standard_normal((rows, n)) * 2).astype(np.float32)
+    delta = bf16_randn(rng, (rows, n))
+    w = bf16_randn(rng, n, 0.2)
+    summed = residual + from_bf16(delta)
+    new_residual, y = ops.add_rmsnorm(residual, delta, w, 1e-6)
+    np.testing.assert_array_equal(new_residual, summed)
+    check_bf16(y, norms.rmsnorm1p(summed, from_bf16(w)), what="add_rmsnorm")
+    np.testing.assert_array_equal(ops.residual_add(residual, delta), summed)
+
+
+@pytest.mark.parametrize("T,I", [(1, 512), (9, 1024), (3, 8)])
+def test_silu_mul(ops, T, I):
+    rng = rng_for("silu", T, I)
+    gu = bf16_randn(rng, (T, 2 * I), 3.0)
+    g, u = from_bf16(gu[:, :I]), from_bf16(gu[:, I:])
+    check_bf16(ops.silu_mul(gu), activations.silu(g) * u, what="silu_mul")
+
+
+def test_sigmoid_gate_mul(ops):
+    rng = rng_for("sgm")
+    x, gate = bf16_randn(rng, (5, 4096)), bf16_randn(rng, (5, 4096), 4.0)
+    check_bf16(ops.sigmoid_gate_mul(x, gate), from_bf16(x) * activations.sigmoid(from_bf16(gate)), what="gate")
+
+
+# ---- attention prep and INT8 cache ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("T,nq,nkv,pos0", [(1, 16, 2, 0), (5, 24, 4, 123_456), (3, 16, 2, 262_000)])
+def test_attn_prep(ops, T, nq, nkv, pos0):
+    rng = rng_for("prep", T, nq, pos0)
+    qg = bf16_randn(rng, (T, nq * 2 * D), 2.0)
+    k_raw = bf16_randn(rng, (T, nkv * D), 2.0)
+    qw, kw = bf16_randn(rng, D, 0.3), bf16_randn(rng, D, 0.3)
+    q, gate, k = ops.attn_prep(qg, k_raw, qw, kw, pos0, nq, nkv, ROTARY, THETA, 1e-6)
+    positions = pos0 + np.arange(T)
+    q_ref, gate_ref = attention.split_q_gate(from_bf16(qg), nq, D)
+    q_ref = rope.rope_partial(norms.rmsnorm1p(q_ref, from_bf16(qw)), positions, ROTARY, THETA)
+    k_ref = rope.rope_partial(norms.rmsnorm1p(from_bf16(k_raw).reshape(T, nkv, D), from_bf16(kw)), positions,
+                              ROTARY, THETA)
+    check_bf16(q, q_ref, what="q")
+    check_bf16(k, k_ref, what="k")
+    np.testing.assert_array_equal(gate, to_bf16(gate_ref))
+
+
+@pytest.mark.parametrize("T,nkv,pos0", [(1, 2, 5), (7, 4, 60), (64, 2, 0)])
+def test_kv_append_int8(ops, T, nkv, pos0):
+    rng = rng_for("kv", T, nkv, pos0)
+    max_ctx = 128
+    k = (rng.standard_normal((T, nkv, D)) * 3).astype(np.float32)
+    v = (rng.standard_normal((T, nkv, D)) * 3).astype(np.float32)
+    k[0, 0, 64:128] = 0.0  # a zero group -> scale 0, q 0
+    v[-1, -1, :64] = 0.0
+    v[-1, -1, 5] = 40.0  # one dominant value in a group
+    kb, vb = to_bf16(k), to_bf16(v)
+    caches = [rng.integers(-127, 128, (nkv, max_ctx, D), dtype=np.int8) for _ in range(2)]
+    scales = [rng.uniform(0.01, 0.02, (nkv, max_ctx, D // 64)).astype(np.float16) for _ in range(2)]
+    kc, vc, ks, vs = ops.kv_append_int8(kb, vb, caches[0], caches[1], scales[0], scales[1], pos0)
+    rows = slice(pos0, pos0 + T)
+    for got_q, got_s, src, old_q, old_s in ((kc, ks, kb, caches[0], scales[0]), (vc, vs, vb, caches[1], scales[1])):
+        ref_q, ref_s = kv_int8.quantize_int8_g64(from_bf16(src).transpose(1, 0, 2))
+        np.testing.assert_array_equal(got_s[:, rows], ref_s)
+        assert np.abs(got_q[:, rows].astype(np.int32) - ref_q.astype(np.int32)).max() <= 1
+        keep = np.ones(max_ctx, bool)
+        keep[rows] = False
+        np.testing.assert_array_equal(got_q[:, keep], old_q[:, keep])
+        np.testing.assert_array_equal(got_s[:, keep], old_s[:, keep])
+    assert (ks[0, pos0, 1] == 0) and (kc[0, pos0, 64:128] == 0).all()
+
+
+# ---- attention over the INT8 cache ------------------------------------------------------------------
+
+
+def make_cache(rng, nkv, max_ctx, live):
+    """Random INT8 cache; rows >= live hold poison scales (inf / NaN) that must never be read."""
+    kq = rng.integers(-127, 128, (nkv, max_ctx, D), dtype=np.int8)
+    vq = rng.integers(-127, 128, (nkv, max_ctx, D), dtype=np.int8)
+    ks = rng.uniform(0.004, 0.02, (nkv, max_ctx, D // 64)).astype(np.float16)
+    vs = rng.uniform(0.004, 0.02, (nkv, max_ctx, D // 64)).astype(np.float16)
+    ks[:, live:] = np.float16(np.inf)
+    vs[:, live:] = np.float16(np.nan)
+    return kq, vq, ks, vs
+
+
+def attention_ref(q_bits, gate_bits, cache, live, positions):
+    kq, vq, ks, vs = cache
+    k = kv_int8.dequantize_int8_g64(kq[:, :live], ks[:, :live]).transpose(1, 0, 2)
+    v = kv_int8.dequantize_int8_g64(vq[:, :live], vs[:, :live]).transpose(1, 0, 2)
+    o = attention.attention(from_bf16(q_bits), k, v, positions)
+    return o * activations.sigmoid(from_bf16(gate_bits))
+
+
+def run_decode(ops, nq, nkv, Tq, live, max_ctx, seed_key):
+    rng = rng_for("dec", *seed_key)
+    cache = make_cache(rng, nkv, max_ctx, live)
+    q = bf16_randn(rng, (Tq, nq, D), 2.0)
+    gate = bf16_randn(rng, (Tq, nq * D), 2.0)
+    pos0 = live - Tq
+    out = ops.attn_decode_int8(q, gate, *cache, pos0)
+    check_bf16(out, attention_ref(q, gate, cache, live, pos0 + np.arange(Tq)), what=f"decode L={live} Tq={Tq}")
+
+
+@pytest.mark.parametrize(
+    "nq,nkv,Tq,live,max_ctx",
+    [
+        (16, 2, 1, 1, 64),        # a single key
+        (16, 2, 1, 100, 4096),
+        (24, 4, 1, 777, 1024),
+        (16, 2, 3, 500, 512),     # 24 rows: 2 M-tiles
+        (24, 4, 8, 300, 320),     # 48 rows: 3 M-tiles
+        (16, 2, 8, 1000, 1024),   # 64 rows: 4 M-tiles
+        (16, 2, 4, 8448, 8512),   # max_ctx >= 132 * 64: 132 splits (H200) of 64 keys exactly
+        (16, 2, 1, 8449, 8512),   # one past: chunks of 128
+        (24, 4, 2, 20_000, 20_032),
+    ],
+)
+def test_attn_decode_int8(ops, nq, nkv, Tq, live, max_ctx):
+    run_decode(ops, nq, nkv, Tq, live, max_ctx, (nq, nkv, Tq, live))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("live", [65_536, 262_144])
+def test_attn_decode_int8_long(ops, live):
+    run_decode(ops, 16, 2, 1, live, live, ("long", live))
+
+
+@pytest.mark.parametrize(
+    "nq,nkv,T,pos0",
+    [(16, 2, 1, 0), (16, 2, 9, 0), (24, 4, 100, 77), (16, 2, 300, 1000), (24, 4, 33, 4000), (16, 2, 1024, 0)],
+)
+def test_attn_prefill_int8(ops, nq, nkv, T, pos0):
+    rng = rng_for("pre", nq, nkv, T, pos0)
+    live = pos0 + T
+    max_ctx = live + 64
+    cache = make_cache(rng, nkv, max_ctx, live)
+    q = bf16_randn(rng, (T, nq, D), 2.0)
+    gate = bf16_randn(rng, (T, nq * D), 2.0)
+    out = ops.attn_prefill_int8(q, gate, *cache, pos0)
+    check_bf16(out, attention_ref(q, gate, cache, live, pos0 + np.arange(T)), what=f"prefill T={T} pos0={pos0}")
+
+
+# ---- matrix products -----------------------------------------------------------------------------
+
+
+def matmul_ref(w_bits, x_bits):
+    return (from_bf16(x_bits).astype(np.float64) @ from_bf16(w_bits).astype(np.float64).T).astype(np.float32)
+
+
+def check_matmul(ops_fn, T, out, inn, seed):
+    rng = rng_for("mm", seed, T, out, inn)
+    w, x = bf16_randn(rng, (out, inn)), bf16_randn(rng, (T, inn))
+    ref = matmul_ref(w, x)
+    check_bf16(ops_fn(w, x, False), ref, what=f"bf16 out T={T} [{out},{inn}]")
+    got32 = ops_fn(w, x, True)
+    assert np.isfinite(got32).all()
+    check_close(got32, ref, 1e-5, f"fp32 out T={T} [{out},{inn}]")
+
+
+@pytest.mark.parametrize("T", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("out,inn", [(1001, 2048), (64, 128), (2048, 5120), (8192, 2048)])
+def test_gemv(ops, T, out, inn):
+    check_matmul(ops.gemv, T, out, inn, "gemv")
+
+
+@pytest.mark.parametrize(
+    "T,out,inn",
+    [(1, 64, 64), (9, 136, 200), (100, 520, 2048), (300, 1024, 512), (129, 256, 40), (1000, 2048, 2048)],
+)
+def test_gemm(ops, T, out, inn):
+    check_matmul(ops.gemm, T, out, inn, "gemm")
+
+
+@pytest.mark.parametrize("T", [8, 9, 64])
+def test_linear_dispatch(ops, T):
+    check_matmul(ops.linear, T, 512, 1024, "linear")
+
+
+# ---- sampling ------------------------------------------------------------------------------------
+
+
+def draw(ops, logits, params: SamplingParams, *, seen=None, step=0, draws=1, seed=None, v_real=None):
+    V = len(logits)
+    seen = np.zeros(V, np.uint8) if seen is None else seen
+    return ops.sample_token(logits.astype(np.float32), V if v_real is None else v_real, params.temperature,
+                            params.top_k, params.top_p, params.min_p, params.presence_penalty,
+                            params.seed if seed is None else seed, seen, step, draws)
+
+
+def full_vocab_logits(rng):
+    logits = rng.standard_normal(V_FULL).astype(np.float32)
+    logits[248_100] = 100.0  # padding row: must be masked
+    logits[5000] = logits[100_000] = 50.0  # tie -> lower id
+    logits[7000] = 49.0
+    return logits
+
+
+def test_sample_greedy_mask_ties_penalty(ops):
+    logits = full_vocab_logits(rng_for("greedy"))
+    greedy = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, seed=0)
+    ids, seen, step = draw(ops, logits, greedy, v_real=V_REAL, step=41)
+    ref = ref_sampling.sample(logits, greedy, np.random.default_rng(0))
+    assert ids[0] == ref == 5000 and step == 42 and seen[5000] == 1 and seen.sum() == 1
+    penalised = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, presence_penalty=2.0, seed=0)
+    seen0 = np.zeros(V_FULL, np.uint8)
+    seen0[[5000, 100_000]] = 1
+    ids, _, _ = draw(ops, logits, penalised, seen=seen0, v_real=V_REAL)
+    assert ids[0] == ref_sampling.sample(logits, penalised, np.random.default_rng(0), [5000, 100_000]) == 7000
+
+
+def test_sample_filters_reduce_to_greedy(ops):
+    logits = full_vocab_logits(rng_for("filters"))
+    for params in (SamplingParams(temperature=1.0, top_k=1, top_p=1.0), SamplingParams(temperature=1.0, top_k=0, top_p=1e-6),
+                   SamplingParams(temperature=0.7, top_k=50, top_p=1e-6)):
+        ids, _, _ = draw(ops, logits, params, draws=4, seed=3, v_real=V_REAL)
+        assert (ids == 5000).all(), params
+
+
+def test_sample_seeded_determinism(ops):
+    logits = (rng_for("det").standard_normal(1000) * 0.5).astype(np.float32)
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0)
+    a, _, step = draw(ops, logits, params, draws=64, seed=11)
+    b, _, _ = draw(ops, logits, params, draws=64, seed=11)
+    c, _, _ = draw(ops, logits, params, draws=64, seed=12)
+    np.testing.assert_array_equal(a, b)
+    assert step == 64 and (a != c).any() and len(set(a.tolist())) > 20
+
+
+def sample_histogram(ops, logits, params, n, seed):
+    ids, _, _ = draw(ops, logits, params, draws=n, seed=seed)
+    return np.bincount(ids, minlength=len(logits)) / n
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.8, top_k=20, top_p=0.9, min_p=0.02),
+        SamplingParams(temperature=1.3, top_k=0, top_p=1.0, min_p=0.1),
+        SamplingParams(temperature=1.0, top_k=7, top_p=1.0),
+    ],
+)
+def test_sample_distribution(ops, params):
+    logits = (rng_for("dist", params.top_k).standard_normal(64) * 2).astype(np.float32)
+    expected = ref_sampling.filtered_probs(logits, params)
+    n = 20_000
+    got = sample_histogram(ops, logits, params, n, seed=5)
+    assert got[expected == 0].sum() == 0, "drew a token the filters remove"
+    sigma = np.sqrt(expected * (1 - expected) / n) + 1e-9
+    assert (np.abs(got - expected) <= 5 * sigma + 1e-4).all(), np.c_[expected, got][expected > 0]
+
+
+def test_sample_topk_ties_at_cut(ops):
+    logits = np.round(rng_for("ties").standard_normal(200)).astype(np.float32)  # many equal values
+    params = SamplingParams(temperature=1.0, top_k=9, top_p=1.0)
+    expected = ref_sampling.filtered_probs(logits, params)
+    got = sample_histogram(ops, logits, params, 4000, seed=9)
+    np.testing.assert_array_equal(got > 0, expected > 0)
+
+
+def test_sample_topk_off_uses_top_candidates(ops):
+    rng = rng_for("cap")
+    logits = rng.standard_normal(V_FULL).astype(np.float32)
+    hot = rng.choice(V_REAL, 50, replace=False)
+    logits[hot] += 12.0
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=0.9, min_p=0.0)
+    expected = ref_sampling.filtered_probs(logits, params)
+    ids, _, _ = draw(ops, logits, params, draws=500, seed=1, v_real=V_REAL)
+    assert (expected[ids] > 0).all()
+
+
+def test_argmax_rows(ops):
+    rng = rng_for("argmax")
+    logits = rng.standard_normal((3, V_FULL)).astype(np.float32)
+    logits[1, 248_200] = 99.0  # padding
+    logits[1, [10, 20]] = 50.0
+    logits[2] = 1.0
+    np.testing.assert_array_equal(ops.argmax_rows(logits, V_REAL), [np.argmax(logits[0, :V_REAL]), 10, 0])
+
+
+# ---- timings (printed, not asserted) ------------------------------------------------------------------
+
+
+def test_zz_timings(ops):
+    lines = []
+    for out, inn, T in ((8192, 2048, 1), (8192, 2048, 8), (248_320, 2048, 1), (34_816, 5120, 1), (5120, 17_408, 4)):
+        r = ops.bench_linear(out, inn, T, 50, out == 248_320)
+        lines.append(f"GEMV  [{out},{inn}] T={T}: {r['us']:8.1f} us  {r['GBps']:7.0f} GB/s")
+    for T, out, inn in ((8192, 8192, 2048), (8192, 34_816, 5120), (1024, 2048, 4096)):
+        r = ops.bench_linear(out, inn, T, 10)
+        lines.append(f"GEMM  {T} x [{out},{inn}]: {r['us']:9.1f} us  {r['TFLOPs']:6.1f} TFLOP/s")
+    for nq, nkv, L, Tq in ((16, 2, 65_536, 1), (16, 2, 262_144, 1), (24, 4, 262_144, 1), (16, 2, 262_144, 4), (16, 2, 4096, 1)):
+        r = ops.bench_attn_decode(nq, nkv, L, Tq, 50)
+        lines.append(f"decode attn nq={nq} nkv={nkv} L={L} Tq={Tq}: {r['us']:7.1f} us  {r['GBps']:6.0f} GB/s")
+    for nq, nkv, T, pos0 in ((16, 2, 8192, 0), (24, 4, 8192, 0), (16, 2, 1024, 65_536)):
+        r = ops.bench_attn_prefill(nq, nkv, T, pos0, 3)
+        lines.append(f"prefill attn nq={nq} nkv={nkv} T={T} pos0={pos0}: {r['us'] / 1e3:7.2f} ms  {r['TFLOPs']:6.1f} TFLOP/s")
+    for temp, k, p in ((0.0, 0, 1.0), (0.6, 20, 0.95), (1.0, 0, 0.95)):
+        r = ops.bench_sample(V_FULL, V_REAL, temp, k, p, 50)
+        lines.append(f"sample T={temp} top_k={k} top_p={p}: {r['us']:6.1f} us")
+    print("\n== core kernel timings ==\n" + "\n".join(lines))
