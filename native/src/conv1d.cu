@@ -34,24 +34,33 @@ conv1d_silu_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16*
     const int t0 = blockIdx.y * tile_t;
     const int t1 = min(T, t0 + tile_t);
 
+    // The thread's 8 channels own 8*K consecutive weights and 8*(K-1) consecutive state values:
+    // K and K-1 16-byte accesses.
+    uint4 w_raw[K];
+#pragma unroll
+    for (int q = 0; q < K; ++q) w_raw[q] = reinterpret_cast<const uint4*>(w + size_t(c0) * K)[q];
+    const bf16* w8 = reinterpret_cast<const bf16*>(w_raw);
     float wk[CONV_VEC][K];
 #pragma unroll
     for (int v = 0; v < CONV_VEC; ++v)
 #pragma unroll
-        for (int j = 0; j < K; ++j) wk[v][j] = __bfloat162float(w[size_t(c0 + v) * K + j]);
+        for (int j = 0; j < K; ++j) wk[v][j] = __bfloat162float(w8[v * K + j]);
 
-    // hist[j] = xin column t0 + j (the K-1 inputs before token t0).
+    // hist[j] = xin column t0 + j (the K-1 inputs before token t0): the state for the first
+    // tile, x rows t0 - (K-1) + j otherwise (tiles are longer than K-1).
     float hist[K - 1][CONV_VEC];
+    if (t0 == 0) {
+        uint4 s_raw[K - 1];
 #pragma unroll
-    for (int j = 0; j < K - 1; ++j) {
-        const int n = t0 + j;  // index into xin
-        if (n < K - 1) {
+        for (int q = 0; q < K - 1; ++q) s_raw[q] = reinterpret_cast<const uint4*>(state + size_t(c0) * (K - 1))[q];
+        const bf16* s8 = reinterpret_cast<const bf16*>(s_raw);
 #pragma unroll
-            for (int v = 0; v < CONV_VEC; ++v)
-                hist[j][v] = __bfloat162float(state[size_t(c0 + v) * (K - 1) + n]);
-        } else {
-            load_bf16x8(x + size_t(n - (K - 1)) * C + c0, hist[j]);
-        }
+        for (int j = 0; j < K - 1; ++j)
+#pragma unroll
+            for (int v = 0; v < CONV_VEC; ++v) hist[j][v] = __bfloat162float(s8[v * (K - 1) + j]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < K - 1; ++j) load_bf16x8(x + size_t(t0 - (K - 1) + j) * C + c0, hist[j]);
     }
 
     for (int t = t0; t < t1; ++t) {
@@ -75,11 +84,14 @@ conv1d_silu_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16*
     }
 
     if (write_state) {  // hist now holds xin columns T .. T+K-2
+        uint4 s_raw[K - 1];
+        bf16* s8 = reinterpret_cast<bf16*>(s_raw);
 #pragma unroll
         for (int j = 0; j < K - 1; ++j)
 #pragma unroll
-            for (int v = 0; v < CONV_VEC; ++v)
-                state[size_t(c0 + v) * (K - 1) + j] = __float2bfloat16_rn(hist[j][v]);
+            for (int v = 0; v < CONV_VEC; ++v) s8[v * (K - 1) + j] = __float2bfloat16_rn(hist[j][v]);
+#pragma unroll
+        for (int q = 0; q < K - 1; ++q) reinterpret_cast<uint4*>(state + size_t(c0) * (K - 1))[q] = s_raw[q];
     }
 }
 

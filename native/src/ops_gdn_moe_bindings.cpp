@@ -1,0 +1,342 @@
+// ops_gdn_moe_bindings.cpp - lampo._native.ops entry points for the Gated DeltaNet and MoE
+// kernels, on numpy arrays (bf16 as uint16 bit patterns, fp32 as float32, ids as int32), for the
+// cuda-marked tests: each call uploads its inputs, runs the launcher once on the default stream
+// and downloads the outputs (in-place state arguments come back as new arrays). Outputs and
+// workspaces start poisoned (all bytes 0xFF: NaN for bf16/fp32, -1 for ids), so a value the
+// kernel forgot to write, or a workspace read before it was written, shows up in the result.
+//
+// Timing: every function takes `repeat` (default 0). With repeat = N > 0 the launcher is re-run
+// N more times on the same device buffers (after the outputs were downloaded), each run after
+// evicting L2 with a 256 MiB memset, and the mean time per run in ms (CUDA events) is appended
+// to the returned tuple.
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include "device_buffer.h"
+#include "ops.h"
+
+namespace lampo {
+namespace {
+
+template <class T>
+using arr = py::array_t<T, py::array::c_style | py::array::forcecast>;
+using shape_t = std::vector<py::ssize_t>;
+
+std::string shape_str(const shape_t& s) {
+    std::string out = "(";
+    for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + (s.size() == 1 ? ",)" : ")");
+}
+
+template <class T>
+shape_t shape_of(const arr<T>& a) {
+    return shape_t(a.shape(), a.shape() + a.ndim());
+}
+
+template <class T>
+void expect_ndim(const char* op, const char* name, const arr<T>& a, int ndim) {
+    if (a.ndim() != ndim)
+        throw std::invalid_argument(std::string(op) + ": " + name + " must have " + std::to_string(ndim) +
+                                    " dims, got shape " + shape_str(shape_of(a)));
+}
+
+template <class T>
+void expect_shape(const char* op, const char* name, const arr<T>& a, const shape_t& want) {
+    if (shape_of(a) != want)
+        throw std::invalid_argument(std::string(op) + ": " + name + " must have shape " +
+                                    shape_str(want) + ", got " + shape_str(shape_of(a)));
+}
+
+void expect_ids_below(const char* op, const arr<int32_t>& ids, int E) {
+    const int32_t* p = ids.data();
+    for (py::ssize_t i = 0; i < ids.size(); ++i)
+        if (p[i] < 0 || p[i] >= E)
+            throw std::invalid_argument(std::string(op) + ": expert id " + std::to_string(p[i]) +
+                                        " out of range [0, " + std::to_string(E) + ")");
+}
+
+DeviceBuffer poisoned(size_t bytes) {
+    DeviceBuffer buf(bytes);
+    if (bytes) LAMPO_CUDA_CHECK(cudaMemset(buf.get(), 0xFF, bytes));
+    return buf;
+}
+
+// Mean time of `launch` over `repeat` cold-L2 runs, in ms.
+template <class Launch>
+double mean_launch_ms(const char* op, Launch&& launch, int repeat) {
+    DeviceBuffer flush(size_t(256) << 20);
+    cudaEvent_t start, stop;
+    LAMPO_CUDA_CHECK(cudaEventCreate(&start));
+    LAMPO_CUDA_CHECK(cudaEventCreate(&stop));
+    double total = 0.0;
+    for (int i = 0; i < repeat; ++i) {
+        LAMPO_CUDA_CHECK(cudaMemsetAsync(flush.get(), i & 0xff, flush.bytes(), 0));
+        LAMPO_CUDA_CHECK(cudaEventRecord(start, 0));
+        launch();
+        LAMPO_CHECK_LAUNCH(op);
+        LAMPO_CUDA_CHECK(cudaEventRecord(stop, 0));
+        LAMPO_CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms = 0.f;
+        LAMPO_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        total += ms;
+    }
+    LAMPO_CUDA_CHECK(cudaEventDestroy(start));
+    LAMPO_CUDA_CHECK(cudaEventDestroy(stop));
+    return total / repeat;
+}
+
+// Runs `launch` once (checked), lets `collect` download the outputs into a list, then appends
+// the timing when asked; returns the list as a tuple.
+template <class Launch, class Collect>
+py::tuple run_op(const char* op, int repeat, Launch&& launch, Collect&& collect) {
+    if (repeat < 0) throw std::invalid_argument(std::string(op) + ": repeat must be >= 0");
+    launch();
+    LAMPO_CHECK_LAUNCH(op);
+    LAMPO_CUDA_CHECK(cudaDeviceSynchronize());
+    py::list out;
+    collect(out);
+    if (repeat > 0) out.append(mean_launch_ms(op, launch, repeat));
+    return py::tuple(out);
+}
+
+// Returns the single output itself when no timing was asked for.
+py::object single_or_tuple(py::tuple t) { return t.size() == 1 ? py::object(t[0]) : py::object(t); }
+
+py::tuple conv1d_op(const arr<uint16_t>& x, const arr<uint16_t>& w, const arr<uint16_t>& state, int repeat) {
+    const char* op = "causal_conv1d_silu";
+    expect_ndim(op, "x", x, 2);
+    expect_ndim(op, "w", w, 2);
+    const int T = int(x.shape(0)), C = int(x.shape(1)), K = int(w.shape(1));
+    expect_shape(op, "w", w, {C, K});
+    expect_shape(op, "state", state, {C, K - 1});
+    DeviceBuffer dx = upload(x), dw = upload(w), ds = upload(state), dy = poisoned(size_t(T) * C * 2);
+    return run_op(op, repeat,
+                  [&] { causal_conv1d_silu(dx.as<bf16>(), dw.as<bf16>(), ds.as<bf16>(), dy.as<bf16>(), T, C, K, 0); },
+                  [&](py::list& out) {
+                      out.append(download<uint16_t>(dy, {T, C}));
+                      out.append(download<uint16_t>(ds, {C, K - 1}));
+                  });
+}
+
+struct GdnInputs {
+    int T, Hk, Hv;
+    DeviceBuffer qkv, a, b, A_log, dt_bias, state, o;
+};
+
+GdnInputs gdn_inputs(const char* op, const arr<uint16_t>& qkv, const arr<uint16_t>& a,
+                     const arr<uint16_t>& b, const arr<float>& A_log, const arr<float>& dt_bias,
+                     const arr<float>& state, int Hk) {
+    expect_ndim(op, "qkv", qkv, 2);
+    expect_ndim(op, "a", a, 2);
+    const int T = int(qkv.shape(0)), Hv = int(a.shape(1)), D = 128;
+    if (Hk < 1) throw std::invalid_argument(std::string(op) + ": Hk must be >= 1");
+    expect_shape(op, "qkv", qkv, {T, 2 * Hk * D + Hv * D});
+    expect_shape(op, "a", a, {T, Hv});
+    expect_shape(op, "b", b, {T, Hv});
+    expect_shape(op, "A_log", A_log, {Hv});
+    expect_shape(op, "dt_bias", dt_bias, {Hv});
+    expect_shape(op, "state", state, {Hv, D, D});
+    return GdnInputs{T, Hk, Hv, upload(qkv), upload(a), upload(b), upload(A_log), upload(dt_bias),
+                     upload(state), poisoned(size_t(T) * Hv * D * 2)};
+}
+
+py::tuple gdn_recurrent_op(const arr<uint16_t>& qkv, const arr<uint16_t>& a, const arr<uint16_t>& b,
+                           const arr<float>& A_log, const arr<float>& dt_bias, const arr<float>& state,
+                           int Hk, bool snapshots, int repeat) {
+    const char* op = "gated_delta_rule_recurrent";
+    GdnInputs g = gdn_inputs(op, qkv, a, b, A_log, dt_bias, state, Hk);
+    const size_t head = size_t(128) * 128;
+    DeviceBuffer snaps = poisoned(snapshots ? size_t(g.T) * g.Hv * head * sizeof(float) : 0);
+    return run_op(op, repeat,
+                  [&] {
+                      gated_delta_rule_recurrent(g.qkv.as<bf16>(), g.a.as<bf16>(), g.b.as<bf16>(),
+                                                 g.A_log.as<float>(), g.dt_bias.as<float>(),
+                                                 g.state.as<float>(), g.o.as<bf16>(),
+                                                 snapshots ? snaps.as<float>() : nullptr, g.T, g.Hk,
+                                                 g.Hv, 128, 128, 0);
+                  },
+                  [&](py::list& out) {
+                      out.append(download<uint16_t>(g.o, {g.T, g.Hv, 128}));
+                      out.append(download<float>(g.state, {g.Hv, 128, 128}));
+                      if (snapshots)
+                          out.append(download<float>(snaps, {g.T, g.Hv, 128, 128}));
+                      else
+                          out.append(py::none());
+                  });
+}
+
+py::tuple gdn_chunked_op(const arr<uint16_t>& qkv, const arr<uint16_t>& a, const arr<uint16_t>& b,
+                         const arr<float>& A_log, const arr<float>& dt_bias, const arr<float>& state,
+                         int Hk, int repeat) {
+    const char* op = "gated_delta_rule_chunked";
+    GdnInputs g = gdn_inputs(op, qkv, a, b, A_log, dt_bias, state, Hk);
+    DeviceBuffer ws = poisoned(gdn_chunked_workspace_bytes(g.T, g.Hv, 128, 128));
+    return run_op(op, repeat,
+                  [&] {
+                      gated_delta_rule_chunked(g.qkv.as<bf16>(), g.a.as<bf16>(), g.b.as<bf16>(),
+                                               g.A_log.as<float>(), g.dt_bias.as<float>(),
+                                               g.state.as<float>(), g.o.as<bf16>(), ws.get(), g.T,
+                                               g.Hk, g.Hv, 128, 128, 0);
+                  },
+                  [&](py::list& out) {
+                      out.append(download<uint16_t>(g.o, {g.T, g.Hv, 128}));
+                      out.append(download<float>(g.state, {g.Hv, 128, 128}));
+                  });
+}
+
+py::object gated_rmsnorm_op(const arr<uint16_t>& o, const arr<uint16_t>& z, const arr<uint16_t>& w,
+                            float eps, int repeat) {
+    const char* op = "gated_rmsnorm";
+    expect_ndim(op, "o", o, 3);
+    const int T = int(o.shape(0)), Hv = int(o.shape(1)), dv = int(o.shape(2));
+    expect_shape(op, "z", z, {T, Hv * dv});
+    expect_shape(op, "w", w, {dv});
+    DeviceBuffer d_o = upload(o), d_z = upload(z), d_w = upload(w), d_y = poisoned(size_t(T) * Hv * dv * 2);
+    return single_or_tuple(run_op(
+        op, repeat,
+        [&] { gated_rmsnorm(d_o.as<bf16>(), d_z.as<bf16>(), d_w.as<bf16>(), d_y.as<bf16>(), T, Hv, dv, eps, 0); },
+        [&](py::list& out) { out.append(download<uint16_t>(d_y, {T, Hv * dv})); }));
+}
+
+py::tuple router_op(const arr<uint16_t>& h, const arr<uint16_t>& w_router, int k, int repeat) {
+    const char* op = "moe_router_topk";
+    expect_ndim(op, "h", h, 2);
+    expect_ndim(op, "w_router", w_router, 2);
+    const int T = int(h.shape(0)), H = int(h.shape(1)), E = int(w_router.shape(0));
+    expect_shape(op, "w_router", w_router, {E, H});
+    DeviceBuffer d_h = upload(h), d_w = upload(w_router);
+    DeviceBuffer logits = poisoned(size_t(T) * E * 4), ids = poisoned(size_t(T) * k * 4),
+                 weights = poisoned(size_t(T) * k * 4);
+    return run_op(op, repeat,
+                  [&] {
+                      moe_router_topk(d_h.as<bf16>(), d_w.as<bf16>(), logits.as<float>(),
+                                      ids.as<int32_t>(), weights.as<float>(), T, H, E, k, 0);
+                  },
+                  [&](py::list& out) {
+                      out.append(download<int32_t>(ids, {T, k}));
+                      out.append(download<float>(weights, {T, k}));
+                      out.append(download<float>(logits, {T, E}));
+                  });
+}
+
+py::object gate_up_op(const arr<uint16_t>& h, const arr<uint16_t>& gate_up, const arr<int32_t>& ids,
+                      int repeat) {
+    const char* op = "moe_experts_gate_up";
+    expect_ndim(op, "h", h, 2);
+    expect_ndim(op, "gate_up", gate_up, 3);
+    expect_ndim(op, "ids", ids, 2);
+    const int T = int(h.shape(0)), H = int(h.shape(1)), E = int(gate_up.shape(0));
+    const int I = int(gate_up.shape(1)) / 2, k = int(ids.shape(1));
+    expect_shape(op, "gate_up", gate_up, {E, 2 * I, H});
+    expect_shape(op, "ids", ids, {T, k});
+    expect_ids_below(op, ids, E);
+    DeviceBuffer d_h = upload(h), d_w = upload(gate_up), d_ids = upload(ids), act = poisoned(size_t(T) * k * I * 2);
+    return single_or_tuple(run_op(
+        op, repeat,
+        [&] { moe_experts_gate_up(d_h.as<bf16>(), d_w.as<bf16>(), d_ids.as<int32_t>(), act.as<bf16>(), T, k, H, I, 0); },
+        [&](py::list& out) { out.append(download<uint16_t>(act, {T, k, I})); }));
+}
+
+py::object down_op(const arr<uint16_t>& act, const arr<uint16_t>& down, const arr<int32_t>& ids,
+                   const arr<float>& weights, int repeat) {
+    const char* op = "moe_experts_down";
+    expect_ndim(op, "act", act, 3);
+    expect_ndim(op, "down", down, 3);
+    const int T = int(act.shape(0)), k = int(act.shape(1)), I = int(act.shape(2));
+    const int E = int(down.shape(0)), H = int(down.shape(1));
+    expect_shape(op, "down", down, {E, H, I});
+    expect_shape(op, "ids", ids, {T, k});
+    expect_shape(op, "weights", weights, {T, k});
+    expect_ids_below(op, ids, E);
+    DeviceBuffer d_act = upload(act), d_w = upload(down), d_ids = upload(ids), d_wt = upload(weights);
+    DeviceBuffer d_out = poisoned(size_t(T) * H * 2);
+    return single_or_tuple(run_op(
+        op, repeat,
+        [&] {
+            moe_experts_down(d_act.as<bf16>(), d_w.as<bf16>(), d_ids.as<int32_t>(), d_wt.as<float>(),
+                             d_out.as<bf16>(), T, k, H, I, 0);
+        },
+        [&](py::list& out) { out.append(download<uint16_t>(d_out, {T, H})); }));
+}
+
+py::object prefill_op(const arr<uint16_t>& h, const arr<uint16_t>& gate_up, const arr<uint16_t>& down,
+                      const arr<int32_t>& ids, const arr<float>& weights, int repeat) {
+    const char* op = "moe_experts_prefill";
+    expect_ndim(op, "h", h, 2);
+    expect_ndim(op, "gate_up", gate_up, 3);
+    expect_ndim(op, "ids", ids, 2);
+    const int T = int(h.shape(0)), H = int(h.shape(1)), E = int(gate_up.shape(0));
+    const int I = int(gate_up.shape(1)) / 2, k = int(ids.shape(1));
+    expect_shape(op, "gate_up", gate_up, {E, 2 * I, H});
+    expect_shape(op, "down", down, {E, H, I});
+    expect_shape(op, "ids", ids, {T, k});
+    expect_shape(op, "weights", weights, {T, k});
+    expect_ids_below(op, ids, E);
+    DeviceBuffer d_h = upload(h), d_gu = upload(gate_up), d_dn = upload(down), d_ids = upload(ids);
+    DeviceBuffer d_wt = upload(weights), d_out = poisoned(size_t(T) * H * 2);
+    DeviceBuffer ws = poisoned(moe_prefill_workspace_bytes(T, k, H, I, E));
+    return single_or_tuple(run_op(
+        op, repeat,
+        [&] {
+            moe_experts_prefill(d_h.as<bf16>(), d_gu.as<bf16>(), d_dn.as<bf16>(), d_ids.as<int32_t>(),
+                                d_wt.as<float>(), d_out.as<bf16>(), ws.get(), T, k, H, I, E, 0);
+        },
+        [&](py::list& out) { out.append(download<uint16_t>(d_out, {T, H})); }));
+}
+
+py::object shared_combine_op(const arr<uint16_t>& routed, const arr<uint16_t>& shared,
+                             const arr<uint16_t>& h, const arr<uint16_t>& w_gate, int repeat) {
+    const char* op = "moe_shared_combine";
+    expect_ndim(op, "h", h, 2);
+    const int T = int(h.shape(0)), H = int(h.shape(1));
+    expect_shape(op, "routed", routed, {T, H});
+    expect_shape(op, "shared", shared, {T, H});
+    if (w_gate.size() != H)
+        throw std::invalid_argument(std::string(op) + ": w_gate must hold H = " + std::to_string(H) +
+                                    " values ([H] or [1, H]), got shape " + shape_str(shape_of(w_gate)));
+    DeviceBuffer d_r = upload(routed), d_s = upload(shared), d_h = upload(h), d_g = upload(w_gate);
+    DeviceBuffer d_out = poisoned(size_t(T) * H * 2);
+    return single_or_tuple(run_op(
+        op, repeat,
+        [&] {
+            moe_shared_combine(d_r.as<bf16>(), d_s.as<bf16>(), d_h.as<bf16>(), d_g.as<bf16>(),
+                               d_out.as<bf16>(), T, H, 0);
+        },
+        [&](py::list& out) { out.append(download<uint16_t>(d_out, {T, H})); }));
+}
+
+}  // namespace
+
+void register_gdn_moe_ops(py::module_& ops) {
+    using py::arg;
+    ops.def("causal_conv1d_silu", &conv1d_op, arg("x"), arg("w"), arg("state"), arg("repeat") = 0,
+            "x [T,C], w [C,K], state [C,K-1] (bf16 bits) -> (y [T,C], new_state [C,K-1])");
+    ops.def("gated_delta_rule_recurrent", &gdn_recurrent_op, arg("qkv"), arg("a"), arg("b"),
+            arg("A_log"), arg("dt_bias"), arg("state"), arg("Hk"), arg("snapshots") = false,
+            arg("repeat") = 0,
+            "qkv [T, 2*Hk*128 + Hv*128], a, b [T,Hv] (bf16 bits), A_log, dt_bias [Hv], state "
+            "[Hv,128,128] f32 -> (o [T,Hv,128] bf16 bits, new_state, snapshots [T,Hv,128,128] or None)");
+    ops.def("gated_delta_rule_chunked", &gdn_chunked_op, arg("qkv"), arg("a"), arg("b"), arg("A_log"),
+            arg("dt_bias"), arg("state"), arg("Hk"), arg("repeat") = 0,
+            "same inputs as gated_delta_rule_recurrent -> (o, new_state)");
+    ops.def("gated_rmsnorm", &gated_rmsnorm_op, arg("o"), arg("z"), arg("w"), arg("eps") = 1e-6f,
+            arg("repeat") = 0, "o [T,Hv,dv], z [T,Hv*dv], w [dv] (bf16 bits) -> y [T,Hv*dv]");
+    ops.def("moe_router_topk", &router_op, arg("h"), arg("w_router"), arg("k"), arg("repeat") = 0,
+            "h [T,H], w_router [E,H] (bf16 bits) -> (ids [T,k] int32, weights [T,k], logits [T,E])");
+    ops.def("moe_experts_gate_up", &gate_up_op, arg("h"), arg("gate_up"), arg("ids"), arg("repeat") = 0,
+            "h [T,H], gate_up [E,2I,H] (bf16 bits), ids [T,k] int32 -> act [T,k,I]");
+    ops.def("moe_experts_down", &down_op, arg("act"), arg("down"), arg("ids"), arg("weights"),
+            arg("repeat") = 0, "act [T,k,I], down [E,H,I] (bf16 bits), ids, weights [T,k] -> out [T,H]");
+    ops.def("moe_experts_prefill", &prefill_op, arg("h"), arg("gate_up"), arg("down"), arg("ids"),
+            arg("weights"), arg("repeat") = 0,
+            "h [T,H], gate_up [E,2I,H], down [E,H,I] (bf16 bits), ids, weights [T,k] -> out [T,H]");
+    ops.def("moe_shared_combine", &shared_combine_op, arg("routed"), arg("shared"), arg("h"),
+            arg("w_gate"), arg("repeat") = 0,
+            "routed, shared, h [T,H], w_gate [H] (bf16 bits) -> routed + sigmoid(h.w_gate) * shared");
+}
+
+}  // namespace lampo
