@@ -117,7 +117,10 @@ class ChatSession:
         if index is None:
             raise ValueError("no user message to edit")
         old = self.turns[index]
-        user = self._user(text, old.attachments if attachments is None else attachments)
+        attachments = old.attachments if attachments is None else attachments
+        if not text.strip() and not attachments:
+            raise ValueError("nothing to send: the message is empty")
+        user = self._user(text, attachments)
         prompt = self._prompt(self.turns[:index] + [user])
         del self.turns[index:]
         return self._generate(prompt, self._store_user(user, old.parent_id))

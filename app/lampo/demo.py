@@ -43,7 +43,7 @@ def ensure_demo_checkpoint() -> Path:
     try:
         write_checkpoint(tmp, get_preset(DEMO_PRESET), seed=DEMO_SEED, tokenizer=True)
         (tmp / MARKER).write_text(MARKER_TEXT, encoding="utf-8")
-        if target.exists():  # an unmarked leftover of an interrupted older layout
+        if target.exists() and not is_demo_checkpoint(target):  # an unmarked leftover
             shutil.rmtree(target)
         tmp.rename(target)
     except OSError:

@@ -11,6 +11,7 @@ Decoding samples with `lampo.models.sampling.sample` (seeded by `sampling.seed`,
 entropy; the presence penalty counts this reply's tokens), streams text through the tokenizer's
 `StreamDecoder`, and stops on a stop id (not fed to the model), `max_tokens`, the context end
 (prompt + reply == context_max) or cancel. A `Stats` follows prefill and every token.
+`context_max` defaults to, and is clamped at, the model's `max_position_embeddings`.
 """
 
 from __future__ import annotations
@@ -50,10 +51,9 @@ class ReferenceBackend:
         model_dir = Path(model_dir)
         checkpoint = Checkpoint.open(model_dir)
         cfg = checkpoint.config
-        limit = cfg.max_position_embeddings
-        context_max = context_max or limit
-        if not 1 <= context_max <= limit:
-            raise ValueError(f"context_max must be 1..{limit:,} for this model (got {context_max:,})")
+        context_max = min(context_max or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        if context_max < 1:
+            raise ValueError(f"context_max must be at least 1 (got {context_max})")
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 (got {prefill_chunk})")
         self.model = ReferenceModel.from_checkpoint(checkpoint)

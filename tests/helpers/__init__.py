@@ -3,11 +3,32 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
+
+TOKENIZER_CACHE = Path("tokenizer") / "qwen3.6-tokenizer.json"  # under a cache dir
+
+
+@functools.cache
+def tokenizer_json() -> Path:
+    """The built Qwen3.6 tokenizer.json (built once per machine into Lampo's cache)."""
+    from lampo.models.tokenizer import default_tokenizer_path
+
+    return default_tokenizer_path()
 
 
 @functools.cache
 def real_tokenizer():
     """The real Qwen3.6 tokenizer, loaded once per test process (~1 s)."""
-    from lampo.models.tokenizer import Tokenizer, default_tokenizer_path
+    from lampo.models.tokenizer import Tokenizer
 
-    return Tokenizer.from_file(default_tokenizer_path())
+    return Tokenizer.from_file(tokenizer_json())
+
+
+def seed_lampo_home(home: Path) -> Path:
+    """Prepare a `LAMPO_HOME` whose cache already holds the tokenizer (a symlink), so nothing
+    run under it spends seconds rebuilding the tokenizer. Call before setting LAMPO_HOME."""
+    target = home / "cache" / TOKENIZER_CACHE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+        target.symlink_to(tokenizer_json())
+    return home

@@ -1,0 +1,95 @@
+"""`lampo chat`: settings -> model -> backend -> ChatSession -> TUI, plain REPL or pipe mode.
+
+Model: `--model`, else `model` in config.toml, else the random-weight demo checkpoint (created on
+first use). Backend: `--backend`, else the setting; "auto" picks cuda when the CUDA extension
+imports and sees a GPU, else the numpy reference. Stdin that is not a terminal means pipe mode.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from lampo.backend import Backend
+
+EXIT_FAILURE = 1
+
+
+def _say(text: str) -> None:
+    print(f"lampo: {text}", file=sys.stderr, flush=True)
+
+
+def _model_dir(args: argparse.Namespace, settings) -> Path:
+    if args.model or settings.model_dir:
+        return Path(args.model or settings.model_dir).expanduser()
+    from lampo.demo import demo_dir, ensure_demo_checkpoint, is_demo_checkpoint
+
+    if not is_demo_checkpoint(demo_dir()):
+        _say(f"no model configured: creating the random-weight demo checkpoint in {demo_dir()} (once)")
+    return ensure_demo_checkpoint()
+
+
+def _backend(kind: str, model_dir: Path, context: int) -> tuple[Backend, object]:
+    """(backend, tokenizer) for kind auto|cuda|reference."""
+    from lampo.models.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_checkpoint(model_dir)
+    if kind in ("auto", "cuda"):
+        from lampo.cuda_backend import CudaBackend, EngineUnavailable, load_native
+
+        try:
+            native = load_native()
+        except EngineUnavailable as e:
+            if kind == "cuda":
+                raise
+            _say(f"{e}; using the reference backend (numpy on the CPU)")
+        else:
+            return CudaBackend(model_dir, context_max=context, native=native, tokenizer=tokenizer), tokenizer
+    from lampo.reference_backend import ReferenceBackend
+
+    return ReferenceBackend(model_dir, context_max=context, tokenizer=tokenizer), tokenizer
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    from lampo.settings import SettingsError, load_settings
+
+    try:
+        settings = load_settings()
+    except SettingsError as e:
+        _say(str(e))
+        return EXIT_FAILURE
+    try:
+        model_dir = _model_dir(args, settings)
+        backend, tokenizer = _backend(args.backend or settings.backend, model_dir, args.context or settings.context)
+    except (OSError, ValueError, RuntimeError) as e:  # checkpoint, config, tokenizer, engine errors
+        _say(str(e))
+        return EXIT_FAILURE
+
+    from lampo.chat_session import ChatSession
+    from lampo.store import SchemaTooNew, Store
+
+    try:
+        store = Store()
+    except SchemaTooNew as e:
+        _say(str(e))
+        backend.close()
+        return EXIT_FAILURE
+    session = ChatSession(backend, tokenizer, store, sampling=settings.sampling,
+                          thinking=settings.thinking and not getattr(args, "no_think", False))
+    try:
+        if not sys.stdin.isatty():
+            from lampo.plain import run_pipe
+
+            return run_pipe(session, sys.stdin.read())
+        if args.plain:
+            from lampo.plain import run_plain
+
+            return run_plain(session, stdin_is_tty=True)
+        from lampo.tui.app import run_tui
+
+        run_tui(session, settings)
+        return 0
+    finally:
+        backend.close()
+        store.close()

@@ -1,0 +1,287 @@
+"""Plain mode (a line-oriented prompt_toolkit REPL) and pipe mode (stdin -> stdout), both on a
+`ChatSession`.
+
+REPL keys: Enter sends; Esc then Enter (Alt+Enter) inserts a newline; a multi-line paste arrives
+whole (bracketed paste) and is never sent line by line; Up/Down walk the input history (kept in
+the data dir); Ctrl-C while generating stops and keeps the partial reply; Ctrl-C at the prompt
+clears it; Ctrl-D or /quit leaves. Reasoning is printed dimmed, the answer plainly, then a
+one-line stats footer. Commands are listed in `HELP`.
+
+Pipe mode: all of stdin is one user message; only the answer goes to stdout, the stats line (and
+any warning) to stderr; exit 0, or non-zero with a message on overflow (3) or error (1).
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import sys
+import tomllib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, TextIO
+
+from lampo import paths
+from lampo.attachments import Attachment
+from lampo.backend import ContextOverflow, Done, Event, TokenEvent
+from lampo.chat_session import ChatSession
+from lampo.settings import SettingsError, parse_sampling
+from lampo.stats_format import footer
+
+HELP = """\
+Commands:
+  /new                 start a new chat            /regen          regenerate the last reply
+  /edit TEXT           replace your last message   /think on|off   thinking for this chat
+  /system [TEXT]       set (or clear) the system prompt
+  /set KEY VALUE       sampling: temperature, top_k, top_p, min_p, presence_penalty, max_tokens, seed
+  /attach FILE         attach a text file to your next message
+  /chats               list saved chats            /load ID        resume a saved chat
+  /rename TITLE        rename this chat            /delete         delete this chat
+  /save [FILE]         export this chat as Markdown (default: the data dir's exports/)
+  /help                this list                   /quit           leave (also Ctrl-D)
+Keys: Enter sends, Esc Enter (Alt+Enter) inserts a newline, Ctrl-C stops a reply."""
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_OVERFLOW = 0, 1, 2, 3
+
+
+class _Printer:
+    """Writes a streaming reply: reasoning dimmed (on a terminal), then the answer."""
+
+    def __init__(self, out: TextIO, session: ChatSession, color: bool):
+        self.out, self.session, self.color = out, session, color
+        self.shown_reasoning = self.shown_answer = 0
+
+    def _write(self, text: str, dim: bool = False) -> None:
+        self.out.write(f"\x1b[2m{text}\x1b[0m" if dim and self.color and text else text)
+        self.out.flush()
+
+    def update(self, answer_only: bool = False) -> None:
+        reasoning, answer = self.session.reply_parts()
+        if not answer_only and len(reasoning) > self.shown_reasoning:
+            self._write(reasoning[self.shown_reasoning:], dim=True)
+            self.shown_reasoning = len(reasoning)
+        if len(answer) > self.shown_answer:
+            if not answer_only and self.shown_answer == 0 and self.shown_reasoning:
+                self._write("\n\n")
+            self._write(answer[self.shown_answer:])
+            self.shown_answer = len(answer)
+
+
+@contextmanager
+def _ctrl_c_cancels(session: ChatSession) -> Iterator[None]:
+    """While generating, Ctrl-C sets the cancel flag instead of raising KeyboardInterrupt."""
+    previous = signal.signal(signal.SIGINT, lambda *_: session.cancel())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _consume(events: Iterator[Event], printer: _Printer, answer_only: bool = False) -> Done:
+    done = None
+    with _ctrl_c_cancels(printer.session):
+        for event in events:
+            if isinstance(event, TokenEvent):
+                printer.update(answer_only)
+            elif isinstance(event, Done):
+                done = event
+    printer.update(answer_only)
+    return done
+
+
+# ---- pipe mode ---------------------------------------------------------------------------------
+def run_pipe(session: ChatSession, stdin_text: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    if not stdin_text.strip():
+        print("lampo: nothing on stdin to send", file=err)
+        return EXIT_USAGE
+    try:
+        events = session.send(stdin_text)
+    except ContextOverflow as e:
+        print(f"lampo: {e}", file=err)
+        return EXIT_OVERFLOW
+    done = _consume(events, _Printer(out, session, color=False), answer_only=True)
+    out.write("\n")
+    out.flush()
+    print(footer(done.stats, done.reason), file=err)
+    if done.reason == "error":
+        print(f"lampo: generation failed: {done.error}", file=err)
+        return EXIT_ERROR
+    if session.thinking and not session.reply_parts()[1]:
+        print("lampo: the reply ended while still thinking, so there is no answer "
+              "(raise max_tokens, or use --no-think)", file=err)
+    return EXIT_OK
+
+
+# ---- plain REPL -------------------------------------------------------------------------------
+class PlainRepl:
+    def __init__(self, session: ChatSession, out: TextIO = sys.stdout):
+        self.session, self.out = session, out
+        self.color = out.isatty()
+        self.pending: list[Attachment] = []
+        self.draft = ""  # text to put back in the prompt (after an overflow)
+
+    def say(self, text: str) -> None:
+        self.out.write(f"\x1b[2m{text}\x1b[0m\n" if self.color else f"{text}\n")
+        self.out.flush()
+
+    def banner(self) -> None:
+        info = self.session.backend.info
+        self.say(f"Lampo · {info.model_name} on the {info.backend} backend · context {info.context_max:,} tokens")
+        if info.is_demo:
+            self.say("DEMO: random-weight checkpoint - replies are gibberish. Set `model` in "
+                     f"{paths.config_file()} or pass --model DIR for a real model.")
+        if self.session.store.notice:
+            self.say(self.session.store.notice)
+        self.say("Type /help for commands. Enter sends, Esc Enter inserts a newline, Ctrl-D quits.")
+
+    def generate(self, events: Iterator[Event]) -> None:
+        printer = _Printer(self.out, self.session, self.color)
+        done = _consume(events, printer)
+        self.out.write("\n")
+        if done.reason == "cancelled":
+            self.say("[stopped - the partial reply is kept]")
+        elif done.reason == "error":
+            self.say(f"[error: {done.error}]")
+        self.say(footer(done.stats, done.reason))
+
+    def send(self, text: str) -> None:
+        try:
+            events = self.session.send(text, self.pending)
+        except ContextOverflow as e:
+            self.say(f"Not sent: {e}")
+            self.draft = text
+            return
+        self.pending = []
+        self.generate(events)
+
+    def command(self, line: str) -> bool:
+        """Run a /command; False means quit."""
+        name, _, arg = line[1:].partition(" ")
+        arg = arg.strip()
+        s = self.session
+        try:
+            if name in ("quit", "exit", "q"):
+                return False
+            elif name == "help":
+                self.say(HELP)
+            elif name == "new":
+                s.new_chat()
+                self.pending = []
+                self.say("New chat.")
+            elif name == "regen":
+                self.generate(s.regenerate())
+            elif name == "edit":
+                self.generate(s.edit_last_user(arg))
+            elif name == "think":
+                if arg not in ("on", "off"):
+                    raise ValueError("usage: /think on|off")
+                s.set_thinking(arg == "on")
+                self.say(f"Thinking {arg}.")
+            elif name == "system":
+                s.set_system_prompt(arg)
+                self.say(f"System prompt {'set' if arg else 'cleared'}.")
+            elif name == "set":
+                self.set_sampling(arg)
+            elif name == "attach":
+                self.attach(arg)
+            elif name == "chats":
+                self.list_chats()
+            elif name == "load":
+                s.load(int(arg))
+                self.say(f"Resumed chat {s.chat_id}: {s.title} ({len(s.turns)} messages, "
+                         f"{s.context_used:,} tokens).")
+            elif name == "rename":
+                s.rename(arg)
+                self.say(f"Renamed to {s.title}.")
+            elif name == "delete":
+                s.delete()
+                self.say("Chat deleted; this is a new chat.")
+            elif name == "save":
+                self.save(arg)
+            else:
+                self.say(f"Unknown command /{name}. Type /help for the list.")
+        except ContextOverflow as e:
+            self.say(f"Not sent: {e}")
+        except (ValueError, KeyError, OSError, SettingsError) as e:
+            self.say(f"/{name}: {e}")
+        return True
+
+    def set_sampling(self, arg: str) -> None:
+        key, _, raw = arg.partition(" ")
+        if not key or not raw.strip():
+            raise ValueError("usage: /set KEY VALUE, e.g. /set temperature 0.7")
+        try:
+            value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()
+        self.session.set_sampling(parse_sampling({key: value}, base=self.session.sampling))
+        self.say(f"{key} = {getattr(self.session.sampling, key)}")
+
+    def attach(self, arg: str) -> None:
+        if not arg:
+            raise ValueError("usage: /attach FILE")
+        path = Path(shlex.split(arg)[0]).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{path} is not UTF-8 text") from None
+        attachment = self.session.add_attachment(path.name, text)
+        self.pending.append(attachment)
+        self.say(f"📎 {attachment.name} ({attachment.tokens:,} tokens) goes with your next message.")
+
+    def list_chats(self) -> None:
+        chats = self.session.list_chats()
+        if not chats:
+            self.say("No saved chats yet.")
+        for c in chats:
+            mark = "*" if c.id == self.session.chat_id else " "
+            self.say(f"{mark}{c.id:>5}  {c.title}")
+
+    def save(self, arg: str) -> None:
+        if self.session.chat_id is None:
+            raise ValueError("nothing to save yet")
+        target = Path(arg).expanduser() if arg else paths.data_dir() / "exports" / f"chat-{self.session.chat_id}.md"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(self.session.export_markdown(), encoding="utf-8")
+        self.say(f"Saved {target}")
+
+    def run(self) -> int:
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.history import FileHistory
+        from prompt_toolkit.key_binding import KeyBindings
+
+        keys = KeyBindings()
+
+        @keys.add("enter")
+        def _send(event):
+            event.current_buffer.validate_and_handle()
+
+        @keys.add("escape", "enter")
+        def _newline(event):
+            event.current_buffer.insert_text("\n")
+
+        prompt = PromptSession(history=FileHistory(str(paths.history_file())), multiline=True,
+                               key_bindings=keys, prompt_continuation="… ")
+        self.banner()
+        while True:
+            chips = "".join(f"[📎 {a.name}] " for a in self.pending)
+            try:
+                text = prompt.prompt(f"{chips}> ", default=self.draft)
+            except KeyboardInterrupt:
+                self.draft = ""
+                continue
+            except EOFError:
+                return EXIT_OK
+            self.draft = ""
+            if text.strip().startswith("/"):
+                if not self.command(text.strip()):
+                    return EXIT_OK
+            elif text.strip() or self.pending:
+                self.send(text)
+
+
+def run_plain(session: ChatSession, *, stdin_is_tty: bool) -> int:
+    """The REPL on a terminal; pipe mode when stdin is not one."""
+    if not stdin_is_tty:
+        return run_pipe(session, sys.stdin.read())
+    return PlainRepl(session).run()
