@@ -41,6 +41,12 @@ struct ModelDims {
     int gdn_key_width() const { return gdn_k_heads * gdn_k_dim; }
     int gdn_value_width() const { return gdn_v_heads * gdn_v_dim; }
     int conv_channels() const { return 2 * gdn_key_width() + gdn_value_width(); }
+    // Rows of the fused projections whose output is split into parts; padded with zero rows to a
+    // multiple of FUSED_ROW_ALIGN so one product covers them (tiny configs have 2-row parts).
+    int attn_qkv_rows() const { return padded_rows(q_rows() + 2 * kv_width()); }
+    int gdn_in_rows() const { return padded_rows(conv_channels() + gdn_value_width() + 2 * gdn_v_heads); }
+    static constexpr int FUSED_ROW_ALIGN = 64;
+    static int padded_rows(int rows) { return (rows + FUSED_ROW_ALIGN - 1) / FUSED_ROW_ALIGN * FUSED_ROW_ALIGN; }
     int count(MixerKind k) const;
     // Throws std::invalid_argument naming the first unusable field.
     void validate() const;
@@ -48,14 +54,14 @@ struct ModelDims {
 
 // ---- weights (device pointers; owned by the WeightStore) ---------------------------------------
 struct GatedAttentionWeights {
-    Linear qkv;                     // fused rows: q_proj (query|gate per head) | k_proj | v_proj
+    Linear qkv;                     // fused rows: q_proj (query|gate per head) | k_proj | v_proj | 0 pad
     const bf16* q_norm = nullptr;   // [head_dim], 1 + w
     const bf16* k_norm = nullptr;
     Linear o;                       // [H, nq*D]
 };
 
 struct GatedDeltaNetWeights {
-    Linear in_proj;                 // fused rows: in_proj_qkv | in_proj_z | in_proj_b | in_proj_a
+    Linear in_proj;                 // fused rows: in_proj_qkv | in_proj_z | in_proj_b | in_proj_a | 0 pad
     const bf16* conv = nullptr;     // [conv_channels, K]
     const float* A_log = nullptr;   // [Hv]
     const float* dt_bias = nullptr; // [Hv]
@@ -117,7 +123,8 @@ struct Workspace {
     int max_tokens = 0;
     float* residual = nullptr;   // [T, H] fp32 residual stream
     bf16* normed = nullptr;      // [T, H] pre-norm output, input of every mixer / FFN
-    bf16* proj = nullptr;        // fused projection outputs (see project_parts), FFN gate|up
+    bf16* fused = nullptr;       // [T, padded rows] product of a fused projection (T > 1)
+    bf16* proj = nullptr;        // its parts, each [T, width] (see project_parts); FFN gate|up
     bf16* q = nullptr;           // [T, nq, D]
     bf16* gate = nullptr;        // [T, nq*D]
     bf16* k = nullptr;           // [T, nkv, D]

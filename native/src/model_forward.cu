@@ -14,7 +14,6 @@
 
 #include "common.cuh"
 #include "model.h"
-#include "weights.h"
 
 namespace lampo {
 
@@ -60,19 +59,19 @@ size_t WorkspaceLayout::total() const {
 
 WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx) {
     const size_t T = size_t(max_tokens), H = size_t(d.hidden), b16 = 2;
-    const size_t proj_w = std::max({size_t(d.q_rows() + 2 * d.kv_width()),
-                                    size_t(d.conv_channels() + d.gdn_value_width() + 2 * d.gdn_v_heads),
-                                    size_t(2 * (d.moe ? d.shared_inter : d.ffn_inter))});
+    const bool attn = d.count(MixerKind::GatedAttention) > 0;
+    const bool gdn = d.count(MixerKind::GatedDeltaNet) > 0;
+    const size_t fused_w = std::max(attn ? size_t(d.attn_qkv_rows()) : 0, gdn ? size_t(d.gdn_in_rows()) : 0);
+    const size_t proj_w = std::max(fused_w, size_t(2 * (d.moe ? d.shared_inter : d.ffn_inter)));
     const size_t mixed_w = std::max(size_t(d.attn_width()), size_t(d.gdn_value_width()));
     const size_t act_rows = std::max(T * size_t(d.moe ? d.shared_inter : d.ffn_inter),
                                      d.moe ? size_t(MOE_DECODE_MAX_T) * d.top_k * d.expert_inter : 0);
-    const bool attn = d.count(MixerKind::GatedAttention) > 0;
-    const bool gdn = d.count(MixerKind::GatedDeltaNet) > 0;
     const int k = d.moe ? d.top_k : 0;
     WorkspaceLayout l;
     l.buffers = {
         {"residual", T * H * 4},
         {"normed", T * H * b16},
+        {"fused", T > 1 ? T * fused_w * b16 : 0},
         {"proj", T * proj_w * b16},
         {"q", T * d.attn_width() * b16},
         {"gate", T * d.attn_width() * b16},
@@ -112,6 +111,7 @@ Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void*
     size_t i = 0;
     ws.residual = static_cast<float*>(ptr[i++]);
     ws.normed = static_cast<bf16*>(ptr[i++]);
+    ws.fused = static_cast<bf16*>(ptr[i++]);
     ws.proj = static_cast<bf16*>(ptr[i++]);
     ws.q = static_cast<bf16*>(ptr[i++]);
     ws.gate = static_cast<bf16*>(ptr[i++]);
@@ -197,10 +197,11 @@ struct Ctx {
     bool small_moe() const { return step.T <= MOE_DECODE_MAX_T; }
 };
 
-// A fused projection whose output is used as separate parts. Part i of T rows is stored
-// contiguous as [T, width_i] at proj + T * (sum of the widths before it). With T == 1 that is
-// exactly one row of the fused product, so one GEMV over the fused matrix fills every part; for
-// T > 1 each part is its own product over a row slice of the fused matrix.
+// A fused projection whose output is used as separate parts (its rows: the parts, then zero
+// padding). Part i of T rows ends up contiguous as [T, width_i] at proj + T * (sum of the widths
+// before it). With T == 1 that is exactly one row of the fused product, so one GEMV over the fused
+// matrix writes every part in place; for T > 1 one product writes ws.fused [T, padded rows] and a
+// strided copy per part gathers its columns.
 template <size_t N>
 std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std::array<int, N>& widths,
                                    const bf16* x, const char* name) {
@@ -211,15 +212,19 @@ std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std:
         out[i] = c.ws.proj + size_t(T) * row;
         row += widths[i];
     }
-    if (row != fused.out) throw std::logic_error(std::string(name) + ": fused rows do not add up");
+    if (row > fused.out) throw std::logic_error(std::string(name) + ": parts exceed the fused rows");
     if (T == 1) {
         c.op(OpFamily::Projections, name, [&] { linear_forward(fused, x, c.ws.proj, 1, c.st); });
         return out;
     }
+    c.op(OpFamily::Projections, name, [&] { linear_forward(fused, x, c.ws.fused, T, c.st); });
     row = 0;
     for (size_t i = 0; i < N; ++i) {
-        const Linear part = linear_rows(fused, row, widths[i]);
-        c.op(OpFamily::Projections, name, [&] { linear_forward(part, x, out[i], T, c.st); });
+        c.op(OpFamily::Projections, "split fused projection", [&] {
+            LAMPO_CUDA_CHECK(cudaMemcpy2DAsync(out[i], size_t(widths[i]) * 2, c.ws.fused + row,
+                                               size_t(fused.out) * 2, size_t(widths[i]) * 2, T,
+                                               cudaMemcpyDeviceToDevice, c.st));
+        });
         row += widths[i];
     }
     return out;

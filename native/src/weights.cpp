@@ -57,23 +57,6 @@ std::string format_bytes(size_t bytes) {
     return buf;
 }
 
-Linear linear_rows(const Linear& w, int row0, int rows) {
-    if (row0 < 0 || rows < 1 || row0 + rows > w.out) {
-        throw std::out_of_range("linear_rows: rows [" + std::to_string(row0) + ", " +
-                                std::to_string(row0 + rows) + ") outside a matrix of " +
-                                std::to_string(w.out));
-    }
-    switch (w.format) {
-        case WeightFormat::BF16: {
-            Linear part = w;
-            part.data = static_cast<const char*>(w.data) + size_t(row0) * size_t(w.in) * 2;
-            part.out = rows;
-            return part;
-        }
-    }
-    throw std::logic_error("linear_rows: unknown weight format");
-}
-
 const char* dtype_name(DType t) { return t == DType::BF16 ? "BF16" : "F32"; }
 
 size_t TensorSlot::numel() const {
@@ -178,10 +161,16 @@ Linear WeightStore::add_linear(const std::string& name, int out, int in) {
 }
 
 Linear WeightStore::add_fused(const std::string& what,
-                              const std::vector<std::pair<std::string, int>>& parts, int in) {
+                              const std::vector<std::pair<std::string, int>>& parts, int in,
+                              int rows_total) {
     int rows = 0;
     for (const auto& p : parts) rows += p.second;
-    char* base = static_cast<char*>(block(what, size_t(rows) * size_t(in) * 2));
+    if (rows_total < rows) throw std::logic_error("weights: " + what + " has more rows than its block");
+    char* base = static_cast<char*>(block(what, size_t(rows_total) * size_t(in) * 2));
+    if (rows_total > rows) {
+        LAMPO_CUDA_CHECK(cudaMemset(base + size_t(rows) * size_t(in) * 2, 0,
+                                    size_t(rows_total - rows) * size_t(in) * 2));
+    }
     size_t row = 0;
     for (const auto& [name, r] : parts) {
         add(name, {r, in}, DType::BF16, FillKind::Matrix, in, base + row * size_t(in) * 2);
@@ -189,7 +178,7 @@ Linear WeightStore::add_fused(const std::string& what,
     }
     Linear l;
     l.data = base;
-    l.out = rows;
+    l.out = rows_total;
     l.in = in;
     return l;
 }
@@ -215,7 +204,7 @@ WeightStore::WeightStore(const ModelDims& d) : dims_(d) {
                               {{p + "self_attn.q_proj.weight", d.q_rows()},
                                {p + "self_attn.k_proj.weight", d.kv_width()},
                                {p + "self_attn.v_proj.weight", d.kv_width()}},
-                              H);
+                              H, d.attn_qkv_rows());
             a.q_norm = norm(p + "self_attn.q_norm.weight", d.head_dim);
             a.k_norm = norm(p + "self_attn.k_norm.weight", d.head_dim);
             a.o = add_linear(p + "self_attn.o_proj.weight", H, d.attn_width());
@@ -227,7 +216,7 @@ WeightStore::WeightStore(const ModelDims& d) : dims_(d) {
                                    {q + "in_proj_z.weight", d.gdn_value_width()},
                                    {q + "in_proj_b.weight", d.gdn_v_heads},
                                    {q + "in_proj_a.weight", d.gdn_v_heads}},
-                                  H);
+                                  H, d.gdn_in_rows());
             g.conv = static_cast<const bf16*>(add_own(q + "conv1d.weight",
                                                       {d.conv_channels(), 1, d.conv_kernel},
                                                       DType::BF16, FillKind::Conv));
@@ -251,7 +240,7 @@ WeightStore::WeightStore(const ModelDims& d) : dims_(d) {
             m.shared_gate_up = add_fused(p + "mlp.shared_expert.{gate,up}_proj (fused)",
                                          {{p + "mlp.shared_expert.gate_proj.weight", Is},
                                           {p + "mlp.shared_expert.up_proj.weight", Is}},
-                                         H);
+                                         H, 2 * Is);
             m.shared_down = add_linear(p + "mlp.shared_expert.down_proj.weight", H, Is);
             m.shared_gate = static_cast<const bf16*>(add_own(
                 p + "mlp.shared_expert_gate.weight", {1, H}, DType::BF16, FillKind::Matrix, H));
@@ -260,13 +249,14 @@ WeightStore::WeightStore(const ModelDims& d) : dims_(d) {
             f.gate_up = add_fused(p + "mlp.{gate,up}_proj (fused)",
                                   {{p + "mlp.gate_proj.weight", d.ffn_inter},
                                    {p + "mlp.up_proj.weight", d.ffn_inter}},
-                                  H);
+                                  H, 2 * d.ffn_inter);
             f.down = add_linear(p + "mlp.down_proj.weight", H, d.ffn_inter);
         }
     }
     model_.final_norm = norm(root + "norm.weight", H);
     model_.lm_head = add_linear("lm_head.weight", V, H);
     loaded_.assign(slots_.size(), false);
+    LAMPO_CUDA_CHECK(cudaDeviceSynchronize());  // the padding memsets ran on the legacy stream
 }
 
 // ---- WeightStore: loading ------------------------------------------------------------------

@@ -2,7 +2,8 @@
 //
 // The WeightStore plans every tensor the text model needs from the config (checkpoint names,
 // shapes, dtypes), allocates them up front (fused where the layer loop wants one product:
-// attention q|k|v, Gated DeltaNet qkv|z|b|a, dense gate|up, shared-expert gate|up), then receives
+// attention q|k|v, Gated DeltaNet qkv|z|b|a, dense gate|up, shared-expert gate|up; the first two
+// padded with zero rows, see ModelDims::padded_rows), then receives
 // checkpoint tensors one by one from host memory (typically a memory-mapped safetensors file) and
 // copies them into place through a double-buffered pinned staging ring, so reading the next piece
 // from disk overlaps the PCIe copy of the previous one. MTP tensors are not part of the plan (the
@@ -41,10 +42,6 @@ private:
 
 // "12.50 GiB" / "3.00 MiB" for error messages.
 std::string format_bytes(size_t bytes);
-
-// A row slice [row0, row0 + rows) of a weight matrix, itself a Linear (used to run the parts of a
-// fused projection separately). Format-aware: BF16 rows are contiguous.
-Linear linear_rows(const Linear& w, int row0, int rows);
 
 enum class DType : int { BF16 = 0, F32 = 1 };
 const char* dtype_name(DType t);
@@ -127,10 +124,10 @@ private:
               int fan_in, void* device);
     void* add_own(const std::string& name, std::vector<int64_t> shape, DType dtype, FillKind fill,
                   int fan_in = 0);
-    // Allocates one block holding the row-concatenation of `parts` ([rows_i, in] bf16 matrices)
-    // and returns it as a Linear.
+    // Allocates one block holding the row-concatenation of `parts` ([rows_i, in] bf16 matrices),
+    // followed by zero rows up to `rows_total`, and returns it as a Linear.
     Linear add_fused(const std::string& what, const std::vector<std::pair<std::string, int>>& parts,
-                     int in);
+                     int in, int rows_total);
     Linear add_linear(const std::string& name, int out, int in);
 };
 
