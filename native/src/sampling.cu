@@ -39,9 +39,11 @@ Scratch scratch_layout(void* base) {
             reinterpret_cast<int32_t*>(p + SAMPLE_CANDIDATES * 8)};
 }
 
-// Order-preserving float <-> uint32 (larger float -> larger key; key 0 is below -inf).
+// Order-preserving float <-> uint32 (larger float -> larger key; key 0 is below -inf; -0 is
+// taken as +0 so that equal values tie, as in the reference).
 __device__ __forceinline__ uint32_t float_key(float f) {
-    const uint32_t b = __float_as_uint(f);
+    uint32_t b = __float_as_uint(f);
+    if (b == 0x80000000u) b = 0u;
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 __device__ __forceinline__ float key_float(uint32_t k) {
