@@ -31,8 +31,15 @@ log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 log "mode $MODE, commit $LAMPO_COMMIT, $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
 
 # Python packages only (the CUDA extension is built below with every source).
-$PY -m pip install -q --no-build-isolation --no-deps -e . -Ccmake.define.LAMPO_CPU_ONLY=ON >"$OUT/pip.log" 2>&1 \
-  || { log "pip install failed"; tail -20 "$OUT/pip.log"; exit 1; }
+# An editable install when the machine's pip/scikit-build-core can do it offline; otherwise the
+# same package layout (lampo, lampo.models, lampo.assets) through symlinks on PYTHONPATH.
+if ! $PY -m pip install -q --no-build-isolation --no-deps -e . -Ccmake.define.LAMPO_CPU_ONLY=ON >"$OUT/pip.log" 2>&1; then
+  log "pip install -e failed ($(tail -1 "$OUT/pip.log")); using a symlinked package on PYTHONPATH"
+  mkdir -p "$WORK/py" && ln -sfn "$ROOT/app/lampo" "$WORK/py/lampo"
+  ln -sfn "$ROOT/models" "$ROOT/app/lampo/models" && ln -sfn "$ROOT/assets" "$ROOT/app/lampo/assets"
+  export PYTHONPATH="$WORK/py${PYTHONPATH:+:$PYTHONPATH}"
+fi
+$PY -c "import lampo.models.config" || { log "lampo is not importable"; exit 1; }
 
 WRITERS=()
 if [ "$MODE" = quick ]; then
