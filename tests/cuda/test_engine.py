@@ -11,6 +11,17 @@ Greedy decoding runs the reference in lockstep on the engine's tokens: at every 
 token must be the reference argmax, unless the reference itself has the two within a near-tie
 (gap < 0.1 std of its logits), which bf16 may legitimately flip.
 
+MoE routing is discontinuous: where the reference's k-th and (k+1)-th router logits are closer than
+the bf16 noise (~0.005), the engine may pick the other expert, which moves that token's logits by up
+to ~35% and perturbs later tokens through the KV cache and GDN state (measured on CPU by swapping
+such experts inside the reference itself). So for MoE models:
+- rows vs the reference: the median row within MOE_MEDIAN, every row within rel L2 LOOSE (the
+  same model, not garbage); a wrong routing weight (uniform instead of softmax) gives ~0.2;
+- greedy: >= 75% of the steps agree exactly, and every engine token scores within 1 std of the
+  reference's best;
+- engine vs engine: the dense tolerance unless the reference has a router near-tie (margin <
+  ROUTER_TIE) among the compared row and the RECENT rows before it.
+
 Full-width 4-layer checkpoints of both real models (tests/gpu/full_width.py: real hidden size and
 layer shapes, reduced vocabulary and expert count) are taken from $LAMPO_FULL_WIDTH_DIR, where
 tests/gpu/run.sh writes them while the extension builds, or written here.
@@ -30,6 +41,7 @@ from lampo.backend import Done, GenerationRequest
 from lampo.cuda_backend import CudaBackend, load_weights, native_dims
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.presets import get_preset
+from lampo.models.reference import ffn
 from lampo.models.reference.model import ReferenceModel
 from lampo.models.sampling_params import GREEDY, SamplingParams
 from lampo.models.synthetic import write_checkpoint
@@ -41,6 +53,10 @@ pytestmark = [
 ]
 
 REAL_VOCAB = 248_077
+ROUTER_TIE = 0.02
+RECENT = 4
+LOOSE = 0.6
+MOE_MEDIAN = 6e-2
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -67,12 +83,61 @@ def rel_l2(got, want) -> float:
     return float(np.linalg.norm(g - w) / np.linalg.norm(w))
 
 
-def assert_matches_reference(got, want, what: str, tol=4e-2):
+class RouterMargins:
+    """Per token the reference runs, the smallest margin over its MoE layers between the k-th
+    chosen expert's router logit and the best unchosen one (inf for dense models). Wraps
+    `lampo.models.reference.ffn.moe_router` without changing its result."""
+
+    def __init__(self, monkeypatch):
+        self.history: list[float] = []
+        self._calls: list[np.ndarray] = []
+        original = ffn.moe_router
+
+        def recording(h, w_router, k):
+            logits = np.asarray(h, np.float32) @ np.asarray(w_router, np.float32).T
+            top = -np.sort(-logits, axis=-1)
+            self._calls.append(top[:, k - 1] - top[:, k])
+            return original(h, w_router, k)
+
+        monkeypatch.setattr(ffn, "moe_router", recording)
+
+    def run(self, call, *args, **kwargs):
+        """One reference forward call (all its rows in one pass), recording each row's margin."""
+        self._calls = []
+        out = call(*args, **kwargs)
+        if self._calls:
+            self.history.extend(np.min(np.stack(self._calls), axis=0).tolist())
+        return out
+
+    def recent(self) -> float:
+        return min(self.history[-RECENT:], default=np.inf)
+
+
+def assert_rows_match_reference(rows, what: str, moe: bool, tol=4e-2):
+    """rows: [(engine logits, reference logits)] of one run (prefill last row, decode steps)."""
+    errs = [rel_l2(got, want) for got, want in rows]
+    overlaps = [len(set(np.argsort(got[:REAL_VOCAB])[-5:]) & set(np.argsort(want[:REAL_VOCAB])[-5:]))
+                for got, want in rows]
+    report = f"{what}: rel L2 per row {[f'{e:.1e}' for e in errs]}, top-5 overlaps {overlaps}"
+    if moe:
+        assert np.median(errs) <= MOE_MEDIAN and max(errs) <= LOOSE, report
+        assert sum(o >= 4 for o in overlaps) * 2 >= len(rows), report
+    else:
+        assert max(errs) <= tol and min(overlaps) >= 4, report
+
+
+def assert_paths_agree(got, want, what: str, router_margin=np.inf):
+    """Engine vs engine along different kernel paths (bf16 rounding differs, so may routing)."""
     err = rel_l2(got, want)
-    top_want = set(np.argsort(want[:REAL_VOCAB])[-5:])
-    top_got = set(np.argsort(got[:REAL_VOCAB])[-5:])
-    assert err <= tol and len(top_want & top_got) >= 4, \
-        f"{what}: rel L2 {err:.2e}, top-5 overlap {len(top_want & top_got)}"
+    assert err <= (LOOSE if router_margin < ROUTER_TIE else 2e-2), f"{what}: rel L2 {err:.2e}"
+
+
+def last_row_margin(ref, ids, monkeypatch) -> float:
+    """The reference's router margins over the last RECENT rows of a fresh run over `ids`."""
+    margins = RouterMargins(monkeypatch)
+    ref.reset()
+    margins.run(ref.prefill, ids, last_only=True)
+    return margins.recent()
 
 
 def prompt_ids(n, seed=0, vocab=REAL_VOCAB):
@@ -102,12 +167,12 @@ def test_prefill_and_decode_logits_match_the_reference(tiny):
     fresh(engine)
     ref.reset()
     prefill(engine, ids)  # chunks 64, 64, 22: GEMM, chunked GDN, flash prefill
-    want = ref.prefill(ids, last_only=True)
-    assert_matches_reference(engine.logits(), want, "prefill")
-    for i, token in enumerate(prompt_ids(6, seed=5)):  # teacher-forced decode steps (graph)
+    rows = [(engine.logits(), ref.prefill(ids, last_only=True))]
+    for token in prompt_ids(8, seed=5):  # teacher-forced decode steps (graph)
         engine.decode(int(token))
-        assert_matches_reference(engine.logits(), ref.decode(int(token)), f"decode step {i}")
-    assert engine.position == ref.position == 156
+        rows.append((engine.logits(), ref.decode(int(token))))
+    assert_rows_match_reference(rows, "prefill + decode", ck.config.is_moe)
+    assert engine.position == ref.position == 158
 
 
 def test_greedy_generation_follows_the_reference_for_128_steps(tiny):
@@ -117,38 +182,39 @@ def test_greedy_generation_follows_the_reference_for_128_steps(tiny):
     ref.reset()
     token = prefill(engine, ids)
     ref_logits = ref.prefill(ids, last_only=True)
-    flips = []
+    disagree = []
     for step in range(128):
         want = int(np.argmax(ref_logits))
         if token != want:
             gap = ref_logits[want] - ref_logits[token]
             scale = np.std(ref_logits[:REAL_VOCAB])
-            assert gap < 0.1 * scale, f"step {step}: engine chose {token}, reference {want} (gap {gap:.3g})"
-            flips.append(step)
+            allowed = (1.0 if ck.config.is_moe else 0.1) * scale
+            assert gap < allowed, f"step {step}: engine chose {token}, reference {want} (gap {gap:.3g})"
+            disagree.append(step)
         ref_logits = ref.decode(token)  # both continue with the engine's token
         token = engine.decode(-1)
-    assert len(flips) <= 2, f"near-tie flips at steps {flips}"
+    assert len(disagree) <= (32 if ck.config.is_moe else 2), f"disagreements at steps {disagree}"
 
 
-def test_prefill_then_decode_equals_prefill_of_the_whole_sequence(tiny):
-    _ck, engine, _ref = tiny
+def test_prefill_then_decode_equals_prefill_of_the_whole_sequence(tiny, monkeypatch):
+    _ck, engine, ref = tiny
     ids = prompt_ids(120, seed=3)
     prefill(fresh(engine), ids)
     whole = engine.logits()
     prefill(fresh(engine), ids[:100])
     for token in ids[100:]:
         engine.decode(int(token))
-    assert rel_l2(engine.logits(), whole) <= 2e-2
+    assert_paths_agree(engine.logits(), whole, "prefill+decode", last_row_margin(ref, ids, monkeypatch))
 
 
 @pytest.mark.parametrize("chunk", [5, 37, 64])
-def test_chunk_size_invariance(tiny, chunk):
-    _ck, engine, _ref = tiny
+def test_chunk_size_invariance(tiny, chunk, monkeypatch):
+    _ck, engine, ref = tiny
     ids = prompt_ids(130, seed=4)
     prefill(fresh(engine), ids, chunk=64)
     base = engine.logits()
     prefill(fresh(engine), ids, chunk=chunk)  # chunk 5 takes the T <= 8 paths (GEMV, recurrent)
-    assert rel_l2(engine.logits(), base) <= 2e-2
+    assert_paths_agree(engine.logits(), base, f"chunk {chunk}", last_row_margin(ref, ids, monkeypatch))
 
 
 def test_snapshot_restore_reproduces_and_rewrites(tiny):
@@ -221,10 +287,11 @@ def test_full_width_four_layer_checkpoints(preset, tmp_path_factory):
     ref = ReferenceModel.from_checkpoint(ck)
     ids = prompt_ids(100, seed=10, vocab=vocab)
     prefill(engine, ids)  # one 100-token chunk: GEMM path
-    assert_matches_reference(engine.logits(), ref.prefill(ids, last_only=True), f"{preset} prefill")
-    for token in prompt_ids(3, seed=11, vocab=vocab):
+    rows = [(engine.logits(), ref.prefill(ids, last_only=True))]
+    for token in prompt_ids(8, seed=11, vocab=vocab):
         engine.decode(int(token))
-        assert_matches_reference(engine.logits(), ref.decode(int(token)), f"{preset} decode")
+        rows.append((engine.logits(), ref.decode(int(token))))
+    assert_rows_match_reference(rows, preset, ck.config.is_moe)
     print(f"\n{preset} 4 layers: weights {engine.weight_bytes / 2**30:.2f} GiB, workspace "
           f"{engine.workspace_bytes / 2**20:.0f} MiB, launches/step {engine.decode_graph_info()}")
 
@@ -268,8 +335,8 @@ class DigitsTokenizer:
         return self.Decoder()
 
 
-def test_backend_prefix_reuse_and_snapshots_match_a_fresh_prefill(tiny):
-    ck, engine, _ref = tiny
+def test_backend_prefix_reuse_and_snapshots_match_a_fresh_prefill(tiny, monkeypatch):
+    ck, engine, ref = tiny
     backend = CudaBackend(ck.model_dir, context_max=1024, prefill_chunk=64, snapshot_slots=2,
                           tokenizer=DigitsTokenizer())
     greedy = SamplingParams(**{**GREEDY.to_dict(), "max_tokens": 12})
@@ -290,11 +357,13 @@ def test_backend_prefix_reuse_and_snapshots_match_a_fresh_prefill(tiny):
     _, stats = ask(p2, max_tokens=1)  # no decode step: the engine's logits are the prompt's last row
     assert stats.cached_n == len(p1) + len(ids1) - 1 and stats.vram_used > 0
     prefill(fresh(engine), p2)
-    assert rel_l2(backend._engine.logits(), engine.logits()) <= 2e-2
+    assert_paths_agree(backend._engine.logits(), engine.logits(), "resumed turn",
+                       last_row_margin(ref, p2, monkeypatch))
 
     p3 = p1[:60] + [int(t) for t in prompt_ids(15, 14)]
     _, stats = ask(p3, max_tokens=1)  # diverges after 60: resumes from the snapshot
     assert stats.cached_n == 60
     prefill(fresh(engine), p3)
-    assert rel_l2(backend._engine.logits(), engine.logits()) <= 2e-2
+    assert_paths_agree(backend._engine.logits(), engine.logits(), "turn resumed from a snapshot",
+                       last_row_margin(ref, p3, monkeypatch))
     backend.close()
