@@ -30,26 +30,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="{chat,info,bench}")
     _chat_parser(sub)
-    info = sub.add_parser("info", help="model shape, parameter counts and the memory plan")
-    info.add_argument("rest", nargs=argparse.REMAINDER)
-    bench = sub.add_parser("bench", help="measure prefill and decode speed")
-    bench.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.add_parser("info", help="model shape, parameter counts and the memory plan (lampo info -h)")
+    sub.add_parser("bench", help="measure prefill and decode speed (lampo bench -h)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # `info` and `bench` own their options (argparse.REMAINDER would not pass "--flags" through).
+    if argv and argv[0] == "info":
+        from lampo.info import main as info_main
+
+        return info_main(argv[1:])
+    if argv and argv[0] == "bench":
+        from lampo.bench import main as bench_main
+
+        return bench_main(argv[1:])
     if not argv or (argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help")):
         argv = ["chat", *argv]
     args = build_parser().parse_args(argv)
-    if args.command == "info":
-        from lampo.info import main as info_main
-
-        return info_main(args.rest)
-    if args.command == "bench":
-        from lampo.bench import main as bench_main
-
-        return bench_main(args.rest)
     from lampo.chat_entry import run_chat
 
     return run_chat(args)
