@@ -14,6 +14,7 @@ namespace {
 int vector_blocks(size_t vectors) { return int(std::min<size_t>((vectors + 255) / 256, 8192)); }
 
 __global__ void silu_mul_kernel(const bf16* __restrict__ gu, bf16* __restrict__ y, int I, size_t vectors) {
+    pdl_begin();
     const int per_row = I / 8;
     for (size_t v = size_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors; v += size_t(gridDim.x) * blockDim.x) {
         const size_t t = v / per_row;
@@ -30,6 +31,7 @@ __global__ void silu_mul_kernel(const bf16* __restrict__ gu, bf16* __restrict__ 
 
 __global__ void sigmoid_gate_mul_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate,
                                         bf16* __restrict__ y, size_t vectors) {
+    pdl_begin();
     for (size_t v = size_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors; v += size_t(gridDim.x) * blockDim.x) {
         float a[8], g[8], o[8];
         bf16x8_to_float(reinterpret_cast<const uint4*>(x)[v], a);
@@ -46,14 +48,15 @@ void silu_mul(const bf16* gu, bf16* y, int T, int I, cudaStream_t stream) {
     require(I > 0 && I % 8 == 0, "silu_mul", "I must be a positive multiple of 8, got " + std::to_string(I));
     if (T <= 0) return;
     const size_t vectors = size_t(T) * I / 8;
-    silu_mul_kernel<<<vector_blocks(vectors), 256, 0, stream>>>(gu, y, I, vectors);
+    launch_pdl("silu_mul_kernel", silu_mul_kernel, vector_blocks(vectors), 256, 0, stream, gu, y, I, vectors);
 }
 
 void sigmoid_gate_mul(const bf16* x, const bf16* gate, bf16* y, int T, int n, cudaStream_t stream) {
     require(n > 0 && n % 8 == 0, "sigmoid_gate_mul", "n must be a positive multiple of 8, got " + std::to_string(n));
     if (T <= 0) return;
     const size_t vectors = size_t(T) * n / 8;
-    sigmoid_gate_mul_kernel<<<vector_blocks(vectors), 256, 0, stream>>>(x, gate, y, vectors);
+    launch_pdl("sigmoid_gate_mul_kernel", sigmoid_gate_mul_kernel, vector_blocks(vectors), 256, 0,
+               stream, x, gate, y, vectors);
 }
 
 }  // namespace lampo

@@ -24,6 +24,7 @@ __global__ void __launch_bounds__(COMBINE_WARPS * 32)
 attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                            const bf16* __restrict__ gate, const int32_t* __restrict__ d_pos, bf16* __restrict__ out,
                            int Tq, int nq, int nsplit) {
+    pdl_begin();
     extern __shared__ float weight[];  // [nsplit]
     __shared__ float acc_w[COMBINE_WARPS][32];
     __shared__ float red[COMBINE_WARPS];
@@ -81,7 +82,7 @@ void launch_decode(const attn::Params& p, cudaStream_t stream) {
     auto kernel = attn::attn_int8_kernel<MT, KG, false>;
     const size_t smem = attn::smem_bytes(MT, KG, p.stages);
     allow_dynamic_smem(kernel, smem, "attn_decode_int8");
-    kernel<<<dim3(p.nsplit, p.nkv), MT * KG * 32, smem, stream>>>(p);
+    launch_pdl("attn_int8_kernel", kernel, dim3(p.nsplit, p.nkv), MT * KG * 32, smem, stream, p);
 }
 
 }  // namespace
@@ -116,8 +117,9 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
         default: launch_decode<4, 1>(p, stream); break;
     }
     LAMPO_CHECK_LAUNCH(op);
-    attn_decode_combine_kernel<<<dim3(Tq * nq, attn::D / 32), COMBINE_WARPS * 32, p.nsplit * sizeof(float),
-                                 stream>>>(p.part_o, p.part_ml, gate, d_pos, out, Tq, nq, p.nsplit);
+    launch_pdl("attn_decode_combine_kernel", attn_decode_combine_kernel, dim3(Tq * nq, attn::D / 32),
+               COMBINE_WARPS * 32, p.nsplit * sizeof(float), stream, p.part_o, p.part_ml, gate, d_pos,
+               out, Tq, nq, p.nsplit);
 }
 
 }  // namespace lampo

@@ -218,6 +218,7 @@ __device__ __forceinline__ void attend16(WarpState& s, const Stage& st, const ui
 
 template <int MT, int KG, bool PREFILL>
 __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p) {
+    pdl_begin();
     constexpr int NT = MT * KG * 32;
     extern __shared__ __align__(16) uint8_t smem[];
     uint4* qfrag = reinterpret_cast<uint4*>(smem);

@@ -28,6 +28,7 @@ attn_prep_kernel(const bf16* __restrict__ qg, const bf16* __restrict__ k_raw, co
                  const bf16* __restrict__ k_norm_w, const int32_t* __restrict__ d_pos, bf16* __restrict__ q_out,
                  bf16* __restrict__ gate_out, bf16* __restrict__ k_out, int nq, int nkv, int D, int rotary_dim,
                  float eps, const RopeFreqs freqs) {
+    pdl_begin();
     const int t = blockIdx.x;
     const int head = blockIdx.y * PREP_WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
@@ -94,7 +95,8 @@ void attn_prep(const bf16* qg, const bf16* k_raw, const bf16* q_norm_w, const bf
     for (int i = 0; i < rotary_dim / 2; ++i)
         freqs.inv_freq[i] = float(1.0 / std::pow(double(theta), double(2 * i) / double(rotary_dim)));
     const dim3 grid(T, ceil_div(nq + nkv, PREP_WARPS));
-    attn_prep_kernel<<<grid, PREP_WARPS * 32, 0, stream>>>(qg, k_raw, q_norm_w, k_norm_w, d_pos, q_out, gate_out,
+    launch_pdl("attn_prep_kernel", attn_prep_kernel, grid, PREP_WARPS * 32, 0, stream, qg, k_raw,
+               q_norm_w, k_norm_w, d_pos, q_out, gate_out,
                                                            k_out, nq, nkv, D, rotary_dim, eps, freqs);
 }
 

@@ -44,6 +44,24 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// Programmatic dependent launch (PDL, sm_90+; no-ops elsewhere and in kernels launched without
+// the attribute, see launch_pdl in launch_utils.cuh). Every kernel of the decode step begins with
+// pdl_begin() BEFORE its first access to memory that an earlier kernel may write or read: it waits
+// until the previous kernel of the stream has completed and its writes are visible, then lets the
+// next kernel start launching, so that kernel's launch and block scheduling overlap this one's
+// work. Only immutable data (weights) may be touched before it, and only via pdl_prefetch_l2
+// (L2 is the coherence point, so a prefetch can never observe stale data).
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_prefetch_l2(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
+
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(__expf(x)); }

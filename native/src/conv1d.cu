@@ -12,6 +12,7 @@
 // time into tiles across blocks; the state is then rewritten by a second tiny launch, after every
 // tile has read the old one.
 #include "common.cuh"
+#include "launch_utils.cuh"
 #include "gdn_moe_vec.cuh"
 #include "ops.h"
 
@@ -29,6 +30,7 @@ template <int K>
 __global__ void __launch_bounds__(CONV_THREADS)
 conv1d_silu_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* state,
                    bf16* __restrict__ y, int T, int C, int tile_t, bool write_state) {
+    pdl_begin();
     const int c0 = (blockIdx.x * CONV_THREADS + threadIdx.x) * CONV_VEC;
     if (c0 >= C) return;
     const int t0 = blockIdx.y * tile_t;
@@ -99,6 +101,7 @@ conv1d_silu_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16*
 template <int K>
 __global__ void conv1d_state_from_x_kernel(const bf16* __restrict__ x, bf16* __restrict__ state,
                                            int T, int C) {
+    pdl_begin();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
 #pragma unroll
@@ -110,13 +113,14 @@ void launch_conv1d(const bf16* x, const bf16* w, bf16* state, bf16* y, int T, in
                    cudaStream_t stream) {
     const int blocks_c = ceil_div(C / CONV_VEC, CONV_THREADS);
     if (T <= CONV_TILE_T) {
-        conv1d_silu_kernel<K><<<dim3(blocks_c, 1), CONV_THREADS, 0, stream>>>(x, w, state, y, T, C,
-                                                                              T, true);
+        launch_pdl("conv1d_silu_kernel", conv1d_silu_kernel<K>, dim3(blocks_c, 1), CONV_THREADS, 0, stream,
+                   x, w, state, y, T, C, T, true);
         return;
     }
-    conv1d_silu_kernel<K><<<dim3(blocks_c, ceil_div(T, CONV_TILE_T)), CONV_THREADS, 0, stream>>>(
-        x, w, state, y, T, C, CONV_TILE_T, false);
-    conv1d_state_from_x_kernel<K><<<ceil_div(C, 256), 256, 0, stream>>>(x, state, T, C);
+    launch_pdl("conv1d_silu_kernel", conv1d_silu_kernel<K>, dim3(blocks_c, ceil_div(T, CONV_TILE_T)),
+               CONV_THREADS, 0, stream, x, w, state, y, T, C, CONV_TILE_T, false);
+    launch_pdl("conv1d_state_from_x_kernel", conv1d_state_from_x_kernel<K>, ceil_div(C, 256), 256, 0,
+               stream, x, state, T, C);
 }
 
 }  // namespace

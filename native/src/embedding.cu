@@ -11,6 +11,7 @@ namespace {
 
 __global__ void embedding_gather_kernel(const bf16* __restrict__ table, const int32_t* __restrict__ ids,
                                         float* __restrict__ out, int H) {
+    pdl_begin();
     const int t = blockIdx.x;
     const uint4* row = reinterpret_cast<const uint4*>(table + size_t(ids[t]) * H);
     float4* dst = reinterpret_cast<float4*>(out + size_t(t) * H);
@@ -28,7 +29,8 @@ void embedding_gather(const bf16* table, const int32_t* d_ids, float* out_residu
                       cudaStream_t stream) {
     require(H > 0 && H % 8 == 0, "embedding_gather", "H must be a positive multiple of 8, got " + std::to_string(H));
     if (T <= 0) return;
-    embedding_gather_kernel<<<T, 256, 0, stream>>>(table, d_ids, out_residual, H);
+    launch_pdl("embedding_gather_kernel", embedding_gather_kernel, T, 256, 0, stream, table, d_ids,
+               out_residual, H);
 }
 
 }  // namespace lampo

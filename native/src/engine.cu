@@ -6,12 +6,13 @@
 #include <stdexcept>
 
 #include "common.cuh"
+#include "launch_utils.cuh"
 
 namespace lampo {
 namespace {
 
 // d_pos[0] += n: the position advances on the device, so a replayed graph sees the next one.
-__global__ void advance_position(int32_t* d_pos, int n) { d_pos[0] += n; }
+__global__ void advance_position(int32_t* d_pos, int n) { pdl_begin(); d_pos[0] += n; }
 
 bool same_sampling(const SamplingConfig& a, const SamplingConfig& b) {
     return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p &&
@@ -212,7 +213,7 @@ int Engine::prefill(const int32_t* ids, int n, bool sample_next) {
     step.logits = sample_next;
     model_forward(dims_, weights_->model(), state_, ws_, step, stream_, nullptr);
     if (sample_next) sample(nullptr);
-    advance_position<<<1, 1, 0, stream_>>>(d_pos_, n);
+    launch_pdl("advance_position", advance_position, 1, 1, 0, stream_, d_pos_, n);
     LAMPO_CHECK_LAUNCH("advance_position");
     const int token = sample_next ? read_token() : -1;
     LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -230,7 +231,7 @@ void Engine::decode_body(OpTimer* timer) {
     step.logits = true;
     model_forward(dims_, weights_->model(), state_, ws_, step, stream_, timer);
     sample(timer);
-    advance_position<<<1, 1, 0, stream_>>>(d_pos_, 1);
+    launch_pdl("advance_position", advance_position, 1, 1, 0, stream_, d_pos_, 1);
     LAMPO_CHECK_LAUNCH("advance_position");
 }
 

@@ -15,6 +15,7 @@
 // the decayed state, using S_new^T q = exp(g) S^T q + beta e (k.q):
 //     kS = S^T k, qS = S^T q (old S) ; e = v - exp(g) kS ; o = exp(g) qS + beta e (k.q)
 #include "common.cuh"
+#include "launch_utils.cuh"
 #include "gdn_common.cuh"
 #include "gdn_moe_vec.cuh"
 #include "ops.h"
@@ -32,6 +33,7 @@ gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
                      const bf16* __restrict__ b, const float* __restrict__ A_log,
                      const float* __restrict__ dt_bias, float* __restrict__ state,
                      bf16* __restrict__ o, float* __restrict__ snapshots, int T, int Hk, int Hv) {
+    pdl_begin();
     __shared__ float q_s[GDN_D], k_s[GDN_D];
     __shared__ float norm_part[REC_WARPS][3];
     __shared__ float dot_part[REC_WARPS][4][8];
@@ -151,8 +153,8 @@ void gated_delta_rule_recurrent(const bf16* qkv, const bf16* a, const bf16* b, c
                                 const float* dt_bias, float* state, bf16* o, float* snapshots,
                                 int T, int Hk, int Hv, int dk, int dv, cudaStream_t stream) {
     gdn_check_dims("gated_delta_rule_recurrent", T, Hk, Hv, dk, dv);
-    gdn_recurrent_kernel<<<dim3(GDN_D / REC_COLS, Hv), REC_THREADS, 0, stream>>>(
-        qkv, a, b, A_log, dt_bias, state, o, snapshots, T, Hk, Hv);
+    launch_pdl("gdn_recurrent_kernel", gdn_recurrent_kernel, dim3(GDN_D / REC_COLS, Hv), REC_THREADS, 0,
+               stream, qkv, a, b, A_log, dt_bias, state, o, snapshots, T, Hk, Hv);
 }
 
 }  // namespace lampo

@@ -4,6 +4,7 @@
 //   y = bf16(w * bf16(n) * silu(z))         (n is rounded to bf16 first, as HF does)
 // One warp per (token, head); each lane owns groups of 4 channels (8-byte accesses).
 #include "common.cuh"
+#include "launch_utils.cuh"
 #include "gdn_moe_vec.cuh"
 #include "ops.h"
 
@@ -19,6 +20,7 @@ __global__ void __launch_bounds__(GRN_WARPS * 32)
 gated_rmsnorm_kernel(const bf16* __restrict__ o, const bf16* __restrict__ z,
                      const bf16* __restrict__ w, bf16* __restrict__ y, int rows, int dv,
                      float eps) {
+    pdl_begin();
     const int row = blockIdx.x * GRN_WARPS + threadIdx.x / 32;  // row = t * Hv + head
     const int lane = threadIdx.x % 32;
     if (row >= rows) return;
@@ -53,7 +55,8 @@ void gated_rmsnorm(const bf16* o, const bf16* z, const bf16* w, bf16* y, int T, 
         throw std::invalid_argument("gated_rmsnorm: dv must be a positive multiple of 4, got " +
                                     std::to_string(dv));
     const int rows = T * Hv;
-    gated_rmsnorm_kernel<<<ceil_div(rows, GRN_WARPS), GRN_WARPS * 32, 0, stream>>>(o, z, w, y, rows,
+    launch_pdl("gated_rmsnorm_kernel", gated_rmsnorm_kernel, ceil_div(rows, GRN_WARPS), GRN_WARPS * 32,
+               0, stream, o, z, w, y, rows,
                                                                                    dv, eps);
 }
 

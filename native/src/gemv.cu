@@ -7,6 +7,8 @@
 // so every weight byte serves all T tokens. fp32 accumulators (T x R per lane) are summed across
 // lanes by a butterfly that leaves one value per lane group, and across the KS slices of a block
 // through shared memory. Tails: rows past `out` are clamped on load and never stored.
+// Launched with PDL: each lane prefetches its first weight vectors into L2 before waiting for the
+// kernel that produces x, so the weight stream starts during the previous kernel's tail.
 #include <type_traits>
 
 #include "bf16_vec.cuh"
@@ -78,6 +80,16 @@ gemv_kernel(const bf16* __restrict__ W, const bf16* __restrict__ x, OutT* __rest
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r)
         wrow[r] = reinterpret_cast<const uint4*>(W + size_t(min(row0 + r, out - 1)) * in);
+    // The weights are immutable: pull this lane's first vectors into L2 while the previous kernel
+    // finishes, then wait for it before reading x.
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; ++u) {
+        const int v = vbeg + lane + 32 * u;
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; ++r)
+            if (v < vend) pdl_prefetch_l2(wrow[r] + v);
+    }
+    pdl_begin();
     const uint4* xv = reinterpret_cast<const uint4*>(x);
 
     float acc[NV];
@@ -133,7 +145,7 @@ void launch_gemv(const bf16* W, const bf16* x, OutT* y, int out, int in, cudaStr
     int ks = 1;
     while (ks < GEMV_WARPS && ceil_div(row_groups, GEMV_WARPS / ks) < target_blocks && in / 8 / (2 * ks) >= 32) ks *= 2;
     const int blocks = ceil_div(row_groups, GEMV_WARPS / ks);
-    gemv_kernel<T, OutT><<<blocks, GEMV_WARPS * 32, 0, stream>>>(W, x, y, out, in, ks);
+    launch_pdl("gemv_kernel", gemv_kernel<T, OutT>, blocks, GEMV_WARPS * 32, 0, stream, W, x, y, out, in, ks);
 }
 
 }  // namespace

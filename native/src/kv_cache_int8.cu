@@ -19,6 +19,7 @@ __global__ void __launch_bounds__(APPEND_WARPS * 32)
 kv_append_int8_kernel(const bf16* __restrict__ k, const bf16* __restrict__ v, int8_t* __restrict__ k_cache,
                       int8_t* __restrict__ v_cache, half* __restrict__ k_scale, half* __restrict__ v_scale,
                       const int32_t* __restrict__ d_pos, int T, int nkv, int D, int max_ctx) {
+    pdl_begin();
     const int item = blockIdx.x * APPEND_WARPS + (threadIdx.x >> 5);  // ((t * nkv) + h) * 2 + is_v
     const int lane = threadIdx.x & 31;
     if (item >= T * nkv * 2) return;
@@ -61,8 +62,9 @@ void kv_append_int8(const bf16* k, const bf16* v, int8_t* k_cache, int8_t* v_cac
     require(nkv > 0 && max_ctx > 0, "kv_append_int8", "need nkv > 0 and max_ctx > 0");
     if (T <= 0) return;
     const int items = T * nkv * 2;
-    kv_append_int8_kernel<<<ceil_div(items, APPEND_WARPS), APPEND_WARPS * 32, 0, stream>>>(
-        k, v, k_cache, v_cache, k_scale, v_scale, d_pos, T, nkv, D, max_ctx);
+    launch_pdl("kv_append_int8_kernel", kv_append_int8_kernel, ceil_div(items, APPEND_WARPS),
+               APPEND_WARPS * 32, 0, stream, k, v, k_cache, v_cache, k_scale, v_scale, d_pos, T, nkv,
+               D, max_ctx);
 }
 
 }  // namespace lampo

@@ -1,9 +1,12 @@
 // launch_utils.cuh - host-side helpers shared by the core launchers: argument checks that raise a
 // clear error naming the op (std::invalid_argument, ValueError in Python) and device queries
-// (SM count, opt-in shared memory) that are cheap and legal while a stream is being captured.
+// (SM count, opt-in shared memory) that are cheap and legal while a stream is being captured, and
+// the programmatic-dependent-launch wrapper every decode-step kernel goes out through.
 #pragma once
 
+#include <cstdlib>
 #include <stdexcept>
+#include <utility>
 #include <string>
 #include <cuda_runtime.h>
 
@@ -34,6 +37,37 @@ inline void allow_dynamic_smem(Kernel kernel, size_t bytes, const char* op) {
             "needs " + std::to_string(bytes) + " bytes of shared memory per block, the device allows " +
                 std::to_string(smem_optin_bytes()));
     LAMPO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+// Whether kernels go out with programmatic dependent launch: on sm_90+ unless the environment
+// sets LAMPO_PDL=0 (for A/B measurements). Decided once per process.
+inline bool pdl_enabled() {
+    static const bool on = [] {
+        const char* env = std::getenv("LAMPO_PDL");
+        if (env && std::string(env) == "0") return false;
+        return device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+    }();
+    return on;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization: the
+// kernel may begin launching while the previous kernel of the stream still runs, and must call
+// pdl_begin() (common.cuh) before touching memory. The edge survives stream capture into a CUDA
+// graph (CUDA >= 12.3). Launch failures raise CudaError naming `op`.
+template <class... Params, class... Args>
+inline void launch_pdl(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args&&... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op, __FILE__, __LINE__);
 }
 
 }  // namespace lampo

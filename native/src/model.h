@@ -131,13 +131,15 @@ struct Workspace {
     bf16* mixed = nullptr;       // [T, max(nq*D, value_width)] mixer output before its out proj
     bf16* conv_out = nullptr;    // [T, conv_channels]
     bf16* gdn_o = nullptr;       // [T, Hv, dv]
-    bf16* act = nullptr;         // [T, max(I, Is, k*I_expert)] SwiGLU activations
+    bf16* act = nullptr;         // [T, max(I, Is)] SwiGLU activations; MoE decode: [T, k, I_expert]
+                                 // then the shared expert's [T, Is] (MoeSharedSlot)
     bf16* delta = nullptr;       // [T, H] sub-block output added to the residual
     bf16* routed = nullptr;      // [T, H]
     bf16* shared = nullptr;      // [T, H]
     float* router_logits = nullptr;  // [T, E]
     int32_t* expert_ids = nullptr;   // [T, k]
     float* expert_weights = nullptr; // [T, k]
+    float* shared_gate = nullptr;    // [T] sigmoid(h_t . w_shared_gate), MoE decode
     void* gdn_chunked = nullptr;
     void* moe_prefill = nullptr;
     float* attn_partial = nullptr;

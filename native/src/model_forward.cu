@@ -65,7 +65,8 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx
     const size_t proj_w = std::max(fused_w, size_t(2 * (d.moe ? d.shared_inter : d.ffn_inter)));
     const size_t mixed_w = std::max(size_t(d.attn_width()), size_t(d.gdn_value_width()));
     const size_t act_rows = std::max(T * size_t(d.moe ? d.shared_inter : d.ffn_inter),
-                                     d.moe ? size_t(MOE_DECODE_MAX_T) * d.top_k * d.expert_inter : 0);
+                                     d.moe ? size_t(MOE_DECODE_MAX_T) * (size_t(d.top_k) * d.expert_inter +
+                                                                          d.shared_inter) : 0);
     const int k = d.moe ? d.top_k : 0;
     WorkspaceLayout l;
     l.buffers = {
@@ -86,6 +87,7 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx
         {"router_logits", d.moe ? T * d.n_experts * 4 : 0},
         {"expert_ids", T * k * 4},
         {"expert_weights", T * k * 4},
+        {"shared_gate", d.moe ? T * 4 : 0},
         {"gdn_chunked", gdn ? gdn_chunked_workspace_bytes(max_tokens, d.gdn_v_heads, d.gdn_k_dim,
                                                           d.gdn_v_dim) : 0},
         {"moe_prefill", d.moe ? moe_prefill_workspace_bytes(max_tokens, d.top_k, d.hidden,
@@ -126,6 +128,7 @@ Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void*
     ws.router_logits = static_cast<float*>(ptr[i++]);
     ws.expert_ids = static_cast<int32_t*>(ptr[i++]);
     ws.expert_weights = static_cast<float*>(ptr[i++]);
+    ws.shared_gate = static_cast<float*>(ptr[i++]);
     ws.gdn_chunked = ptr[i++];
     ws.moe_prefill = ptr[i++];
     ws.attn_partial = static_cast<float*>(ptr[i++]);
@@ -303,8 +306,10 @@ void dense_ffn(const Ctx& c, const DenseFfnWeights& w) {
          [&] { linear_forward(w.down, c.ws.act, c.ws.delta, T, c.st); });
 }
 
-// Sparse MoE: router top-k, the selected experts (batched GEMVs or grouped prefill GEMM), the
-// shared expert, and their sigmoid-gated sum -> ws.delta.
+// Sparse MoE: router top-k, then for few tokens the selected experts plus the shared expert as
+// one more slot of the same two GEMV launches (their gated sum lands in ws.delta); for a prefill
+// chunk the grouped GEMMs for the routed experts, the shared expert's own projections and
+// moe_shared_combine.
 void moe_ffn(const Ctx& c, const MoeFfnWeights& w) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
@@ -314,20 +319,29 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w) {
                         H, d.n_experts, k, c.st);
     });
     if (c.small_moe()) {
+        if (w.shared_gate_up.format != WeightFormat::BF16 || w.shared_down.format != WeightFormat::BF16)
+            throw std::logic_error("moe_ffn: the fused shared-expert slot reads BF16 weights only");
+        MoeSharedSlot shared;
+        shared.gate_up = static_cast<const bf16*>(w.shared_gate_up.data);
+        shared.down = static_cast<const bf16*>(w.shared_down.data);
+        shared.w_gate = w.shared_gate;
+        shared.gate = ws.shared_gate;
+        shared.inter = d.shared_inter;
         c.op(OpFamily::MoeExperts, "moe_experts_gate_up", [&] {
-            moe_experts_gate_up(ws.normed, w.experts_gate_up, ws.expert_ids, ws.act, T, k, H, I, c.st);
+            moe_experts_gate_up(ws.normed, w.experts_gate_up, ws.expert_ids, ws.act, T, k, H, I, c.st,
+                                &shared);
         });
         c.op(OpFamily::MoeExperts, "moe_experts_down", [&] {
-            moe_experts_down(ws.act, w.experts_down, ws.expert_ids, ws.expert_weights, ws.routed, T,
-                             k, H, I, c.st);
+            moe_experts_down(ws.act, w.experts_down, ws.expert_ids, ws.expert_weights, ws.delta, T,
+                             k, H, I, c.st, &shared);
         });
-    } else {
-        c.op(OpFamily::MoeExperts, "moe_experts_prefill", [&] {
-            moe_experts_prefill(ws.normed, w.experts_gate_up, w.experts_down, ws.expert_ids,
-                                ws.expert_weights, ws.routed, ws.moe_prefill, T, k, H, I,
-                                d.n_experts, c.st);
-        });
+        return;
     }
+    c.op(OpFamily::MoeExperts, "moe_experts_prefill", [&] {
+        moe_experts_prefill(ws.normed, w.experts_gate_up, w.experts_down, ws.expert_ids,
+                            ws.expert_weights, ws.routed, ws.moe_prefill, T, k, H, I, d.n_experts,
+                            c.st);
+    });
     c.op(OpFamily::Projections, "shared expert gate_up",
          [&] { linear_forward(w.shared_gate_up, ws.normed, ws.proj, T, c.st); });
     c.op(OpFamily::Activations, "silu_mul",

@@ -12,7 +12,13 @@
 // - down: grid (row tiles of 8); a warp owns one output row r and, per token, walks every slot's
 //   Wd[e][r] in a fixed order, so the weighted sum over experts needs no atomics and is
 //   deterministic.
+// - shared expert (optional MoeSharedSlot, contract in ops.h): one more slot per token in both
+//   grids, with its own matrices and intermediate size Is; the first gate_up block of that slot
+//   also computes its weight sigmoid(h_t . w_gate). A MoE FFN step is then router + 2 launches.
+#include <algorithm>
+
 #include "common.cuh"
+#include "launch_utils.cuh"
 #include "gdn_moe_vec.cuh"
 #include "moe_common.h"
 #include "ops.h"
@@ -27,19 +33,31 @@ constexpr int GU_UNROLL = 2;  // 16-byte chunks per lane per row per batch (x 4 
 
 __global__ void __launch_bounds__(GU_WARPS * 32)
 moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up,
-                 const int32_t* __restrict__ ids, bf16* __restrict__ act, int k, int H, int I) {
-    const int slot = blockIdx.y, t = slot / k;
-    const int e = ids[slot];
+                 const int32_t* __restrict__ ids, bf16* __restrict__ act, int T, int k, int H, int I,
+                 MoeSharedSlot shared) {
+    pdl_begin();
+    const int slots = shared.gate_up ? k + 1 : k;  // per token
+    const int t = blockIdx.y / slots, s = blockIdx.y % slots;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const int r0 = blockIdx.x * GU_ROWS_PER_BLOCK + warp * GU_PAIRS;
     const bf16* hrow = h + size_t(t) * H;
-    const bf16* W = gate_up + size_t(e) * 2 * I * H;
+    const bool is_shared = s == k;
+    if (is_shared && blockIdx.x == 0 && warp == 0) {  // the shared slot's weight for token t
+        float dot = 0.f;
+        for (int c = lane * 8; c < H; c += 32 * 8) dot = dot_bf16x8(ldg_u4(hrow + c), ldg_u4(shared.w_gate + c), dot);
+        dot = warp_sum(dot);
+        if (lane == 0) shared.gate[t] = sigmoid(dot);
+    }
+    const int rows_n = is_shared ? shared.inter : I;  // this slot's intermediate size
+    const int r0 = blockIdx.x * GU_ROWS_PER_BLOCK + warp * GU_PAIRS;
+    if (r0 >= rows_n) return;  // the grid spans max(I, Is); sizes are multiples of 64
+    const bf16* W = is_shared ? shared.gate_up : gate_up + size_t(ids[t * k + s]) * 2 * I * H;
+    bf16* out = is_shared ? act + size_t(T) * k * I + size_t(t) * rows_n : act + size_t(t * k + s) * I;
 
     const bf16* rows[2 * GU_PAIRS];  // gate r, up r, gate r+1, up r+1
 #pragma unroll
-    for (int p = 0; p < GU_PAIRS; ++p) {  // I % 64 == 0: every row of the grid exists
+    for (int p = 0; p < GU_PAIRS; ++p) {
         rows[2 * p] = W + size_t(r0 + p) * H;
-        rows[2 * p + 1] = W + size_t(I + r0 + p) * H;
+        rows[2 * p + 1] = W + size_t(rows_n + r0 + p) * H;
     }
     float acc[2 * GU_PAIRS] = {};
     for (int base = 0; base < H; base += 32 * 8 * GU_UNROLL) {
@@ -65,7 +83,7 @@ moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up,
 #pragma unroll
     for (int p = 0; p < GU_PAIRS; ++p) {
         const float g = warp_sum(acc[2 * p]), u = warp_sum(acc[2 * p + 1]);
-        if (lane == 0) act[size_t(slot) * I + r0 + p] = __float2bfloat16_rn(silu(g) * u);
+        if (lane == 0) out[r0 + p] = __float2bfloat16_rn(silu(g) * u);
     }
 }
 
@@ -75,12 +93,15 @@ constexpr int DN_UNROLL = 8;  // (slot, chunk) items per lane per batch
 __global__ void __launch_bounds__(DN_WARPS * 32)
 moe_down_gemv(const bf16* __restrict__ act, const bf16* __restrict__ down,
               const int32_t* __restrict__ ids, const float* __restrict__ weights,
-              bf16* __restrict__ out, int T, int k, int H, int I) {
+              bf16* __restrict__ out, int T, int k, int H, int I, MoeSharedSlot shared) {
+    pdl_begin();
     const int r = blockIdx.x * DN_WARPS + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (r >= H) return;
-    const int chunks = I / 8;       // 16-byte chunks per row
-    const int items = k * chunks;   // (slot, chunk) pairs per token
+    const int chunks = I / 8;                                    // 16-byte chunks per routed row
+    const int routed_items = k * chunks;                         // (slot, chunk) pairs per token
+    const int items = routed_items + (shared.down ? shared.inter / 8 : 0);  // + the shared row
+    const bf16* act_shared = act + size_t(T) * k * I;
     for (int t = 0; t < T; ++t) {
         float acc = 0.f;
         for (int base = 0; base < items; base += 32 * DN_UNROLL) {
@@ -89,13 +110,18 @@ moe_down_gemv(const bf16* __restrict__ act, const bf16* __restrict__ down,
 #pragma unroll
             for (int u = 0; u < DN_UNROLL; ++u) {
                 const int item = base + u * 32 + lane;
-                if (item < items) {
+                if (item < routed_items) {
                     const int s = item / chunks, c = (item % chunks) * 8;
                     const int slot = t * k + s;
                     const int e = __ldg(ids + slot);
                     wt[u] = __ldg(weights + slot);
                     wv[u] = ldg_u4(down + (size_t(e) * H + r) * I + c);
                     av[u] = *reinterpret_cast<const uint4*>(act + size_t(slot) * I + c);
+                } else if (item < items) {
+                    const int c = (item - routed_items) * 8;
+                    wt[u] = shared.gate[t];
+                    wv[u] = ldg_u4(shared.down + size_t(r) * shared.inter + c);
+                    av[u] = *reinterpret_cast<const uint4*>(act_shared + size_t(t) * shared.inter + c);
                 }
             }
 #pragma unroll
@@ -117,20 +143,35 @@ void check_decode_dims(const char* op, int T, int k, int H, int I) {
                                     std::to_string(T));
 }
 
+// The launch-time view of the optional shared slot (all null when absent), checked once.
+MoeSharedSlot shared_slot(const char* op, const MoeSharedSlot* shared) {
+    if (!shared) return MoeSharedSlot{};
+    if (!shared->gate_up || !shared->down || !shared->w_gate || !shared->gate)
+        throw std::invalid_argument(std::string(op) + ": the shared slot needs gate_up, down, w_gate and gate");
+    moe_check_intermediate(op, shared->inter);
+    return *shared;
+}
+
 }  // namespace
 
 void moe_experts_gate_up(const bf16* h, const bf16* gate_up, const int32_t* ids, bf16* act, int T,
-                         int k, int H, int I, cudaStream_t stream) {
-    check_decode_dims("moe_experts_gate_up", T, k, H, I);
-    const dim3 grid(I / GU_ROWS_PER_BLOCK, T * k);
-    moe_gate_up_gemv<<<grid, GU_WARPS * 32, 0, stream>>>(h, gate_up, ids, act, k, H, I);
+                         int k, int H, int I, cudaStream_t stream, const MoeSharedSlot* shared) {
+    const char* op = "moe_experts_gate_up";
+    check_decode_dims(op, T, k, H, I);
+    const MoeSharedSlot sh = shared_slot(op, shared);
+    const int rows = sh.gate_up ? std::max(I, sh.inter) : I;
+    const dim3 grid(rows / GU_ROWS_PER_BLOCK, T * (sh.gate_up ? k + 1 : k));
+    launch_pdl(op, moe_gate_up_gemv, grid, GU_WARPS * 32, 0, stream, h, gate_up, ids, act, T, k, H, I, sh);
 }
 
 void moe_experts_down(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
-                      bf16* out, int T, int k, int H, int I, cudaStream_t stream) {
-    check_decode_dims("moe_experts_down", T, k, H, I);
-    moe_down_gemv<<<ceil_div(H, DN_WARPS), DN_WARPS * 32, 0, stream>>>(act, down, ids, weights, out,
-                                                                      T, k, H, I);
+                      bf16* out, int T, int k, int H, int I, cudaStream_t stream,
+                      const MoeSharedSlot* shared) {
+    const char* op = "moe_experts_down";
+    check_decode_dims(op, T, k, H, I);
+    const MoeSharedSlot sh = shared_slot(op, shared);
+    launch_pdl(op, moe_down_gemv, ceil_div(H, DN_WARPS), DN_WARPS * 32, 0, stream, act, down, ids, weights,
+               out, T, k, H, I, sh);
 }
 
 }  // namespace lampo

@@ -10,6 +10,7 @@
 // moe_grouped_gemm.cuh as one dense group. Top-k: one warp per token, each lane holding up to 16
 // logits in registers (E <= 512), k rounds of a warp arg-max.
 #include "common.cuh"
+#include "launch_utils.cuh"
 #include "gdn_moe_vec.cuh"
 #include "moe_common.h"
 #include "moe_grouped_gemm.cuh"
@@ -26,6 +27,7 @@ template <int TT>
 __global__ void __launch_bounds__(ROUTER_GEMV_WARPS * 32)
 router_logits_gemv(const bf16* __restrict__ h, const bf16* __restrict__ w, float* __restrict__ logits,
                    int H, int E) {
+    pdl_begin();
     const int e = blockIdx.x * ROUTER_GEMV_WARPS + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (e >= E) return;
@@ -60,6 +62,7 @@ router_logits_gemv(const bf16* __restrict__ h, const bf16* __restrict__ w, float
 __global__ void __launch_bounds__(TOPK_WARPS * 32)
 router_topk(const float* __restrict__ logits, int32_t* __restrict__ ids, float* __restrict__ weights,
             int T, int E, int k) {
+    pdl_begin();
     const int t = blockIdx.x * TOPK_WARPS + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
     if (t >= T) return;
@@ -119,15 +122,18 @@ void moe_router_topk(const bf16* h, const bf16* w_router, float* logits, int32_t
     if (T <= MOE_DECODE_MAX_T) {
         const dim3 grid(ceil_div(E, ROUTER_GEMV_WARPS));
         const int threads = ROUTER_GEMV_WARPS * 32;
+        auto launch = [&](auto kernel) {
+            launch_pdl("router_logits_gemv", kernel, grid, threads, 0, stream, h, w_router, logits, H, E);
+        };
         switch (T) {
-            case 1: router_logits_gemv<1><<<grid, threads, 0, stream>>>(h, w_router, logits, H, E); break;
-            case 2: router_logits_gemv<2><<<grid, threads, 0, stream>>>(h, w_router, logits, H, E); break;
-            case 3: router_logits_gemv<3><<<grid, threads, 0, stream>>>(h, w_router, logits, H, E); break;
-            case 4: router_logits_gemv<4><<<grid, threads, 0, stream>>>(h, w_router, logits, H, E); break;
-            case 5: router_logits_gemv<5><<<grid, threads, 0, stream>>>(h, w_router, logits, H, E); break;
-            case 6: router_logits_gemv<6><<<grid, threads, 0, stream>>>(h, w_router, logits, H, E); break;
-            case 7: router_logits_gemv<7><<<grid, threads, 0, stream>>>(h, w_router, logits, H, E); break;
-            default: router_logits_gemv<8><<<grid, threads, 0, stream>>>(h, w_router, logits, H, E); break;
+            case 1: launch(router_logits_gemv<1>); break;
+            case 2: launch(router_logits_gemv<2>); break;
+            case 3: launch(router_logits_gemv<3>); break;
+            case 4: launch(router_logits_gemv<4>); break;
+            case 5: launch(router_logits_gemv<5>); break;
+            case 6: launch(router_logits_gemv<6>); break;
+            case 7: launch(router_logits_gemv<7>); break;
+            default: launch(router_logits_gemv<8>); break;
         }
     } else {
         moe_gemm::Problem p{};
@@ -140,7 +146,8 @@ void moe_router_topk(const bf16* h, const bf16* w_router, float* logits, int32_t
         p.rows = T;
         moe_gemm::launch_grouped_gemm<moe_gemm::Epilogue::F32>(p, ceil_div(T, moe_gemm::BM), stream);
     }
-    router_topk<<<ceil_div(T, TOPK_WARPS), TOPK_WARPS * 32, 0, stream>>>(logits, ids, weights, T, E, k);
+    launch_pdl("router_topk", router_topk, ceil_div(T, TOPK_WARPS), TOPK_WARPS * 32, 0, stream, logits, ids,
+               weights, T, E, k);
 }
 
 }  // namespace lampo

@@ -2,6 +2,7 @@
 //   out[t] = bf16(routed[t] + sigmoid(h_t . w_gate) * shared[t])     all [T, H] bf16, w_gate [H]
 // One block per token: a block reduction for the scalar gate, then 16-byte elementwise work.
 #include "common.cuh"
+#include "launch_utils.cuh"
 #include "gdn_moe_vec.cuh"
 #include "moe_common.h"
 #include "ops.h"
@@ -15,6 +16,7 @@ __global__ void __launch_bounds__(SC_THREADS)
 moe_shared_combine_kernel(const bf16* __restrict__ routed, const bf16* __restrict__ shared,
                           const bf16* __restrict__ h, const bf16* __restrict__ w_gate,
                           bf16* __restrict__ out, int H) {
+    pdl_begin();
     __shared__ float part[SC_THREADS / 32];
     const size_t row = size_t(blockIdx.x) * H;
     float dot = 0.f;
@@ -42,7 +44,8 @@ moe_shared_combine_kernel(const bf16* __restrict__ routed, const bf16* __restric
 void moe_shared_combine(const bf16* routed, const bf16* shared, const bf16* h, const bf16* w_gate,
                         bf16* out, int T, int H, cudaStream_t stream) {
     moe_check_tokens("moe_shared_combine", T, 1, H);
-    moe_shared_combine_kernel<<<T, SC_THREADS, 0, stream>>>(routed, shared, h, w_gate, out, H);
+    launch_pdl("moe_shared_combine_kernel", moe_shared_combine_kernel, T, SC_THREADS, 0, stream, routed,
+               shared, h, w_gate, out, H);
 }
 
 }  // namespace lampo

@@ -13,6 +13,10 @@
 //   lengths, token ids) are read from DEVICE memory (pointers named d_*), so a captured graph
 //   replays correctly for every step.
 // - Launch errors are raised by the caller with LAMPO_CHECK_LAUNCH("op name") (common.cuh).
+// - The kernels of the decode path go out through launch_pdl (launch_utils.cuh, programmatic
+//   dependent launch on sm_90+) and begin with pdl_begin() (common.cuh): a kernel may start
+//   launching while its predecessor in the stream still runs, but waits for it before touching
+//   memory, so stream order keeps its usual meaning for every caller.
 #pragma once
 
 #include <cstddef>
@@ -135,12 +139,26 @@ void moe_router_topk(const bf16* h, const bf16* w_router, float* logits, int32_t
 //   act[t, s, :]  = silu(h_t @ Wg[e]^T) * (h_t @ Wu[e]^T), e = ids[t, s]
 //                   gate_up [E, 2I, H] bf16 (rows 0..I-1 gate, I..2I-1 up) -> act [T, k, I] bf16
 //   out[t, :]     = sum_s w[t, s] * (act[t, s] @ Wd[e]^T)   down [E, H, I] bf16 -> out [T, H] bf16
-// plus the shared expert, folded in by the caller through moe_shared_combine.
+// With `shared` (optional; nullptr: routed experts only, the caller adds the shared expert through
+// moe_shared_combine) the shared expert rides along as a (k+1)-th slot of both launches:
+//   gate_up also writes act_s[t, :] = silu(h_t @ Sg^T) * (h_t @ Su^T) at act + T*k*I (act is then
+//           [T, k, I] followed by [T, Is]) and shared->gate[t] = sigmoid(h_t . w_gate);
+//   down    adds shared->gate[t] * (act_s[t] @ Sd^T) to the same fp32 sum before the one rounding,
+//   so out = the whole MoE block (moe_shared_combine is not needed). Is a multiple of 64.
 constexpr int MOE_DECODE_MAX_T = 8;
+struct MoeSharedSlot {
+    const bf16* gate_up = nullptr;  // [2 Is, H] bf16 (rows 0..Is-1 gate, Is..2Is-1 up)
+    const bf16* down = nullptr;     // [H, Is] bf16
+    const bf16* w_gate = nullptr;   // [H] bf16
+    float* gate = nullptr;          // [T] fp32 scratch: written by gate_up, read by down
+    int inter = 0;                  // Is
+};
 void moe_experts_gate_up(const bf16* h, const bf16* gate_up, const int32_t* ids, bf16* act, int T,
-                         int k, int H, int I, cudaStream_t stream);
+                         int k, int H, int I, cudaStream_t stream,
+                         const MoeSharedSlot* shared = nullptr);
 void moe_experts_down(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
-                      bf16* out, int T, int k, int H, int I, cudaStream_t stream);
+                      bf16* out, int T, int k, int H, int I, cudaStream_t stream,
+                      const MoeSharedSlot* shared = nullptr);
 // Routed experts for a prefill chunk (T large): tokens grouped by expert, one grouped GEMM per
 // projection. workspace of moe_prefill_workspace_bytes(). Same function as the two above.
 size_t moe_prefill_workspace_bytes(int T, int k, int H, int I, int E);

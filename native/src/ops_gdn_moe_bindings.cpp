@@ -288,6 +288,53 @@ py::object prefill_op(const arr<uint16_t>& h, const arr<uint16_t>& gate_up, cons
         [&](py::list& out) { out.append(download<uint16_t>(d_out, {T, H})); }));
 }
 
+// Both decode launches with the shared expert as the (k+1)-th slot (MoeSharedSlot in ops.h).
+py::tuple experts_decode_shared_op(const arr<uint16_t>& h, const arr<uint16_t>& gate_up,
+                                   const arr<uint16_t>& down, const arr<int32_t>& ids,
+                                   const arr<float>& weights, const arr<uint16_t>& shared_gate_up,
+                                   const arr<uint16_t>& shared_down, const arr<uint16_t>& w_gate,
+                                   int repeat) {
+    const char* op = "moe_experts_decode_shared";
+    expect_ndim(op, "h", h, 2);
+    expect_ndim(op, "gate_up", gate_up, 3);
+    expect_ndim(op, "ids", ids, 2);
+    expect_ndim(op, "shared_down", shared_down, 2);
+    const int T = int(h.shape(0)), H = int(h.shape(1)), E = int(gate_up.shape(0));
+    const int I = int(gate_up.shape(1)) / 2, k = int(ids.shape(1)), Is = int(shared_down.shape(1));
+    expect_shape(op, "gate_up", gate_up, {E, 2 * I, H});
+    expect_shape(op, "down", down, {E, H, I});
+    expect_shape(op, "ids", ids, {T, k});
+    expect_shape(op, "weights", weights, {T, k});
+    expect_shape(op, "shared_gate_up", shared_gate_up, {2 * Is, H});
+    expect_shape(op, "shared_down", shared_down, {H, Is});
+    if (w_gate.size() != H)
+        throw std::invalid_argument(std::string(op) + ": w_gate must hold H = " + std::to_string(H) +
+                                    " values ([H] or [1, H]), got shape " + shape_str(shape_of(w_gate)));
+    expect_ids_below(op, ids, E);
+    DeviceBuffer d_h = upload(h), d_gu = upload(gate_up), d_dn = upload(down), d_ids = upload(ids);
+    DeviceBuffer d_wt = upload(weights), d_sgu = upload(shared_gate_up), d_sdn = upload(shared_down);
+    DeviceBuffer d_wg = upload(w_gate), d_gate = poisoned(size_t(T) * 4);
+    DeviceBuffer act = poisoned((size_t(T) * k * I + size_t(T) * Is) * 2), d_out = poisoned(size_t(T) * H * 2);
+    MoeSharedSlot shared;
+    shared.gate_up = d_sgu.as<bf16>();
+    shared.down = d_sdn.as<bf16>();
+    shared.w_gate = d_wg.as<bf16>();
+    shared.gate = d_gate.as<float>();
+    shared.inter = Is;
+    return run_op(
+        op, repeat,
+        [&] {
+            moe_experts_gate_up(d_h.as<bf16>(), d_gu.as<bf16>(), d_ids.as<int32_t>(), act.as<bf16>(), T, k, H,
+                                I, 0, &shared);
+            moe_experts_down(act.as<bf16>(), d_dn.as<bf16>(), d_ids.as<int32_t>(), d_wt.as<float>(),
+                             d_out.as<bf16>(), T, k, H, I, 0, &shared);
+        },
+        [&](py::list& out) {
+            out.append(download<uint16_t>(d_out, {T, H}));
+            out.append(download<float>(d_gate, {T}));
+        });
+}
+
 py::object shared_combine_op(const arr<uint16_t>& routed, const arr<uint16_t>& shared,
                              const arr<uint16_t>& h, const arr<uint16_t>& w_gate, int repeat) {
     const char* op = "moe_shared_combine";
@@ -334,6 +381,11 @@ void register_gdn_moe_ops(py::module_& ops) {
     ops.def("moe_experts_prefill", &prefill_op, arg("h"), arg("gate_up"), arg("down"), arg("ids"),
             arg("weights"), arg("repeat") = 0,
             "h [T,H], gate_up [E,2I,H], down [E,H,I] (bf16 bits), ids, weights [T,k] -> out [T,H]");
+    ops.def("moe_experts_decode_shared", &experts_decode_shared_op, arg("h"), arg("gate_up"), arg("down"),
+            arg("ids"), arg("weights"), arg("shared_gate_up"), arg("shared_down"), arg("w_gate"),
+            arg("repeat") = 0,
+            "h [T,H], gate_up [E,2I,H], down [E,H,I], shared_gate_up [2Is,H], shared_down [H,Is], w_gate [H] "
+            "(bf16 bits), ids, weights [T,k] -> (out [T,H] = routed + sigmoid(h.w_gate) * shared, gate [T])");
     ops.def("moe_shared_combine", &shared_combine_op, arg("routed"), arg("shared"), arg("h"),
             arg("w_gate"), arg("repeat") = 0,
             "routed, shared, h [T,H], w_gate [H] (bf16 bits) -> routed + sigmoid(h.w_gate) * shared");

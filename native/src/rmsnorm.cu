@@ -49,6 +49,7 @@ template <bool ADD>
 __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(float* __restrict__ x, const bf16* __restrict__ delta,
                                                                const bf16* __restrict__ w, bf16* __restrict__ y,
                                                                int n, float eps) {
+    pdl_begin();
     float4* row = reinterpret_cast<float4*>(x + size_t(blockIdx.x) * n);
     const int n4 = n / 4;
     float ss = 0.0f;
@@ -72,6 +73,7 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(float* __restrict
 }
 
 __global__ void residual_add_kernel(float* __restrict__ residual, const bf16* __restrict__ delta, size_t n4) {
+    pdl_begin();
     for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
         float4 v = reinterpret_cast<float4*>(residual)[i];
         const float4 d = load_bf16x4(delta + 4 * i);
@@ -89,14 +91,16 @@ void check_width(const char* op, int n) {
 void rmsnorm(const float* x, const bf16* w, bf16* y, int rows, int n, float eps, cudaStream_t stream) {
     check_width("rmsnorm", n);
     if (rows <= 0) return;
-    rmsnorm_kernel<false><<<rows, NORM_THREADS, 0, stream>>>(const_cast<float*>(x), nullptr, w, y, n, eps);
+    launch_pdl("rmsnorm_kernel", rmsnorm_kernel<false>, rows, NORM_THREADS, 0, stream,
+               const_cast<float*>(x), nullptr, w, y, n, eps);
 }
 
 void add_rmsnorm(float* residual, const bf16* delta, const bf16* w, bf16* y, int rows, int n, float eps,
                  cudaStream_t stream) {
     check_width("add_rmsnorm", n);
     if (rows <= 0) return;
-    rmsnorm_kernel<true><<<rows, NORM_THREADS, 0, stream>>>(residual, delta, w, y, n, eps);
+    launch_pdl("rmsnorm_kernel", rmsnorm_kernel<true>, rows, NORM_THREADS, 0, stream, residual, delta, w,
+               y, n, eps);
 }
 
 void residual_add(float* residual, const bf16* delta, int rows, int n, cudaStream_t stream) {
@@ -104,7 +108,7 @@ void residual_add(float* residual, const bf16* delta, int rows, int n, cudaStrea
     if (rows <= 0) return;
     const size_t n4 = size_t(rows) * n / 4;
     const int blocks = int(std::min<size_t>((n4 + 255) / 256, 4096));
-    residual_add_kernel<<<blocks, 256, 0, stream>>>(residual, delta, n4);
+    launch_pdl("residual_add_kernel", residual_add_kernel, blocks, 256, 0, stream, residual, delta, n4);
 }
 
 }  // namespace lampo

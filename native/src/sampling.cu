@@ -165,6 +165,7 @@ __device__ void block_compact(const uint32_t* keys, int n, Threshold th, Emit em
 __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_select_kernel(const float* __restrict__ logits, int V, int v_real, const uint8_t* __restrict__ seen,
                      float penalty, int k, Scratch out) {
+    pdl_begin();
     extern __shared__ uint32_t keys[];
     __shared__ int valid_count;
     const int slice = (V + gridDim.x - 1) / gridDim.x;
@@ -209,6 +210,7 @@ struct FinishConfig {
 __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_finish_kernel(const Scratch cand, FinishConfig cfg, uint8_t* __restrict__ seen, int32_t* __restrict__ d_step,
                      int32_t* __restrict__ d_out) {
+    pdl_begin();
     extern __shared__ uint32_t keys[];  // all candidates, in id order
     __shared__ int offset[SAMPLE_BLOCKS + 1];
     __shared__ float sel_val[SAMPLE_MAX_K], sel_p[SAMPLE_MAX_K];
@@ -295,6 +297,7 @@ sample_finish_kernel(const Scratch cand, FinishConfig cfg, uint8_t* __restrict__
 
 __global__ void __launch_bounds__(1024)
 argmax_rows_kernel(const float* __restrict__ logits, int V, int v_real, int32_t* __restrict__ d_out) {
+    pdl_begin();
     __shared__ float best_v[32];
     __shared__ int best_i[32];
     const float4* row = reinterpret_cast<const float4*>(logits + size_t(blockIdx.x) * V);
@@ -353,18 +356,19 @@ void sample_token(const float* logits, int V, int v_real, const SamplingConfig& 
     fin.seed = cfg.seed;
     const Scratch s = scratch_layout(scratch);
     allow_dynamic_smem(sample_select_kernel, select_smem_bytes(V), op);
-    sample_select_kernel<<<SAMPLE_BLOCKS, SAMPLE_THREADS, select_smem_bytes(V), stream>>>(
-        logits, V, v_real, seen, cfg.presence_penalty, fin.k, s);
+    launch_pdl("sample_select_kernel", sample_select_kernel, SAMPLE_BLOCKS, SAMPLE_THREADS,
+               select_smem_bytes(V), stream, logits, V, v_real, seen, cfg.presence_penalty, fin.k, s);
     LAMPO_CHECK_LAUNCH(op);
     allow_dynamic_smem(sample_finish_kernel, FINISH_SMEM, op);
-    sample_finish_kernel<<<1, SAMPLE_THREADS, FINISH_SMEM, stream>>>(s, fin, seen, d_step, d_out);
+    launch_pdl("sample_finish_kernel", sample_finish_kernel, 1, SAMPLE_THREADS, FINISH_SMEM, stream, s,
+               fin, seen, d_step, d_out);
 }
 
 void argmax_rows(const float* logits, int T, int V, int v_real, int32_t* d_out, cudaStream_t stream) {
     require(V > 0 && V % 4 == 0, "argmax_rows", "V must be a positive multiple of 4, got " + std::to_string(V));
     require(v_real > 0 && v_real <= V, "argmax_rows", "need 0 < v_real <= V");
     if (T <= 0) return;
-    argmax_rows_kernel<<<T, 1024, 0, stream>>>(logits, V, v_real, d_out);
+    launch_pdl("argmax_rows_kernel", argmax_rows_kernel, T, 1024, 0, stream, logits, V, v_real, d_out);
 }
 
 }  // namespace lampo

@@ -274,6 +274,22 @@ def test_router_and_experts_match_moe_block(ops):
     assert_bf16_close(out, want, "moe block")
 
 
+@pytest.mark.parametrize("T,H,I,E,k,Is", [(1, 2048, 512, 32, 8, 512), (3, 256, 128, 8, 2, 64), (8, 256, 64, 8, 2, 192)])
+def test_experts_decode_with_shared_slot_match_moe_block(ops, T, H, I, E, k, Is):
+    """The shared expert as the (k+1)-th slot of the decode launches gives the whole moe_block."""
+    rng = np.random.default_rng(T + Is)
+    gate_up, down = expert_weights(rng, E, H, I)
+    h, w_router = separated_router_inputs(rng, T, H, E, k)
+    sg, su, sd = bf16_normal(rng, (Is, H), H**-0.5), bf16_normal(rng, (Is, H), H**-0.5), bf16_normal(rng, (H, Is), Is**-0.5)
+    w_gate = bf16_normal(rng, (1, H), H**-0.5)
+    ids, weights, _ = ops.moe_router_topk(h, w_router, k)
+    out, gate = ops.moe_experts_decode_shared(h, gate_up, down, ids, weights, np.concatenate([sg, su]), sd, w_gate)
+    np.testing.assert_allclose(gate, 1.0 / (1.0 + np.exp(-(from_bf16(h) @ from_bf16(w_gate)[0]))), rtol=1e-5, atol=1e-6)
+    want = ffn.moe_block(from_bf16(h), from_bf16(w_router), from_bf16(gate_up), from_bf16(down), from_bf16(w_gate),
+                         from_bf16(sg), from_bf16(su), from_bf16(sd), k)
+    assert_bf16_close(out, want, "decode moe block with shared slot")
+
+
 @pytest.mark.parametrize("T,H,I,E,k,skew", [(300, 128, 64, 8, 2, False), (333, 256, 128, 32, 4, True), (300, 2048, 512, 16, 8, False)])
 def test_experts_prefill_matches_reference_and_decode(ops, T, H, I, E, k, skew):
     rng = np.random.default_rng(T + E + k)
@@ -349,6 +365,11 @@ def test_timings_35b_dims(ops):
         TIMINGS.append(
             f"experts T={T} ({n_exp} experts): gate_up {ms_gu * 1e3:.1f} us ({n_exp * 2 * I * H * 2 / ms_gu / 1e6:.0f} GB/s),"
             f" down {ms_dn * 1e3:.1f} us ({n_exp * H * I * 2 / ms_dn / 1e6:.0f} GB/s)")
+    h = bf16_normal(rng, (1, H))
+    ids, w = random_routes(rng, 1, E, k)
+    s_gu, s_dn, s_g = bf16_normal(rng, (2 * I, H), H**-0.5), bf16_normal(rng, (H, I), I**-0.5), bf16_normal(rng, (H,))
+    ms = ops.moe_experts_decode_shared(h, gate_up, down, ids, w, s_gu, s_dn, s_g, repeat=rep)[-1]
+    TIMINGS.append(f"experts + shared slot T=1 (2 launches): {ms * 1e3:.1f} us ({(k + 1) * 3 * I * H * 2 / ms / 1e6:.0f} GB/s)")
     for T in (2048, 8192):
         h = bf16_normal(rng, (T, H))
         ids, w = random_routes(rng, T, E, k)
