@@ -86,6 +86,9 @@ def _bad(key: str, value: Any, allowed: str) -> SettingsError:
     return SettingsError(f"{key} = {value!r} is invalid: expected {allowed}")
 
 
+_KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
 def _get(table: Mapping[str, Any], prefix: str, key: str, kind: type, default: Any) -> Any:
     if key not in table:
         return default
@@ -94,7 +97,7 @@ def _get(table: Mapping[str, Any], prefix: str, key: str, kind: type, default: A
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-        raise _bad(name, value, f"a {kind.__name__}")
+        raise _bad(name, value, _KIND_NAMES[kind])
     if kind is float and not math.isfinite(value):
         raise _bad(name, value, "a finite number")
     return value

@@ -1,0 +1,204 @@
+"""Plain REPL and pipe mode: in-process on the ScriptedBackend, and end to end through
+`python -m lampo chat` in a subprocess (pipe) and a pseudo-terminal (plain REPL) on the demo."""
+
+import io
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import real_tokenizer, seed_lampo_home
+from helpers.scripted_backend import ScriptedBackend
+
+from lampo.chat_session import ChatSession
+from lampo.plain import EXIT_OK, EXIT_OVERFLOW, EXIT_USAGE, PlainRepl, run_pipe
+from lampo.store import Store
+
+ANSWER = ["<think>", "\n", "pondering", "</think>", "\n\n", "Four", "."]
+
+
+@pytest.fixture
+def session(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAMPO_HOME", str(tmp_path))
+    store = Store(tmp_path / "db.sqlite3")
+    s = ChatSession(ScriptedBackend([ANSWER], context_max=200), real_tokenizer(), store)
+    yield s
+    store.close()
+
+
+def test_pipe_prints_only_the_answer_and_stats_to_stderr(session):
+    out, err = io.StringIO(), io.StringIO()
+    assert run_pipe(session, "What is 2+2?\n", out, err) == EXIT_OK
+    assert out.getvalue() == "Four.\n"
+    assert "decode" in err.getvalue() and "ctx" in err.getvalue() and "pondering" not in err.getvalue()
+    assert session.turns[-1].content == "Four."
+
+
+def test_pipe_refuses_overflow_and_empty_input(session):
+    out, err = io.StringIO(), io.StringIO()
+    assert run_pipe(session, "word " * 500, out, err) == EXIT_OVERFLOW
+    assert "too many" in err.getvalue() and "nothing was truncated" in err.getvalue() and out.getvalue() == ""
+    assert run_pipe(session, " \n", out, err) == EXIT_USAGE and "nothing on stdin" in err.getvalue()
+
+
+def test_pipe_warns_when_the_reply_never_left_thinking(session):
+    session.backend = ScriptedBackend([["<think>", "\n", "still"]])
+    out, err = io.StringIO(), io.StringIO()
+    assert run_pipe(session, "q", out, err) == EXIT_OK
+    assert out.getvalue() == "\n" and "still thinking" in err.getvalue()
+
+
+def test_repl_commands(session, tmp_path):
+    out = io.StringIO()
+    repl = PlainRepl(session, out)
+    doc = tmp_path / "notes.txt"
+    doc.write_text("alpha beta")
+    for line in ["/set temperature 0.25", "/set top_k 3", "/set top_k many", "/set colour 1",
+                 "/think off", "/think maybe", "/system Be terse.", f"/attach {doc}",
+                 "/attach /no/such/file", "/frobnicate"]:
+        assert repl.command(line)
+    assert session.sampling.temperature == 0.25 and session.sampling.top_k == 3
+    assert not session.thinking and session.system_prompt == "Be terse."
+    assert [a.name for a in repl.pending] == ["notes.txt"]
+    text = out.getvalue()
+    for expected in ["temperature = 0.25", "top_k", "int", "unknown setting colour", "usage: /think on|off",
+                     "📎 notes.txt (", "No such file", "Unknown command /frobnicate"]:
+        assert expected in text, expected
+    repl.send("summarise")
+    assert repl.pending == [] and session.turns[0].attachments[0].name == "notes.txt"
+    assert "decode" in out.getvalue()  # the footer
+    assert repl.command("/chats") and "summarise" in out.getvalue()
+    assert repl.command(f"/save {tmp_path / 'out.md'}") and "Four." in (tmp_path / "out.md").read_text()
+    assert repl.command("/rename Notes") and session.title == "Notes"
+    assert repl.command("/regen") and repl.command("/edit summarise again")
+    assert session.turns[-2].content == "summarise again"
+    assert repl.command("/new") and session.chat_id is None
+    assert not repl.command("/quit")
+
+
+def test_repl_keeps_the_draft_on_overflow(session):
+    repl = PlainRepl(session, io.StringIO())
+    repl.send("word " * 500)
+    assert repl.draft.startswith("word") and session.turns == []
+
+
+# ---- end to end --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def lampo_home(tmp_path_factory):
+    """A LAMPO_HOME with short greedy replies configured; the demo is created by the first run."""
+    home = seed_lampo_home(tmp_path_factory.mktemp("home"))
+    (home / "config").mkdir()
+    (home / "config" / "config.toml").write_text("[sampling]\ntemperature = 0.0\nmax_tokens = 6\n")
+    return home
+
+
+def lampo_env(home):
+    return {**os.environ, "LAMPO_HOME": str(home), "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm",
+            "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+
+
+LAMPO = [sys.executable, "-m", "lampo", "chat", "--backend", "reference"]
+
+
+@pytest.mark.slow
+def test_pipe_end_to_end(lampo_home):
+    r = subprocess.run([*LAMPO, "--no-think"], input="Say hi.", capture_output=True, text=True,
+                       env=lampo_env(lampo_home), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and r.stdout.endswith("\n")
+    assert "6 tokens" in r.stderr and "length limit" in r.stderr
+    over = subprocess.run([*LAMPO, "--context", "256"], input="word " * 400, capture_output=True,
+                          text=True, env=lampo_env(lampo_home), timeout=300)
+    assert over.returncode == EXIT_OVERFLOW and "too many" in over.stderr and over.stdout == ""
+
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>]|[\r\x08]")
+
+
+class Terminal:
+    """A child process on a pseudo-terminal (its controlling tty, so Ctrl-C is a real SIGINT)."""
+
+    def __init__(self, argv, env):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            os.execvpe(argv[0], argv, env)
+        self.seen = ""
+
+    def expect(self, pattern, timeout=120.0):
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, ANSI.sub("", self.seen)):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"timed out waiting for {pattern!r}; screen:\n{ANSI.sub('', self.seen)[-2000:]}")
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if ready:
+                try:
+                    self.seen += os.read(self.fd, 65536).decode("utf-8", "replace")
+                except OSError:  # the child closed the terminal
+                    raise AssertionError(f"exited while waiting for {pattern!r}:\n{ANSI.sub('', self.seen)[-2000:]}")
+        screen, self.seen = ANSI.sub("", self.seen), ""
+        return screen
+
+    def send(self, text):
+        os.write(self.fd, text.encode())
+
+    def wait(self, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.pid = None
+                os.close(self.fd)
+                return os.waitstatus_to_exitcode(status)
+            try:
+                select.select([self.fd], [], [], 0.1) and os.read(self.fd, 65536)
+            except OSError:
+                pass
+        raise AssertionError("the REPL did not exit")
+
+    def kill(self):
+        """End the child if it is still running (after a failed test)."""
+        if self.pid is not None:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            os.close(self.fd)
+
+
+@pytest.mark.slow
+def test_plain_repl_end_to_end_on_a_terminal(lampo_home):
+    term = Terminal([*LAMPO, "--plain"], lampo_env(lampo_home))
+    prompt = r"(.|\n)*\n> ?$"  # typing before the prompt is back would go through the cooked tty
+    try:
+        assert "DEMO" in term.expect(r"Ctrl-D quits" + prompt)
+        term.send("/help\r")
+        term.expect(r"Commands:(.|\n)*/quit" + prompt)
+        term.send("/think off\r")
+        term.expect(r"Thinking off\." + prompt)
+        term.send("Hello there\x1b\r")  # Esc Enter: a newline, not a send
+        time.sleep(0.5)
+        term.send("second line\r")
+        term.expect(r"6 tokens · ctx .*length limit" + prompt)
+        term.send("/set max_tokens 2000\r")
+        term.expect(r"max_tokens = 2000" + prompt)
+        term.send("Tell me more\r")
+        time.sleep(2.0)  # the reply (2,000 tokens, 20+ s) is streaming
+        term.send("\x03")  # Ctrl-C stops the reply, keeps it, and returns to the prompt
+        term.expect(r"\[stopped - the partial reply is kept\](.|\n)*stopped" + prompt)
+        term.send("/chats\r")
+        term.expect(r"\*\s+\d+\s+Hello there second line" + prompt)
+        term.send("/quit\r")
+        assert term.wait() == 0
+    finally:
+        term.kill()
+    db = Store(lampo_home / "data" / "lampo.sqlite3")
+    chat = db.list_chats()[0]
+    turns = db.branch(chat.id, None)
+    assert [t.content for t in turns if t.role == "user"] == ["Hello there\nsecond line", "Tell me more"]
+    assert turns[-1].role == "assistant" and turns[-1].stopped
+    db.close()
+    assert (lampo_home / "data" / "plain_history").read_text().count("+Hello there") == 1
