@@ -5,9 +5,11 @@
 // with 16-byte cp.async into a 4-stage ring and read with ldmatrix.x4; each 64-byte smem row stores
 // its 16-byte chunk ch at ch ^ ((row / 2) % 4), which makes the ldmatrix reads bank-conflict free.
 // Out-of-range rows and k-chunks are zero-filled, out-of-range outputs not stored. BN = 128 is used
-// when the 256-wide grid would not fill the GPU once.
+// when the 256-wide grid would not fill the GPU once. This is the portable (sm_80+) path; on a 9.0
+// device with the sm_90a code compiled in, gemm_bf16 hands the product to gemm_sm90.cu instead.
 #include <type_traits>
 
+#include "gemm_sm90.cuh"
 #include "launch_utils.cuh"
 #include "matmul.cuh"
 #include "mma_sync.cuh"
@@ -136,6 +138,9 @@ void gemm_bf16(const bf16* W, const bf16* x, OutT* y, int T, int out, int in, cu
     require(out > 0 && out % 8 == 0, "gemm", "out must be a positive multiple of 8, got " + std::to_string(out));
     require(T <= 65535 * BM, "gemm", "T too large: " + std::to_string(T));
     if (T <= 0) return;
+#if defined(LAMPO_GEMM_SM90A)
+    if (gemm_sm90_usable(W, x)) return gemm_bf16_sm90(W, x, y, T, out, in, stream);
+#endif
     const long wide_blocks = long(ceil_div(out, 256)) * ceil_div(T, BM);
     if (wide_blocks >= sm_count()) launch_gemm<256>(W, x, y, T, out, in, stream);
     else launch_gemm<128>(W, x, y, T, out, in, stream);

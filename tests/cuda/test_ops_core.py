@@ -247,7 +247,12 @@ def test_gemv(ops, T, out, inn):
         (2050, 4104, 264),  # >= one wave of 128 x 256 tiles (the wide kernel), tails in every dim
     ],
 )
-def test_gemm(ops, T, out, inn):
+@pytest.mark.parametrize("portable", [False, True], ids=["default", "portable"])
+def test_gemm(ops, monkeypatch, T, out, inn, portable):
+    # default: the sm_90a wgmma kernel where it is compiled in and the GPU is 9.0, else mma.sync;
+    # LAMPO_GEMM_PORTABLE=1 forces the mma.sync kernel so both paths stay verified on an H200.
+    if portable:
+        monkeypatch.setenv("LAMPO_GEMM_PORTABLE", "1")
     check_matmul(ops.gemm, T, out, inn, "gemm")
 
 
@@ -360,7 +365,7 @@ def test_argmax_rows(ops):
 # ---- timings (printed, not asserted) ------------------------------------------------------------------
 
 
-def test_zz_timings(ops):
+def test_zz_timings(ops, monkeypatch):
     lines, errors = [], []
 
     def bench(label, fn, fmt):
@@ -372,9 +377,12 @@ def test_zz_timings(ops):
     for out, inn, T in ((8192, 2048, 1), (8192, 2048, 8), (248_320, 2048, 1), (34_816, 5120, 1), (5120, 17_408, 4)):
         bench(f"GEMV  [{out},{inn}] T={T}", lambda: ops.bench_linear(out, inn, T, 50, out == 248_320),
               lambda r: f"{r['us']:8.1f} us  {r['GBps']:7.0f} GB/s")
-    for T, out, inn in ((8192, 8192, 2048), (8192, 34_816, 5120), (1024, 2048, 4096)):
-        bench(f"GEMM  {T} x [{out},{inn}]", lambda: ops.bench_linear(out, inn, T, 10),
-              lambda r: f"{r['us']:9.1f} us  {r['TFLOPs']:6.1f} TFLOP/s")
+    for path in ("default", "portable"):
+        monkeypatch.setenv("LAMPO_GEMM_PORTABLE", "1" if path == "portable" else "0")
+        for T, out, inn in ((8192, 8192, 2048), (8192, 34_816, 5120), (8192, 5120, 17_408), (1024, 2048, 4096),
+                            (4096, 34_816, 5120)):
+            bench(f"GEMM  {T} x [{out},{inn}] {path}", lambda: ops.bench_linear(out, inn, T, 10),
+                  lambda r: f"{r['us']:9.1f} us  {r['TFLOPs']:6.1f} TFLOP/s")
     for nq, nkv, L, Tq in ((16, 2, 65_536, 1), (16, 2, 262_144, 1), (24, 4, 262_144, 1), (16, 2, 262_144, 4),
                            (16, 2, 4096, 1)):
         bench(f"decode attn nq={nq} nkv={nkv} L={L} Tq={Tq}", lambda: ops.bench_attn_decode(nq, nkv, L, Tq, 50),
