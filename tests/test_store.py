@@ -90,12 +90,12 @@ def test_writes_are_visible_to_another_connection_at_once(store):
 @pytest.mark.parametrize("damage", [
     b"this is not a database at all" * 100,
     None,  # a real database with a page overwritten
-])
+], ids=["not-sqlite", "overwritten-pages"])
 def test_damaged_file_is_moved_aside_never_wiped(tmp_path, damage):
     path = tmp_path / "lampo.sqlite3"
     s = Store(path)
     c = s.create_chat("precious", "", GREEDY, True)
-    for i in range(300):
+    for i in range(100):
         s.add_message(c, None, "user", f"message {i} " * 20)
     s.close()
     conn = sqlite3.connect(path)

@@ -22,7 +22,7 @@ import threading
 from dataclasses import asdict
 from typing import Iterator, Sequence
 
-from lampo.attachments import Attachment, TokenCounter, user_content
+from lampo.attachments import Attachment, user_content
 from lampo.backend import Backend, ContextOverflow, Done, Event, GenerationRequest, Stats, TokenEvent
 from lampo.models.chat_format import Message, Prompt, build_prompt, render, split_reasoning
 from lampo.models.sampling_params import SamplingParams
