@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from lampo.backend import Backend
+from lampo.demo import DEMO_MAX_TOKENS, demo_dir, ensure_demo_checkpoint, is_demo_checkpoint
 
 EXIT_FAILURE = 1
 
@@ -23,8 +25,6 @@ def _say(text: str) -> None:
 def _model_dir(args: argparse.Namespace, settings) -> Path:
     if args.model or settings.model_dir:
         return Path(args.model or settings.model_dir).expanduser()
-    from lampo.demo import demo_dir, ensure_demo_checkpoint, is_demo_checkpoint
-
     if not is_demo_checkpoint(demo_dir()):
         _say(f"no model configured: creating the random-weight demo checkpoint in {demo_dir()} (once)")
     return ensure_demo_checkpoint()
@@ -43,7 +43,7 @@ def _backend(kind: str, model_dir: Path, context: int) -> tuple[Backend, object]
         except EngineUnavailable as e:
             if kind == "cuda":
                 raise
-            _say(f"{e}; using the reference backend (numpy on the CPU)")
+            _say(f"{e} (falling back to it: numpy on the CPU)")
         else:
             return CudaBackend(model_dir, context_max=context, native=native, tokenizer=tokenizer), tokenizer
     from lampo.reference_backend import ReferenceBackend
@@ -75,7 +75,11 @@ def run_chat(args: argparse.Namespace) -> int:
         _say(str(e))
         backend.close()
         return EXIT_FAILURE
-    session = ChatSession(backend, tokenizer, store, sampling=settings.sampling,
+    sampling = settings.sampling
+    if backend.info.is_demo and sampling.max_tokens > DEMO_MAX_TOKENS:
+        sampling = replace(sampling, max_tokens=DEMO_MAX_TOKENS)
+        _say(f"demo checkpoint: replies are capped at {DEMO_MAX_TOKENS} tokens")
+    session = ChatSession(backend, tokenizer, store, sampling=sampling,
                           thinking=settings.thinking and not getattr(args, "no_think", False))
     try:
         if not sys.stdin.isatty():

@@ -19,6 +19,9 @@ DEMO_DIR_NAME = "demo-qwen3.6-tiny"
 DEMO_PRESET = "tiny-moe"
 DEMO_SEED = 20260101
 MARKER = "LAMPO_DEMO"
+# Random weights rarely sample a stop token, so demo replies are capped (said at start-up;
+# /set max_tokens still overrides it per chat).
+DEMO_MAX_TOKENS = 256
 MARKER_TEXT = (f"Lampo demo checkpoint: preset {DEMO_PRESET}, seed {DEMO_SEED}, RANDOM weights "
                "(the replies are gibberish). Safe to delete; Lampo recreates it.\n")
 
