@@ -2,8 +2,10 @@
 
 Each `generate` call streams `n_tokens` tokens cut from a Markdown document (paragraphs, a list,
 a code fence; optionally a thinking part closed by `</think>` first), one `TokenEvent` and one
-`Stats` per token (the densest event stream a real backend produces), with no delay. Speed is
-whatever the consumer sustains; `emitted` counts tokens handed out, `text` is the full reply.
+`Stats` per token (the densest event stream a real backend produces). With no
+`tokens_per_second` there is no delay: the speed is whatever the consumer sustains; with one,
+token i is not handed out before i / tokens_per_second seconds. `emitted` counts tokens handed
+out, `text` is the reply so far.
 """
 
 from __future__ import annotations
@@ -14,13 +16,27 @@ from typing import Iterator
 
 from lampo.backend import BackendInfo, Done, Event, GenerationRequest, Stats, TokenEvent
 
-_REASONING = "The user wants a demonstration. I will write some prose, a list and code. "
+_REASONING = ("The user wants a demonstration, so I will explain the idea in prose first, then give a short "
+              "list of points and a code example, and keep the tone practical. ")
+# One cycle (~1,600 characters, ~400 tokens) of what a chat model writes: a heading, prose, a list,
+# a code fence. Cut into 4-character tokens it is denser in Markdown blocks than typical replies.
 _DOCUMENT = (
-    "Streaming **Markdown** at a high rate keeps the transcript busy: every frame appends a "
-    "fragment and only the last block is parsed again.\n\n"
-    "- one item with `inline code`\n- another item\n- a third, *emphasised*\n\n"
-    "```python\ndef fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n"
-    "    return a\n```\n\n"
+    "## Streaming a reply\n\n"
+    "Streaming **Markdown** at a high rate keeps the transcript busy: every frame appends the "
+    "text that arrived since the last one, and only the last top-level block is parsed again. "
+    "Older blocks are frozen, so a long answer costs no more per frame than a short one.\n\n"
+    "The engine does not wait for the screen either. Tokens are handed over through a small "
+    "feed that the interface reads once a frame, so a burst of tokens is one update, not many. "
+    "When the user scrolls away, the view stops following and nothing jumps.\n\n"
+    "- tokens are batched per frame, at most thirty times a second\n"
+    "- finished blocks are never parsed again while the reply grows\n"
+    "- blocks far from the view give their widgets back until needed\n"
+    "- the final text is rendered once in full when the reply ends\n\n"
+    "```python\ndef fibonacci(n: int) -> list[int]:\n    \"\"\"The first n Fibonacci numbers.\"\"\"\n"
+    "    numbers = [0, 1]\n    while len(numbers) < n:\n        numbers.append(numbers[-1] + numbers[-2])\n"
+    "    return numbers[:n]\n```\n\n"
+    "That function is short on purpose: the point is how the text around it is shown, `inline code` "
+    "included, while the next paragraph is still arriving from the engine.\n\n"
 )
 
 
@@ -34,10 +50,14 @@ def _tokens(text: str, n: int) -> list[str]:
 
 
 class FloodBackend:
-    def __init__(self, n_tokens: int = 20_000, *, thinking_tokens: int = 0, context_max: int = 262_144):
+    def __init__(self, n_tokens: int = 20_000, *, thinking_tokens: int = 0, context_max: int = 262_144,
+                 tokens_per_second: float | None = None):
         if n_tokens < 1:
             raise ValueError(f"FloodBackend needs n_tokens >= 1 (got {n_tokens})")
+        if tokens_per_second is not None and tokens_per_second <= 0:
+            raise ValueError(f"tokens_per_second must be positive (got {tokens_per_second})")
         self.n_tokens, self.thinking_tokens = n_tokens, thinking_tokens
+        self.tokens_per_second = tokens_per_second
         self._info = BackendInfo("flood", "flood", "", context_max)
         self.emitted = 0
         self._pieces: list[str] = []
@@ -68,6 +88,10 @@ class FloodBackend:
         stats = Stats(prompt_n=prompt_n, prompt_ms=1.0, context_used=prompt_n, context_max=self._info.context_max)
         yield stats
         for i, piece in enumerate(pieces):
+            if self.tokens_per_second is not None:
+                wait = t0 + i / self.tokens_per_second - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
             if cancel.is_set():
                 yield Done("cancelled", stats)
                 return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import real_tokenizer
+from tui_helpers import FIXED_WALL_CLOCK
 
 from lampo import paths
 from lampo.chat_session import ChatSession
@@ -16,7 +17,6 @@ from lampo.settings import load_settings
 from lampo.store import Store
 from lampo.tui.app import LampoApp
 
-FIXED_WALL_CLOCK = 1_780_000_000.0  # epoch seconds shown as "now" in the chat list
 
 
 @pytest.fixture
@@ -44,3 +44,9 @@ def make_app(lampo_home, tmp_path):
     for store in stores:
         store.close()
 
+
+
+def pytest_collect_file(file_path, parent):
+    """bench_ui.py is a script with CPU tests inside (its own name says what it is): collect it."""
+    if file_path.name == "bench_ui.py":
+        return pytest.Module.from_parent(parent, path=file_path)

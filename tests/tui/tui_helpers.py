@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+FIXED_WALL_CLOCK = 1_780_000_000.0  # epoch seconds the tests' apps take as "now"
+
 
 async def wait_until(pilot, condition, timeout: float = 10.0, what: str = "condition") -> None:
     """Let the app run until `condition()` holds; fail after `timeout` seconds."""
@@ -62,3 +64,53 @@ class GatedBackend:
                 yield event
 
         return gated()
+
+
+class SteadyClockBackend:
+    """Wraps a backend and rewrites every `Stats` as if prefill ran at 2,000 tok/s and decode at
+    125 tok/s (with speculation and VRAM figures when asked), so screenshots never show the
+    speed of the machine that ran the test."""
+
+    def __init__(self, inner, *, speculative: bool = False, vram: tuple[int, int] = (0, 0)):
+        import dataclasses
+
+        self.inner, self.speculative, self.vram = inner, speculative, vram
+        self._info = dataclasses.replace(inner.info, speculative=speculative)
+
+    @property
+    def info(self):
+        return self._info
+
+    def reset(self) -> None:
+        self.inner.reset()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def steady(self, stats):
+        import dataclasses
+
+        n = stats.predicted_n
+        drafted = 3 * (n // 4) if self.speculative else 0
+        return dataclasses.replace(
+            stats, prompt_ms=stats.prompt_n / 2.0, predicted_ms=n * 8.0,
+            ttft_ms=stats.prompt_n / 2.0 + 8.0 if n else 0.0, live_tokens_per_second=125.0 if n else 0.0,
+            draft_n=drafted, draft_n_accepted=drafted * 2 // 3, draft_rounds=n // 4,
+            vram_used=self.vram[0], vram_total=self.vram[1])
+
+    def generate(self, request, cancel):
+        import dataclasses
+
+        from lampo.backend import Done, Stats
+
+        events = self.inner.generate(request, cancel)  # may refuse at once, like any backend
+
+        def steadied():
+            for event in events:
+                if isinstance(event, Stats):
+                    event = self.steady(event)
+                elif isinstance(event, Done):
+                    event = dataclasses.replace(event, stats=self.steady(event.stats))
+                yield event
+
+        return steadied()

@@ -64,21 +64,22 @@ def render_record(record: MessageRecord) -> Widget:
 class LampoApp(App):
     CSS_PATH = STYLESHEET
     TITLE = "Lampo"
+    PAUSE_GC_ON_SCROLL = True  # Textual >= 8.1: no cyclic-GC pauses while the transcript scrolls
     COMMANDS = App.COMMANDS | {LampoCommands}
     BINDINGS = [
         Binding("escape", "stop", "Stop", id="stop"),
         Binding("ctrl+r", "regenerate", "Regenerate", id="regenerate", priority=True),
-        Binding("ctrl+e", "edit_last", "Edit last", id="edit_last", priority=True),
-        Binding("ctrl+n", "new_chat", "New chat", id="new_chat", priority=True),
+        Binding("ctrl+e", "edit_last", "Edit", id="edit_last", priority=True),
+        Binding("ctrl+n", "new_chat", "New chat", id="new_chat", priority=True, show=False),
         Binding("ctrl+o", "chats", "Chats", id="chats", priority=True),
-        Binding("ctrl+t", "toggle_thinking", "Thinking", id="toggle_thinking", priority=True),
+        Binding("ctrl+t", "toggle_thinking", "Thinking", id="toggle_thinking", priority=True, show=False),
         Binding("ctrl+h", "toggle_hud", "HUD", id="toggle_hud", priority=True, show=False),
-        Binding("ctrl+y", "copy_last", "Copy reply", id="copy_last", priority=True),
+        Binding("ctrl+y", "copy_last", "Copy reply", id="copy_last", priority=True, show=False),
         Binding("ctrl+a", "attach", "Attach file", id="attach", priority=True, show=False),
         Binding("ctrl+s", "export", "Export", id="export", priority=True, show=False),
-        Binding("f2", "settings", "Settings", id="settings"),
+        Binding("f2", "settings", "Settings", id="settings", priority=True),
         Binding("ctrl+pageup", "load_earlier", "Load earlier", id="load_earlier", show=False),
-        Binding("ctrl+q", "quit", "Quit", id="quit", priority=True),
+        Binding("ctrl+q", "quit", "Quit", id="quit", priority=True, show=False),
     ]
 
     def __init__(self, session: ChatSession, settings: Settings, *, settings_path: Path | None = None,
@@ -186,7 +187,7 @@ class LampoApp(App):
     async def _begin(self, start: Callable[[], Iterable[Event]], user: MessageRecord | None) -> None:
         if user is not None:
             await self.transcript.append(user)
-        self._live = AssistantMessage()
+        self._live = AssistantMessage(streaming=True)
         await self.transcript.append(None, self._live)
         self.transcript.anchor()
         self._feed = GenerationFeed()
@@ -218,6 +219,7 @@ class LampoApp(App):
             reasoning, answer = self.session.reply_parts()
             await live.show_partial(reasoning, answer)
             self.displayed_tokens = tokens
+            self.transcript.park_later()
         self.hud.show(self.hud_state)
         if finished and self._frame_timer is not None:
             # Stopping a timer inside its own callback would cancel this very task mid-await:

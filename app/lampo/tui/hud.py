@@ -17,7 +17,7 @@ from lampo.tui.hud_state import HudState
 from lampo.tui.sparkline import sparkline
 
 DASH = "—"
-CONTEXT_BAR_CELLS = 16
+CONTEXT_BAR_CELLS = 12
 CELL_IDS = ("decode", "prefill", "spec", "vram", "context", "model")
 
 
@@ -67,7 +67,7 @@ def hud_cells(state: HudState) -> dict[str, Content]:
         _cell("context", ""),
         context_bar(used, pending, ctx_max, CONTEXT_BAR_CELLS),
         Content.from_markup(
-            " [b]$used[/] / $max" + (" [$warning]+$pending pending" if pending else ""),
+            " [b]$used[/] / $max" + (" [$warning]+$pending to send" if pending else ""),
             used=f"{used:,}", max=f"{ctx_max:,}", pending=f"{pending:,}",
         ),
     )
@@ -86,5 +86,12 @@ class Hud(Grid):
             yield Static(id=f"hud-{cell_id}", classes="hud-cell", markup=False)
 
     def show(self, state: HudState) -> None:
+        """Update the cells whose text changed (each update costs a layout pass)."""
+        cells = {cell.id: cell for cell in self.query_children(Static)}
+        if len(cells) != len(CELL_IDS):
+            return  # not composed yet, or being torn down at exit
         for cell_id, content in hud_cells(state).items():
-            self.query_one(f"#hud-{cell_id}", Static).update(content)
+            cell = cells[f"hud-{cell_id}"]
+            old = cell.content
+            if not isinstance(old, Content) or (old.plain, old.spans) != (content.plain, content.spans):
+                cell.update(content)

@@ -1,10 +1,10 @@
 """Transcript entries: a user message (text + attachment chips) and an assistant reply.
 
-An assistant reply streams into two Markdown widgets through `MarkdownStream`s: the model's
-thinking, shown dimmed in a `ThinkingBlock` that folds as soon as the answer starts, and the
-answer itself. `show_partial` is called once a frame with the reply so far and streams only what
-was added; `finish` stops the streams and re-renders both once from the final text, which
-re-syncs Markdown's block state. Clicking a code block copies it.
+An assistant reply streams into two `StreamingMarkdown` views (Textual Markdown fed through
+`MarkdownStream`s): the model's thinking, shown dimmed in a `ThinkingBlock` that folds as soon as
+the answer starts, and the answer itself. `show_partial` is called once a frame with the reply so
+far and streams only what was added; `finish` stops the streams and renders the final text once.
+Clicking a code block copies it.
 """
 
 from __future__ import annotations
@@ -16,10 +16,12 @@ from textual import events
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
-from textual.widgets import Markdown, Static
-from textual.widgets.markdown import MarkdownFence, MarkdownStream
+from textual.widgets import Static
+from textual.widgets.markdown import MarkdownFence
 
 from lampo.tui.attachment_chip import AttachmentChip, ChipInfo
+from lampo.tui.parking import Parkable
+from lampo.tui.streaming_markdown import StreamingMarkdown
 
 
 def code_blocks(markdown: str) -> list[str]:
@@ -47,11 +49,14 @@ def reply_footer(stats: Mapping[str, Any] | None) -> str:
     return " · ".join(parts)
 
 
-class UserMessage(Vertical):
+class UserMessage(Vertical, Parkable):
     def __init__(self, text: str, attachments: tuple[ChipInfo, ...] = ()):
         super().__init__(classes="message user-message")
         self.text = text
         self.attachments = attachments
+
+    async def _rebuild(self) -> None:
+        await self.recompose()
 
     def compose(self) -> ComposeResult:
         if self.attachments:
@@ -62,115 +67,140 @@ class UserMessage(Vertical):
 
 
 class ThinkingBlock(Vertical):
-    """The model's reasoning: a dimmed Markdown body under a clickable fold title."""
+    """The model's reasoning: a dimmed Markdown body under a clickable fold title. The body is
+    rendered only while unfolded (a folded block of a long reasoning costs no widgets)."""
 
     folded: reactive[bool] = reactive(False)
 
     def __init__(self, reasoning: str, *, folded: bool):
         super().__init__(classes="thinking")
-        self._initial = reasoning
-        self.chars = len(reasoning)
+        self.text = reasoning
         self.live = False
         self.set_reactive(ThinkingBlock.folded, folded)
         self.set_class(folded, "-folded")
 
     def compose(self) -> ComposeResult:
         yield Static(self._title(), classes="thinking-title", markup=False)
-        yield Markdown(self._initial, classes="thinking-body")
+        if not self.folded:
+            yield StreamingMarkdown(self.text, classes="thinking-body")
 
     @property
-    def body(self) -> Markdown:
-        return self.query_one(".thinking-body", Markdown)
+    def body(self) -> StreamingMarkdown | None:
+        """The rendered reasoning; None until the block is first unfolded."""
+        bodies = self.query_children(StreamingMarkdown)
+        return bodies.first() if bodies else None
 
     def _title(self) -> str:
         arrow = "▶" if self.folded else "▼"
-        return f"{arrow} {'thinking…' if self.live else 'thoughts'} ({self.chars:,} chars)"
+        return f"{arrow} {'thinking…' if self.live else 'thoughts'} ({len(self.text):,} chars)"
 
     def refresh_title(self) -> None:
         self.query_one(".thinking-title", Static).update(self._title())
 
+    async def open_live(self) -> None:
+        """Show the block unfolded, ready to stream the reasoning of a live reply."""
+        self.display, self.live = True, True
+        self.set_reactive(ThinkingBlock.folded, False)
+        self.set_class(False, "-folded")
+        if self.body is None:
+            await self.mount(StreamingMarkdown(self.text, classes="thinking-body"))
+        self.refresh_title()
+
+    async def show(self, text: str) -> None:
+        """The reasoning so far: streamed into the body while it is unfolded."""
+        self.text = text
+        body = self.body
+        if body is not None and not self.folded:
+            await body.show(text)
+        self.refresh_title()
+
+    async def finish(self, text: str) -> None:
+        self.text, self.live = text, False
+        body = self.body
+        if body is not None:
+            await body.finish(text)
+        self.refresh_title()
+
     def watch_folded(self, folded: bool) -> None:
         self.set_class(folded, "-folded")
+        if not self.is_mounted:
+            return
         self.refresh_title()
+        body = self.body
+        if not folded and body is None:
+            self.mount(StreamingMarkdown(self.text, classes="thinking-body"))
+        elif not folded and body.source != self.text:
+            self.call_later(body.finish, self.text)
 
     def on_click(self, event: events.Click) -> None:
         if event.widget is not None and "thinking-title" in event.widget.classes:
             self.folded = not self.folded
 
 
-class AssistantMessage(Vertical):
-    def __init__(self, reasoning: str = "", answer: str = "", footer: str = ""):
+class AssistantMessage(Vertical, Parkable):
+    def __init__(self, reasoning: str = "", answer: str = "", footer: str = "", *, streaming: bool = False):
         super().__init__(classes="message assistant-message")
-        self._footer = footer
-        # The text handed to each Markdown view so far (a MarkdownStream applies it a moment later).
-        self._given = {"reasoning": reasoning, "answer": answer}
-        self._streams: dict[str, MarkdownStream] = {}
+        self._initial = (reasoning, answer, footer)
+        self.streaming = streaming  # a live reply is never parked as a whole
+
+    @property
+    def can_park(self) -> bool:
+        return not self.streaming
+
+    async def _rebuild(self) -> None:
+        await self.recompose()
+
+    def parkable_parts(self) -> list[Parkable]:
+        """The frozen Markdown segments of a long reply, parkable one by one."""
+        body = self.thinking.body
+        return [*(body.frozen_segments if body is not None else ()), *self.answer_view.frozen_segments]
 
     def compose(self) -> ComposeResult:
-        thinking = ThinkingBlock(self._given["reasoning"], folded=True)
-        thinking.display = bool(self._given["reasoning"])
+        reasoning, answer, footer = self._initial
+        thinking = ThinkingBlock(reasoning, folded=True)
+        thinking.display = bool(reasoning)
         yield thinking
-        yield Markdown(self._given["answer"], classes="answer")
-        yield Static(self._footer, classes="reply-footer", markup=False)
+        yield StreamingMarkdown(answer, classes="answer")
+        yield Static(footer, classes="reply-footer", markup=False)
 
     @property
     def thinking(self) -> ThinkingBlock:
         return self.query_one(ThinkingBlock)
 
     @property
-    def answer_view(self) -> Markdown:
-        return self.query_one(".answer", Markdown)
+    def answer_view(self) -> StreamingMarkdown:
+        return self.query_one(".answer", StreamingMarkdown)
 
     @property
     def answer(self) -> str:
-        return self._given["answer"]
+        """The answer text handed to the view so far."""
+        return self.answer_view.source
 
     @property
     def reasoning(self) -> str:
-        return self._given["reasoning"]
+        """The reasoning text handed to the view so far."""
+        return self.thinking.text
 
     async def show_partial(self, reasoning: str, answer: str) -> None:
-        """Show the reply so far: only the text added since the last call is streamed in; the
-        thinking block opens live and folds when the answer starts."""
+        """Show the reply so far (called once a frame): the thinking block opens live while
+        reasoning streams and folds when the answer starts."""
         thinking = self.thinking
-        if reasoning != self.reasoning:
+        if reasoning != thinking.text:
             if not thinking.display:
-                thinking.display, thinking.live, thinking.folded = True, True, False
-            await self._extend("reasoning", thinking.body, reasoning)
-            thinking.chars = len(reasoning)
-            thinking.refresh_title()
+                await thinking.open_live()
+            await thinking.show(reasoning)
         if answer != self.answer:
             if thinking.live:
                 thinking.live, thinking.folded = False, True
-            await self._extend("answer", self.answer_view, answer)
-
-    async def _extend(self, name: str, view: Markdown, text: str) -> None:
-        given = self._given[name]
-        self._given[name] = text
-        if text.startswith(given):
-            if name not in self._streams:
-                self._streams[name] = Markdown.get_stream(view)
-            await self._streams[name].write(text[len(given):])
-            return
-        # The text changed behind what is shown (e.g. a half-received "</think>" completed):
-        # re-render that part once; the next call streams on from there.
-        stream = self._streams.pop(name, None)
-        if stream is not None:
-            await stream.stop()
-        await view.update(text)
+            await self.answer_view.show(answer)
 
     async def finish(self, reasoning: str, answer: str, footer: str) -> None:
         """Stop streaming and render the final text once."""
-        for stream in self._streams.values():
-            await stream.stop()
-        self._streams.clear()
-        self._given = {"reasoning": reasoning, "answer": answer}
+        self._initial, self.streaming = (reasoning, answer, footer), False
         thinking = self.thinking
-        thinking.live, thinking.chars = False, len(reasoning)
         thinking.display = bool(reasoning)
-        await thinking.body.update(reasoning)
-        await self.answer_view.update(answer)
-        thinking.refresh_title()
+        await thinking.finish(reasoning)
+        await self.answer_view.finish(answer)
         self.query_one(".reply-footer", Static).update(footer)
 
     def on_click(self, event: events.Click) -> None:

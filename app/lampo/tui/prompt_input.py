@@ -1,7 +1,8 @@
 """The multi-line prompt editor.
 
 Enter sends (`Submitted`); shift+enter or ctrl+j inserts a newline (shift+enter needs a terminal
-that reports it, e.g. with the Kitty keyboard protocol; ctrl+j works everywhere). Up on the top
+that reports it, e.g. with the Kitty keyboard protocol; ctrl+j works everywhere and stays bound
+whatever the user maps "send" and "newline" to). Up on the top
 row / down on the bottom row, or ctrl+up / ctrl+down anywhere, walk the history of sent messages;
 the draft being typed comes back when walking past the newest entry. A paste of at least
 `paste_threshold` characters is not inserted: it becomes a `LongPaste` for the app to turn into
@@ -18,10 +19,12 @@ from textual.widgets import TextArea
 
 class PromptInput(TextArea):
     BINDINGS = [
-        Binding("enter", "submit", "Send", id="prompt.submit", priority=True),
-        Binding("shift+enter,ctrl+j", "newline", "Newline", id="prompt.newline", priority=True),
-        Binding("ctrl+up", "history(-1)", "Previous message", id="prompt.history_prev", show=False),
-        Binding("ctrl+down", "history(1)", "Next message", id="prompt.history_next", show=False),
+        Binding("enter", "submit", "Send", id="send", priority=True),
+        Binding("shift+enter", "newline", "Newline", id="newline", priority=True),
+        # ctrl+j inserts a newline in every terminal, whatever key "newline" is mapped to.
+        Binding("ctrl+j", "newline", "Newline", id="newline_ctrl_j", priority=True, show=False),
+        Binding("ctrl+up", "history(-1)", "Previous message", id="history_prev", show=False),
+        Binding("ctrl+down", "history(1)", "Next message", id="history_next", show=False),
     ]
 
     class Submitted(Message):

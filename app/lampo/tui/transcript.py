@@ -4,16 +4,21 @@
 while it follows the bottom, appending beyond `window + page` unmounts the oldest `page`;
 scrolling to the top (or `load_earlier`) mounts the previous `page` above, keeping what is on
 screen in place. Records are whatever the app stores; `render(record)` turns one into a widget,
-so an unmounted message costs nothing but its record.
+so an unmounted message costs nothing but its record. Of the mounted messages, those more than
+half a screen away from the view are parked (see parking.py), and so are the off-screen
+segments of a long reply: what Textual re-arranges on every change stays about one screenful.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Callable, Sequence
 
 from textual.containers import VerticalScroll
 from textual.widget import Widget
 from textual.widgets import Static
+
+from lampo.tui.parking import plan_parking
 
 Record = Any
 
@@ -29,6 +34,8 @@ class Transcript(VerticalScroll):
         self.records: list[Record] = []
         self._first = 0  # index in `records` of the first mounted message
         self._loading = False
+        self._parking_due = False
+        self._parked_at_y = 0.0  # scroll position of the last parking pass
 
     def compose(self):
         yield Static("", id="load-earlier", markup=False)
@@ -63,6 +70,7 @@ class Transcript(VerticalScroll):
             await self.mount_all([self._make_widget(r) for r in self.records[self._first:]])
             self._refresh_earlier_label()
         self.anchor()
+        self.park_later()
 
     async def append(self, record: Record, widget: Widget | None = None) -> Widget:
         """Add a message at the bottom (`widget` if given, e.g. a live reply, else rendered)."""
@@ -74,6 +82,7 @@ class Transcript(VerticalScroll):
             await self.remove_children(self.message_widgets[: self.page])
             self._first += self.page
             self._refresh_earlier_label()
+        self.park_later()
         return widget
 
     async def truncate(self, count: int) -> None:
@@ -94,27 +103,58 @@ class Transcript(VerticalScroll):
         self.records = list(records)
 
     async def load_earlier(self) -> int:
-        """Mount up to `page` earlier messages above the first shown one; returns how many."""
+        """Mount up to `page` earlier messages above the first shown one, one per refresh (no
+        long stall), each time scrolling down by what it added so the view does not move;
+        returns how many."""
         if self._first == 0 or self._loading:
             return 0
         self._loading = True
+        self.release_anchor()
         try:
-            start = max(0, self._first - self.page)
-            widgets = [self._make_widget(r) for r in self.records[start:self._first]]
-            old_y, old_max = self.scroll_y, self.max_scroll_y
-            await self.mount_all(widgets, after="#load-earlier")
-            self._first = start
-            self._refresh_earlier_label()
-            self.release_anchor()
-            # Content grew above the view: once laid out, scroll down by as much.
-            self.call_after_refresh(
-                lambda: self.scroll_to(y=old_y + self.max_scroll_y - old_max, animate=False, immediate=True)
-            )
-            return len(widgets)
+            start, first = max(0, self._first - self.page), self._first
+            for record in reversed(self.records[start:first]):
+                old_max = self.max_scroll_y
+                await self.mount(self._make_widget(record), after="#load-earlier")
+                self._first -= 1
+                self._refresh_earlier_label()
+                await self._next_refresh()
+                self.scroll_to(y=self.scroll_y + self.max_scroll_y - old_max, animate=False, immediate=True)
+            return first - start
         finally:
             self._loading = False
 
+    async def _next_refresh(self) -> None:
+        done = asyncio.get_running_loop().create_future()
+        self.call_after_refresh(lambda: done.done() or done.set_result(None))
+        await done
+
     def watch_scroll_y(self, old_value: float, new_value: float) -> None:
         super().watch_scroll_y(old_value, new_value)
-        if new_value <= 0 < old_value and self._first > 0:
-            self.run_worker(self.load_earlier(), group="load-earlier", exclusive=True)
+        if new_value < old_value and new_value < self.size.height and self._first > 0:
+            self.run_worker(self.load_earlier(), group="load-earlier")  # prefetch before the top
+        if abs(new_value - self._parked_at_y) >= self.size.height / 2:
+            self.park_later()  # the parking margins allow for half a screen of scrolling
+
+    def on_resize(self) -> None:
+        self.park_later()
+
+    def park_later(self) -> None:
+        """Re-park after the next refresh (once, however often it is asked for meanwhile)."""
+        if not self._parking_due:
+            self._parking_due = True
+            self.call_after_refresh(self._park)
+
+    async def _park(self) -> None:
+        self._parking_due = False
+        self._parked_at_y = self.scroll_y
+        view = self.region
+        near, far = view.height, 2 * view.height
+        plan = plan_parking(self.message_widgets, view.y, view.bottom, near, far)
+        parts = [part for message in plan.near for part in getattr(message, "parkable_parts", list)()]
+        part_plan = plan_parking(parts, view.y, view.bottom, near, far)  # a long reply's segments
+        for widget in plan.park + part_plan.park:
+            await widget.park()
+        for widget in plan.unpark + part_plan.unpark:
+            await widget.unpark()
+        if plan.more or part_plan.more:
+            self.park_later()
