@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from helpers import real_tokenizer, seed_lampo_home
+from helpers import real_tokenizer, seed_lampo_home, tokenizer_json
 from helpers.scripted_backend import ScriptedBackend
 
 from lampo.chat_session import ChatSession
@@ -202,3 +202,39 @@ def test_plain_repl_end_to_end_on_a_terminal(lampo_home):
     assert turns[-1].role == "assistant" and turns[-1].stopped
     db.close()
     assert (lampo_home / "data" / "plain_history").read_text().count("+Hello there") == 1
+
+
+# ---- lampo chat start-up failures (in process: they end before any model work) -----------------
+def chat_args(*argv):
+    from lampo.cli import build_parser
+
+    return build_parser().parse_args(["chat", *argv])
+
+
+def test_run_chat_reports_bad_settings_and_missing_models(tmp_path, monkeypatch, capsys):
+    from lampo.chat_entry import run_chat
+
+    monkeypatch.setenv("LAMPO_HOME", str(tmp_path))
+    (tmp_path / "config").mkdir()
+    (tmp_path / "config" / "config.toml").write_text('backend = "gpu"\n')
+    assert run_chat(chat_args()) == 1
+    assert "backend = 'gpu' is invalid" in capsys.readouterr().err
+    (tmp_path / "config" / "config.toml").write_text("")
+    assert run_chat(chat_args("--model", str(tmp_path / "nowhere"))) == 1
+    assert "nowhere (from --model) does not exist" in capsys.readouterr().err
+
+
+def test_run_chat_refuses_a_forced_cuda_backend_without_the_engine(tmp_path, monkeypatch, capsys):
+    import lampo.cuda_backend as cuda_backend
+    from lampo.chat_entry import run_chat
+
+    def unavailable():
+        raise cuda_backend.EngineUnavailable("no CUDA device is visible; use the reference backend")
+
+    monkeypatch.setattr(cuda_backend, "load_native", unavailable)
+    monkeypatch.setenv("LAMPO_HOME", str(seed_lampo_home(tmp_path)))
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer.json").symlink_to(tokenizer_json())
+    assert run_chat(chat_args("--model", str(model), "--backend", "cuda")) == 1
+    assert "no CUDA device" in capsys.readouterr().err

@@ -12,6 +12,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from lampo import paths
 from lampo.backend import Backend
 from lampo.demo import DEMO_MAX_TOKENS, demo_dir, ensure_demo_checkpoint, is_demo_checkpoint
 
@@ -24,7 +25,11 @@ def _say(text: str) -> None:
 
 def _model_dir(args: argparse.Namespace, settings) -> Path:
     if args.model or settings.model_dir:
-        return Path(args.model or settings.model_dir).expanduser()
+        path = Path(args.model or settings.model_dir).expanduser()
+        if not path.is_dir():
+            source = "--model" if args.model else f"model in {paths.config_file()}"
+            raise FileNotFoundError(f"model directory {path} (from {source}) does not exist")
+        return path
     if not is_demo_checkpoint(demo_dir()):
         _say(f"no model configured: creating the random-weight demo checkpoint in {demo_dir()} (once)")
     return ensure_demo_checkpoint()
