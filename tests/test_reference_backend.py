@@ -10,9 +10,7 @@ from helpers import real_tokenizer
 
 from lampo.backend import Backend, ContextOverflow, Done, GenerationRequest, PrefillProgress, Stats, TokenEvent
 from lampo.chat_session import ChatSession
-from lampo.models.presets import get_preset
 from lampo.models.sampling_params import GREEDY, SamplingParams
-from lampo.models.synthetic import write_checkpoint
 from lampo.reference_backend import ReferenceBackend
 from lampo.store import Store
 
@@ -21,10 +19,8 @@ GREEDY4 = replace(GREEDY, max_tokens=4)  # no stop ids in these tests: keep repl
 
 
 @pytest.fixture(scope="module")
-def backend(tmp_path_factory):
-    ckpt = write_checkpoint(tmp_path_factory.mktemp("tiny") / "tiny-moe", get_preset("tiny-moe"),
-                            seed=3, tokenizer=True)
-    b = ReferenceBackend(ckpt, context_max=4096, prefill_chunk=16, tokenizer=real_tokenizer())
+def backend(tiny_moe_dir):
+    b = ReferenceBackend(tiny_moe_dir, context_max=4096, prefill_chunk=16, tokenizer=real_tokenizer())
     yield b
     b.close()
 
