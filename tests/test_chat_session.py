@@ -229,3 +229,23 @@ def test_generation_in_a_worker_thread_can_be_cancelled_from_another(store):
     worker.join(5)
     assert not worker.is_alive() and s.last_done.reason == "cancelled"
     assert 0 < len(s.turns[-1].content) < 1000
+
+
+def test_scripted_backend_behaves_like_a_backend():
+    from lampo.backend import Backend, GenerationRequest, Stats
+
+    b = ScriptedBackend([list("abcdef")], context_max=100, prefill_chunk=10)
+    assert isinstance(b, Backend)
+    with pytest.raises(ContextOverflow):
+        b.generate(GenerationRequest(tuple(range(101))), threading.Event())
+    events = list(b.generate(GenerationRequest(tuple(range(25)), SamplingParams(max_tokens=4)), threading.Event()))
+    assert [e.done for e in events if isinstance(e, PrefillProgress)] == [10, 20, 25]
+    assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == "abcd"
+    assert events[-1].reason == "length" and isinstance(events[-2], Stats)
+    again = list(b.generate(GenerationRequest(tuple(range(25)) + b.generated_ids + (7,)), threading.Event()))
+    assert again[-1].stats.cached_n == 29 and again[-1].stats.prompt_n == 1
+    cancel = threading.Event()
+    cancel.set()
+    assert list(b.generate(GenerationRequest((1, 2)), cancel))[-1].reason == "cancelled"
+    full = list(b.generate(GenerationRequest(tuple(range(98))), threading.Event()))
+    assert full[-1].reason == "context" and full[-1].stats.predicted_n == 2
