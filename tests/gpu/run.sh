@@ -50,7 +50,7 @@ if [ "$MODE" = quick ]; then
 fi
 
 log "building lampo._native"
-cmake -S native -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+cmake -S native -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/build.log" 2>&1 \
   && cmake --build "$WORK/build" -j"${JOBS:-14}" >>"$OUT/build.log" 2>&1
 if [ $? -ne 0 ]; then
