@@ -48,7 +48,7 @@ def _backend(kind: str, model_dir: Path, context: int) -> tuple[Backend, object]
         except EngineUnavailable as e:
             if kind == "cuda":
                 raise
-            _say(f"{e} (falling back to it: numpy on the CPU)")
+            _say(f"{e.args[0].split('; use the reference backend')[0]}: using the reference backend (numpy on the CPU)")
         else:
             return CudaBackend(model_dir, context_max=context, native=native, tokenizer=tokenizer), tokenizer
     from lampo.reference_backend import ReferenceBackend
@@ -84,10 +84,14 @@ def run_chat(args: argparse.Namespace) -> int:
     if backend.info.is_demo and sampling.max_tokens > DEMO_MAX_TOKENS:
         sampling = replace(sampling, max_tokens=DEMO_MAX_TOKENS)
         _say(f"demo checkpoint: replies are capped at {DEMO_MAX_TOKENS} tokens")
-    session = ChatSession(backend, tokenizer, store, sampling=sampling,
-                          thinking=settings.thinking and not getattr(args, "no_think", False))
+    thinking = settings.thinking and not getattr(args, "no_think", False)
+    pipe = not sys.stdin.isatty()
+    if backend.info.is_demo and pipe and thinking:
+        thinking = False
+        _say("demo checkpoint: thinking off in pipe mode (random weights never close a <think> block)")
+    session = ChatSession(backend, tokenizer, store, sampling=sampling, thinking=thinking)
     try:
-        if not sys.stdin.isatty():
+        if pipe:
             from lampo.plain import run_pipe
 
             return run_pipe(session, sys.stdin.read())
