@@ -8,6 +8,7 @@ Synthetic checkpoints (written once per test session, read-only for tests):
 Each is about 130 MB and takes a second or two to write. Their values are reproducible:
 `lampo.models.synthetic.synthetic_tensor(name, spec, seed=0)` returns any tensor without reading it.
 Open them with `lampo.models.checkpoint.Checkpoint.open(dir)`. Do not modify them; copy first.
+- `qwen_dir`: the shared Qwen3.6 data folder (tokenizer.json, chat_template.jinja), or a skip.
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ import pytest  # noqa: E402
 
 from lampo.models.presets import get_preset
 from lampo.models.synthetic import write_checkpoint
+
+
+@pytest.fixture(scope="session")
+def qwen_dir() -> Path:
+    """`shared/qwen3.6` (real tokenizer.json, chat_template.jinja, configs) beside the repository,
+    as CI lays it out; skips the test when it is absent."""
+    for root in (Path(__file__).resolve().parents[2] / "shared", Path("/work/shared")):
+        path = root / "qwen3.6"
+        if (path / "tokenizer.json").is_file() and (path / "chat_template.jinja").is_file():
+            return path
+    pytest.skip("shared/qwen3.6 (tokenizer.json, chat_template.jinja) not found beside the repository")
 
 
 @pytest.fixture(scope="session")

@@ -20,20 +20,6 @@ from lampo.models.tokenizer import Tokenizer
 jinja2_sandbox = pytest.importorskip("jinja2.sandbox")
 
 
-def _shared_qwen_dir() -> Path:
-    for root in (Path(__file__).resolve().parents[2] / "shared", Path("/work/shared")):
-        path = root / "qwen3.6"
-        if (path / "tokenizer.json").is_file() and (path / "chat_template.jinja").is_file():
-            return path
-    pytest.skip("shared/qwen3.6 (tokenizer.json, chat_template.jinja) not found beside the repo "
-                "or at /work/shared")
-
-
-@pytest.fixture(scope="module")
-def qwen_dir() -> Path:
-    return _shared_qwen_dir()
-
-
 @pytest.fixture(scope="module")
 def tok(qwen_dir) -> Tokenizer:
     return Tokenizer.from_file(qwen_dir / "tokenizer.json")

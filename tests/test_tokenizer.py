@@ -15,17 +15,9 @@ from lampo.models.tokenizer import Tokenizer, TokenizerError
 from lampo.models.tokenizer_build import byte_to_unicode
 
 
-def _shared_tokenizer_json() -> Path:
-    for root in (Path(__file__).resolve().parents[2] / "shared", Path("/work/shared")):
-        path = root / "qwen3.6" / "tokenizer.json"
-        if path.is_file():
-            return path
-    pytest.skip("shared/qwen3.6/tokenizer.json not found beside the repo or at /work/shared")
-
-
 @pytest.fixture(scope="module")
-def shared_path() -> Path:
-    return _shared_tokenizer_json()
+def shared_path(qwen_dir) -> Path:
+    return qwen_dir / "tokenizer.json"
 
 
 @pytest.fixture(scope="module")
