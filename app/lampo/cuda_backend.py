@@ -6,50 +6,42 @@ fit - then create the Engine (which allocates everything up front) and stream th
 it shard by shard (zero-copy memory-mapped tensors; the engine copies them through a pinned
 staging ring). MTP tensors are not loaded: this engine does not run speculative decoding yet.
 
-Per request it follows `PrefixCache`'s engine loop (shared with the reference backend): resume
-from the longest held state (current or a snapshot taken at a requested `snapshot_at` position),
-prefill the rest in chunks - split at snapshot positions, with `PrefillProgress` and cancellation
-between chunks, the GIL released inside each chunk - sample the first token from the last row,
-then decode token by token (one CUDA graph replay each) until a stop id, `max_tokens`, the end of
-the context or `cancel`. A CUDA failure ends the call with `Done("error")`; the engine is kept when
-the CUDA context survived (its conversation state is reset) and rebuilt from the checkpoint
-otherwise.
+Per request `lampo.generation.GenerationLoop` does the work (prefix reuse through the engine's
+snapshot slots, chunked prefill with the GIL released inside each chunk, decoding, events); this
+file supplies its engine: sampling runs on the GPU (the last prefill chunk samples the first
+token, each decode step is one CUDA graph replay that feeds the previous sample and samples the
+next), and Stats carry the VRAM use, at most one per `STATS_INTERVAL_S` while decoding. A failed
+call ends with `Done("error")`; the engine is kept when the CUDA context survived (its
+conversation state is reset) and rebuilt from the checkpoint otherwise.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
-from collections import deque
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from lampo.backend import (
-    BackendInfo,
-    ContextOverflow,
-    Done,
-    Event,
-    GenerationRequest,
-    PrefillProgress,
-    Stats,
-    TokenEvent,
-)
+from lampo.backend import BackendInfo, Event, GenerationRequest
 from lampo.demo import is_demo_checkpoint
+from lampo.generation import GenerationLoop, chunk_ends
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.config import ModelConfig
 from lampo.models.memory_plan import plan_memory
 from lampo.models.sampling_params import SamplingParams
-from lampo.prefix_cache import PrefixCache, Resume
+from lampo.prefix_cache import PrefixCache
 
 DEFAULT_PREFILL_CHUNK = 2048
 DEFAULT_SNAPSHOT_SLOTS = 4
 STATS_INTERVAL_S = 0.05  # at most one Stats event per this many seconds while decoding
-LIVE_WINDOW_S = 0.5  # live tok/s is measured over this trailing window
 
 LoadProgress = Callable[[int, int], None]  # (bytes loaded, bytes total)
+
+# chunk_ends lives in lampo.generation; it is re-exported for `lampo bench`'s CudaTarget.
+__all__ = ["CudaBackend", "EngineUnavailable", "LoadProgress", "chunk_ends", "create_engine", "load_native",
+           "load_weights", "native_dims", "random_seed"]
 
 
 class EngineUnavailable(RuntimeError):
@@ -128,37 +120,8 @@ def load_weights(engine, ck: Checkpoint, progress: LoadProgress | None = None) -
     return done
 
 
-def chunk_ends(start: int, end: int, chunk: int, cuts: Iterable[int] = ()) -> list[int]:
-    """End positions of the prefill calls covering [start, end): at most `chunk` tokens each,
-    and a call boundary at every cut strictly inside the range."""
-    if chunk < 1:
-        raise ValueError(f"prefill chunk must be >= 1 (got {chunk})")
-    ends: list[int] = []
-    pos = start
-    for stop in [*sorted({c for c in cuts if start < c < end}), end]:
-        while pos < stop:
-            pos = min(pos + chunk, stop)
-            ends.append(pos)
-    return ends
-
-
 def random_seed(params: SamplingParams) -> int:
     return params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
-
-
-class _Rate:
-    """Tokens per second over a trailing time window."""
-
-    def __init__(self, window_s: float = LIVE_WINDOW_S):
-        self._window = window_s
-        self._marks: deque[tuple[float, int]] = deque()
-
-    def add(self, t: float, n: int) -> float:
-        self._marks.append((t, n))
-        while len(self._marks) > 2 and t - self._marks[1][0] >= self._window:
-            self._marks.popleft()
-        (t0, n0) = self._marks[0]
-        return (n - n0) / (t - t0) if t > t0 else 0.0
 
 
 class CudaBackend:
@@ -173,12 +136,11 @@ class CudaBackend:
             from lampo.models.tokenizer import Tokenizer
 
             tokenizer = Tokenizer.from_checkpoint(model_dir)
-        self._tokenizer = tokenizer
         self._settings = dict(context=context, prefill_chunk=prefill_chunk, snapshot_slots=snapshot_slots)
         self._on_load = on_load
         self._engine = self._build_engine()
-        self._cache = PrefixCache(snapshot_slots)
-        self._busy = threading.Lock()
+        self._loop = GenerationLoop(tokenizer, PrefixCache(snapshot_slots), label="CUDA", forget=lambda: self._engine.reset(),
+                                    recover=self._recover, stats_interval_s=STATS_INTERVAL_S)
         self._info = BackendInfo("cuda", cfg.name or Path(model_dir).name, str(model_dir), context,
                                  is_demo=is_demo_checkpoint(Path(model_dir)))
 
@@ -192,139 +154,60 @@ class CudaBackend:
     def info(self) -> BackendInfo:
         return self._info
 
+    def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[Event]:
+        if self._engine is None:
+            raise RuntimeError("generate: the backend is closed")
+        return self._loop.start(request, cancel, _NativeSteps(self._engine, self._native, request.sampling),
+                                self._info.context_max)
+
     def reset(self) -> None:
-        with self._busy:
-            self._cache.reset()
-            self._engine.reset()
+        self._loop.reset()
 
     def close(self) -> None:
         self._engine = None
         self._ck.close()
 
-    def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[Event]:
-        prompt = tuple(int(t) for t in request.prompt_ids)
-        request.sampling.validate()
-        ctx = self._info.context_max
-        if not prompt:
-            raise ValueError("generate: the prompt is empty")
-        if len(prompt) > ctx:
-            raise ContextOverflow(len(prompt), request.sampling.max_tokens, ctx)
-        if self._engine is None:
-            raise RuntimeError("generate: the backend is closed")
-        if not self._busy.acquire(blocking=False):
-            raise RuntimeError("the CUDA backend is already generating")
-        return self._run(prompt, request, cancel)
-
-    # ---- one request ----------------------------------------------------------------------------
-    def _stats(self, **kw) -> Stats:
-        """Stats with the VRAM numbers filled in; remembered for an error report."""
-        free, total = self._native.mem_info()
-        self._last_stats = Stats(context_max=self._info.context_max, vram_used=total - free,
-                                 vram_total=total, **kw)
-        return self._last_stats
-
-    def _run(self, prompt: tuple[int, ...], request: GenerationRequest, cancel: threading.Event) -> Iterator[Event]:
-        self._last_stats = Stats(context_max=self._info.context_max)
-        try:
-            yield from self._prefill_and_decode(prompt, request, cancel)
-        except (RuntimeError, ValueError, IndexError) as e:  # CudaError is a RuntimeError
-            self._recover()
-            yield Done("error", self._last_stats, f"{type(e).__name__}: {e}")
-        finally:
-            self._busy.release()
-
-    def _resume(self, prompt: tuple[int, ...]) -> Resume:
-        r = self._cache.best_resume(prompt)
-        if r.source == "snapshot":
-            self._engine.restore(r.slot)
-        elif r.source == "fresh":
-            self._engine.reset()
-        self._cache.restore(r)
-        return r
-
-    def _prefill_and_decode(self, prompt, request: GenerationRequest, cancel: threading.Event):
-        engine, cache, ctx = self._engine, self._cache, self._info.context_max
-        sp = request.sampling
-        t_start = time.perf_counter()
-        resume = self._resume(prompt)
-        engine.set_sampling(sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.presence_penalty, random_seed(sp))
-        engine.begin_generation()
-
-        # ---- prefill ----
-        start, todo = resume.reused, len(prompt) - resume.reused
-        cuts = cache.snapshot_positions(prompt, start, request.snapshot_at)
-        stats = self._stats(cached_n=start, context_used=start)
-        if start in cuts:
-            engine.snapshot(cache.save())
-        pos, token = start, -1
-        for end in chunk_ends(start, len(prompt), engine.prefill_chunk, cuts):
-            if cancel.is_set():
-                yield Done("cancelled", stats)
-                return
-            token = engine.prefill(np.asarray(prompt[pos:end], dtype=np.int32), end == len(prompt))
-            cache.append(prompt[pos:end])
-            pos = end
-            if pos in cuts:
-                engine.snapshot(cache.save())
-            elapsed = time.perf_counter() - t_start
-            yield PrefillProgress(pos - start, todo, (pos - start) / elapsed if elapsed > 0 else 0.0)
-        t_first = time.perf_counter()
-        prompt_ms = (t_first - t_start) * 1000.0
-        stats = self._stats(prompt_n=todo, prompt_ms=prompt_ms, cached_n=start, ttft_ms=prompt_ms,
-                            context_used=len(prompt))
-        yield stats
-
-        # ---- decode ----
-        decoder = self._tokenizer.stream_decoder()
-        stop_ids = set(request.stop_ids)
-        rate = _Rate()
-        n, pending, last_stats = 0, [], t_first
-        reason = "stop"
-        while True:  # `token` is sampled, not yet fed to the model
-            if cancel.is_set():
-                reason = "cancelled"
-                break
-            if len(prompt) + n >= ctx:
-                reason = "context"
-                break
-            if token in stop_ids:
-                reason = "stop"
-                break
-            n += 1
-            pending.append(token)
-            text = decoder.push(token)
-            if text:
-                yield TokenEvent(text, tuple(pending))
-                pending = []
-            now = time.perf_counter()
-            live = rate.add(now, n)
-            if n >= sp.max_tokens:
-                reason = "length"
-                break
-            if now - last_stats >= STATS_INTERVAL_S:
-                last_stats = now
-                yield self._stats(prompt_n=todo, prompt_ms=prompt_ms, cached_n=start, ttft_ms=prompt_ms,
-                                  predicted_n=n, predicted_ms=(now - t_first) * 1000.0,
-                                  live_tokens_per_second=live, context_used=len(prompt) + n)
-            fed, token = token, engine.decode(-1)
-            cache.append([fed])
-        tail = decoder.flush()
-        if tail or pending:
-            yield TokenEvent(tail, tuple(pending))
-        now = time.perf_counter()
-        stats = self._stats(prompt_n=todo, prompt_ms=prompt_ms, cached_n=start, ttft_ms=prompt_ms,
-                            predicted_n=n, predicted_ms=(now - t_first) * 1000.0,
-                            live_tokens_per_second=rate.add(now, n), context_used=len(prompt) + n)
-        yield stats
-        yield Done(reason, stats)
-
     def _recover(self) -> None:
-        """After a failed call: forget every cached state; keep the engine if the CUDA context is
-        intact, else destroy it, reset the device and rebuild it from the checkpoint."""
-        self._cache.reset()
+        """After a failed call (the loop has forgotten the cached states): keep the engine if the
+        CUDA context is intact, else destroy it, reset the device and rebuild it from the checkpoint."""
         if self._engine is not None and self._engine.healthy():
             self._engine.reset()
             return
         self._engine = None
         self._native.reset_device()
         self._engine = self._build_engine()
+
+
+class _NativeSteps:
+    """The native engine as one call's `EngineSteps`; it samples on the GPU with the request's
+    settings, set at `begin`."""
+
+    def __init__(self, engine, native, sampling: SamplingParams):
+        self.chunk = engine.prefill_chunk
+        self._engine, self._native, self._sampling = engine, native, sampling
+
+    def begin(self) -> None:
+        sp = self._sampling
+        self._engine.set_sampling(sp.temperature, sp.top_k, sp.top_p, sp.min_p, sp.presence_penalty,
+                                  random_seed(sp))
+        self._engine.begin_generation()
+
+    def reset(self) -> None:
+        self._engine.reset()
+
+    def restore(self, slot: int) -> None:
+        self._engine.restore(slot)
+
+    def snapshot(self, slot: int) -> None:
+        self._engine.snapshot(slot)
+
+    def prefill(self, ids: Sequence[int], last: bool) -> int | None:
+        token = self._engine.prefill(np.asarray(ids, dtype=np.int32), last)
+        return token if last else None
+
+    def decode(self, fed: int) -> int:
+        return self._engine.decode(-1)  # -1: the engine feeds its own last sample, which is `fed`
+
+    def vram(self) -> tuple[int, int]:
+        free, total = self._native.mem_info()
+        return total - free, total

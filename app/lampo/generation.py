@@ -1,0 +1,230 @@
+"""The one generation loop behind every `Backend`: prefix reuse, chunked prefill, decode, events.
+
+Backends differ only in the engine that runs the model; they hand the loop an `EngineSteps`
+adapter per call, and the loop does the rest, following `PrefixCache`'s engine loop:
+
+- validate the request (empty prompt, `ContextOverflow` before any work, `sampling.validate()`)
+  and refuse a second generation while one runs;
+- resume from the longest held state (the current one, a snapshot slot, or fresh), then prefill
+  the rest in calls of at most `steps.chunk` tokens, cut at the request's `snapshot_at` positions
+  where a snapshot is saved, with a `PrefillProgress` after each call and the cancel flag checked
+  between calls;
+- the last prefill call samples the first token; then stream it and decode token by token until
+  a stop id (never fed to the model), `max_tokens`, the context end (prompt + reply ==
+  context_max) or cancel, checked before every step. Text goes through the tokenizer's
+  `StreamDecoder`; ids whose text is not complete yet travel with the next `TokenEvent`.
+- `Stats` after prefill, while decoding (at most one per `stats_interval_s`) and before `Done`;
+  live tok/s is measured over the last `LIVE_WINDOW_S` seconds.
+- any exception ends the call with `Done("error")`: every cached state is forgotten and the
+  backend's `recover` hook runs (the state of a failed call is never reused).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
+
+from lampo.backend import ContextOverflow, Done, DoneReason, Event, GenerationRequest, PrefillProgress, Stats, TokenEvent
+from lampo.prefix_cache import PrefixCache
+
+LIVE_WINDOW_S = 0.5  # live tok/s is measured over this trailing window
+
+
+class EngineSteps(Protocol):
+    """One generate call's view of an engine. Sampling settings are the adapter's own (given
+    when it is made); `begin` starts a reply (seed, presence-penalty set) after the resume."""
+
+    chunk: int  # most tokens per prefill call
+
+    def begin(self) -> None: ...
+
+    def reset(self) -> None:
+        """Empty state (position 0)."""
+
+    def restore(self, slot: int) -> None:
+        """Make snapshot `slot` the current state."""
+
+    def snapshot(self, slot: int) -> None:
+        """Save the current state into `slot`."""
+
+    def prefill(self, ids: Sequence[int], last: bool) -> int | None:
+        """Run `ids` through the model; when `last`, return the token sampled from the last row."""
+
+    def decode(self, fed: int) -> int:
+        """Feed the sampled token `fed`; return the next sampled token."""
+
+    def vram(self) -> tuple[int, int]:
+        """(bytes used, bytes total) of the device; (0, 0) on the CPU."""
+
+
+def chunk_ends(start: int, end: int, chunk: int, cuts: Iterable[int] = ()) -> list[int]:
+    """End positions of the prefill calls covering [start, end): at most `chunk` tokens each,
+    and a call boundary at every cut strictly inside the range."""
+    if chunk < 1:
+        raise ValueError(f"prefill chunk must be >= 1 (got {chunk})")
+    ends: list[int] = []
+    pos = start
+    for stop in [*sorted({c for c in cuts if start < c < end}), end]:
+        while pos < stop:
+            pos = min(pos + chunk, stop)
+            ends.append(pos)
+    return ends
+
+
+class GenerationLoop:
+    """Owns a backend's `PrefixCache` and its one-call-at-a-time lock. `forget` drops the engine's
+    states (new chat); `recover` runs after a failed call (default: `forget`)."""
+
+    def __init__(self, tokenizer, cache: PrefixCache, *, label: str, forget: Callable[[], None],
+                 recover: Callable[[], None] | None = None, stats_interval_s: float = 0.0):
+        self.cache = cache
+        self._tokenizer = tokenizer
+        self._label = label
+        self._forget = forget
+        self._recover = recover or forget
+        self._stats_interval = stats_interval_s
+        self._busy = threading.Lock()
+
+    def reset(self) -> None:
+        """Forget every cached state (waits for a running call to end)."""
+        with self._busy:
+            self.cache.reset()
+            self._forget()
+
+    def start(self, request: GenerationRequest, cancel: threading.Event, steps: EngineSteps,
+              context_max: int) -> Iterator[Event]:
+        """Check the request now (raising), then return the call's event stream."""
+        prompt = tuple(int(t) for t in request.prompt_ids)
+        if not prompt:
+            raise ValueError("generate: the prompt is empty")
+        if len(prompt) > context_max:
+            raise ContextOverflow(len(prompt), request.sampling.max_tokens, context_max)
+        request.sampling.validate()
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(f"the {self._label} backend is already generating")
+        return self._run(prompt, request, cancel, steps, _Counters(context_max, steps))
+
+    def _run(self, prompt, request, cancel, steps: EngineSteps, run: _Counters) -> Iterator[Event]:
+        try:
+            yield from self._generate(prompt, request, cancel, steps, run)
+        except Exception as e:  # a broken state is not reused
+            self.cache.reset()
+            self._recover()
+            yield Done("error", run.stats(query_vram=False), f"{type(e).__name__}: {e}")
+        finally:
+            self._busy.release()
+
+    def _generate(self, prompt, request: GenerationRequest, cancel, steps: EngineSteps, run: _Counters):
+        cache = self.cache
+        resume = cache.best_resume(prompt)
+        if resume.source == "snapshot":
+            steps.restore(resume.slot)
+        elif resume.source == "fresh":
+            steps.reset()
+        cache.restore(resume)
+        steps.begin()
+
+        # ---- prefill ----
+        start, todo = resume.reused, len(prompt) - resume.reused
+        run.cached_n = run.context_used = start
+        cuts = cache.snapshot_positions(prompt, start, request.snapshot_at)
+        if start in cuts:
+            steps.snapshot(cache.save())
+        token = None
+        for end in chunk_ends(start, len(prompt), steps.chunk, cuts):
+            if cancel.is_set():
+                yield Done("cancelled", run.stats())
+                return
+            ids = prompt[run.context_used:end]
+            token = steps.prefill(ids, end == len(prompt))
+            cache.append(ids)
+            run.context_used = end
+            if end in cuts:
+                steps.snapshot(cache.save())
+            yield run.prefilled(end - start, todo)
+        run.first_token()
+        yield run.stats()
+
+        # ---- decode: `token` is sampled, not yet fed to the model ----
+        decoder = self._tokenizer.stream_decoder()
+        stop_ids = set(request.stop_ids)
+        n, pending, last_stats = 0, [], run.t_first
+        reason: DoneReason
+        while True:
+            if cancel.is_set():
+                reason = "cancelled"
+                break
+            if len(prompt) + n >= run.context_max:
+                reason = "context"
+                break
+            if token in stop_ids:
+                reason = "stop"
+                break
+            n += 1
+            pending.append(token)
+            text = decoder.push(token)
+            if text:
+                yield TokenEvent(text, tuple(pending))
+                pending = []
+            now = run.token_done(n)
+            if n >= request.sampling.max_tokens:
+                reason = "length"
+                break
+            fed, token = token, steps.decode(token)
+            cache.append([fed])
+            run.context_used += 1
+            if now - last_stats >= self._stats_interval:
+                last_stats = now
+                yield run.stats()
+        tail = decoder.flush()
+        if tail or pending:
+            yield TokenEvent(tail, tuple(pending))
+        run.context_used = len(prompt) + n
+        stats = run.stats()
+        yield stats
+        yield Done(reason, stats)
+
+
+class _Counters:
+    """Timings and counters of one generate call, as `Stats`."""
+
+    def __init__(self, context_max: int, steps: EngineSteps):
+        self.context_max, self._steps = context_max, steps
+        self.t0 = self.t_first = time.perf_counter()
+        self.cached_n = self.prompt_n = self.predicted_n = self.context_used = 0
+        self.prompt_ms = self.ttft_ms = self.predicted_ms = self.live = 0.0
+        self._vram = (0, 0)
+        self._marks: deque[tuple[float, int]] = deque()  # (time, tokens) over the live window
+
+    def prefilled(self, n: int, todo: int) -> PrefillProgress:
+        elapsed = time.perf_counter() - self.t0
+        self.prompt_n, self.prompt_ms = n, elapsed * 1000.0
+        return PrefillProgress(n, todo, n / elapsed if elapsed > 0 else 0.0)
+
+    def first_token(self) -> None:
+        """Prefill is over and the first token is sampled."""
+        self.t_first = time.perf_counter()
+        self.prompt_ms = self.ttft_ms = (self.t_first - self.t0) * 1000.0
+
+    def token_done(self, n: int) -> float:
+        """`n` tokens are out; returns the time."""
+        now = time.perf_counter()
+        self.predicted_n, self.predicted_ms = n, (now - self.t_first) * 1000.0
+        self._marks.append((now, n))
+        while len(self._marks) > 2 and now - self._marks[1][0] >= LIVE_WINDOW_S:
+            self._marks.popleft()
+        t_a, n_a = self._marks[0]
+        self.live = (n - n_a) / (now - t_a) if now > t_a else 0.0
+        return now
+
+    def stats(self, query_vram: bool = True) -> Stats:
+        """Current numbers; the VRAM reading is the last one when `query_vram` is False (after an
+        engine failure the device may not answer)."""
+        if query_vram:
+            self._vram = self._steps.vram()
+        return Stats(prompt_n=self.prompt_n, prompt_ms=self.prompt_ms, cached_n=self.cached_n,
+                     predicted_n=self.predicted_n, predicted_ms=self.predicted_ms, ttft_ms=self.ttft_ms,
+                     live_tokens_per_second=self.live, context_used=self.context_used,
+                     context_max=self.context_max, vram_used=self._vram[0], vram_total=self._vram[1])
