@@ -14,7 +14,7 @@ import pytest
 
 from lampo import bench
 from lampo.backend import ContextOverflow, Done, GenerationRequest, PrefillProgress, TokenEvent
-from lampo.cuda_backend import CudaBackend, EngineUnavailable, chunk_ends, create_engine, load_weights, native_dims
+from lampo.cuda_backend import CudaBackend, EngineUnavailable, create_engine, load_weights, native_dims
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.presets import get_preset
 from lampo.models.sampling_params import GREEDY
@@ -195,16 +195,6 @@ def test_load_weights_walks_the_shards_and_skips_mtp(tiny_dense_dir):
     assert set(engine.loaded) == {name for name, _s, _d in engine.weight_specs()}
     assert seen[-1] == (n, n) and all(a[0] < b[0] for a, b in zip(seen, seen[1:]))
     assert engine.calls[-1] == ("finish_loading",)
-
-
-@pytest.mark.parametrize("start,end,chunk,cuts,want", [
-    (0, 10, 4, (), [4, 8, 10]),
-    (0, 10, 4, (6,), [4, 6, 10]),
-    (3, 10, 4, (3, 5, 10, 12), [5, 9, 10]),
-    (0, 3, 8, (), [3]),
-])
-def test_chunk_ends(start, end, chunk, cuts, want):
-    assert chunk_ends(start, end, chunk, cuts) == want
 
 
 # ---- generation -------------------------------------------------------------------------------

@@ -1,0 +1,185 @@
+"""GenerationLoop on a fake engine whose "model" is a fixed function of the token history: what
+both backends share (validation, snapshots, stop ids, text streaming, Stats pacing, errors)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from lampo.backend import ContextOverflow, Done, GenerationRequest, PrefillProgress, Stats, TokenEvent
+from lampo.generation import GenerationLoop, chunk_ends
+from lampo.models.sampling_params import GREEDY, SamplingParams
+from lampo.prefix_cache import PrefixCache
+
+STOP = 99
+
+
+def next_token(history: list[int]) -> int:
+    return 1000 + sum((i + 1) * t for i, t in enumerate(history)) % 997
+
+
+class FakeSteps:
+    def __init__(self, chunk=4, stop_at=None, fail_at_decode=None):
+        self.chunk, self.stop_at, self.fail_at_decode = chunk, stop_at, fail_at_decode
+        self.history: list[int] = []
+        self.slots: dict[int, list[int]] = {}
+        self.calls: list[tuple] = []
+        self.vram_queries = 0
+
+    def begin(self):
+        self.calls.append(("begin",))
+
+    def reset(self):
+        self.calls.append(("reset",))
+        self.history = []
+
+    def restore(self, slot):
+        self.calls.append(("restore", slot))
+        self.history = list(self.slots[slot])
+
+    def snapshot(self, slot):
+        self.calls.append(("snapshot", slot, len(self.history)))
+        self.slots[slot] = list(self.history)
+
+    def prefill(self, ids, last):
+        self.calls.append(("prefill", len(ids), last))
+        self.history += ids
+        return self._sample() if last else None
+
+    def decode(self, fed):
+        if self.fail_at_decode is not None and len(self.history) >= self.fail_at_decode:
+            raise RuntimeError("decode failed")
+        self.history.append(fed)
+        return self._sample()
+
+    def vram(self):
+        self.vram_queries += 1
+        return 7, 10
+
+    def _sample(self):
+        return STOP if self.stop_at is not None and len(self.history) >= self.stop_at else next_token(self.history)
+
+
+class SilentEvenTokenizer:
+    """Odd ids have no text of their own yet: they are shown with the next even id."""
+
+    class Decoder:
+        def __init__(self):
+            self.held = []
+
+        def push(self, token):
+            self.held.append(token)
+            if token % 2:
+                return ""
+            text, self.held = "".join(f"<{t}>" for t in self.held), []
+            return text
+
+        def flush(self):
+            text, self.held = "".join(f"[{t}]" for t in self.held), []
+            return text
+
+    def stream_decoder(self):
+        return self.Decoder()
+
+
+def make_loop(**kw):
+    forgotten, recovered = [], []
+    loop = GenerationLoop(SilentEvenTokenizer(), PrefixCache(2), label="fake",
+                          forget=lambda: forgotten.append(1), recover=lambda: recovered.append(1), **kw)
+    return loop, forgotten, recovered
+
+
+def run(loop, steps, prompt, max_tokens=5, snapshot_at=(), context_max=64, stop_ids=(STOP,)):
+    request = GenerationRequest(tuple(prompt), SamplingParams(**{**GREEDY.to_dict(), "max_tokens": max_tokens}),
+                                snapshot_at=snapshot_at, stop_ids=stop_ids)
+    events = list(loop.start(request, threading.Event(), steps, context_max))
+    assert isinstance(events[-1], Done) and sum(isinstance(e, Done) for e in events) == 1
+    return events
+
+
+def token_ids(events):
+    return [i for e in events if isinstance(e, TokenEvent) for i in e.ids]
+
+
+@pytest.mark.parametrize("start,end,chunk,cuts,want", [
+    (0, 10, 4, (), [4, 8, 10]),
+    (0, 10, 4, (6,), [4, 6, 10]),
+    (3, 10, 4, (3, 5, 10, 12), [5, 9, 10]),
+    (0, 3, 8, (), [3]),
+])
+def test_chunk_ends(start, end, chunk, cuts, want):
+    assert chunk_ends(start, end, chunk, cuts) == want
+
+
+def test_requests_are_checked_before_any_work():
+    loop, _, _ = make_loop()
+    steps = FakeSteps()
+    with pytest.raises(ValueError, match="prompt is empty"):
+        loop.start(GenerationRequest(()), threading.Event(), steps, 64)
+    with pytest.raises(ContextOverflow):
+        loop.start(GenerationRequest(tuple(range(65))), threading.Event(), steps, 64)
+    with pytest.raises(ValueError):
+        loop.start(GenerationRequest((1, 2), SamplingParams(temperature=-1.0)), threading.Event(), steps, 64)
+    assert steps.calls == []
+    stream = loop.start(GenerationRequest((1, 2, 3)), threading.Event(), steps, 64)
+    next(stream)
+    with pytest.raises(RuntimeError, match="the fake backend is already generating"):
+        loop.start(GenerationRequest((1, 2)), threading.Event(), FakeSteps(), 64)
+    stream.close()  # an abandoned stream releases the backend
+    assert run(loop, FakeSteps(), [1, 2], max_tokens=1)[-1].reason == "length"
+
+
+def test_text_streams_with_its_ids_and_the_stop_id_is_never_fed():
+    loop, _, _ = make_loop()
+    steps = FakeSteps(stop_at=14)
+    prompt = list(range(1, 11))
+    events = run(loop, steps, prompt, max_tokens=50)
+    ids = token_ids(events)
+    assert events[-1].reason == "stop" and len(ids) == 4 and STOP not in ids
+    for e in events:
+        if isinstance(e, TokenEvent) and e.text.startswith("<"):
+            assert e.text == "".join(f"<{i}>" for i in e.ids)
+    assert "".join(e.text for e in events if isinstance(e, TokenEvent)).replace("[", "<").replace("]", ">") \
+        == "".join(f"<{i}>" for i in ids)
+    assert loop.cache.current == tuple(prompt + ids)  # every reply token fed, the stop id not
+    s = events[-1].stats
+    assert (s.prompt_n, s.predicted_n, s.context_used, s.vram_used, s.vram_total) == (10, 4, 14, 7, 10)
+
+
+def test_a_snapshot_requested_at_the_resume_point_is_saved_before_prefill():
+    loop, _, _ = make_loop()
+    steps = FakeSteps()
+    first = run(loop, steps, list(range(1, 11)), max_tokens=3)
+    held = loop.cache.current_len  # 12: the last reply token was never fed
+    steps.calls.clear()
+    prompt = list(loop.cache.current) + [5, 6]
+    events = run(loop, steps, prompt, max_tokens=1, snapshot_at=(held,))
+    assert first[-1].reason == "length" and events[-1].stats.cached_n == held
+    assert steps.calls[:3] == [("begin",), ("snapshot", 0, held), ("prefill", 2, True)]
+    assert loop.cache.snapshots() == {0: held}
+
+
+def test_stats_are_paced_while_decoding():
+    for interval, expected in ((0.0, 1 + 5 + 1), (3600.0, 1 + 1)):
+        loop, _, _ = make_loop(stats_interval_s=interval)
+        events = run(loop, FakeSteps(), list(range(1, 11)), max_tokens=6)
+        assert sum(isinstance(e, Stats) for e in events) == expected  # after prefill, per step, final
+        assert [e.done for e in events if isinstance(e, PrefillProgress)] == [4, 8, 10]
+
+
+def test_a_failure_forgets_every_state_and_recovers():
+    loop, forgotten, recovered = make_loop()
+    steps = FakeSteps(fail_at_decode=12)
+    events = run(loop, steps, list(range(1, 11)), max_tokens=10, snapshot_at=(6,))
+    done = events[-1]
+    assert done.reason == "error" and done.error == "RuntimeError: decode failed"
+    assert done.stats.predicted_n == 3 and done.stats.context_used == 12 and done.stats.vram_used == 7
+    assert loop.cache.current_len == 0 and loop.cache.snapshots() == {}
+    assert recovered == [1] and forgotten == []
+    queries = steps.vram_queries
+    steps.fail_at_decode = None
+    events = run(loop, steps, list(range(1, 11)), max_tokens=2)
+    assert events[-1].reason == "length" and events[-1].stats.cached_n == 0 and steps.vram_queries > queries
+    loop.reset()
+    assert forgotten == [1]
