@@ -162,7 +162,7 @@ class CudaTarget:
         self.engine.begin_generation()
 
     def prefill(self, ids: np.ndarray, chunk: int) -> int:
-        from lampo.cuda_backend import chunk_ends
+        from lampo.generation import chunk_ends
 
         pos, start, token = 0, self.engine.position, -1
         for end in chunk_ends(start, start + len(ids), chunk):

@@ -26,7 +26,7 @@ import numpy as np
 
 from lampo.backend import BackendInfo, Event, GenerationRequest
 from lampo.demo import is_demo_checkpoint
-from lampo.generation import GenerationLoop, chunk_ends
+from lampo.generation import GenerationLoop
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.config import ModelConfig
 from lampo.models.memory_plan import plan_memory
@@ -38,10 +38,6 @@ DEFAULT_SNAPSHOT_SLOTS = 4
 STATS_INTERVAL_S = 0.05  # at most one Stats event per this many seconds while decoding
 
 LoadProgress = Callable[[int, int], None]  # (bytes loaded, bytes total)
-
-# chunk_ends lives in lampo.generation; it is re-exported for `lampo bench`'s CudaTarget.
-__all__ = ["CudaBackend", "EngineUnavailable", "LoadProgress", "chunk_ends", "create_engine", "load_native",
-           "load_weights", "native_dims", "random_seed"]
 
 
 class EngineUnavailable(RuntimeError):
