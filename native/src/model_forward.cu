@@ -9,6 +9,7 @@
 // the GEMM / chunked GDN / flash prefill / grouped-MoE paths. Every launch is checked with its op
 // name, so a failure surfaces as CudaError("<op>: ...").
 #include <algorithm>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -327,13 +328,15 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w) {
         shared.w_gate = w.shared_gate;
         shared.gate = ws.shared_gate;
         shared.inter = d.shared_inter;
+        const MoeDecodeKernels kernels =
+            decode_fusion_enabled() ? MoeDecodeKernels::Fast : MoeDecodeKernels::Legacy;
         c.op(OpFamily::MoeExperts, "moe_experts_gate_up", [&] {
             moe_experts_gate_up(ws.normed, w.experts_gate_up, ws.expert_ids, ws.act, T, k, H, I, c.st,
-                                &shared);
+                                &shared, kernels);
         });
         c.op(OpFamily::MoeExperts, "moe_experts_down", [&] {
             moe_experts_down(ws.act, w.experts_down, ws.expert_ids, ws.expert_weights, ws.delta, T,
-                             k, H, I, c.st, &shared);
+                             k, H, I, c.st, &shared, kernels);
         });
         return;
     }
@@ -354,6 +357,14 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w) {
 }
 
 }  // namespace
+
+bool decode_fusion_enabled() {
+    static const bool on = [] {
+        const char* env = std::getenv("LAMPO_DECODE_FUSION");
+        return !(env && std::string(env) == "0");
+    }();
+    return on;
+}
 
 void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& s,
                    const Workspace& ws, const ForwardStep& step, cudaStream_t stream,
