@@ -89,6 +89,7 @@ Engine::Engine(const ModelDims& dims, const EngineOptions& options) : dims_(dims
     LAMPO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     LAMPO_CUDA_CHECK(cudaEventCreateWithFlags(&token_ready_, cudaEventDisableTiming));
     LAMPO_CUDA_CHECK(cudaMemsetAsync(io, 0, io_mem_.bytes(), stream_));
+    if (ws_.router_done) LAMPO_CUDA_CHECK(cudaMemsetAsync(ws_.router_done, 0, 4, stream_));  // 0 between calls
     sampling_ = SamplingConfig{0.f, 0, 1.f, 0.f, 0.f, 0};
     reset();
 }

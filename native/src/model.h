@@ -137,6 +137,8 @@ struct Workspace {
     bf16* routed = nullptr;      // [T, H]
     bf16* shared = nullptr;      // [T, H]
     float* router_logits = nullptr;  // [T, E]
+    unsigned* router_done = nullptr; // [1] block counter of the one-launch router; 0 between calls
+                                     // (the Engine zeroes it once; the kernel leaves it 0)
     int32_t* expert_ids = nullptr;   // [T, k]
     float* expert_weights = nullptr; // [T, k]
     float* shared_gate = nullptr;    // [T] sigmoid(h_t . w_shared_gate), MoE decode

@@ -86,6 +86,7 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx
         {"routed", d.moe ? T * H * b16 : 0},
         {"shared", d.moe ? T * H * b16 : 0},
         {"router_logits", d.moe ? T * d.n_experts * 4 : 0},
+        {"router_done", d.moe ? 4 : 0},
         {"expert_ids", T * k * 4},
         {"expert_weights", T * k * 4},
         {"shared_gate", d.moe ? T * 4 : 0},
@@ -127,6 +128,7 @@ Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void*
     ws.routed = static_cast<bf16*>(ptr[i++]);
     ws.shared = static_cast<bf16*>(ptr[i++]);
     ws.router_logits = static_cast<float*>(ptr[i++]);
+    ws.router_done = static_cast<unsigned*>(ptr[i++]);
     ws.expert_ids = static_cast<int32_t*>(ptr[i++]);
     ws.expert_weights = static_cast<float*>(ptr[i++]);
     ws.shared_gate = static_cast<float*>(ptr[i++]);
@@ -317,7 +319,7 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w) {
     const int T = c.step.T, H = d.hidden, k = d.top_k, I = d.expert_inter;
     c.op(OpFamily::MoeRouter, "moe_router_topk", [&] {
         moe_router_topk(ws.normed, w.router, ws.router_logits, ws.expert_ids, ws.expert_weights, T,
-                        H, d.n_experts, k, c.st);
+                        H, d.n_experts, k, c.st, decode_fusion_enabled() ? ws.router_done : nullptr);
     });
     if (c.small_moe()) {
         if (w.shared_gate_up.format != WeightFormat::BF16 || w.shared_down.format != WeightFormat::BF16)

@@ -133,8 +133,12 @@ void sigmoid_gate_mul(const bf16* x, const bf16* gate, bf16* y, int T, int n, cu
 //   top-k (ties -> lower id), weights renormalised to sum 1 -> ids [T, k] int32, w [T, k] fp32.
 //   `logits` [T, E] fp32 is caller-provided scratch (the logits are left there): the GEMV is
 //   spread over many blocks, and the top-k launch that follows reads it.
+//   `done` (optional, T <= 8 only): a device counter that is 0 before the call and is 0 again after
+//   it; with it the router is one launch (the last block of the logits GEMV runs the top-k).
+//   Without it (or for T > 8): two launches. Same results either way.
 void moe_router_topk(const bf16* h, const bf16* w_router, float* logits, int32_t* ids,
-                     float* weights, int T, int H, int E, int k, cudaStream_t stream);
+                     float* weights, int T, int H, int E, int k, cudaStream_t stream,
+                     unsigned* done = nullptr);
 // Routed experts for few tokens (decode / verify, T <= MOE_DECODE_MAX_T), two launches:
 //   act[t, s, :]  = silu(h_t @ Wg[e]^T) * (h_t @ Wu[e]^T), e = ids[t, s]
 //                   gate_up [E, 2I, H] bf16 (rows 0..I-1 gate, I..2I-1 up) -> act [T, k, I] bf16

@@ -202,7 +202,7 @@ py::object gated_rmsnorm_op(const arr<uint16_t>& o, const arr<uint16_t>& z, cons
         [&](py::list& out) { out.append(download<uint16_t>(d_y, {T, Hv * dv})); }));
 }
 
-py::tuple router_op(const arr<uint16_t>& h, const arr<uint16_t>& w_router, int k, int repeat) {
+py::tuple router_op(const arr<uint16_t>& h, const arr<uint16_t>& w_router, int k, bool fused, int repeat) {
     const char* op = "moe_router_topk";
     expect_ndim(op, "h", h, 2);
     expect_ndim(op, "w_router", w_router, 2);
@@ -210,13 +210,20 @@ py::tuple router_op(const arr<uint16_t>& h, const arr<uint16_t>& w_router, int k
     expect_shape(op, "w_router", w_router, {E, H});
     DeviceBuffer d_h = upload(h), d_w = upload(w_router);
     DeviceBuffer logits = poisoned(size_t(T) * E * 4), ids = poisoned(size_t(T) * k * 4),
-                 weights = poisoned(size_t(T) * k * 4);
+                 weights = poisoned(size_t(T) * k * 4), done(4);
+    LAMPO_CUDA_CHECK(cudaMemset(done.get(), 0, 4));
     return run_op(op, repeat,
                   [&] {
                       moe_router_topk(d_h.as<bf16>(), d_w.as<bf16>(), logits.as<float>(),
-                                      ids.as<int32_t>(), weights.as<float>(), T, H, E, k, 0);
+                                      ids.as<int32_t>(), weights.as<float>(), T, H, E, k, 0,
+                                      fused ? done.as<unsigned>() : nullptr);
                   },
                   [&](py::list& out) {
+                      unsigned left = 0;
+                      LAMPO_CUDA_CHECK(cudaMemcpy(&left, done.get(), 4, cudaMemcpyDeviceToHost));
+                      if (left != 0)
+                          throw std::runtime_error(std::string(op) + ": the one-launch router left its block "
+                                                   "counter at " + std::to_string(left) + " (must return to 0)");
                       out.append(download<int32_t>(ids, {T, k}));
                       out.append(download<float>(weights, {T, k}));
                       out.append(download<float>(logits, {T, E}));
@@ -379,8 +386,10 @@ void register_gdn_moe_ops(py::module_& ops) {
             "same inputs as gated_delta_rule_recurrent -> (o, new_state)");
     ops.def("gated_rmsnorm", &gated_rmsnorm_op, arg("o"), arg("z"), arg("w"), arg("eps") = 1e-6f,
             arg("repeat") = 0, "o [T,Hv,dv], z [T,Hv*dv], w [dv] (bf16 bits) -> y [T,Hv*dv]");
-    ops.def("moe_router_topk", &router_op, arg("h"), arg("w_router"), arg("k"), arg("repeat") = 0,
-            "h [T,H], w_router [E,H] (bf16 bits) -> (ids [T,k] int32, weights [T,k], logits [T,E])");
+    ops.def("moe_router_topk", &router_op, arg("h"), arg("w_router"), arg("k"), arg("fused") = false,
+            arg("repeat") = 0,
+            "h [T,H], w_router [E,H] (bf16 bits) -> (ids [T,k] int32, weights [T,k], logits [T,E]); "
+            "fused: the one-launch form for T <= 8 (block counter, checked to return to 0)");
     ops.def("moe_experts_gate_up", &gate_up_op, arg("h"), arg("gate_up"), arg("ids"), arg("legacy") = false,
             arg("repeat") = 0,
             "h [T,H], gate_up [E,2I,H] (bf16 bits), ids [T,k] int32 -> act [T,k,I]");

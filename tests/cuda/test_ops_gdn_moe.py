@@ -178,11 +178,13 @@ def separated_router_inputs(rng: np.random.Generator, T: int, H: int, E: int, k:
     return h, w
 
 
-@pytest.mark.parametrize("T,H,E,k", [(1, 2048, 256, 8), (3, 128, 8, 2), (8, 256, 60, 4), (9, 128, 8, 2), (300, 2048, 256, 8)])
-def test_router_topk_matches_reference(ops, T, H, E, k):
+@pytest.mark.parametrize("fused", [False, True])  # two launches / one launch (T <= 8) with a block counter
+@pytest.mark.parametrize("T,H,E,k", [(1, 2048, 256, 8), (3, 128, 8, 2), (8, 256, 60, 4), (9, 128, 8, 2), (300, 2048, 256, 8),
+                                     (5, 2048, 512, 16), (2, 64, 2, 1)])
+def test_router_topk_matches_reference(ops, T, H, E, k, fused):
     rng = np.random.default_rng(T * 31 + E)
     h, w = separated_router_inputs(rng, T, H, E, k)
-    ids, weights, logits = ops.moe_router_topk(h, w, k)
+    ids, weights, logits = ops.moe_router_topk(h, w, k, fused=fused)
     want_logits = from_bf16(h).astype(np.float64) @ from_bf16(w).astype(np.float64).T
     np.testing.assert_allclose(logits, want_logits, rtol=0, atol=1e-5 * np.abs(want_logits).max())
     want_ids, want_w = ffn.moe_router(from_bf16(h), from_bf16(w), k)
@@ -190,15 +192,15 @@ def test_router_topk_matches_reference(ops, T, H, E, k):
     np.testing.assert_allclose(weights, want_w, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("T", [1, 20])  # GEMV path and tensor-core path
-def test_router_exact_ties_pick_lower_id(ops, T):
+@pytest.mark.parametrize("T,fused", [(1, False), (1, True), (20, False)])  # GEMV, one-launch, tensor-core path
+def test_router_exact_ties_pick_lower_id(ops, T, fused):
     rng = np.random.default_rng(3)
     H, E, k = 256, 16, 4
     h = bf16_normal(rng, (T, H))
     w = bf16_normal(rng, (E, H), 0.01)
     lead = to_bf16(from_bf16(h).mean(axis=0) * np.float32(0.5))  # a row every token scores high on
     w[3] = w[9] = lead
-    ids, weights, _ = ops.moe_router_topk(h, w, k)
+    ids, weights, _ = ops.moe_router_topk(h, w, k, fused=fused)
     assert (ids[:, 0] == 3).all() and (ids[:, 1] == 9).all(), ids[:, :2]
     np.testing.assert_array_equal(weights[:, 0], weights[:, 1])
 
@@ -375,6 +377,8 @@ def test_timings_35b_dims(ops):
     for T in (1, 8192):
         ms = ops.moe_router_topk(bf16_normal(rng, (T, H)), w_router, k, repeat=rep if T == 1 else 5)[-1]
         TIMINGS.append(f"router T={T}: {ms * 1e3:.1f} us")
+    ms = ops.moe_router_topk(bf16_normal(rng, (1, H)), w_router, k, fused=True, repeat=rep)[-1]
+    TIMINGS.append(f"router T=1 one launch: {ms * 1e3:.1f} us")
     for T, legacy in ((1, False), (1, True), (4, False), (4, True)):
         h = bf16_normal(rng, (T, H))
         ids, w = random_routes(rng, T, E, k)
