@@ -28,17 +28,110 @@ constexpr int REC_THREADS = 128;             // 32 row groups x 4 column groups
 constexpr int REC_WARPS = REC_THREADS / 32;
 constexpr int REC_ROWS = GDN_D / 32;         // rows per thread
 
+// One token of the delta rule for the block's 128 x 16 slice of head j, state S in registers.
+// Thread tid brings q[tid], k[tid] (raw, before the l2 norms) and v[m0 .. m0+3] of its column group;
+// the return value is o[m0 .. m0+3] (meaningful in every thread; row group 0 stores it).
+__device__ __forceinline__ float4 rec_token(float4 (&S)[REC_ROWS], float qv, float kv, float4 v,
+                                            float a, float b, float a_log, float dtb) {
+    __shared__ float q_s[GDN_D], k_s[GDN_D];
+    __shared__ float norm_part[REC_WARPS][3];
+    __shared__ float dot_part[REC_WARPS][4][8];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int cg = tid & 3, rg = tid >> 2;
+    const float inv_sqrt_d = rsqrtf(float(GDN_D));
+
+    const float sq = warp_sum(qv * qv), sk = warp_sum(kv * kv), sqk = warp_sum(qv * kv);
+    if (lane == 0) {
+        norm_part[warp][0] = sq;
+        norm_part[warp][1] = sk;
+        norm_part[warp][2] = sqk;
+    }
+    __syncthreads();
+    float tq = 0.f, tk = 0.f, tqk = 0.f;
+#pragma unroll
+    for (int w = 0; w < REC_WARPS; ++w) {
+        tq += norm_part[w][0];
+        tk += norm_part[w][1];
+        tqk += norm_part[w][2];
+    }
+    const float rq = rsqrtf(tq + GDN_L2_EPS) * inv_sqrt_d, rk = rsqrtf(tk + GDN_L2_EPS);
+    q_s[tid] = qv * rq;
+    k_s[tid] = kv * rk;
+    const float kq = tqk * rq * rk;
+    float g, beta;
+    gdn_gates(a, b, a_log, dtb, g, beta);
+    const float decay = expf(g);
+    __syncthreads();
+
+    // Partial S^T k and S^T q over this thread's rows, then over all 32 row groups.
+    float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < REC_ROWS; ++n) {
+        const float kk = k_s[rg + 32 * n], qq = q_s[rg + 32 * n];
+        part[0] = fmaf(kk, S[n].x, part[0]);
+        part[1] = fmaf(kk, S[n].y, part[1]);
+        part[2] = fmaf(kk, S[n].z, part[2]);
+        part[3] = fmaf(kk, S[n].w, part[3]);
+        part[4] = fmaf(qq, S[n].x, part[4]);
+        part[5] = fmaf(qq, S[n].y, part[5]);
+        part[6] = fmaf(qq, S[n].z, part[6]);
+        part[7] = fmaf(qq, S[n].w, part[7]);
+    }
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) part[p] += __shfl_xor_sync(0xffffffffu, part[p], off);
+    }
+    if (lane < 4) {
+#pragma unroll
+        for (int p = 0; p < 8; ++p) dot_part[warp][cg][p] = part[p];
+    }
+    __syncthreads();
+    float tot[8];
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+        tot[p] = 0.f;
+#pragma unroll
+        for (int w = 0; w < REC_WARPS; ++w) tot[p] += dot_part[w][cg][p];
+    }
+
+    float4 be;  // beta * e
+    be.x = beta * (v.x - decay * tot[0]);
+    be.y = beta * (v.y - decay * tot[1]);
+    be.z = beta * (v.z - decay * tot[2]);
+    be.w = beta * (v.w - decay * tot[3]);
+    const float4 out = make_float4(fmaf(decay, tot[4], be.x * kq), fmaf(decay, tot[5], be.y * kq),
+                                   fmaf(decay, tot[6], be.z * kq), fmaf(decay, tot[7], be.w * kq));
+#pragma unroll
+    for (int n = 0; n < REC_ROWS; ++n) {
+        const float kk = k_s[rg + 32 * n];
+        S[n].x = fmaf(decay, S[n].x, kk * be.x);
+        S[n].y = fmaf(decay, S[n].y, kk * be.y);
+        S[n].z = fmaf(decay, S[n].z, kk * be.z);
+        S[n].w = fmaf(decay, S[n].w, kk * be.w);
+    }
+    return out;
+}
+
+__device__ __forceinline__ void load_slice(float4 (&S)[REC_ROWS], const float* Sj, int rg, int m0) {
+#pragma unroll
+    for (int n = 0; n < REC_ROWS; ++n)
+        S[n] = *reinterpret_cast<const float4*>(Sj + size_t(rg + 32 * n) * GDN_D + m0);
+}
+
+__device__ __forceinline__ void store_slice(const float4 (&S)[REC_ROWS], float* Sj, int rg, int m0) {
+#pragma unroll
+    for (int n = 0; n < REC_ROWS; ++n)
+        *reinterpret_cast<float4*>(Sj + size_t(rg + 32 * n) * GDN_D + m0) = S[n];
+}
+
 __global__ void __launch_bounds__(REC_THREADS)
 gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
                      const bf16* __restrict__ b, const float* __restrict__ A_log,
                      const float* __restrict__ dt_bias, float* __restrict__ state,
                      bf16* __restrict__ o, float* __restrict__ snapshots, int T, int Hk, int Hv) {
     pdl_begin();
-    __shared__ float q_s[GDN_D], k_s[GDN_D];
-    __shared__ float norm_part[REC_WARPS][3];
-    __shared__ float dot_part[REC_WARPS][4][8];
-
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int tid = threadIdx.x;
     const int cg = tid & 3, rg = tid >> 2;
     const int j = blockIdx.y, hk = j / (Hv / Hk);
     const int m0 = blockIdx.x * REC_COLS + cg * 4;
@@ -46,105 +139,102 @@ gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
     const size_t head_elems = size_t(GDN_D) * GDN_D;
 
     float4 S[REC_ROWS];
-    const float* Sj = state + j * head_elems;
-#pragma unroll
-    for (int n = 0; n < REC_ROWS; ++n)
-        S[n] = *reinterpret_cast<const float4*>(Sj + size_t(rg + 32 * n) * GDN_D + m0);
-
+    load_slice(S, state + j * head_elems, rg, m0);
     const float a_log = A_log[j], dtb = dt_bias[j];
-    const float inv_sqrt_d = rsqrtf(float(GDN_D));
-
     for (int t = 0; t < T; ++t) {
         const bf16* row = qkv + size_t(t) * width;
         const float qv = __bfloat162float(row[hk * GDN_D + tid]);
         const float kv = __bfloat162float(row[Hk * GDN_D + hk * GDN_D + tid]);
-        const float sq = warp_sum(qv * qv), sk = warp_sum(kv * kv), sqk = warp_sum(qv * kv);
-        if (lane == 0) {
-            norm_part[warp][0] = sq;
-            norm_part[warp][1] = sk;
-            norm_part[warp][2] = sqk;
-        }
-        __syncthreads();
-        float tq = 0.f, tk = 0.f, tqk = 0.f;
-#pragma unroll
-        for (int w = 0; w < REC_WARPS; ++w) {
-            tq += norm_part[w][0];
-            tk += norm_part[w][1];
-            tqk += norm_part[w][2];
-        }
-        const float rq = rsqrtf(tq + GDN_L2_EPS) * inv_sqrt_d, rk = rsqrtf(tk + GDN_L2_EPS);
-        q_s[tid] = qv * rq;
-        k_s[tid] = kv * rk;
-        const float kq = tqk * rq * rk;
-        float g, beta;
-        gdn_gates(__bfloat162float(a[size_t(t) * Hv + j]), __bfloat162float(b[size_t(t) * Hv + j]),
-                  a_log, dtb, g, beta);
-        const float decay = expf(g);
-        __syncthreads();
-
-        // Partial S^T k and S^T q over this thread's rows, then over all 32 row groups.
-        float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int n = 0; n < REC_ROWS; ++n) {
-            const float kk = k_s[rg + 32 * n], qq = q_s[rg + 32 * n];
-            part[0] = fmaf(kk, S[n].x, part[0]);
-            part[1] = fmaf(kk, S[n].y, part[1]);
-            part[2] = fmaf(kk, S[n].z, part[2]);
-            part[3] = fmaf(kk, S[n].w, part[3]);
-            part[4] = fmaf(qq, S[n].x, part[4]);
-            part[5] = fmaf(qq, S[n].y, part[5]);
-            part[6] = fmaf(qq, S[n].z, part[6]);
-            part[7] = fmaf(qq, S[n].w, part[7]);
-        }
-#pragma unroll
-        for (int p = 0; p < 8; ++p) {
-#pragma unroll
-            for (int off = 4; off < 32; off <<= 1) part[p] += __shfl_xor_sync(0xffffffffu, part[p], off);
-        }
-        if (lane < 4) {
-#pragma unroll
-            for (int p = 0; p < 8; ++p) dot_part[warp][cg][p] = part[p];
-        }
-        __syncthreads();
-        float tot[8];
-#pragma unroll
-        for (int p = 0; p < 8; ++p) {
-            tot[p] = 0.f;
-#pragma unroll
-            for (int w = 0; w < REC_WARPS; ++w) tot[p] += dot_part[w][cg][p];
-        }
-
         const float4 v = load_bf16x4(row + 2 * Hk * GDN_D + j * GDN_D + m0);
-        float4 be;  // beta * e
-        be.x = beta * (v.x - decay * tot[0]);
-        be.y = beta * (v.y - decay * tot[1]);
-        be.z = beta * (v.z - decay * tot[2]);
-        be.w = beta * (v.w - decay * tot[3]);
-        if (rg == 0) {
-            const float4 out = make_float4(fmaf(decay, tot[4], be.x * kq), fmaf(decay, tot[5], be.y * kq),
-                                           fmaf(decay, tot[6], be.z * kq), fmaf(decay, tot[7], be.w * kq));
-            store_bf16x4(o + (size_t(t) * Hv + j) * GDN_D + m0, out);
-        }
+        const float4 out = rec_token(S, qv, kv, v, __bfloat162float(a[size_t(t) * Hv + j]),
+                                     __bfloat162float(b[size_t(t) * Hv + j]), a_log, dtb);
+        if (rg == 0) store_bf16x4(o + (size_t(t) * Hv + j) * GDN_D + m0, out);
+        if (snapshots) store_slice(S, snapshots + size_t(t) * Hv * head_elems + j * head_elems, rg, m0);
+    }
+    store_slice(S, state + j * head_elems, rg, m0);
+}
+
+// The decode step (T = 1) of a Gated DeltaNet layer in one launch, grid (8, Hv) as above:
+// 1. conv + SiLU of the channels the block needs, from the pre-conv row: thread tid does q and k
+//    channel tid of K head hk (every block of the K group recomputes them: 2 x 128 channels), and
+//    threads 0..15 the block's 16 v channels, whose conv state only this block reads, so they
+//    update it at once. The q/k conv state is shared by the 8 * Hv/Hk blocks of the group: each
+//    takes a ticket on counters[hk] after reading it, and the last one writes the new q/k state.
+// 2. the delta rule step of gdn_recurrent_kernel (rec_token), o slice -> o (bf16 scratch).
+// 3. the last of the head's 8 blocks (ticket on counters[Hk + j], after a device-scope fence of the
+//    o slices) runs the gated RMSNorm of head j with z -> y. Each last block puts its counter back
+//    to 0. Numbers identical to causal_conv1d_silu -> gated_delta_rule_recurrent -> gated_rmsnorm.
+template <int K>
+__global__ void __launch_bounds__(REC_THREADS)
+gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ conv_w, bf16* conv_state,
+                        const bf16* __restrict__ a, const bf16* __restrict__ b,
+                        const float* __restrict__ A_log, const float* __restrict__ dt_bias,
+                        float* __restrict__ state, bf16* o, const bf16* __restrict__ z,
+                        const bf16* __restrict__ norm_w, bf16* __restrict__ y, unsigned* counters,
+                        int Hk, int Hv, float eps) {
+    __shared__ float v_s[REC_COLS];
+    __shared__ bool last;
+    const int tid = threadIdx.x;
+    const int cg = tid & 3, rg = tid >> 2;
+    const int j = blockIdx.y, hk = j / (Hv / Hk);
+    const int m0 = blockIdx.x * REC_COLS + cg * 4;
+    const size_t head_elems = size_t(GDN_D) * GDN_D;
+    pdl_begin();
+
+    // 1. conv: channel c's weights w[c, 0..K-1] and state hist[c, 0..K-2] (oldest first).
+    auto conv_channel = [&](int c, float (&hist)[K - 1], float& xc) {
+        float wk[K];
 #pragma unroll
-        for (int n = 0; n < REC_ROWS; ++n) {
-            const float kk = k_s[rg + 32 * n];
-            S[n].x = fmaf(decay, S[n].x, kk * be.x);
-            S[n].y = fmaf(decay, S[n].y, kk * be.y);
-            S[n].z = fmaf(decay, S[n].z, kk * be.z);
-            S[n].w = fmaf(decay, S[n].w, kk * be.w);
-        }
-        if (snapshots) {
-            float* snap = snapshots + size_t(t) * Hv * head_elems + j * head_elems;
+        for (int q = 0; q < K; ++q) wk[q] = __bfloat162float(conv_w[size_t(c) * K + q]);
 #pragma unroll
-            for (int n = 0; n < REC_ROWS; ++n)
-                *reinterpret_cast<float4*>(snap + size_t(rg + 32 * n) * GDN_D + m0) = S[n];
-        }
+        for (int q = 0; q < K - 1; ++q) hist[q] = __bfloat162float(conv_state[size_t(c) * (K - 1) + q]);
+        xc = __bfloat162float(x[c]);
+        return round_to_bf16(conv_silu_step<K>(wk, hist, xc));  // conv_out is bf16 in the 3-launch path
+    };
+    auto write_state = [&](int c, const float (&hist)[K - 1], float xc) {  // shift in x
+#pragma unroll
+        for (int q = 0; q < K - 2; ++q) conv_state[size_t(c) * (K - 1) + q] = __float2bfloat16_rn(hist[q + 1]);
+        conv_state[size_t(c) * (K - 1) + K - 2] = __float2bfloat16_rn(xc);
+    };
+    const int cq = hk * GDN_D + tid, ck = (Hk + hk) * GDN_D + tid;
+    float hq[K - 1], hkk[K - 1], xq, xk;
+    const float qv = conv_channel(cq, hq, xq), kv = conv_channel(ck, hkk, xk);
+    if (tid < REC_COLS) {
+        const int cv = 2 * Hk * GDN_D + j * GDN_D + blockIdx.x * REC_COLS + tid;
+        float hv[K - 1], xv;
+        v_s[tid] = conv_channel(cv, hv, xv);
+        write_state(cv, hv, xv);
+    }
+    __threadfence();
+    __syncthreads();  // every q/k state read of this block is done (and v_s is complete)
+    if (tid == 0) last = atomicAdd(counters + hk, 1u) == gridDim.x * (Hv / Hk) - 1;
+    __syncthreads();
+    if (last) {
+        write_state(cq, hq, xq);
+        write_state(ck, hkk, xk);
+        if (tid == 0) counters[hk] = 0;
     }
 
-    float* Sw = state + j * head_elems;
-#pragma unroll
-    for (int n = 0; n < REC_ROWS; ++n)
-        *reinterpret_cast<float4*>(Sw + size_t(rg + 32 * n) * GDN_D + m0) = S[n];
+    // 2. the delta rule step.
+    float4 S[REC_ROWS];
+    load_slice(S, state + j * head_elems, rg, m0);
+    const float4 v = make_float4(v_s[cg * 4], v_s[cg * 4 + 1], v_s[cg * 4 + 2], v_s[cg * 4 + 3]);
+    const float4 out = rec_token(S, qv, kv, v, __bfloat162float(a[j]), __bfloat162float(b[j]), A_log[j],
+                                 dt_bias[j]);
+    if (rg == 0) store_bf16x4(o + size_t(j) * GDN_D + m0, out);
+    store_slice(S, state + j * head_elems, rg, m0);
+
+    // 3. the gated RMSNorm of head j, by the head's last block.
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(counters + Hk + j, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (tid < 32)
+        gated_rmsnorm_row<true>(o + size_t(j) * GDN_D, z + size_t(j) * GDN_D, norm_w, y + size_t(j) * GDN_D,
+                                GDN_D, eps);
+    if (tid == 0) counters[Hk + j] = 0;
 }
 
 }  // namespace
@@ -155,6 +245,28 @@ void gated_delta_rule_recurrent(const bf16* qkv, const bf16* a, const bf16* b, c
     gdn_check_dims("gated_delta_rule_recurrent", T, Hk, Hv, dk, dv);
     launch_pdl("gdn_recurrent_kernel", gdn_recurrent_kernel, dim3(GDN_D / REC_COLS, Hv), REC_THREADS, 0,
                stream, qkv, a, b, A_log, dt_bias, state, o, snapshots, T, Hk, Hv);
+}
+
+void gdn_decode_fused(const bf16* qkv, const bf16* conv_w, bf16* conv_state, const bf16* a, const bf16* b,
+                      const float* A_log, const float* dt_bias, float* state, bf16* o, const bf16* z,
+                      const bf16* norm_w, bf16* y, unsigned* counters, int Hk, int Hv, int dk, int dv, int K,
+                      float eps, cudaStream_t stream) {
+    const char* op = "gdn_decode_fused";
+    gdn_check_dims(op, 1, Hk, Hv, dk, dv);
+    if (!counters) throw std::invalid_argument(std::string(op) + ": needs Hk + Hv zeroed counters");
+    const dim3 grid(GDN_D / REC_COLS, Hv);
+    auto launch = [&](auto kernel) {
+        launch_pdl(op, kernel, grid, REC_THREADS, 0, stream, qkv, conv_w, conv_state, a, b, A_log, dt_bias,
+                   state, o, z, norm_w, y, counters, Hk, Hv, eps);
+    };
+    switch (K) {
+        case 2: launch(gdn_decode_fused_kernel<2>); break;
+        case 3: launch(gdn_decode_fused_kernel<3>); break;
+        case 4: launch(gdn_decode_fused_kernel<4>); break;
+        default:
+            throw std::invalid_argument(std::string(op) + ": conv kernel size K must be 2, 3 or 4, got " +
+                                        std::to_string(K));
+    }
 }
 
 }  // namespace lampo

@@ -5,7 +5,7 @@
 // One warp per (token, head); each lane owns groups of 4 channels (8-byte accesses).
 #include "common.cuh"
 #include "launch_utils.cuh"
-#include "gdn_moe_vec.cuh"
+#include "gdn_common.cuh"
 #include "ops.h"
 
 #include <stdexcept>
@@ -22,28 +22,9 @@ gated_rmsnorm_kernel(const bf16* __restrict__ o, const bf16* __restrict__ z,
                      float eps) {
     pdl_begin();
     const int row = blockIdx.x * GRN_WARPS + threadIdx.x / 32;  // row = t * Hv + head
-    const int lane = threadIdx.x % 32;
     if (row >= rows) return;
     const size_t base = size_t(row) * dv;
-
-    float ss = 0.f;
-    for (int c = lane * 4; c < dv; c += 128) {
-        const float4 v = load_bf16x4(o + base + c);
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    const float r = rsqrtf(warp_sum(ss) / float(dv) + eps);
-
-    for (int c = lane * 4; c < dv; c += 128) {
-        const float4 v = load_bf16x4(o + base + c);
-        const float4 g = load_bf16x4(z + base + c);
-        const float4 wv = load_bf16x4(w + c);
-        float4 out;
-        out.x = wv.x * round_to_bf16(v.x * r) * silu(g.x);
-        out.y = wv.y * round_to_bf16(v.y * r) * silu(g.y);
-        out.z = wv.z * round_to_bf16(v.z * r) * silu(g.z);
-        out.w = wv.w * round_to_bf16(v.w * r) * silu(g.w);
-        store_bf16x4(y + base + c, out);
-    }
+    gated_rmsnorm_row<false>(o + base, z + base, w, y + base, dv, eps);
 }
 
 }  // namespace

@@ -139,6 +139,7 @@ struct Workspace {
     float* router_logits = nullptr;  // [T, E]
     unsigned* router_done = nullptr; // [1] block counter of the one-launch router; 0 between calls
                                      // (the Engine zeroes it once; the kernel leaves it 0)
+    unsigned* gdn_counters = nullptr; // [Hk + Hv] block counters of gdn_decode_fused; same rule
     int32_t* expert_ids = nullptr;   // [T, k]
     float* expert_weights = nullptr; // [T, k]
     float* shared_gate = nullptr;    // [T] sigmoid(h_t . w_shared_gate), MoE decode

@@ -87,6 +87,7 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx
         {"shared", d.moe ? T * H * b16 : 0},
         {"router_logits", d.moe ? T * d.n_experts * 4 : 0},
         {"router_done", d.moe ? 4 : 0},
+        {"gdn_counters", gdn ? size_t(d.gdn_k_heads + d.gdn_v_heads) * 4 : 0},
         {"expert_ids", T * k * 4},
         {"expert_weights", T * k * 4},
         {"shared_gate", d.moe ? T * 4 : 0},
@@ -129,6 +130,7 @@ Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void*
     ws.shared = static_cast<bf16*>(ptr[i++]);
     ws.router_logits = static_cast<float*>(ptr[i++]);
     ws.router_done = static_cast<unsigned*>(ptr[i++]);
+    ws.gdn_counters = static_cast<unsigned*>(ptr[i++]);
     ws.expert_ids = static_cast<int32_t*>(ptr[i++]);
     ws.expert_weights = static_cast<float*>(ptr[i++]);
     ws.shared_gate = static_cast<float*>(ptr[i++]);
@@ -271,7 +273,9 @@ void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCache
 }
 
 // Gated DeltaNet: fused qkv|z|b|a projection, causal conv + SiLU on qkv, the gated delta rule
-// (recurrent for few tokens, chunked WY form for prefill), gated RMSNorm with z, out proj.
+// (recurrent for few tokens, chunked WY form for prefill), gated RMSNorm with z, out proj. A
+// decode step (T = 1) runs the first three as one gdn_decode_fused launch (LAMPO_DECODE_FUSION=0:
+// three launches).
 void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStateLayer& s) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
@@ -279,6 +283,16 @@ void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStateL
     const auto parts = project_parts<4>(c, w.in_proj, {C, d.gdn_value_width(), Hv, Hv},
                                         ws.normed, "gdn in projection");
     const bf16 *qkv = parts[0], *z = parts[1], *b = parts[2], *a = parts[3];
+    if (T == 1 && decode_fusion_enabled()) {  // conv + rule + gated norm in one launch
+        c.op(OpFamily::GdnRule, "gdn_decode_fused", [&] {
+            gdn_decode_fused(qkv, w.conv, s.conv, a, b, w.A_log, w.dt_bias, s.recurrent, ws.gdn_o, z, w.norm,
+                             ws.mixed, ws.gdn_counters, d.gdn_k_heads, Hv, d.gdn_k_dim, d.gdn_v_dim,
+                             d.conv_kernel, d.eps, c.st);
+        });
+        c.op(OpFamily::Projections, "gdn out_proj",
+             [&] { linear_forward(w.out, ws.mixed, ws.delta, T, c.st); });
+        return;
+    }
     c.op(OpFamily::GdnConv, "causal_conv1d_silu",
          [&] { causal_conv1d_silu(qkv, w.conv, s.conv, ws.conv_out, T, C, d.conv_kernel, c.st); });
     if (c.small()) {

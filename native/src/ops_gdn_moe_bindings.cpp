@@ -169,6 +169,42 @@ py::tuple gdn_recurrent_op(const arr<uint16_t>& qkv, const arr<uint16_t>& a, con
                   });
 }
 
+py::tuple gdn_decode_fused_op(const arr<uint16_t>& qkv, const arr<uint16_t>& conv_w,
+                              const arr<uint16_t>& conv_state, const arr<uint16_t>& a, const arr<uint16_t>& b,
+                              const arr<float>& A_log, const arr<float>& dt_bias, const arr<float>& state,
+                              const arr<uint16_t>& z, const arr<uint16_t>& norm_w, int Hk, float eps, int repeat) {
+    const char* op = "gdn_decode_fused";
+    GdnInputs g = gdn_inputs(op, qkv, a, b, A_log, dt_bias, state, Hk);
+    if (g.T != 1) throw std::invalid_argument(std::string(op) + ": one token only (T = 1), got T=" + std::to_string(g.T));
+    expect_ndim(op, "conv_w", conv_w, 2);
+    const int C = int(qkv.shape(1)), K = int(conv_w.shape(1)), D = 128;
+    expect_shape(op, "conv_w", conv_w, {C, K});
+    expect_shape(op, "conv_state", conv_state, {C, K - 1});
+    expect_shape(op, "z", z, {1, g.Hv * D});
+    expect_shape(op, "norm_w", norm_w, {D});
+    DeviceBuffer d_cw = upload(conv_w), d_cs = upload(conv_state), d_z = upload(z), d_nw = upload(norm_w);
+    DeviceBuffer d_y = poisoned(size_t(g.Hv) * D * 2), counters(size_t(Hk + g.Hv) * 4);
+    LAMPO_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
+    return run_op(op, repeat,
+                  [&] {
+                      gdn_decode_fused(g.qkv.as<bf16>(), d_cw.as<bf16>(), d_cs.as<bf16>(), g.a.as<bf16>(),
+                                       g.b.as<bf16>(), g.A_log.as<float>(), g.dt_bias.as<float>(),
+                                       g.state.as<float>(), g.o.as<bf16>(), d_z.as<bf16>(), d_nw.as<bf16>(),
+                                       d_y.as<bf16>(), counters.as<unsigned>(), Hk, g.Hv, D, D, K, eps, 0);
+                  },
+                  [&](py::list& out) {
+                      std::vector<unsigned> left(size_t(Hk + g.Hv));
+                      LAMPO_CUDA_CHECK(cudaMemcpy(left.data(), counters.get(), counters.bytes(), cudaMemcpyDeviceToHost));
+                      for (unsigned v : left)
+                          if (v != 0)
+                              throw std::runtime_error(std::string(op) + ": a block counter was left at " +
+                                                       std::to_string(v) + " (must return to 0)");
+                      out.append(download<uint16_t>(d_y, {1, g.Hv * D}));
+                      out.append(download<uint16_t>(d_cs, {C, K - 1}));
+                      out.append(download<float>(g.state, {g.Hv, D, D}));
+                  });
+}
+
 py::tuple gdn_chunked_op(const arr<uint16_t>& qkv, const arr<uint16_t>& a, const arr<uint16_t>& b,
                          const arr<float>& A_log, const arr<float>& dt_bias, const arr<float>& state,
                          int Hk, int repeat) {
@@ -384,6 +420,12 @@ void register_gdn_moe_ops(py::module_& ops) {
     ops.def("gated_delta_rule_chunked", &gdn_chunked_op, arg("qkv"), arg("a"), arg("b"), arg("A_log"),
             arg("dt_bias"), arg("state"), arg("Hk"), arg("repeat") = 0,
             "same inputs as gated_delta_rule_recurrent -> (o, new_state)");
+    ops.def("gdn_decode_fused", &gdn_decode_fused_op, arg("qkv"), arg("conv_w"), arg("conv_state"), arg("a"),
+            arg("b"), arg("A_log"), arg("dt_bias"), arg("state"), arg("z"), arg("norm_w"), arg("Hk"),
+            arg("eps") = 1e-6f, arg("repeat") = 0,
+            "one GDN decode step: pre-conv qkv [1, 2*Hk*128 + Hv*128], conv_w [C,K], conv_state [C,K-1], "
+            "a, b [1,Hv], z [1,Hv*128], norm_w [128] (bf16 bits), A_log, dt_bias [Hv], state [Hv,128,128] f32 "
+            "-> (y [1,Hv*128] = gated_rmsnorm(rule(conv(qkv)), z), new conv_state, new state)");
     ops.def("gated_rmsnorm", &gated_rmsnorm_op, arg("o"), arg("z"), arg("w"), arg("eps") = 1e-6f,
             arg("repeat") = 0, "o [T,Hv,dv], z [T,Hv*dv], w [dv] (bf16 bits) -> y [T,Hv*dv]");
     ops.def("moe_router_topk", &router_op, arg("h"), arg("w_router"), arg("k"), arg("fused") = false,
