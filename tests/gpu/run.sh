@@ -5,6 +5,10 @@
 #   quick  build + pytest -m cuda + short benches: tiny-moe, and the full-width 35B-A3B / 27B shapes
 #          cut to 4 layers (random weights in VRAM); the GPU tests get full-width 4-layer checkpoint
 #          FILES (tests/gpu/full_width.py), written in the background while the extension builds
+#   final  build + pytest -m cuda + full-size benches that fit one call (35B-A3B real depths to
+#          262,144; 27B prefill 8,192 and real depths 8,192 / 262,144; 35B-A3B decode with
+#          LAMPO_DECODE_FUSION=0 for the A/B); if a test fails the benches run with the fusions off;
+#          everything is packed into $OUT/results.tgz (the device returns at most 8 files)
 #   full   build + pytest -m cuda + the whole benchmark: full-size random-weight models, prompts
 #          8,192 / 65,536, decode at depths 0 / 8,192 / 65,536 / 262,144 by real prefill, and the
 #          --fast-depth variant of the 35B-A3B
@@ -15,7 +19,7 @@
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|full) ;; *) echo "usage: $0 quick|full" >&2; exit 2 ;; esac
+case "$MODE" in quick|full|final) ;; *) echo "usage: $0 quick|full|final" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -74,15 +78,23 @@ bench() {  # bench NAME SECONDS ARGS...   (each bench has its own time limit; th
   timeout "$limit" $PY -m lampo.bench "$@" --json "$OUT/bench/$name.json" >"$OUT/bench/$name.txt" 2>&1
   log "bench $name exit $?"
 }
-if [ "$MODE" = quick ]; then
+case "$MODE" in
+quick)
   bench tiny-moe 60 --preset tiny-moe --random-weights --prompt 2048 --depths 0,2048 --decode-tokens 64
   bench 35b-a3b-4layers 90 --preset qwen3.6-35b-a3b --layers 4 --random-weights --prompt 8192 --depths 0,8192 --decode-tokens 64
-  bench 27b-4layers 90 --preset qwen3.6-27b --layers 4 --random-weights --prompt 8192 --depths 0,8192 --decode-tokens 64
-else
+  bench 27b-4layers 90 --preset qwen3.6-27b --layers 4 --random-weights --prompt 8192 --depths 0,8192 --decode-tokens 64 ;;
+full)
   bench 35b-a3b 150 --preset qwen3.6-35b-a3b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144
   bench 27b 260 --preset qwen3.6-27b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144
-  bench 35b-a3b-fast-depth 60 --preset qwen3.6-35b-a3b --random-weights --prompt 8192 --depths 0,32768,131072,262144 --fast-depth
-fi
+  bench 35b-a3b-fast-depth 60 --preset qwen3.6-35b-a3b --random-weights --prompt 8192 --depths 0,32768,131072,262144 --fast-depth ;;
+final)
+  if ! tail -1 "$OUT/pytest.log" | grep -q " passed" || tail -1 "$OUT/pytest.log" | grep -q "failed\|error"; then
+    export LAMPO_DECODE_FUSION=0; log "a cuda test failed: benches run with LAMPO_DECODE_FUSION=0"
+  fi
+  bench 35b-a3b 150 --preset qwen3.6-35b-a3b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144 --profile-steps 3
+  bench 27b 200 --preset qwen3.6-27b --random-weights --prompt 8192 --depths 0,8192,262144 --profile-steps 3
+  (export LAMPO_DECODE_FUSION=0; bench 35b-a3b-fusion-off 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0) ;;
+esac
 
 echo "================ pytest (tail) ================"
 grep -vE "^\s*$" "$OUT/pytest.log" | tail -60
@@ -90,4 +102,8 @@ for f in "$OUT"/bench/*.txt; do
   echo "================ $(basename "$f" .txt) ================"
   tail -45 "$f"
 done
+if [ "$MODE" = final ]; then
+  (cd "$OUT" && tar czf "$WORK/results.tgz" --exclude=results.tgz . && mv "$WORK/results.tgz" "$OUT/results.tgz" \
+     && find . -mindepth 1 ! -name results.tgz ! -name summary.txt -delete)
+fi
 log "done"
