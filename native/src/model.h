@@ -204,9 +204,9 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
                    const Workspace& ws, const ForwardStep& step, cudaStream_t stream,
                    OpTimer* timer);
 
-// Whether the decode step uses the round-2 fused / faster kernels (default) or the previous ones:
-// LAMPO_DECODE_FUSION=0 in the environment selects the previous kernels, to isolate a failure or
-// A/B them without a rebuild. Decided once per process.
+// Whether the decode step uses the fused kernels (default: the one-launch router + top-k and the
+// one-launch GDN step) or the separate launches: LAMPO_DECODE_FUSION=0 in the environment selects
+// the separate ones, to isolate a failure or A/B them without a rebuild. Decided once per process.
 bool decode_fusion_enabled();
 
 }  // namespace lampo

@@ -344,15 +344,13 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w) {
         shared.w_gate = w.shared_gate;
         shared.gate = ws.shared_gate;
         shared.inter = d.shared_inter;
-        const MoeDecodeKernels kernels =
-            decode_fusion_enabled() ? MoeDecodeKernels::Fast : MoeDecodeKernels::Legacy;
         c.op(OpFamily::MoeExperts, "moe_experts_gate_up", [&] {
             moe_experts_gate_up(ws.normed, w.experts_gate_up, ws.expert_ids, ws.act, T, k, H, I, c.st,
-                                &shared, kernels);
+                                &shared);
         });
         c.op(OpFamily::MoeExperts, "moe_experts_down", [&] {
             moe_experts_down(ws.act, w.experts_down, ws.expert_ids, ws.expert_weights, ws.delta, T,
-                             k, H, I, c.st, &shared, kernels);
+                             k, H, I, c.st, &shared);
         });
         return;
     }

@@ -26,87 +26,67 @@
 namespace lampo {
 namespace {
 
-// gate_up tiling: WARPS warps per block, PAIRS (gate, up) row pairs per warp, UNROLL 16-byte
-// chunks per lane per row per batch (2 * PAIRS * UNROLL weight loads in flight per lane).
-// GateUpFast (default): 4 warps, one pair, 8 chunks: a whole H = 2048 row pair in one batch of 16
-// loads, small blocks so the grid fills every SM several times over. GateUpLegacy: the round-1
-// tiling (8 warps, 2 pairs, 2 chunks; 8 loads in flight, 4 batches), kept selectable for A/B.
-template <int WARPS, int PAIRS, int UNROLL>
-struct GateUpTiling {
-    static constexpr int warps = WARPS, pairs = PAIRS, unroll = UNROLL, rows_per_block = WARPS * PAIRS;
-};
-using GateUpFast = GateUpTiling<4, 1, 8>;
-using GateUpLegacy = GateUpTiling<8, 2, 2>;
+constexpr int GU_WARPS = 8;
+constexpr int GU_PAIRS = 2;  // (gate, up) row pairs per warp
+constexpr int GU_ROWS_PER_BLOCK = GU_WARPS * GU_PAIRS;
+constexpr int GU_UNROLL = 2;  // 16-byte chunks per lane per row per batch (x 4 rows in flight)
 
-template <class Tiling>
-__global__ void __launch_bounds__(Tiling::warps * 32)
+__global__ void __launch_bounds__(GU_WARPS * 32)
 moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up,
                  const int32_t* __restrict__ ids, bf16* __restrict__ act, int T, int k, int H, int I,
                  MoeSharedSlot shared) {
-    constexpr int PAIRS = Tiling::pairs, UNROLL = Tiling::unroll;
+    pdl_begin();
     const int slots = shared.gate_up ? k + 1 : k;  // per token
     const int t = blockIdx.y / slots, s = blockIdx.y % slots;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const bf16* hrow = h + size_t(t) * H;
     const bool is_shared = s == k;
-    const int rows_n = is_shared ? shared.inter : I;  // this slot's intermediate size
-    const int r0 = blockIdx.x * Tiling::rows_per_block + warp * PAIRS;
-    if (is_shared && r0 < rows_n) {
-        // The shared expert's rows do not depend on the router: start pulling them into L2 while
-        // the previous kernel finishes (immutable weights only; see pdl_begin).
-        for (int p = 0; p < PAIRS; ++p)
-            for (int c = lane * 64; c < H; c += 32 * 64) {  // one 128-byte line per lane
-                pdl_prefetch_l2(shared.gate_up + size_t(r0 + p) * H + c);
-                pdl_prefetch_l2(shared.gate_up + size_t(rows_n + r0 + p) * H + c);
-            }
-    }
-    pdl_begin();
     if (is_shared && blockIdx.x == 0 && warp == 0) {  // the shared slot's weight for token t
         float dot = 0.f;
         for (int c = lane * 8; c < H; c += 32 * 8) dot = dot_bf16x8(ldg_u4(hrow + c), ldg_u4(shared.w_gate + c), dot);
         dot = warp_sum(dot);
         if (lane == 0) shared.gate[t] = sigmoid(dot);
     }
+    const int rows_n = is_shared ? shared.inter : I;  // this slot's intermediate size
+    const int r0 = blockIdx.x * GU_ROWS_PER_BLOCK + warp * GU_PAIRS;
     if (r0 >= rows_n) return;  // the grid spans max(I, Is); sizes are multiples of 64
     const bf16* W = is_shared ? shared.gate_up : gate_up + size_t(ids[t * k + s]) * 2 * I * H;
     bf16* out = is_shared ? act + size_t(T) * k * I + size_t(t) * rows_n : act + size_t(t * k + s) * I;
 
-    const bf16* rows[2 * PAIRS];  // gate r, up r, gate r+1, up r+1, ...
+    const bf16* rows[2 * GU_PAIRS];  // gate r, up r, gate r+1, up r+1
 #pragma unroll
-    for (int p = 0; p < PAIRS; ++p) {
+    for (int p = 0; p < GU_PAIRS; ++p) {
         rows[2 * p] = W + size_t(r0 + p) * H;
         rows[2 * p + 1] = W + size_t(rows_n + r0 + p) * H;
     }
-    float acc[2 * PAIRS] = {};
-    for (int base = 0; base < H; base += 32 * 8 * UNROLL) {
-        uint4 wv[UNROLL][2 * PAIRS];
+    float acc[2 * GU_PAIRS] = {};
+    for (int base = 0; base < H; base += 32 * 8 * GU_UNROLL) {
+        uint4 wv[GU_UNROLL][2 * GU_PAIRS];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < GU_UNROLL; ++u) {
             const int c = base + (u * 32 + lane) * 8;
             if (c < H) {
 #pragma unroll
-                for (int q = 0; q < 2 * PAIRS; ++q) wv[u][q] = ldg_u4(rows[q] + c);
+                for (int q = 0; q < 2 * GU_PAIRS; ++q) wv[u][q] = ldg_u4(rows[q] + c);
             }
         }
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < GU_UNROLL; ++u) {
             const int c = base + (u * 32 + lane) * 8;
             if (c < H) {
                 const uint4 hv = ldg_u4(hrow + c);
 #pragma unroll
-                for (int q = 0; q < 2 * PAIRS; ++q) acc[q] = dot_bf16x8(wv[u][q], hv, acc[q]);
+                for (int q = 0; q < 2 * GU_PAIRS; ++q) acc[q] = dot_bf16x8(wv[u][q], hv, acc[q]);
             }
         }
     }
 #pragma unroll
-    for (int p = 0; p < PAIRS; ++p) {
+    for (int p = 0; p < GU_PAIRS; ++p) {
         const float g = warp_sum(acc[2 * p]), u = warp_sum(acc[2 * p + 1]);
         if (lane == 0) out[r0 + p] = __float2bfloat16_rn(silu(g) * u);
     }
 }
 
-// down, round-1 form (MoeDecodeKernels::Legacy): one output row per warp, ids and weights read
-// from global memory per item, 8 items per batch.
 constexpr int DN_WARPS = 8;   // one output row per warp
 constexpr int DN_UNROLL = 8;  // (slot, chunk) items per lane per batch
 
@@ -155,74 +135,6 @@ moe_down_gemv(const bf16* __restrict__ act, const bf16* __restrict__ down,
     }
 }
 
-// down, default form: WARPS warps per block, one output row per warp. The block first puts the
-// expert ids and routing weights of every (token, slot) in shared memory (and the shared slot's
-// down row into L2 before the PDL wait: it does not depend on the router), then each lane issues
-// UNROLL weight loads at once with no per-load id lookup through global memory; act is read in
-// the compute phase (9 KiB per token at 35B-A3B sizes, L1/L2 resident). For 35B-A3B (8 x 64 +
-// 64 chunks per row) a lane has 18 items: one batch of 20 loads. Same sum order per lane as
-// moe_down_gemv, so both forms give identical results up to the fp32 warp-sum order.
-constexpr int DNF_WARPS = 4;
-constexpr int DNF_UNROLL = 20;
-
-__global__ void __launch_bounds__(DNF_WARPS * 32)
-moe_down_gemv_batched(const bf16* __restrict__ act, const bf16* __restrict__ down,
-                      const int32_t* __restrict__ ids, const float* __restrict__ weights,
-                      bf16* __restrict__ out, int T, int k, int H, int I, MoeSharedSlot shared) {
-    __shared__ int s_ids[MOE_DECODE_MAX_T * MOE_MAX_K];
-    __shared__ float s_wt[MOE_DECODE_MAX_T * (MOE_MAX_K + 1)];  // routed weights, then gate[t]
-    const int r = blockIdx.x * DNF_WARPS + threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-    const int shared_chunks = shared.down ? shared.inter / 8 : 0;
-    if (r < H)
-        for (int c = lane * 64; c < shared_chunks * 8; c += 32 * 64)  // one 128-byte line per lane
-            pdl_prefetch_l2(shared.down + size_t(r) * shared.inter + c);
-    pdl_begin();
-    for (int i = threadIdx.x; i < T * k; i += blockDim.x) {
-        s_ids[i] = ids[i];
-        s_wt[i] = weights[i];
-    }
-    if (shared.down)
-        for (int t = threadIdx.x; t < T; t += blockDim.x) s_wt[T * k + t] = shared.gate[t];
-    __syncthreads();
-    if (r >= H) return;
-    const int chunks = I / 8;                          // 16-byte chunks per routed row
-    const int routed_items = k * chunks;               // (slot, chunk) pairs per token
-    const int items = routed_items + shared_chunks;    // + the shared row
-    const bf16* act_shared = act + size_t(T) * k * I;
-    for (int t = 0; t < T; ++t) {
-        float acc = 0.f;
-        for (int base = 0; base < items; base += 32 * DNF_UNROLL) {
-            uint4 wv[DNF_UNROLL];
-#pragma unroll
-            for (int u = 0; u < DNF_UNROLL; ++u) {
-                const int item = base + u * 32 + lane;
-                if (item < routed_items) {
-                    const int s = item / chunks, c = (item % chunks) * 8;
-                    wv[u] = ldg_u4(down + (size_t(s_ids[t * k + s]) * H + r) * I + c);
-                } else if (item < items) {
-                    wv[u] = ldg_u4(shared.down + size_t(r) * shared.inter + (item - routed_items) * 8);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < DNF_UNROLL; ++u) {
-                const int item = base + u * 32 + lane;
-                if (item < routed_items) {
-                    const int s = item / chunks, c = (item % chunks) * 8;
-                    const uint4 av = *reinterpret_cast<const uint4*>(act + size_t(t * k + s) * I + c);
-                    acc = fmaf(s_wt[t * k + s], dot_bf16x8(wv[u], av, 0.f), acc);
-                } else if (item < items) {
-                    const int c = (item - routed_items) * 8;
-                    const uint4 av = *reinterpret_cast<const uint4*>(act_shared + size_t(t) * shared.inter + c);
-                    acc = fmaf(s_wt[T * k + t], dot_bf16x8(wv[u], av, 0.f), acc);
-                }
-            }
-        }
-        acc = warp_sum(acc);
-        if (lane == 0) out[size_t(t) * H + r] = __float2bfloat16_rn(acc);
-    }
-}
-
 void check_decode_dims(const char* op, int T, int k, int H, int I) {
     moe_check_tokens(op, T, k, H);
     moe_check_intermediate(op, I);
@@ -243,36 +155,23 @@ MoeSharedSlot shared_slot(const char* op, const MoeSharedSlot* shared) {
 }  // namespace
 
 void moe_experts_gate_up(const bf16* h, const bf16* gate_up, const int32_t* ids, bf16* act, int T,
-                         int k, int H, int I, cudaStream_t stream, const MoeSharedSlot* shared,
-                         MoeDecodeKernels kernels) {
+                         int k, int H, int I, cudaStream_t stream, const MoeSharedSlot* shared) {
     const char* op = "moe_experts_gate_up";
     check_decode_dims(op, T, k, H, I);
     const MoeSharedSlot sh = shared_slot(op, shared);
     const int rows = sh.gate_up ? std::max(I, sh.inter) : I;
-    const int slots = T * (sh.gate_up ? k + 1 : k);
-    auto launch = [&](auto kernel, auto tiling) {
-        using Tiling = decltype(tiling);
-        const dim3 grid(rows / Tiling::rows_per_block, slots);
-        launch_pdl(op, kernel, grid, Tiling::warps * 32, 0, stream, h, gate_up, ids, act, T, k, H, I, sh);
-    };
-    if (kernels == MoeDecodeKernels::Legacy)
-        launch(moe_gate_up_gemv<GateUpLegacy>, GateUpLegacy{});
-    else
-        launch(moe_gate_up_gemv<GateUpFast>, GateUpFast{});
+    const dim3 grid(rows / GU_ROWS_PER_BLOCK, T * (sh.gate_up ? k + 1 : k));
+    launch_pdl(op, moe_gate_up_gemv, grid, GU_WARPS * 32, 0, stream, h, gate_up, ids, act, T, k, H, I, sh);
 }
 
 void moe_experts_down(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
                       bf16* out, int T, int k, int H, int I, cudaStream_t stream,
-                      const MoeSharedSlot* shared, MoeDecodeKernels kernels) {
+                      const MoeSharedSlot* shared) {
     const char* op = "moe_experts_down";
     check_decode_dims(op, T, k, H, I);
     const MoeSharedSlot sh = shared_slot(op, shared);
-    if (kernels == MoeDecodeKernels::Legacy)
-        launch_pdl(op, moe_down_gemv, ceil_div(H, DN_WARPS), DN_WARPS * 32, 0, stream, act, down, ids,
-                   weights, out, T, k, H, I, sh);
-    else
-        launch_pdl(op, moe_down_gemv_batched, ceil_div(H, DNF_WARPS), DNF_WARPS * 32, 0, stream, act, down,
-                   ids, weights, out, T, k, H, I, sh);
+    launch_pdl(op, moe_down_gemv, ceil_div(H, DN_WARPS), DN_WARPS * 32, 0, stream, act, down, ids, weights,
+               out, T, k, H, I, sh);
 }
 
 }  // namespace lampo

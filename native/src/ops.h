@@ -167,18 +167,12 @@ struct MoeSharedSlot {
     float* gate = nullptr;          // [T] fp32 scratch: written by gate_up, read by down
     int inter = 0;                  // Is
 };
-// `kernels` picks the implementation (same results, bit for bit): Fast (default; more weight
-// loads in flight per lane, ids/weights staged in shared memory) or Legacy (the round-1 kernels,
-// kept for A/B and to isolate failures; the engine uses it under LAMPO_DECODE_FUSION=0).
-enum class MoeDecodeKernels { Fast, Legacy };
 void moe_experts_gate_up(const bf16* h, const bf16* gate_up, const int32_t* ids, bf16* act, int T,
                          int k, int H, int I, cudaStream_t stream,
-                         const MoeSharedSlot* shared = nullptr,
-                         MoeDecodeKernels kernels = MoeDecodeKernels::Fast);
+                         const MoeSharedSlot* shared = nullptr);
 void moe_experts_down(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
                       bf16* out, int T, int k, int H, int I, cudaStream_t stream,
-                      const MoeSharedSlot* shared = nullptr,
-                      MoeDecodeKernels kernels = MoeDecodeKernels::Fast);
+                      const MoeSharedSlot* shared = nullptr);
 // Routed experts for a prefill chunk (T large): tokens grouped by expert, one grouped GEMM per
 // projection. workspace of moe_prefill_workspace_bytes(). Same function as the two above.
 size_t moe_prefill_workspace_bytes(int T, int k, int H, int I, int E);

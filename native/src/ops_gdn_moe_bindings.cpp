@@ -266,12 +266,8 @@ py::tuple router_op(const arr<uint16_t>& h, const arr<uint16_t>& w_router, int k
                   });
 }
 
-MoeDecodeKernels decode_kernels(bool legacy) {
-    return legacy ? MoeDecodeKernels::Legacy : MoeDecodeKernels::Fast;
-}
-
 py::object gate_up_op(const arr<uint16_t>& h, const arr<uint16_t>& gate_up, const arr<int32_t>& ids,
-                      bool legacy, int repeat) {
+                      int repeat) {
     const char* op = "moe_experts_gate_up";
     expect_ndim(op, "h", h, 2);
     expect_ndim(op, "gate_up", gate_up, 3);
@@ -284,15 +280,12 @@ py::object gate_up_op(const arr<uint16_t>& h, const arr<uint16_t>& gate_up, cons
     DeviceBuffer d_h = upload(h), d_w = upload(gate_up), d_ids = upload(ids), act = poisoned(size_t(T) * k * I * 2);
     return single_or_tuple(run_op(
         op, repeat,
-        [&] {
-            moe_experts_gate_up(d_h.as<bf16>(), d_w.as<bf16>(), d_ids.as<int32_t>(), act.as<bf16>(), T, k, H, I, 0,
-                                nullptr, decode_kernels(legacy));
-        },
+        [&] { moe_experts_gate_up(d_h.as<bf16>(), d_w.as<bf16>(), d_ids.as<int32_t>(), act.as<bf16>(), T, k, H, I, 0); },
         [&](py::list& out) { out.append(download<uint16_t>(act, {T, k, I})); }));
 }
 
 py::object down_op(const arr<uint16_t>& act, const arr<uint16_t>& down, const arr<int32_t>& ids,
-                   const arr<float>& weights, bool legacy, int repeat) {
+                   const arr<float>& weights, int repeat) {
     const char* op = "moe_experts_down";
     expect_ndim(op, "act", act, 3);
     expect_ndim(op, "down", down, 3);
@@ -308,7 +301,7 @@ py::object down_op(const arr<uint16_t>& act, const arr<uint16_t>& down, const ar
         op, repeat,
         [&] {
             moe_experts_down(d_act.as<bf16>(), d_w.as<bf16>(), d_ids.as<int32_t>(), d_wt.as<float>(),
-                             d_out.as<bf16>(), T, k, H, I, 0, nullptr, decode_kernels(legacy));
+                             d_out.as<bf16>(), T, k, H, I, 0);
         },
         [&](py::list& out) { out.append(download<uint16_t>(d_out, {T, H})); }));
 }
@@ -343,7 +336,7 @@ py::tuple experts_decode_shared_op(const arr<uint16_t>& h, const arr<uint16_t>& 
                                    const arr<uint16_t>& down, const arr<int32_t>& ids,
                                    const arr<float>& weights, const arr<uint16_t>& shared_gate_up,
                                    const arr<uint16_t>& shared_down, const arr<uint16_t>& w_gate,
-                                   bool legacy, int repeat) {
+                                   int repeat) {
     const char* op = "moe_experts_decode_shared";
     expect_ndim(op, "h", h, 2);
     expect_ndim(op, "gate_up", gate_up, 3);
@@ -375,9 +368,9 @@ py::tuple experts_decode_shared_op(const arr<uint16_t>& h, const arr<uint16_t>& 
         op, repeat,
         [&] {
             moe_experts_gate_up(d_h.as<bf16>(), d_gu.as<bf16>(), d_ids.as<int32_t>(), act.as<bf16>(), T, k, H,
-                                I, 0, &shared, decode_kernels(legacy));
+                                I, 0, &shared);
             moe_experts_down(act.as<bf16>(), d_dn.as<bf16>(), d_ids.as<int32_t>(), d_wt.as<float>(),
-                             d_out.as<bf16>(), T, k, H, I, 0, &shared, decode_kernels(legacy));
+                             d_out.as<bf16>(), T, k, H, I, 0, &shared);
         },
         [&](py::list& out) {
             out.append(download<uint16_t>(d_out, {T, H}));
@@ -432,17 +425,16 @@ void register_gdn_moe_ops(py::module_& ops) {
             arg("repeat") = 0,
             "h [T,H], w_router [E,H] (bf16 bits) -> (ids [T,k] int32, weights [T,k], logits [T,E]); "
             "fused: the one-launch form for T <= 8 (block counter, checked to return to 0)");
-    ops.def("moe_experts_gate_up", &gate_up_op, arg("h"), arg("gate_up"), arg("ids"), arg("legacy") = false,
-            arg("repeat") = 0,
+    ops.def("moe_experts_gate_up", &gate_up_op, arg("h"), arg("gate_up"), arg("ids"), arg("repeat") = 0,
             "h [T,H], gate_up [E,2I,H] (bf16 bits), ids [T,k] int32 -> act [T,k,I]");
     ops.def("moe_experts_down", &down_op, arg("act"), arg("down"), arg("ids"), arg("weights"),
-            arg("legacy") = false, arg("repeat") = 0, "act [T,k,I], down [E,H,I] (bf16 bits), ids, weights [T,k] -> out [T,H]");
+            arg("repeat") = 0, "act [T,k,I], down [E,H,I] (bf16 bits), ids, weights [T,k] -> out [T,H]");
     ops.def("moe_experts_prefill", &prefill_op, arg("h"), arg("gate_up"), arg("down"), arg("ids"),
             arg("weights"), arg("repeat") = 0,
             "h [T,H], gate_up [E,2I,H], down [E,H,I] (bf16 bits), ids, weights [T,k] -> out [T,H]");
     ops.def("moe_experts_decode_shared", &experts_decode_shared_op, arg("h"), arg("gate_up"), arg("down"),
             arg("ids"), arg("weights"), arg("shared_gate_up"), arg("shared_down"), arg("w_gate"),
-            arg("legacy") = false, arg("repeat") = 0,
+            arg("repeat") = 0,
             "h [T,H], gate_up [E,2I,H], down [E,H,I], shared_gate_up [2Is,H], shared_down [H,Is], w_gate [H] "
             "(bf16 bits), ids, weights [T,k] -> (out [T,H] = routed + sigmoid(h.w_gate) * shared, gate [T])");
     ops.def("moe_shared_combine", &shared_combine_op, arg("routed"), arg("shared"), arg("h"),

@@ -275,21 +275,20 @@ def routed_reference(h, gate_up, down, ids, weights):
     return out
 
 
-@pytest.mark.parametrize("legacy", [False, True])  # round-2 kernels / the round-1 ones (LAMPO_DECODE_FUSION=0)
-@pytest.mark.parametrize("T,H,I,E,k", [(1, 128, 64, 8, 2), (3, 256, 128, 8, 2), (8, 2048, 512, 16, 8), (2, 1024, 1536, 17, 16)])
-def test_experts_decode_match_reference(ops, T, H, I, E, k, legacy):
+@pytest.mark.parametrize("T,H,I,E,k", [(1, 128, 64, 8, 2), (3, 256, 128, 8, 2), (8, 2048, 512, 16, 8)])
+def test_experts_decode_match_reference(ops, T, H, I, E, k):
     rng = np.random.default_rng(T + H + E)
     gate_up, down = expert_weights(rng, E, H, I)
     h = bf16_normal(rng, (T, H))
     ids, w = random_routes(rng, T, E, k)
-    act = ops.moe_experts_gate_up(h, gate_up, ids, legacy=legacy)
+    act = ops.moe_experts_gate_up(h, gate_up, ids)
     assert act.shape == (T, k, I)
     hf, gu = from_bf16(h), from_bf16(gate_up)
     want_act = np.stack([
         np.stack([silu(gu[ids[t, s], :I] @ hf[t]) * (gu[ids[t, s], I:] @ hf[t]) for s in range(k)]) for t in range(T)
     ])
     assert_bf16_close(act, want_act, "gate_up act")
-    out = ops.moe_experts_down(act, down, ids, w, legacy=legacy)
+    out = ops.moe_experts_down(act, down, ids, w)
     dn, actf = from_bf16(down), from_bf16(act)
     want_out = np.stack([sum(w[t, s] * (dn[ids[t, s]] @ actf[t, s]) for s in range(k)) for t in range(T)])
     assert_bf16_close(out, want_out, "down out")
@@ -313,9 +312,8 @@ def test_router_and_experts_match_moe_block(ops):
     assert_bf16_close(out, want, "moe block")
 
 
-@pytest.mark.parametrize("legacy", [False, True])
 @pytest.mark.parametrize("T,H,I,E,k,Is", [(1, 2048, 512, 32, 8, 512), (3, 256, 128, 8, 2, 64), (8, 256, 64, 8, 2, 192)])
-def test_experts_decode_with_shared_slot_match_moe_block(ops, T, H, I, E, k, Is, legacy):
+def test_experts_decode_with_shared_slot_match_moe_block(ops, T, H, I, E, k, Is):
     """The shared expert as the (k+1)-th slot of the decode launches gives the whole moe_block."""
     rng = np.random.default_rng(T + Is)
     gate_up, down = expert_weights(rng, E, H, I)
@@ -323,28 +321,11 @@ def test_experts_decode_with_shared_slot_match_moe_block(ops, T, H, I, E, k, Is,
     sg, su, sd = bf16_normal(rng, (Is, H), H**-0.5), bf16_normal(rng, (Is, H), H**-0.5), bf16_normal(rng, (H, Is), Is**-0.5)
     w_gate = bf16_normal(rng, (1, H), H**-0.5)
     ids, weights, _ = ops.moe_router_topk(h, w_router, k)
-    out, gate = ops.moe_experts_decode_shared(h, gate_up, down, ids, weights, np.concatenate([sg, su]), sd, w_gate,
-                                              legacy=legacy)
+    out, gate = ops.moe_experts_decode_shared(h, gate_up, down, ids, weights, np.concatenate([sg, su]), sd, w_gate)
     np.testing.assert_allclose(gate, 1.0 / (1.0 + np.exp(-(from_bf16(h) @ from_bf16(w_gate)[0]))), rtol=1e-5, atol=1e-6)
     want = ffn.moe_block(from_bf16(h), from_bf16(w_router), from_bf16(gate_up), from_bf16(down), from_bf16(w_gate),
                          from_bf16(sg), from_bf16(su), from_bf16(sd), k)
     assert_bf16_close(out, want, "decode moe block with shared slot")
-
-
-@pytest.mark.parametrize("T,Is", [(1, 512), (4, 512), (8, 192)])
-def test_experts_decode_fast_and_legacy_kernels_agree_bitwise(ops, T, Is):
-    """Each lane sums the same items in the same order in both forms, so the outputs are identical."""
-    rng = np.random.default_rng(100 + T)
-    E, k, H, I = 40, 8, 2048, 512
-    gate_up, down = expert_weights(rng, E, H, I)
-    h = bf16_normal(rng, (T, H))
-    ids, w = random_routes(rng, T, E, k)
-    s_gu, s_dn, s_g = bf16_normal(rng, (2 * Is, H), H**-0.5), bf16_normal(rng, (H, Is), Is**-0.5), bf16_normal(rng, (H,))
-    fast = ops.moe_experts_decode_shared(h, gate_up, down, ids, w, s_gu, s_dn, s_g)
-    legacy = ops.moe_experts_decode_shared(h, gate_up, down, ids, w, s_gu, s_dn, s_g, legacy=True)
-    assert np.isfinite(from_bf16(fast[0])).all()
-    np.testing.assert_array_equal(fast[0], legacy[0])
-    np.testing.assert_array_equal(fast[1], legacy[1])
 
 
 @pytest.mark.parametrize("T,H,I,E,k,skew", [(300, 128, 64, 8, 2, False), (333, 256, 128, 32, 4, True), (300, 2048, 512, 16, 8, False)])
@@ -419,22 +400,20 @@ def test_timings_35b_dims(ops):
         TIMINGS.append(f"router T={T}: {ms * 1e3:.1f} us")
     ms = ops.moe_router_topk(bf16_normal(rng, (1, H)), w_router, k, fused=True, repeat=rep)[-1]
     TIMINGS.append(f"router T=1 one launch: {ms * 1e3:.1f} us")
-    for T, legacy in ((1, False), (1, True), (4, False), (4, True)):
+    for T in (1, 4):
         h = bf16_normal(rng, (T, H))
         ids, w = random_routes(rng, T, E, k)
-        act, ms_gu = ops.moe_experts_gate_up(h, gate_up, ids, legacy=legacy, repeat=rep)
-        _, ms_dn = ops.moe_experts_down(act, down, ids, w, legacy=legacy, repeat=rep)
+        act, ms_gu = ops.moe_experts_gate_up(h, gate_up, ids, repeat=rep)
+        _, ms_dn = ops.moe_experts_down(act, down, ids, w, repeat=rep)
         n_exp = len(np.unique(ids))
         TIMINGS.append(
-            f"experts{' (legacy)' if legacy else ''} T={T} ({n_exp} experts): gate_up {ms_gu * 1e3:.1f} us ({n_exp * 2 * I * H * 2 / ms_gu / 1e6:.0f} GB/s),"
+            f"experts T={T} ({n_exp} experts): gate_up {ms_gu * 1e3:.1f} us ({n_exp * 2 * I * H * 2 / ms_gu / 1e6:.0f} GB/s),"
             f" down {ms_dn * 1e3:.1f} us ({n_exp * H * I * 2 / ms_dn / 1e6:.0f} GB/s)")
     h = bf16_normal(rng, (1, H))
     ids, w = random_routes(rng, 1, E, k)
     s_gu, s_dn, s_g = bf16_normal(rng, (2 * I, H), H**-0.5), bf16_normal(rng, (H, I), I**-0.5), bf16_normal(rng, (H,))
-    for legacy in (False, True):
-        ms = ops.moe_experts_decode_shared(h, gate_up, down, ids, w, s_gu, s_dn, s_g, legacy=legacy, repeat=rep)[-1]
-        TIMINGS.append(f"experts + shared slot{' (legacy)' if legacy else ''} T=1 (2 launches): {ms * 1e3:.1f} us"
-                       f" ({(k + 1) * 3 * I * H * 2 / ms / 1e6:.0f} GB/s)")
+    ms = ops.moe_experts_decode_shared(h, gate_up, down, ids, w, s_gu, s_dn, s_g, repeat=rep)[-1]
+    TIMINGS.append(f"experts + shared slot T=1 (2 launches): {ms * 1e3:.1f} us ({(k + 1) * 3 * I * H * 2 / ms / 1e6:.0f} GB/s)")
     for T in (2048, 8192):
         h = bf16_normal(rng, (T, H))
         ids, w = random_routes(rng, T, E, k)
