@@ -122,6 +122,9 @@ async def stream_benchmark(n_tokens: int, rate: float | None, home: Path, frame_
     session.store.close()
     backlog = max(((r - d), t) for t, r, d in samples) if samples else (0, 0.0)
     rate_seen = n_tokens / received_all if received_all > 0 else float("inf")
+    # Falling behind would show as a backlog growing from one quarter of the stream to the next.
+    quarters = [max((r - d for t, r, d in samples if q * received_all / 4 <= t < (q + 1) * received_all / 4),
+                    default=0) for q in range(4)]
     return {
         "tokens": n_tokens, "paced_rate": rate, "frame_hz": frame_hz,
         "seconds": round(t_end, 3),
@@ -129,6 +132,7 @@ async def stream_benchmark(n_tokens: int, rate: float | None, home: Path, frame_
         "displayed_tok_per_s": round(n_tokens / t_end, 1),
         "max_backlog_tokens": backlog[0],
         "max_backlog_ms_of_stream": round(backlog[0] / rate_seen * 1000, 1) if rate_seen else 0.0,
+        "max_backlog_tokens_by_quarter": quarters,
         "catch_up_after_last_token_ms": round((t_end - received_all) * 1000, 1),
         "frames": _quantiles_ms(frame_times),
         "max_event_loop_stall_ms": round(stalls.max_gap_ms, 1),
@@ -207,7 +211,7 @@ async def test_scroll_benchmark_reaches_the_first_message(tmp_path, monkeypatch)
     monkeypatch.setenv("LAMPO_HOME", str(tmp_path))
     result = await scroll_benchmark(120, tmp_path, step_lines=20)
     print(json.dumps(result, indent=1))
-    assert result["reached_first_message"] and result["mounted_at_top"] == 120
+    assert result["reached_first_message"] and result["mounted_at_top"] < 100  # a window, not all 120
     assert result["mounted_at_start"] < 120 and result["steps"]["count"] > 0
 
 

@@ -71,10 +71,8 @@ def hud_cells(state: HudState) -> dict[str, Content]:
             used=f"{used:,}", max=f"{ctx_max:,}", pending=f"{pending:,}",
         ),
     )
-    model = _cell(
-        "model", "[b]$name[/] · $backend" + ("  [reverse $warning] DEMO (random weights) " if state.info.is_demo else ""),
-        name=state.info.model_name, backend=state.info.backend,
-    )
+    demo = "[reverse $warning] DEMO (random weights) [/] " if state.info.is_demo else ""
+    model = _cell("model", demo + "[b]$name[/] · $backend", name=state.info.model_name, backend=state.info.backend)
     return dict(zip(CELL_IDS, (decode, prefill, spec, vram, context, model)))
 
 

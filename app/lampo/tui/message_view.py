@@ -9,6 +9,7 @@ Clicking a code block copies it.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any, Mapping
 
 from markdown_it import MarkdownIt
@@ -19,6 +20,8 @@ from textual.reactive import reactive
 from textual.widgets import Static
 from textual.widgets.markdown import MarkdownFence
 
+from lampo.backend import Stats
+from lampo.stats_format import footer
 from lampo.tui.attachment_chip import AttachmentChip, ChipInfo
 from lampo.tui.parking import Parkable
 from lampo.tui.streaming_markdown import StreamingMarkdown
@@ -30,23 +33,10 @@ def code_blocks(markdown: str) -> list[str]:
 
 
 def reply_footer(stats: Mapping[str, Any] | None) -> str:
-    """One line under a finished reply, from its stored stats (llama.cpp field names)."""
+    """The stats line under a finished reply, from the stats stored with it."""
     if not stats:
         return ""
-    parts = [f"{stats.get('predicted_n', 0):,} tokens"]
-    if stats.get("predicted_ms"):
-        parts.append(f"{stats['predicted_n'] / stats['predicted_ms'] * 1000:,.1f} tok/s")
-    if stats.get("prompt_ms"):
-        parts.append(f"prefill {stats['prompt_n']:,} at {stats['prompt_n'] / stats['prompt_ms'] * 1000:,.0f} tok/s")
-    if stats.get("ttft_ms"):
-        parts.append(f"TTFT {stats['ttft_ms'] / 1000:.2f} s")
-    if stats.get("draft_n"):
-        parts.append(f"drafts {stats['draft_n_accepted'] / stats['draft_n']:.0%} accepted")
-    reason = stats.get("reason", "")
-    if reason and reason != "stop":
-        parts.append({"cancelled": "stopped", "length": "max tokens reached",
-                      "context": "context full"}.get(reason, reason))
-    return " · ".join(parts)
+    return footer(Stats(**{f.name: stats[f.name] for f in fields(Stats) if f.name in stats}), stats.get("reason"))
 
 
 class UserMessage(Vertical, Parkable):

@@ -5,8 +5,8 @@ that reports it, e.g. with the Kitty keyboard protocol; ctrl+j works everywhere 
 whatever the user maps "send" and "newline" to). Up on the top
 row / down on the bottom row, or ctrl+up / ctrl+down anywhere, walk the history of sent messages;
 the draft being typed comes back when walking past the newest entry. A paste of at least
-`paste_threshold` characters is not inserted: it becomes a `LongPaste` for the app to turn into
-an attachment chip. Every binding has an id, so a user keymap can change its keys.
+`paste_threshold` characters (0: never) is not inserted: it becomes a `LongPaste` for the app to
+turn into an attachment chip. Every binding has an id, so a user keymap can change its keys.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ class PromptInput(TextArea):
             self.text = text
 
     def __init__(self, *, paste_threshold: int = 2500, id: str | None = None):
-        if paste_threshold < 1:
-            raise ValueError(f"paste threshold must be >= 1 character (got {paste_threshold})")
+        if paste_threshold < 0:
+            raise ValueError(f"paste threshold must be >= 0 characters (got {paste_threshold})")
         super().__init__(
             id=id, soft_wrap=True, show_line_numbers=False, tab_behavior="focus", compact=True,
             placeholder="Message (Enter sends, ctrl+j newline, ctrl+p commands, /attach FILE)",
@@ -99,7 +99,7 @@ class PromptInput(TextArea):
             super().action_cursor_down(select)
 
     async def _on_paste(self, event: events.Paste) -> None:
-        if len(event.text) >= self.paste_threshold:
+        if self.paste_threshold and len(event.text) >= self.paste_threshold:
             event.prevent_default()
             event.stop()
             self.post_message(self.LongPaste(event.text))
