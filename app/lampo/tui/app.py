@@ -126,6 +126,9 @@ class LampoApp(App):
         if self.session.store.notice:
             self.notify(self.session.store.notice, severity="warning", timeout=15)
 
+    def on_unmount(self) -> None:
+        self.session.cancel()  # quitting mid-reply: let the generation thread end
+
     @property
     def prompt(self) -> PromptInput:
         return self.query_one("#prompt", PromptInput)

@@ -1,10 +1,11 @@
 """Transcript entries: a user message (text + attachment chips) and an assistant reply.
 
-An assistant reply streams into two `StreamingMarkdown` views (Textual Markdown fed through
+A live assistant reply streams into two `StreamingMarkdown` views (Textual Markdown fed through
 `MarkdownStream`s): the model's thinking, shown dimmed in a `ThinkingBlock` that folds as soon as
 the answer starts, and the answer itself. `show_partial` is called once a frame with the reply so
-far and streams only what was added; `finish` stops the streams and renders the final text once.
-Clicking a code block copies it.
+far and streams only what was added; `finish` renders the final text once, as a one-widget
+`MarkdownView` - the form every stored reply takes. Clicking a code block of a live reply copies
+it (any reply's blocks: the command palette).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from textual.widgets.markdown import MarkdownFence
 from lampo.backend import Stats
 from lampo.stats_format import footer
 from lampo.tui.attachment_chip import AttachmentChip, ChipInfo
+from lampo.tui.markdown_view import MarkdownView
 from lampo.tui.parking import Parkable
 from lampo.tui.streaming_markdown import StreamingMarkdown
 
@@ -57,8 +59,9 @@ class UserMessage(Vertical, Parkable):
 
 
 class ThinkingBlock(Vertical):
-    """The model's reasoning: a dimmed Markdown body under a clickable fold title. The body is
-    rendered only while unfolded (a folded block of a long reasoning costs no widgets)."""
+    """The model's reasoning: a dimmed body under a clickable fold title. While the reply is
+    live the body streams (`StreamingMarkdown`); otherwise it is a `MarkdownView`, built only
+    when first unfolded (a folded block of a long reasoning costs no widgets)."""
 
     folded: reactive[bool] = reactive(False)
 
@@ -72,13 +75,12 @@ class ThinkingBlock(Vertical):
     def compose(self) -> ComposeResult:
         yield Static(self._title(), classes="thinking-title", markup=False)
         if not self.folded:
-            yield StreamingMarkdown(self.text, classes="thinking-body")
+            yield MarkdownView(self.text, classes="thinking-body")
 
     @property
-    def body(self) -> StreamingMarkdown | None:
+    def body(self) -> StreamingMarkdown | MarkdownView | None:
         """The rendered reasoning; None until the block is first unfolded."""
-        bodies = self.query_children(StreamingMarkdown)
-        return bodies.first() if bodies else None
+        return next(iter(self.query_children(".thinking-body")), None)
 
     def _title(self) -> str:
         arrow = "▶" if self.folded else "▼"
@@ -88,27 +90,31 @@ class ThinkingBlock(Vertical):
         self.query_one(".thinking-title", Static).update(self._title())
 
     async def open_live(self) -> None:
-        """Show the block unfolded, ready to stream the reasoning of a live reply."""
+        """Show the block unfolded, streaming the reasoning of a live reply."""
         self.display, self.live = True, True
         self.set_reactive(ThinkingBlock.folded, False)
         self.set_class(False, "-folded")
-        if self.body is None:
-            await self.mount(StreamingMarkdown(self.text, classes="thinking-body"))
+        await self.query_children(".thinking-body").remove()
+        await self.mount(StreamingMarkdown(self.text, classes="thinking-body"))
         self.refresh_title()
 
     async def show(self, text: str) -> None:
-        """The reasoning so far: streamed into the body while it is unfolded."""
+        """The reasoning so far, streamed into the live body."""
         self.text = text
         body = self.body
-        if body is not None and not self.folded:
+        if isinstance(body, StreamingMarkdown):
             await body.show(text)
         self.refresh_title()
 
     async def finish(self, text: str) -> None:
+        """The final reasoning: a streamed body is replaced by its finished rendering."""
         self.text, self.live = text, False
         body = self.body
-        if body is not None:
-            await body.finish(text)
+        if isinstance(body, StreamingMarkdown):
+            await body.stop()
+            await body.remove()
+            if not self.folded:
+                await self.mount(MarkdownView(text, classes="thinking-body"))
         self.refresh_title()
 
     def watch_folded(self, folded: bool) -> None:
@@ -116,11 +122,8 @@ class ThinkingBlock(Vertical):
         if not self.is_mounted:
             return
         self.refresh_title()
-        body = self.body
-        if not folded and body is None:
-            self.mount(StreamingMarkdown(self.text, classes="thinking-body"))
-        elif not folded and body.source != self.text:
-            self.call_later(body.finish, self.text)
+        if not folded and self.body is None:
+            self.mount(MarkdownView(self.text, classes="thinking-body"))
 
     def on_click(self, event: events.Click) -> None:
         if event.widget is not None and "thinking-title" in event.widget.classes:
@@ -128,9 +131,12 @@ class ThinkingBlock(Vertical):
 
 
 class AssistantMessage(Vertical, Parkable):
+    """A reply. Live (`streaming`), its answer streams into a `StreamingMarkdown`; `finish`
+    renders the final text once, as a `MarkdownView`, which is also how stored replies show."""
+
     def __init__(self, reasoning: str = "", answer: str = "", footer: str = "", *, streaming: bool = False):
         super().__init__(classes="message assistant-message")
-        self._initial = (reasoning, answer, footer)
+        self.reasoning_text, self.answer_text, self.footer_text = reasoning, answer, footer
         self.streaming = streaming  # a live reply is never parked as a whole
 
     @property
@@ -141,56 +147,64 @@ class AssistantMessage(Vertical, Parkable):
         await self.recompose()
 
     def parkable_parts(self) -> list[Parkable]:
-        """The frozen Markdown segments of a long reply, parkable one by one."""
-        body = self.thinking.body
-        return [*(body.frozen_segments if body is not None else ()), *self.answer_view.frozen_segments]
+        """The frozen Markdown segments of a long live reply, parkable one by one."""
+        return [part for view in self.query(StreamingMarkdown) for part in view.frozen_segments]
 
     def compose(self) -> ComposeResult:
-        reasoning, answer, footer = self._initial
-        thinking = ThinkingBlock(reasoning, folded=True)
-        thinking.display = bool(reasoning)
+        thinking = ThinkingBlock(self.reasoning_text, folded=True)
+        thinking.display = bool(self.reasoning_text)
         yield thinking
-        yield StreamingMarkdown(answer, classes="answer")
-        yield Static(footer, classes="reply-footer", markup=False)
+        if self.streaming:
+            yield StreamingMarkdown(self.answer_text, classes="answer")
+        else:
+            yield MarkdownView(self.answer_text, classes="answer")
+        yield Static(self.footer_text, classes="reply-footer", markup=False)
 
     @property
     def thinking(self) -> ThinkingBlock:
         return self.query_one(ThinkingBlock)
 
     @property
-    def answer_view(self) -> StreamingMarkdown:
-        return self.query_one(".answer", StreamingMarkdown)
+    def answer_view(self) -> StreamingMarkdown | MarkdownView:
+        return self.query_one(".answer")
 
     @property
     def answer(self) -> str:
         """The answer text handed to the view so far."""
-        return self.answer_view.source
+        return self.answer_text
 
     @property
     def reasoning(self) -> str:
         """The reasoning text handed to the view so far."""
-        return self.thinking.text
+        return self.reasoning_text
 
     async def show_partial(self, reasoning: str, answer: str) -> None:
-        """Show the reply so far (called once a frame): the thinking block opens live while
+        """Show the live reply so far (called once a frame): the thinking block opens while
         reasoning streams and folds when the answer starts."""
         thinking = self.thinking
-        if reasoning != thinking.text:
+        if reasoning != self.reasoning_text:
             if not thinking.display:
                 await thinking.open_live()
             await thinking.show(reasoning)
-        if answer != self.answer:
+            self.reasoning_text = reasoning
+        if answer != self.answer_text:
             if thinking.live:
                 thinking.live, thinking.folded = False, True
             await self.answer_view.show(answer)
+            self.answer_text = answer
 
     async def finish(self, reasoning: str, answer: str, footer: str) -> None:
-        """Stop streaming and render the final text once."""
-        self._initial, self.streaming = (reasoning, answer, footer), False
+        """End of the reply: the final text, rendered once in full."""
+        self.reasoning_text, self.answer_text, self.footer_text = reasoning, answer, footer
+        self.streaming = False
         thinking = self.thinking
         thinking.display = bool(reasoning)
         await thinking.finish(reasoning)
-        await self.answer_view.finish(answer)
+        live = self.answer_view
+        if isinstance(live, StreamingMarkdown):
+            await live.stop()
+        await self.mount(MarkdownView(answer, classes="answer"), after=live)
+        await live.remove()
         self.query_one(".reply-footer", Static).update(footer)
 
     def on_click(self, event: events.Click) -> None:

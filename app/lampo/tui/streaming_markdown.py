@@ -143,6 +143,10 @@ class StreamingMarkdown(Vertical):
         await self.mount_all([*born, MarkdownSegment(rest)])
         self._frozen, self._tail = self._frozen + "".join(lines[: starts[last]]), rest
 
+    async def stop(self) -> None:
+        """Stop streaming (before this view is replaced by the finished rendering)."""
+        await self._stop_stream()
+
     async def _stop_stream(self) -> None:
         if self._stream is not None:
             await self._stream.stop()
