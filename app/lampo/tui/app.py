@@ -33,7 +33,7 @@ from lampo.backend import Event
 from lampo.chat_session import ChatSession
 from lampo.settings import Settings, write_settings
 from lampo.store import MessageRecord
-from lampo.tui.attachment_chip import AttachmentChip, ChipInfo
+from lampo.tui.attachment_chip import PREVIEW_CHARS, AttachmentChip, ChipInfo
 from lampo.tui.commands import LampoCommands
 from lampo.tui.export import export_chat
 from lampo.tui.generation_feed import GenerationFeed
@@ -52,7 +52,7 @@ STYLESHEET = Path(lampo.assets.__file__).parent / "styles" / "lampo.tcss"
 
 
 def chip_info(attachment: Attachment) -> ChipInfo:
-    return ChipInfo(attachment.name, attachment.tokens, len(attachment.text), attachment.text[:600])
+    return ChipInfo(attachment.name, attachment.tokens, len(attachment.text), attachment.text[:PREVIEW_CHARS])
 
 
 def render_record(record: MessageRecord) -> Widget:
