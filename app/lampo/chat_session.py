@@ -46,7 +46,7 @@ class ChatSession:
         self.title = NEW_CHAT_TITLE
         self.system_prompt, self.sampling, self.thinking = self._defaults
         self.turns: list[MessageRecord] = []
-        self.reply_raw = ""
+        self._reply_pieces: list[str] = []
         self._reply_thinking = self.thinking
         self.last_stats: Stats | None = None
         self.last_done: Done | None = None
@@ -125,13 +125,18 @@ class ChatSession:
         del self.turns[index:]
         return self._generate(prompt, self._store_user(user, old.parent_id))
 
+    @property
+    def reply_raw(self) -> str:
+        """The raw text of the reply being generated (or the last one), thinking included."""
+        return "".join(self._reply_pieces)
+
     def cancel(self) -> None:
         """Stop the running generation (the partial reply is kept)."""
         self._cancel.set()
 
     def _generate(self, prompt: Prompt, user: MessageRecord) -> Iterator[Event]:
         self._cancel.clear()
-        self.reply_raw, self.last_done, self._context_used = "", None, None
+        self._reply_pieces, self.last_done, self._context_used = [], None, None
         self._reply_thinking = self.thinking
         request = GenerationRequest(prompt.ids, self.sampling, snapshot_at=(prompt.reuse_boundary,))
         events = self.backend.generate(request, self._cancel)
@@ -142,7 +147,7 @@ class ChatSession:
         try:
             for event in events:
                 if isinstance(event, TokenEvent):
-                    self.reply_raw += event.text
+                    self._reply_pieces.append(event.text)  # joined on demand: no O(n^2) re-copying
                 elif isinstance(event, Stats):
                     self.last_stats = event
                 elif isinstance(event, Done):
