@@ -47,8 +47,8 @@ def _backend(kind: str, model_dir: Path, context: int) -> tuple[Backend, object]
             native = load_native()
         except EngineUnavailable as e:
             if kind == "cuda":
-                raise
-            _say(f"{e.args[0].split('; use the reference backend')[0]}: using the reference backend (numpy on the CPU)")
+                raise EngineUnavailable(f"{e}; run with --backend reference for the CPU engine") from None
+            _say(f"{e}: using the reference backend (numpy on the CPU)")
         else:
             return CudaBackend(model_dir, context_max=context, native=native, tokenizer=tokenizer), tokenizer
     from lampo.reference_backend import ReferenceBackend

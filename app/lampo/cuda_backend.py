@@ -49,10 +49,9 @@ def load_native():
     try:
         from lampo import _native
     except ImportError as e:
-        raise EngineUnavailable(f"the CUDA engine is not built in this install ({e}); "
-                                f"use the reference backend") from None
+        raise EngineUnavailable(f"the CUDA engine is not built in this install ({e})") from None
     if _native.device_count() < 1:
-        raise EngineUnavailable("no CUDA device is visible; use the reference backend")
+        raise EngineUnavailable("no CUDA device is visible")
     return _native
 
 
