@@ -9,6 +9,8 @@
 #          262,144; 27B prefill 8,192 and real depths 8,192 / 262,144; 35B-A3B decode with
 #          LAMPO_DECODE_FUSION=0 for the A/B); if a test fails the benches run with the fusions off;
 #          everything is packed into $OUT/results.tgz (the device returns at most 8 files)
+#   profile build (no tests) + 35B-A3B decode benches (fusions on / off, depths 1 and 8,192 by
+#          random fill) + Nsight Compute over one un-graphed decode step (tests/gpu/kernel_profile.py)
 #   full   build + pytest -m cuda + the whole benchmark: full-size random-weight models, prompts
 #          8,192 / 65,536, decode at depths 0 / 8,192 / 65,536 / 262,144 by real prefill, and the
 #          --fast-depth variant of the 35B-A3B
@@ -19,7 +21,7 @@
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|full|final) ;; *) echo "usage: $0 quick|full|final" >&2; exit 2 ;; esac
+case "$MODE" in quick|full|final|profile) ;; *) echo "usage: $0 quick|full|final|profile" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -68,10 +70,12 @@ for pid in "${WRITERS[@]}"; do
 done
 [ "$MODE" = quick ] && export LAMPO_FULL_WIDTH_DIR="$WORK/full-width" && log "full-width checkpoints written"
 
+if [ "$MODE" != profile ]; then
 log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
 timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
   --durations=12 -p no:cacheprovider >"$OUT/pytest.log" 2>&1
 log "pytest exit $?: $(tail -1 "$OUT/pytest.log")"
+fi
 
 bench() {  # bench NAME SECONDS ARGS...   (each bench has its own time limit; the call has 600 s)
   local name=$1 limit=$2; shift 2
@@ -94,6 +98,16 @@ final)
   bench 35b-a3b 150 --preset qwen3.6-35b-a3b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144 --profile-steps 3
   bench 27b 200 --preset qwen3.6-27b --random-weights --prompt 8192 --depths 0,8192,262144 --profile-steps 3
   (export LAMPO_DECODE_FUSION=0; bench 35b-a3b-fusion-off 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0) ;;
+profile)
+  bench 35b-a3b 60 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 3
+  (export LAMPO_DECODE_FUSION=0; bench 35b-a3b-fusion-off 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0)
+  GRAPH_MS=$($PY -c "import json; print(json.load(open('$OUT/bench/35b-a3b.json'))['decode'][0]['ms_per_token'])" 2>/dev/null)
+  log "ncu over one decode step (graph step ${GRAPH_MS:-?} ms)"
+  timeout 240 ncu --profile-from-start off --clock-control none --csv --page raw \
+    --metrics "$($PY tests/gpu/kernel_profile.py metrics)" \
+    $PY tests/gpu/kernel_profile.py step --preset qwen3.6-35b-a3b >"$OUT/ncu-35b.csv" 2>"$OUT/ncu-35b.err"
+  log "ncu exit $?"
+  $PY tests/gpu/kernel_profile.py table "$OUT/ncu-35b.csv" ${GRAPH_MS:+--graph-ms $GRAPH_MS} >"$OUT/bench/ncu-35b.txt" 2>&1 ;;
 esac
 
 echo "================ pytest (tail) ================"
@@ -102,7 +116,7 @@ for f in "$OUT"/bench/*.txt; do
   echo "================ $(basename "$f" .txt) ================"
   tail -45 "$f"
 done
-if [ "$MODE" = final ]; then
+if [ "$MODE" = final ] || [ "$MODE" = profile ]; then
   (cd "$OUT" && tar czf "$WORK/results.tgz" --exclude=results.tgz . && mv "$WORK/results.tgz" "$OUT/results.tgz" \
      && find . -mindepth 1 ! -name results.tgz ! -name summary.txt -delete)
 fi
