@@ -115,6 +115,10 @@ def plan_workload(args: argparse.Namespace, cfg: ModelConfig, cuda: bool) -> Wor
     if not 1 <= context <= limit:
         raise ValueError(f"--context must be in 1..{limit:,} (got {context:,})")
     w = Workload(prompts, [], n, args.chunk, context, args.fast_depth, args.profile_steps if cuda else 0)
+    omitted = os.environ.get("LAMPO_OMIT_OPS", "") if cuda else ""
+    if omitted:
+        w.notes.append(f"LAMPO_OMIT_OPS={omitted}: these op families are left out of every forward pass "
+                       "(a timing diagnostic; the model's outputs are meaningless)")
     for p in prompts:
         if p > context:
             raise ValueError(f"prompt length {p:,} exceeds the context {context:,}")

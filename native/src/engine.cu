@@ -89,10 +89,9 @@ Engine::Engine(const ModelDims& dims, const EngineOptions& options) : dims_(dims
     LAMPO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     LAMPO_CUDA_CHECK(cudaEventCreateWithFlags(&token_ready_, cudaEventDisableTiming));
     LAMPO_CUDA_CHECK(cudaMemsetAsync(io, 0, io_mem_.bytes(), stream_));
-    if (ws_.router_done) LAMPO_CUDA_CHECK(cudaMemsetAsync(ws_.router_done, 0, 4, stream_));  // 0 between calls
-    if (ws_.gdn_counters)
-        LAMPO_CUDA_CHECK(cudaMemsetAsync(ws_.gdn_counters, 0,
-                                         size_t(dims_.gdn_k_heads + dims_.gdn_v_heads) * 4, stream_));
+    // All zero: the ticket counters (router_done, gdn_counters) must be 0 between launches, and no
+    // buffer holds stale bytes (expert ids stay valid indices even when LAMPO_OMIT_OPS skips the router).
+    LAMPO_CUDA_CHECK(cudaMemsetAsync(workspace_mem_.get(), 0, workspace_mem_.bytes(), stream_));
     sampling_ = SamplingConfig{0.f, 0, 1.f, 0.f, 0.f, 0};
     reset();
 }

@@ -209,4 +209,9 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
 // the separate ones, to isolate a failure or A/B them without a rebuild. Decided once per process.
 bool decode_fusion_enabled();
 
+// Diagnostic for `lampo bench` only: LAMPO_OMIT_OPS=norms,moe_router (op family names) leaves those
+// ops out of every forward pass, so the decode graph's time without them measures what they cost
+// in the graph. The model's outputs are meaningless while it is set.
+bool op_family_omitted(OpFamily f);
+
 }  // namespace lampo

@@ -196,6 +196,7 @@ struct Ctx {
     // Runs one op (any launcher call), times it under `family` and checks its launch.
     template <class F>
     void op(OpFamily family, const char* name, F&& launch) const {
+        if (op_family_omitted(family)) return;
         if (timer) timer->begin(family);
         launch();
         LAMPO_CHECK_LAUNCH(name);
@@ -371,6 +372,27 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w) {
 }
 
 }  // namespace
+
+bool op_family_omitted(OpFamily f) {
+    static const unsigned mask = [] {
+        unsigned m = 0;
+        const char* env = std::getenv("LAMPO_OMIT_OPS");
+        std::string list = env ? env : "";
+        for (size_t start = 0; start < list.size();) {
+            size_t end = list.find(',', start);
+            if (end == std::string::npos) end = list.size();
+            const std::string name = list.substr(start, end - start);
+            bool known = false;
+            for (int i = 0; i < int(OpFamily::Count); ++i)
+                if (name == op_family_name(OpFamily(i))) m |= 1u << i, known = true;
+            if (!known && !name.empty())
+                throw std::invalid_argument("LAMPO_OMIT_OPS: unknown op family '" + name + "'");
+            start = end + 1;
+        }
+        return m;
+    }();
+    return mask >> int(f) & 1u;
+}
 
 bool decode_fusion_enabled() {
     static const bool on = [] {

@@ -11,6 +11,8 @@
 #          everything is packed into $OUT/results.tgz (the device returns at most 8 files)
 #   profile build (no tests) + 35B-A3B decode benches (fusions on / off, depths 1 and 8,192 by
 #          random fill) + Nsight Compute over one un-graphed decode step (tests/gpu/kernel_profile.py)
+#   omit   build (no tests) + the 35B-A3B graphed decode step without each op family in turn
+#          (LAMPO_OMIT_OPS: what each family costs inside the graph)
 #   full   build + pytest -m cuda + the whole benchmark: full-size random-weight models, prompts
 #          8,192 / 65,536, decode at depths 0 / 8,192 / 65,536 / 262,144 by real prefill, and the
 #          --fast-depth variant of the 35B-A3B
@@ -21,7 +23,7 @@
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|full|final|profile) ;; *) echo "usage: $0 quick|full|final|profile" >&2; exit 2 ;; esac
+case "$MODE" in quick|full|final|profile|omit) ;; *) echo "usage: $0 quick|full|final|profile|omit" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -70,7 +72,7 @@ for pid in "${WRITERS[@]}"; do
 done
 [ "$MODE" = quick ] && export LAMPO_FULL_WIDTH_DIR="$WORK/full-width" && log "full-width checkpoints written"
 
-if [ "$MODE" != profile ]; then
+if [ "$MODE" != profile ] && [ "$MODE" != omit ]; then
 log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
 timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
   --durations=12 -p no:cacheprovider >"$OUT/pytest.log" 2>&1
@@ -108,6 +110,24 @@ profile)
     $PY tests/gpu/kernel_profile.py step --preset qwen3.6-35b-a3b >"$OUT/ncu-35b.csv" 2>"$OUT/ncu-35b.err"
   log "ncu exit $?"
   $PY tests/gpu/kernel_profile.py table "$OUT/ncu-35b.csv" ${GRAPH_MS:+--graph-ms $GRAPH_MS} >"$OUT/bench/ncu-35b.txt" 2>&1 ;;
+omit)  # the graphed step's time without each op family in turn (LAMPO_OMIT_OPS, a timing diagnostic)
+  bench 35b-a3b 40 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0 --profile-steps 0
+  for fam in ${OMIT_FAMILIES:-norms moe_router moe_experts projections gdn_rule attention,attention_prep,kv_append lm_head}; do
+    (export LAMPO_OMIT_OPS=$fam; bench "35b-a3b-omit-${fam//,/+}" 40 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0 --profile-steps 0)
+  done
+  $PY - "$OUT"/bench/*.json <<'PYEOF' | tee "$OUT/bench/omit-summary.txt"
+import json, sys
+rows = [json.load(open(p)) for p in sys.argv[1:]]
+base = next(r for r in rows if not any("LAMPO_OMIT_OPS" in n for n in r["notes"]))["decode"][0]["ms_per_token"]
+print(f"graphed decode step, 35B-A3B depth 1: {base:.3f} ms with every op")
+for r in rows:
+    note = next((n for n in r["notes"] if "LAMPO_OMIT_OPS" in n), None)
+    if note:
+        ms = r["decode"][0]["ms_per_token"]
+        print(f"  without {note.split(':')[0].split('=')[1]:40s} {ms:.3f} ms  (they cost {base - ms:.3f} ms, "
+              f"{r['launches_per_token']['kernels']} kernels left)")
+PYEOF
+  ;;
 esac
 
 echo "================ pytest (tail) ================"
@@ -116,7 +136,7 @@ for f in "$OUT"/bench/*.txt; do
   echo "================ $(basename "$f" .txt) ================"
   tail -45 "$f"
 done
-if [ "$MODE" = final ] || [ "$MODE" = profile ]; then
+if [ "$MODE" != quick ] && [ "$MODE" != full ]; then
   (cd "$OUT" && tar czf "$WORK/results.tgz" --exclude=results.tgz . && mv "$WORK/results.tgz" "$OUT/results.tgz" \
      && find . -mindepth 1 ! -name results.tgz ! -name summary.txt -delete)
 fi
