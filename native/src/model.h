@@ -140,6 +140,7 @@ struct Workspace {
     unsigned* router_done = nullptr; // [1] block counter of the one-launch router; 0 between calls
                                      // (the Engine zeroes it once; the kernel leaves it 0)
     unsigned* gdn_counters = nullptr; // [Hk + Hv] block counters of gdn_decode_fused; same rule
+    unsigned* moe_sync = nullptr;     // [2] grid barrier + exit ticket of moe_decode_fused; same rule
     int32_t* expert_ids = nullptr;   // [T, k]
     float* expert_weights = nullptr; // [T, k]
     float* shared_gate = nullptr;    // [T] sigmoid(h_t . w_shared_gate), MoE decode
@@ -204,8 +205,8 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
                    const Workspace& ws, const ForwardStep& step, cudaStream_t stream,
                    OpTimer* timer);
 
-// Whether the decode step uses the fused kernels (default: the one-launch router + top-k and the
-// one-launch GDN step) or the separate launches: LAMPO_DECODE_FUSION=0 in the environment selects
+// Whether the decode step uses the fused kernels (default: the one-launch GDN step and, for MoE
+// models, the one-launch MoE FFN with both norms around it) or the separate launches: LAMPO_DECODE_FUSION=0 in the environment selects
 // the separate ones, to isolate a failure or A/B them without a rebuild. Decided once per process.
 bool decode_fusion_enabled();
 

@@ -87,6 +87,7 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx
         {"shared", d.moe ? T * H * b16 : 0},
         {"router_logits", d.moe ? T * d.n_experts * 4 : 0},
         {"router_done", d.moe ? 4 : 0},
+        {"moe_sync", d.moe ? 8 : 0},
         {"gdn_counters", gdn ? size_t(d.gdn_k_heads + d.gdn_v_heads) * 4 : 0},
         {"expert_ids", T * k * 4},
         {"expert_weights", T * k * 4},
@@ -130,6 +131,7 @@ Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void*
     ws.shared = static_cast<bf16*>(ptr[i++]);
     ws.router_logits = static_cast<float*>(ptr[i++]);
     ws.router_done = static_cast<unsigned*>(ptr[i++]);
+    ws.moe_sync = static_cast<unsigned*>(ptr[i++]);
     ws.gdn_counters = static_cast<unsigned*>(ptr[i++]);
     ws.expert_ids = static_cast<int32_t*>(ptr[i++]);
     ws.expert_weights = static_cast<float*>(ptr[i++]);
@@ -371,6 +373,41 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w) {
     });
 }
 
+// Decode (T = 1): post-attention residual add + norm, the whole MoE FFN and the next layer's
+// residual add + norm (next_norm) as one moe_decode_fused launch; ws.normed is the next input.
+void moe_decode_one_token(const Ctx& c, const LayerWeights& lw, const bf16* next_norm) {
+    const ModelDims& d = c.d;
+    const Workspace& ws = c.ws;
+    const MoeFfnWeights& w = lw.moe;
+    if (w.shared_gate_up.format != WeightFormat::BF16 || w.shared_down.format != WeightFormat::BF16)
+        throw std::logic_error("moe_decode_one_token: the fused MoE step reads BF16 weights only");
+    MoeDecodeFusedArgs a;
+    a.residual = ws.residual;
+    a.delta_in = ws.delta;
+    a.post_norm = lw.post_norm;
+    a.router = w.router;
+    a.gate_up = w.experts_gate_up;
+    a.down = w.experts_down;
+    a.shared.gate_up = static_cast<const bf16*>(w.shared_gate_up.data);
+    a.shared.down = static_cast<const bf16*>(w.shared_down.data);
+    a.shared.w_gate = w.shared_gate;
+    a.shared.inter = d.shared_inter;
+    a.H = d.hidden;
+    a.E = d.n_experts;
+    a.k = d.top_k;
+    a.I = d.expert_inter;
+    a.eps = d.eps;
+    a.out = ws.delta;
+    a.next_norm = next_norm;
+    a.normed = ws.normed;
+    a.ids_out = ws.expert_ids;
+    a.weights_out = ws.expert_weights;
+    a.logits = ws.router_logits;
+    a.act = ws.act;
+    a.sync = ws.moe_sync;
+    c.op(OpFamily::MoeExperts, "moe_decode_fused", [&] { moe_decode_fused(a, c.st); });
+}
+
 }  // namespace
 
 bool op_family_omitted(OpFamily f) {
@@ -425,6 +462,11 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
         } else {
             gated_deltanet(c, lw.gdn, s.gdn[l]);
         }
+        const bf16* next_norm = l + 1 < L ? w.layers[l + 1].input_norm : w.final_norm;
+        if (d.moe && T == 1 && decode_fusion_enabled()) {  // norm, MoE FFN and next norm: one launch
+            moe_decode_one_token(c, lw, next_norm);
+            continue;
+        }
         c.op(OpFamily::Norms, "add_rmsnorm", [&] {
             add_rmsnorm(ws.residual, ws.delta, lw.post_norm, ws.normed, T, H, d.eps, stream);
         });
@@ -434,7 +476,6 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
         } else {
             dense_ffn(c, lw.dense);
         }
-        const bf16* next_norm = l + 1 < L ? w.layers[l + 1].input_norm : w.final_norm;
         c.op(OpFamily::Norms, "add_rmsnorm", [&] {
             add_rmsnorm(ws.residual, ws.delta, next_norm, ws.normed, T, H, d.eps, stream);
         });

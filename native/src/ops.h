@@ -173,6 +173,30 @@ void moe_experts_gate_up(const bf16* h, const bf16* gate_up, const int32_t* ids,
 void moe_experts_down(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
                       bf16* out, int T, int k, int H, int I, cudaStream_t stream,
                       const MoeSharedSlot* shared = nullptr);
+// The whole MoE FFN of ONE decode token in one launch (moe_decode_fused.cu): residual add +
+// post-attention norm, router + top-k, routed and shared experts, and optionally the next layer's
+// residual add + norm. Bit-identical to add_rmsnorm -> moe_router_topk -> moe_experts_gate_up ->
+// moe_experts_down (shared slot) [-> add_rmsnorm]. A persistent grid with grid-wide barriers.
+struct MoeDecodeFusedArgs {
+    float* residual = nullptr;          // [H] fp32: += delta_in, then += out when next_norm is set
+    const bf16* delta_in = nullptr;     // [H] the mixer's output (may alias out)
+    const bf16* post_norm = nullptr;    // [H]
+    const bf16* router = nullptr;       // [E, H]
+    const bf16* gate_up = nullptr;      // [E, 2I, H]
+    const bf16* down = nullptr;         // [E, H, I]
+    MoeSharedSlot shared;               // gate_up, down, w_gate, inter (its `gate` is not used)
+    int H = 0, E = 0, k = 0, I = 0;
+    float eps = 1e-6f;
+    bf16* out = nullptr;                // [H] the MoE block's output
+    const bf16* next_norm = nullptr;    // [H] or null (then residual and normed are left alone)
+    bf16* normed = nullptr;             // [H] rmsnorm(residual + out) * (1 + next_norm)
+    int32_t* ids_out = nullptr;         // [k] or null: the selected experts
+    float* weights_out = nullptr;       // [k] or null: their weights
+    float* logits = nullptr;            // [E] fp32 scratch
+    bf16* act = nullptr;                // [k I + Is] bf16 scratch
+    unsigned* sync = nullptr;           // [2] zero before the launch; zero again after it
+};
+void moe_decode_fused(const MoeDecodeFusedArgs& args, cudaStream_t stream);
 // Routed experts for a prefill chunk (T large): tokens grouped by expert, one grouped GEMM per
 // projection. workspace of moe_prefill_workspace_bytes(). Same function as the two above.
 size_t moe_prefill_workspace_bytes(int T, int k, int H, int I, int E);

@@ -9,12 +9,14 @@
 // N more times on the same device buffers (after the outputs were downloaded), each run after
 // evicting L2 with a 256 MiB memset, and the mean time per run in ms (CUDA events) is appended
 // to the returned tuple.
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "device_buffer.h"
 #include "ops.h"
@@ -378,6 +380,73 @@ py::tuple experts_decode_shared_op(const arr<uint16_t>& h, const arr<uint16_t>& 
         });
 }
 
+// The one-launch MoE FFN of one token. Returns (out [1, H], residual [H] after the launch,
+// normed [1, H] or None, ids [k], weights [k], sync [2]) (+ ms): residual is residual + delta_in,
+// plus out when next_norm is given; sync must come back as zeros.
+py::tuple moe_decode_fused_op(const arr<float>& residual, const arr<uint16_t>& delta_in,
+                              const arr<uint16_t>& post_norm, const arr<uint16_t>& router,
+                              const arr<uint16_t>& gate_up, const arr<uint16_t>& down,
+                              const arr<uint16_t>& shared_gate_up, const arr<uint16_t>& shared_down,
+                              const arr<uint16_t>& w_gate, int k, const std::optional<arr<uint16_t>>& next_norm,
+                              float eps, int repeat) {
+    const char* op = "moe_decode_fused";
+    expect_ndim(op, "router", router, 2);
+    expect_ndim(op, "gate_up", gate_up, 3);
+    expect_ndim(op, "shared_down", shared_down, 2);
+    const int E = int(router.shape(0)), H = int(router.shape(1)), I = int(gate_up.shape(1)) / 2;
+    const int Is = int(shared_down.shape(1));
+    for (const auto* v : {&delta_in, &post_norm, &w_gate})
+        if (v->size() != H) throw std::invalid_argument(std::string(op) + ": vectors must hold H = " + std::to_string(H) + " values");
+    if (residual.size() != H) throw std::invalid_argument(std::string(op) + ": residual must hold H values");
+    if (next_norm && next_norm->size() != H) throw std::invalid_argument(std::string(op) + ": next_norm must hold H values");
+    expect_shape(op, "gate_up", gate_up, {E, 2 * I, H});
+    expect_shape(op, "down", down, {E, H, I});
+    expect_shape(op, "shared_gate_up", shared_gate_up, {2 * Is, H});
+    expect_shape(op, "shared_down", shared_down, {H, Is});
+    DeviceBuffer d_res = upload(residual), d_delta = upload(delta_in), d_pn = upload(post_norm);
+    DeviceBuffer d_r = upload(router), d_gu = upload(gate_up), d_dn = upload(down);
+    DeviceBuffer d_sgu = upload(shared_gate_up), d_sdn = upload(shared_down), d_wg = upload(w_gate);
+    DeviceBuffer d_nn = next_norm ? upload(*next_norm) : DeviceBuffer(0);
+    DeviceBuffer d_out = poisoned(size_t(H) * 2), d_normed = poisoned(size_t(H) * 2);
+    DeviceBuffer d_ids = poisoned(size_t(k) * 4), d_w = poisoned(size_t(k) * 4), d_logits = poisoned(size_t(E) * 4);
+    DeviceBuffer d_act = poisoned((size_t(k) * I + Is) * 2), d_sync(8);
+    LAMPO_CUDA_CHECK(cudaMemset(d_sync.get(), 0, 8));
+    MoeDecodeFusedArgs a;
+    a.residual = d_res.as<float>();
+    a.delta_in = d_delta.as<bf16>();
+    a.post_norm = d_pn.as<bf16>();
+    a.router = d_r.as<bf16>();
+    a.gate_up = d_gu.as<bf16>();
+    a.down = d_dn.as<bf16>();
+    a.shared.gate_up = d_sgu.as<bf16>();
+    a.shared.down = d_sdn.as<bf16>();
+    a.shared.w_gate = d_wg.as<bf16>();
+    a.shared.inter = Is;
+    a.H = H;
+    a.E = E;
+    a.k = k;
+    a.I = I;
+    a.eps = eps;
+    a.out = d_out.as<bf16>();
+    a.next_norm = next_norm ? d_nn.as<bf16>() : nullptr;
+    a.normed = d_normed.as<bf16>();
+    a.ids_out = d_ids.as<int32_t>();
+    a.weights_out = d_w.as<float>();
+    a.logits = d_logits.as<float>();
+    a.act = d_act.as<bf16>();
+    a.sync = d_sync.as<unsigned>();
+    return run_op(
+        op, repeat, [&] { moe_decode_fused(a, 0); },
+        [&](py::list& out) {
+            out.append(download<uint16_t>(d_out, {1, H}));
+            out.append(download<float>(d_res, {H}));
+            out.append(next_norm ? py::object(download<uint16_t>(d_normed, {1, H})) : py::object(py::none()));
+            out.append(download<int32_t>(d_ids, {k}));
+            out.append(download<float>(d_w, {k}));
+            out.append(download<uint32_t>(d_sync, {2}));
+        });
+}
+
 py::object shared_combine_op(const arr<uint16_t>& routed, const arr<uint16_t>& shared,
                              const arr<uint16_t>& h, const arr<uint16_t>& w_gate, int repeat) {
     const char* op = "moe_shared_combine";
@@ -437,6 +506,10 @@ void register_gdn_moe_ops(py::module_& ops) {
             arg("repeat") = 0,
             "h [T,H], gate_up [E,2I,H], down [E,H,I], shared_gate_up [2Is,H], shared_down [H,Is], w_gate [H] "
             "(bf16 bits), ids, weights [T,k] -> (out [T,H] = routed + sigmoid(h.w_gate) * shared, gate [T])");
+    ops.def("moe_decode_fused", &moe_decode_fused_op, arg("residual"), arg("delta_in"), arg("post_norm"),
+            arg("router"), arg("gate_up"), arg("down"), arg("shared_gate_up"), arg("shared_down"), arg("w_gate"),
+            arg("k"), arg("next_norm") = py::none(), arg("eps") = 1e-6f, arg("repeat") = 0,
+            "one-launch MoE FFN of one token: (out, residual, normed|None, ids, weights, sync) (+ ms)");
     ops.def("moe_shared_combine", &shared_combine_op, arg("routed"), arg("shared"), arg("h"),
             arg("w_gate"), arg("repeat") = 0,
             "routed, shared, h [T,H], w_gate [H] (bf16 bits) -> routed + sigmoid(h.w_gate) * shared");

@@ -8,41 +8,11 @@
 #include <algorithm>
 
 #include "launch_utils.cuh"
+#include "norm_row.cuh"
 #include "ops.h"
 
 namespace lampo {
 namespace {
-
-constexpr int NORM_THREADS = 256;
-
-__device__ __forceinline__ float block_sum(float v) {
-    __shared__ float partial[NORM_THREADS / 32];
-    __shared__ float total;
-    v = warp_sum(v);
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        float s = threadIdx.x < NORM_THREADS / 32 ? partial[threadIdx.x] : 0.0f;
-        s = warp_sum(s);
-        if (threadIdx.x == 0) total = s;
-    }
-    __syncthreads();
-    return total;
-}
-
-__device__ __forceinline__ float4 load_bf16x4(const bf16* p) {
-    const uint2 u = *reinterpret_cast<const uint2*>(p);
-    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
-                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
-}
-
-__device__ __forceinline__ void store_bf16x4(bf16* p, float4 f) {
-    __nv_bfloat162 a = __floats2bfloat162_rn(f.x, f.y), b = __floats2bfloat162_rn(f.z, f.w);
-    uint2 u;
-    u.x = *reinterpret_cast<uint32_t*>(&a);
-    u.y = *reinterpret_cast<uint32_t*>(&b);
-    *reinterpret_cast<uint2*>(p) = u;
-}
 
 // ADD: residual += delta first (and the row is written back).
 template <bool ADD>
@@ -50,33 +20,16 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(float* __restrict
                                                                const bf16* __restrict__ w, bf16* __restrict__ y,
                                                                int n, float eps) {
     pdl_begin();
-    float4* row = reinterpret_cast<float4*>(x + size_t(blockIdx.x) * n);
-    const int n4 = n / 4;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n4; i += NORM_THREADS) {
-        float4 v = row[i];
-        if (ADD) {
-            const float4 d = load_bf16x4(delta + size_t(blockIdx.x) * n + 4 * i);
-            v.x += d.x; v.y += d.y; v.z += d.z; v.w += d.w;
-            row[i] = v;
-        }
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    const float inv = rsqrtf(block_sum(ss) / float(n) + eps);
-    bf16* out = y + size_t(blockIdx.x) * n;
-    for (int i = threadIdx.x; i < n4; i += NORM_THREADS) {
-        const float4 v = row[i];
-        const float4 g = load_bf16x4(w + 4 * i);
-        store_bf16x4(out + 4 * i, make_float4(v.x * inv * (1.0f + g.x), v.y * inv * (1.0f + g.y),
-                                              v.z * inv * (1.0f + g.z), v.w * inv * (1.0f + g.w)));
-    }
+    float* row = x + size_t(blockIdx.x) * n;
+    const float inv = norm_row_inv(row, ADD ? delta + size_t(blockIdx.x) * n : nullptr, ADD ? row : nullptr, n, eps);
+    norm_row_scale(row, inv, w, y + size_t(blockIdx.x) * n, n);
 }
 
 __global__ void residual_add_kernel(float* __restrict__ residual, const bf16* __restrict__ delta, size_t n4) {
     pdl_begin();
     for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
         float4 v = reinterpret_cast<float4*>(residual)[i];
-        const float4 d = load_bf16x4(delta + 4 * i);
+        const float4 d = norm_load_bf16x4(delta + 4 * i);
         v.x += d.x; v.y += d.y; v.z += d.z; v.w += d.w;
         reinterpret_cast<float4*>(residual)[i] = v;
     }

@@ -328,6 +328,42 @@ def test_experts_decode_with_shared_slot_match_moe_block(ops, T, H, I, E, k, Is)
     assert_bf16_close(out, want, "decode moe block with shared slot")
 
 
+@pytest.mark.parametrize("H,E,k,I,Is,with_next", [(2048, 256, 8, 512, 512, True), (256, 8, 2, 128, 64, False),
+                                                   (512, 64, 4, 64, 192, True), (128, 512, 16, 64, 64, True)])
+def test_moe_decode_fused_is_bit_identical_to_the_separate_launches(ops, H, E, k, I, Is, with_next):
+    """One launch == add_rmsnorm -> router -> experts (+ shared slot) -> add_rmsnorm, bit for bit,
+    which the tests above hold to the reference; the routed result is checked against it too."""
+    rng = np.random.default_rng(H + E + k)
+    residual = (rng.standard_normal((1, H)) * 3).astype(np.float32)
+    delta, post = bf16_normal(rng, (1, H)), bf16_normal(rng, (H,), 0.2)
+    nxt = bf16_normal(rng, (H,), 0.2) if with_next else None
+    w_router = bf16_normal(rng, (E, H), H**-0.5)
+    gate_up, down = expert_weights(rng, E, H, I)
+    sgu, sdn = bf16_normal(rng, (2 * Is, H), H**-0.5), bf16_normal(rng, (H, Is), Is**-0.5)
+    w_gate = bf16_normal(rng, (1, H), H**-0.5)
+    for _ in range(2):  # a second launch finds the sync words back at 0
+        out, res, normed, ids, w, sync = ops.moe_decode_fused(residual, delta, post, w_router, gate_up, down, sgu, sdn,
+                                                              w_gate, k, next_norm=nxt)
+        np.testing.assert_array_equal(sync, 0)
+    r1, x = ops.add_rmsnorm(residual, delta, post)
+    ids_sep, w_sep, _ = ops.moe_router_topk(x, w_router, k)
+    out_sep, _ = ops.moe_experts_decode_shared(x, gate_up, down, ids_sep, w_sep, sgu, sdn, w_gate)
+    np.testing.assert_array_equal(ids, ids_sep[0])
+    np.testing.assert_array_equal(w, w_sep[0])
+    np.testing.assert_array_equal(out, out_sep)
+    if with_next:
+        r2, n2 = ops.add_rmsnorm(r1, out_sep, nxt)
+        np.testing.assert_array_equal(res, r2[0])
+        np.testing.assert_array_equal(normed, n2)
+    else:
+        assert normed is None
+        np.testing.assert_array_equal(res, r1[0])
+    want = routed_reference(x, gate_up, down, ids[None], w[None]) + (
+        1.0 / (1.0 + np.exp(-(from_bf16(x) @ from_bf16(w_gate)[0]))))[:, None] * ffn.swiglu(
+            from_bf16(x), from_bf16(sgu[:Is]), from_bf16(sgu[Is:]), from_bf16(sdn))
+    assert_bf16_close(out, want, "fused MoE step vs reference")
+
+
 @pytest.mark.parametrize("T,H,I,E,k,skew", [(300, 128, 64, 8, 2, False), (333, 256, 128, 32, 4, True), (300, 2048, 512, 16, 8, False)])
 def test_experts_prefill_matches_reference_and_decode(ops, T, H, I, E, k, skew):
     rng = np.random.default_rng(T + E + k)
@@ -414,6 +450,11 @@ def test_timings_35b_dims(ops):
     s_gu, s_dn, s_g = bf16_normal(rng, (2 * I, H), H**-0.5), bf16_normal(rng, (H, I), I**-0.5), bf16_normal(rng, (H,))
     ms = ops.moe_experts_decode_shared(h, gate_up, down, ids, w, s_gu, s_dn, s_g, repeat=rep)[-1]
     TIMINGS.append(f"experts + shared slot T=1 (2 launches): {ms * 1e3:.1f} us ({(k + 1) * 3 * I * H * 2 / ms / 1e6:.0f} GB/s)")
+    res, delta, norm_w = rng.standard_normal((1, H)).astype(np.float32), bf16_normal(rng, (1, H)), bf16_normal(rng, (H,), 0.2)
+    ms = ops.moe_decode_fused(res, delta, norm_w, w_router, gate_up, down, s_gu, s_dn, s_g, k, next_norm=norm_w,
+                              repeat=rep)[-1]
+    TIMINGS.append(f"moe_decode_fused (norm + router + experts + shared + next norm, one launch): {ms * 1e3:.1f} us "
+                   f"({((k + 1) * 3 * I * H + E * H) * 2 / ms / 1e6:.0f} GB/s)")
     for T in (2048, 8192):
         h = bf16_normal(rng, (T, H))
         ids, w = random_routes(rng, T, E, k)

@@ -9,8 +9,9 @@
 #          262,144; 27B prefill 8,192 and real depths 8,192 / 262,144; 35B-A3B decode with
 #          LAMPO_DECODE_FUSION=0 for the A/B); if a test fails the benches run with the fusions off;
 #          everything is packed into $OUT/results.tgz (the device returns at most 8 files)
-#   profile build (no tests) + 35B-A3B decode benches (fusions on / off, depths 1 and 8,192 by
-#          random fill) + Nsight Compute over one un-graphed decode step (tests/gpu/kernel_profile.py)
+#   profile build (no tests unless TESTS=1) + 35B-A3B decode benches (fusions on / off, depths 1
+#          and 8,192 by random fill; MOE_BLOCKS_SWEEP="1 3" adds LAMPO_MOE_BLOCKS_PER_SM variants)
+#          + Nsight Compute over one un-graphed decode step (tests/gpu/kernel_profile.py)
 #   omit   build (no tests) + the 35B-A3B graphed decode step without each op family in turn
 #          (LAMPO_OMIT_OPS: what each family costs inside the graph)
 #   full   build + pytest -m cuda + the whole benchmark: full-size random-weight models, prompts
@@ -72,7 +73,7 @@ for pid in "${WRITERS[@]}"; do
 done
 [ "$MODE" = quick ] && export LAMPO_FULL_WIDTH_DIR="$WORK/full-width" && log "full-width checkpoints written"
 
-if [ "$MODE" != profile ] && [ "$MODE" != omit ]; then
+if { [ "$MODE" != profile ] && [ "$MODE" != omit ]; } || [ -n "${TESTS:-}" ]; then
 log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
 timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
   --durations=12 -p no:cacheprovider >"$OUT/pytest.log" 2>&1
@@ -103,6 +104,9 @@ final)
 profile)
   bench 35b-a3b 60 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 3
   (export LAMPO_DECODE_FUSION=0; bench 35b-a3b-fusion-off 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0)
+  for n in ${MOE_BLOCKS_SWEEP:-}; do
+    (export LAMPO_MOE_BLOCKS_PER_SM=$n; bench 35b-a3b-moe-blocks-$n 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0)
+  done
   GRAPH_MS=$($PY -c "import json; print(json.load(open('$OUT/bench/35b-a3b.json'))['decode'][0]['ms_per_token'])" 2>/dev/null)
   log "ncu over one decode step (graph step ${GRAPH_MS:-?} ms)"
   timeout 240 ncu --profile-from-start off --clock-control none --csv --page raw \
