@@ -205,10 +205,14 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
                    const Workspace& ws, const ForwardStep& step, cudaStream_t stream,
                    OpTimer* timer);
 
-// Whether the decode step uses the fused kernels (default: the one-launch GDN step and, for MoE
-// models, the one-launch MoE FFN with both norms around it) or the separate launches: LAMPO_DECODE_FUSION=0 in the environment selects
-// the separate ones, to isolate a failure or A/B them without a rebuild. Decided once per process.
-bool decode_fusion_enabled();
+// Optional one-launch forms of parts of the decode step (T = 1), chosen by LAMPO_DECODE_FUSION in
+// the environment (read once per process): a comma list of gdn (conv + delta rule + gated norm),
+// router (logits + top-k), moe (both norms + router + all experts, moe_decode_fused), or "all";
+// unset / "0" = the separate launches. All are bit-identical to the separate launches; the default
+// is the separate launches because that measured fastest inside the PDL-chained decode graph
+// (docs/decode-performance.md).
+enum class DecodeFusion : int { Gdn, Router, Moe };
+bool decode_fusion_enabled(DecodeFusion f);
 
 // Diagnostic for `lampo bench` only: LAMPO_OMIT_OPS=norms,moe_router (op family names) leaves those
 // ops out of every forward pass, so the decode graph's time without them measures what they cost

@@ -286,7 +286,7 @@ void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStateL
     const auto parts = project_parts<4>(c, w.in_proj, {C, d.gdn_value_width(), Hv, Hv},
                                         ws.normed, "gdn in projection");
     const bf16 *qkv = parts[0], *z = parts[1], *b = parts[2], *a = parts[3];
-    if (T == 1 && decode_fusion_enabled()) {  // conv + rule + gated norm in one launch
+    if (T == 1 && decode_fusion_enabled(DecodeFusion::Gdn)) {  // conv + rule + gated norm in one launch
         c.op(OpFamily::GdnRule, "gdn_decode_fused", [&] {
             gdn_decode_fused(qkv, w.conv, s.conv, a, b, w.A_log, w.dt_bias, s.recurrent, ws.gdn_o, z, w.norm,
                              ws.mixed, ws.gdn_counters, d.gdn_k_heads, Hv, d.gdn_k_dim, d.gdn_v_dim,
@@ -336,7 +336,7 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w) {
     const int T = c.step.T, H = d.hidden, k = d.top_k, I = d.expert_inter;
     c.op(OpFamily::MoeRouter, "moe_router_topk", [&] {
         moe_router_topk(ws.normed, w.router, ws.router_logits, ws.expert_ids, ws.expert_weights, T,
-                        H, d.n_experts, k, c.st, decode_fusion_enabled() ? ws.router_done : nullptr);
+                        H, d.n_experts, k, c.st, decode_fusion_enabled(DecodeFusion::Router) ? ws.router_done : nullptr);
     });
     if (c.small_moe()) {
         if (w.shared_gate_up.format != WeightFormat::BF16 || w.shared_down.format != WeightFormat::BF16)
@@ -431,12 +431,26 @@ bool op_family_omitted(OpFamily f) {
     return mask >> int(f) & 1u;
 }
 
-bool decode_fusion_enabled() {
-    static const bool on = [] {
+bool decode_fusion_enabled(DecodeFusion f) {
+    static const unsigned mask = [] {
         const char* env = std::getenv("LAMPO_DECODE_FUSION");
-        return !(env && std::string(env) == "0");
+        const std::string v = env ? env : "";
+        if (v.empty() || v == "0" || v == "none") return 0u;
+        if (v == "1" || v == "all") return 7u;
+        unsigned m = 0;
+        for (size_t start = 0; start < v.size();) {
+            size_t end = v.find(',', start);
+            if (end == std::string::npos) end = v.size();
+            const std::string name = v.substr(start, end - start);
+            if (name == "gdn") m |= 1u << int(DecodeFusion::Gdn);
+            else if (name == "router") m |= 1u << int(DecodeFusion::Router);
+            else if (name == "moe") m |= 1u << int(DecodeFusion::Moe);
+            else throw std::invalid_argument("LAMPO_DECODE_FUSION: unknown fusion '" + name + "' (gdn, router, moe)");
+            start = end + 1;
+        }
+        return m;
     }();
-    return on;
+    return mask >> int(f) & 1u;
 }
 
 void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& s,
@@ -463,7 +477,7 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
             gated_deltanet(c, lw.gdn, s.gdn[l]);
         }
         const bf16* next_norm = l + 1 < L ? w.layers[l + 1].input_norm : w.final_norm;
-        if (d.moe && T == 1 && decode_fusion_enabled()) {  // norm, MoE FFN and next norm: one launch
+        if (d.moe && T == 1 && decode_fusion_enabled(DecodeFusion::Moe)) {  // norms + MoE FFN: one launch
             moe_decode_one_token(c, lw, next_norm);
             continue;
         }

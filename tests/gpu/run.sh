@@ -12,6 +12,8 @@
 #   profile build (no tests unless TESTS=1) + 35B-A3B decode benches (fusions on / off, depths 1
 #          and 8,192 by random fill; MOE_BLOCKS_SWEEP="1 3" adds LAMPO_MOE_BLOCKS_PER_SM variants)
 #          + Nsight Compute over one un-graphed decode step (tests/gpu/kernel_profile.py)
+#   fusions build (no tests) + the 35B-A3B decode step with each LAMPO_DECODE_FUSION choice
+#          (FUSION_SWEEP, default none gdn router moe gdn,router gdn,moe all)
 #   omit   build (no tests) + the 35B-A3B graphed decode step without each op family in turn
 #          (LAMPO_OMIT_OPS: what each family costs inside the graph)
 #   full   build + pytest -m cuda + the whole benchmark: full-size random-weight models, prompts
@@ -24,7 +26,7 @@
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|full|final|profile|omit) ;; *) echo "usage: $0 quick|full|final|profile|omit" >&2; exit 2 ;; esac
+case "$MODE" in quick|full|final|profile|omit|fusions) ;; *) echo "usage: $0 quick|full|final|profile|omit|fusions" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -73,7 +75,7 @@ for pid in "${WRITERS[@]}"; do
 done
 [ "$MODE" = quick ] && export LAMPO_FULL_WIDTH_DIR="$WORK/full-width" && log "full-width checkpoints written"
 
-if { [ "$MODE" != profile ] && [ "$MODE" != omit ]; } || [ -n "${TESTS:-}" ]; then
+if { [ "$MODE" != profile ] && [ "$MODE" != omit ] && [ "$MODE" != fusions ]; } || [ -n "${TESTS:-}" ]; then
 log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
 timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
   --durations=12 -p no:cacheprovider >"$OUT/pytest.log" 2>&1
@@ -114,6 +116,13 @@ profile)
     $PY tests/gpu/kernel_profile.py step --preset qwen3.6-35b-a3b >"$OUT/ncu-35b.csv" 2>"$OUT/ncu-35b.err"
   log "ncu exit $?"
   $PY tests/gpu/kernel_profile.py table "$OUT/ncu-35b.csv" ${GRAPH_MS:+--graph-ms $GRAPH_MS} >"$OUT/bench/ncu-35b.txt" 2>&1 ;;
+fusions)  # the 35B-A3B graphed decode step with each LAMPO_DECODE_FUSION choice
+  for f in ${FUSION_SWEEP:-none gdn router moe gdn,router gdn,moe all}; do
+    (export LAMPO_DECODE_FUSION=$f; bench "35b-a3b-fusion-${f//,/+}" 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0)
+  done
+  for f in "$OUT"/bench/35b-a3b-fusion-*.txt; do
+    echo "$(basename "$f" .txt): $(grep -E '^ +(1|8,192) ' "$f" | awk '{printf "depth %s: %s tok/s, %s ms, %s; ", $1, $(NF-3), $(NF-2), $NF}')"
+  done | tee "$OUT/bench/fusion-summary.txt" ;;
 omit)  # the graphed step's time without each op family in turn (LAMPO_OMIT_OPS, a timing diagnostic)
   bench 35b-a3b 40 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0 --profile-steps 0
   for fam in ${OMIT_FAMILIES:-norms moe_router moe_experts projections gdn_rule attention,attention_prep,kv_append lm_head}; do
