@@ -295,6 +295,17 @@ def test_bench_arguments_and_workload_planning():
     assert cpu.prompts == [64] and cpu.decode_tokens == 8 and cpu.profile_steps == 0
 
 
+def test_bench_marks_runs_with_omitted_ops(monkeypatch):
+    """LAMPO_OMIT_OPS (a timing diagnostic of the CUDA engine) is stated in the report, never silent."""
+    args = bench.build_parser().parse_args(["--preset", "tiny-moe", "--random-weights"])
+    cfg, _ = bench.resolve_model(args)
+    assert not any("LAMPO_OMIT_OPS" in n for n in bench.plan_workload(args, cfg, cuda=True).notes)
+    monkeypatch.setenv("LAMPO_OMIT_OPS", "norms,moe_router")
+    notes = bench.plan_workload(args, cfg, cuda=True).notes
+    assert any(n.startswith("LAMPO_OMIT_OPS=norms,moe_router:") and "meaningless" in n for n in notes)
+    assert not any("LAMPO_OMIT_OPS" in n for n in bench.plan_workload(args, cfg, cuda=False).notes)
+
+
 def test_bytes_per_token_roofline_terms():
     cfg = get_preset("qwen3.6-35b-a3b")
     b0, b1 = bench.bytes_per_token(cfg, 0), bench.bytes_per_token(cfg, 262_144)

@@ -27,7 +27,6 @@
 //   P3  every block copies act into shared memory; warps over output rows: the down GEMV
 //   last block (exit ticket): the next layer's residual add + norm
 #include <algorithm>
-#include <cstdlib>
 
 #include "common.cuh"
 #include "gdn_moe_vec.cuh"
@@ -285,16 +284,14 @@ __global__ void __launch_bounds__(NORM_THREADS, 2) moe_decode_fused_kernel(MoeDe
     }
 }
 
+// One wave: as many blocks as can be resident at once (every block must be, grid_sync.cuh), capped
+// by the work. With __launch_bounds__(256, 2) that is 2 blocks per SM (1 per SM measured slower).
 int fused_grid(size_t smem, int max_useful_blocks) {
-    static int per_sm = [] {
-        const char* env = std::getenv("LAMPO_MOE_BLOCKS_PER_SM");
-        return env ? std::max(1, std::atoi(env)) : 2;
-    }();
     int occ = 0;
     LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occ, moe_decode_fused_kernel, NORM_THREADS,
                                                                    smem));
     if (occ < 1) throw std::invalid_argument("moe_decode_fused: the kernel does not fit on a multiprocessor");
-    return std::max(1, std::min({max_useful_blocks, std::min(occ, per_sm) * sm_count()}));
+    return std::max(1, std::min(max_useful_blocks, occ * sm_count()));
 }
 
 }  // namespace

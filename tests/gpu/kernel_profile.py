@@ -19,6 +19,7 @@ import argparse
 import csv
 import ctypes
 import io
+import re
 import sys
 from collections import defaultdict
 
@@ -45,6 +46,13 @@ def run_step(preset: str, prompt: int, seed: int) -> None:
     cuda.cuProfilerStart()
     target.profile(1)
     cuda.cuProfilerStop()
+
+
+def short_name(full: str) -> str:
+    """'void (anonymous namespace)::gemv_kernel<1, bf16>(...)' -> 'gemv_kernel'."""
+    name = full.strip().removeprefix("void ")
+    name = name.replace("(anonymous namespace)", "anon").replace("<unnamed>", "anon")
+    return re.split(r"[<(]", name, maxsplit=1)[0].split("::")[-1]
 
 
 def _number(text: str) -> float:
@@ -75,7 +83,7 @@ def table(path: str, graph_ms: float | None) -> str:
                                  "KB": 1e3, "MB": 1e6, "GB": 1e9})
     groups: dict[str, dict] = defaultdict(lambda: dict(n=0, us=0.0, read=0.0, write=0.0, grid="", block=""))
     for r in rows:
-        name = r.get("Kernel Name", "?").split("(")[0].split("<")[0].strip()
+        name = short_name(r.get("Kernel Name", "?"))
         g = groups[name]
         g["n"] += 1
         g["us"] += _number(r.get(TIME, "")) * to_us

@@ -2,16 +2,15 @@
 # tests/gpu/run.sh MODE - on the GPU machine, from the repository root: build lampo._native (all
 # sources), run the cuda-marked tests, then the benchmarks; logs, JSON and a summary go to $OUT.
 #
+#   (every mode but quick/full packs its outputs into $OUT/results.tgz: the device returns <= 8 files)
 #   quick  build + pytest -m cuda + short benches: tiny-moe, and the full-width 35B-A3B / 27B shapes
 #          cut to 4 layers (random weights in VRAM); the GPU tests get full-width 4-layer checkpoint
 #          FILES (tests/gpu/full_width.py), written in the background while the extension builds
-#   final  build + pytest -m cuda + full-size benches that fit one call (35B-A3B real depths to
-#          262,144; 27B prefill 8,192 and real depths 8,192 / 262,144; 35B-A3B decode with
-#          LAMPO_DECODE_FUSION=0 for the A/B); if a test fails the benches run with the fusions off;
-#          everything is packed into $OUT/results.tgz (the device returns at most 8 files)
-#   profile build (no tests unless TESTS=1) + 35B-A3B decode benches (fusions on / off, depths 1
-#          and 8,192 by random fill; MOE_BLOCKS_SWEEP="1 3" adds LAMPO_MOE_BLOCKS_PER_SM variants)
-#          + Nsight Compute over one un-graphed decode step (tests/gpu/kernel_profile.py)
+#   final  build + pytest -m cuda (the engine tests twice: default, and LAMPO_DECODE_FUSION=all)
+#          + full-size benches that fit one call (35B-A3B real depths to 262,144; 27B prefill 8,192
+#          and real depths 8,192 / 262,144; 35B-A3B decode with every fusion on, for the A/B)
+#   profile build (no tests unless TESTS=1) + 35B-A3B decode benches (default and
+#          LAMPO_DECODE_FUSION=all, depths 1 and 8,192 by random fill) + Nsight Compute over one un-graphed decode step (tests/gpu/kernel_profile.py)
 #   fusions build (no tests) + the 35B-A3B decode step with each LAMPO_DECODE_FUSION choice
 #          (FUSION_SWEEP, default none gdn router moe gdn,router gdn,moe all)
 #   omit   build (no tests) + the 35B-A3B graphed decode step without each op family in turn
@@ -53,7 +52,7 @@ fi
 $PY -c "import lampo.models.config" || { log "lampo is not importable"; exit 1; }
 
 WRITERS=()
-if [ "$MODE" = quick ]; then
+if [ "$MODE" = quick ] || [ "$MODE" = final ]; then
   for preset in qwen3.6-35b-a3b qwen3.6-27b; do
     $PY tests/gpu/full_width.py "$WORK/full-width" "$preset" >"$OUT/write-$preset.log" 2>&1 &
     WRITERS+=($!)
@@ -73,13 +72,18 @@ log "built $(ls "$WORK"/build/_native*.so | xargs -n1 basename)"
 for pid in "${WRITERS[@]}"; do
   wait "$pid" || log "writing a full-width checkpoint failed (see $OUT/write-*.log)"
 done
-[ "$MODE" = quick ] && export LAMPO_FULL_WIDTH_DIR="$WORK/full-width" && log "full-width checkpoints written"
+{ [ "$MODE" = quick ] || [ "$MODE" = final ]; } && export LAMPO_FULL_WIDTH_DIR="$WORK/full-width" && log "full-width checkpoints written"
 
 if { [ "$MODE" != profile ] && [ "$MODE" != omit ] && [ "$MODE" != fusions ]; } || [ -n "${TESTS:-}" ]; then
 log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
 timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
   --durations=12 -p no:cacheprovider >"$OUT/pytest.log" 2>&1
 log "pytest exit $?: $(tail -1 "$OUT/pytest.log")"
+if [ "$MODE" = final ]; then  # the engine again with every decode fusion on (they are opt-in)
+  LAMPO_DECODE_FUSION=all timeout 200 $PY -m pytest -m cuda tests/cuda/test_engine.py -q -rs -p no:cacheprovider \
+    >"$OUT/pytest-fusion-all.log" 2>&1
+  log "pytest (LAMPO_DECODE_FUSION=all) tests/cuda/test_engine.py exit $?: $(tail -1 "$OUT/pytest-fusion-all.log")"
+fi
 fi
 
 bench() {  # bench NAME SECONDS ARGS...   (each bench has its own time limit; the call has 600 s)
@@ -97,18 +101,12 @@ full)
   bench 27b 260 --preset qwen3.6-27b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144
   bench 35b-a3b-fast-depth 60 --preset qwen3.6-35b-a3b --random-weights --prompt 8192 --depths 0,32768,131072,262144 --fast-depth ;;
 final)
-  if ! tail -1 "$OUT/pytest.log" | grep -q " passed" || tail -1 "$OUT/pytest.log" | grep -q "failed\|error"; then
-    export LAMPO_DECODE_FUSION=0; log "a cuda test failed: benches run with LAMPO_DECODE_FUSION=0"
-  fi
   bench 35b-a3b 150 --preset qwen3.6-35b-a3b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144 --profile-steps 3
   bench 27b 200 --preset qwen3.6-27b --random-weights --prompt 8192 --depths 0,8192,262144 --profile-steps 3
-  (export LAMPO_DECODE_FUSION=0; bench 35b-a3b-fusion-off 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0) ;;
+  (export LAMPO_DECODE_FUSION=all; bench 35b-a3b-fusion-all 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0) ;;
 profile)
   bench 35b-a3b 60 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 3
-  (export LAMPO_DECODE_FUSION=0; bench 35b-a3b-fusion-off 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0)
-  for n in ${MOE_BLOCKS_SWEEP:-}; do
-    (export LAMPO_MOE_BLOCKS_PER_SM=$n; bench 35b-a3b-moe-blocks-$n 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0)
-  done
+  (export LAMPO_DECODE_FUSION=all; bench 35b-a3b-fusion-all 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0)
   GRAPH_MS=$($PY -c "import json; print(json.load(open('$OUT/bench/35b-a3b.json'))['decode'][0]['ms_per_token'])" 2>/dev/null)
   log "ncu over one decode step (graph step ${GRAPH_MS:-?} ms)"
   timeout 240 ncu --profile-from-start off --clock-control none --csv --page raw \
