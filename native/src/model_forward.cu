@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common.cuh"
 #include "model.h"
@@ -410,23 +411,34 @@ void moe_decode_one_token(const Ctx& c, const LayerWeights& lw, const bf16* next
 
 }  // namespace
 
+namespace {
+
+// Bit i set for each names[i] in the comma-separated value of environment variable `var`
+// (unset: 0); an unknown name throws, naming the variable.
+unsigned env_name_mask(const char* var, const std::vector<std::string>& names) {
+    const char* env = std::getenv(var);
+    const std::string list = env ? env : "";
+    unsigned m = 0;
+    for (size_t start = 0; start < list.size();) {
+        size_t end = list.find(',', start);
+        if (end == std::string::npos) end = list.size();
+        const std::string name = list.substr(start, end - start);
+        const auto it = std::find(names.begin(), names.end(), name);
+        if (it == names.end())
+            throw std::invalid_argument(std::string(var) + ": unknown name '" + name + "'");
+        m |= 1u << (it - names.begin());
+        start = end + 1;
+    }
+    return m;
+}
+
+}  // namespace
+
 bool op_family_omitted(OpFamily f) {
     static const unsigned mask = [] {
-        unsigned m = 0;
-        const char* env = std::getenv("LAMPO_OMIT_OPS");
-        std::string list = env ? env : "";
-        for (size_t start = 0; start < list.size();) {
-            size_t end = list.find(',', start);
-            if (end == std::string::npos) end = list.size();
-            const std::string name = list.substr(start, end - start);
-            bool known = false;
-            for (int i = 0; i < int(OpFamily::Count); ++i)
-                if (name == op_family_name(OpFamily(i))) m |= 1u << i, known = true;
-            if (!known && !name.empty())
-                throw std::invalid_argument("LAMPO_OMIT_OPS: unknown op family '" + name + "'");
-            start = end + 1;
-        }
-        return m;
+        std::vector<std::string> names;
+        for (int i = 0; i < int(OpFamily::Count); ++i) names.push_back(op_family_name(OpFamily(i)));
+        return env_name_mask("LAMPO_OMIT_OPS", names);
     }();
     return mask >> int(f) & 1u;
 }
@@ -435,20 +447,9 @@ bool decode_fusion_enabled(DecodeFusion f) {
     static const unsigned mask = [] {
         const char* env = std::getenv("LAMPO_DECODE_FUSION");
         const std::string v = env ? env : "";
-        if (v.empty() || v == "0" || v == "none") return 0u;
-        if (v == "1" || v == "all") return 7u;
-        unsigned m = 0;
-        for (size_t start = 0; start < v.size();) {
-            size_t end = v.find(',', start);
-            if (end == std::string::npos) end = v.size();
-            const std::string name = v.substr(start, end - start);
-            if (name == "gdn") m |= 1u << int(DecodeFusion::Gdn);
-            else if (name == "router") m |= 1u << int(DecodeFusion::Router);
-            else if (name == "moe") m |= 1u << int(DecodeFusion::Moe);
-            else throw std::invalid_argument("LAMPO_DECODE_FUSION: unknown fusion '" + name + "' (gdn, router, moe)");
-            start = end + 1;
-        }
-        return m;
+        if (v == "0" || v == "none") return 0u;
+        if (v == "1" || v == "all") return ~0u;
+        return env_name_mask("LAMPO_DECODE_FUSION", {"gdn", "router", "moe"});  // DecodeFusion order
     }();
     return mask >> int(f) & 1u;
 }
