@@ -51,11 +51,23 @@ __device__ __forceinline__ float warp_max(float v) {
 // next kernel start launching, so that kernel's launch and block scheduling overlap this one's
 // work. Only immutable data (weights) may be touched before it, and only via pdl_prefetch_l2
 // (L2 is the coherence point, so a prefetch can never observe stale data).
-__device__ __forceinline__ void pdl_begin() {
+// pdl_wait / pdl_launch_dependents are its two halves, for kernels that let their dependents
+// start later than at their beginning (moe_decode_fused.cu).
+__device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+__device__ __forceinline__ void pdl_begin() {
+    pdl_wait();
+    pdl_launch_dependents();
 }
 
 __device__ __forceinline__ void pdl_prefetch_l2(const void* p) {

@@ -327,6 +327,19 @@ void dense_ffn(const Ctx& c, const DenseFfnWeights& w) {
          [&] { linear_forward(w.down, c.ws.act, c.ws.delta, T, c.st); });
 }
 
+// The shared expert as the (k+1)-th slot of the decode-time MoE kernels (BF16 weights only).
+MoeSharedSlot decode_shared_slot(const Ctx& c, const MoeFfnWeights& w) {
+    if (w.shared_gate_up.format != WeightFormat::BF16 || w.shared_down.format != WeightFormat::BF16)
+        throw std::logic_error("moe decode: the shared-expert slot reads BF16 weights only");
+    MoeSharedSlot shared;
+    shared.gate_up = static_cast<const bf16*>(w.shared_gate_up.data);
+    shared.down = static_cast<const bf16*>(w.shared_down.data);
+    shared.w_gate = w.shared_gate;
+    shared.gate = c.ws.shared_gate;
+    shared.inter = c.d.shared_inter;
+    return shared;
+}
+
 // Sparse MoE: router top-k, then for few tokens the selected experts plus the shared expert as
 // one more slot of the same two GEMV launches (their gated sum lands in ws.delta); for a prefill
 // chunk the grouped GEMMs for the routed experts, the shared expert's own projections and
@@ -340,14 +353,7 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w) {
                         H, d.n_experts, k, c.st, decode_fusion_enabled(DecodeFusion::Router) ? ws.router_done : nullptr);
     });
     if (c.small_moe()) {
-        if (w.shared_gate_up.format != WeightFormat::BF16 || w.shared_down.format != WeightFormat::BF16)
-            throw std::logic_error("moe_ffn: the fused shared-expert slot reads BF16 weights only");
-        MoeSharedSlot shared;
-        shared.gate_up = static_cast<const bf16*>(w.shared_gate_up.data);
-        shared.down = static_cast<const bf16*>(w.shared_down.data);
-        shared.w_gate = w.shared_gate;
-        shared.gate = ws.shared_gate;
-        shared.inter = d.shared_inter;
+        const MoeSharedSlot shared = decode_shared_slot(c, w);
         c.op(OpFamily::MoeExperts, "moe_experts_gate_up", [&] {
             moe_experts_gate_up(ws.normed, w.experts_gate_up, ws.expert_ids, ws.act, T, k, H, I, c.st,
                                 &shared);
@@ -380,8 +386,6 @@ void moe_decode_one_token(const Ctx& c, const LayerWeights& lw, const bf16* next
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
     const MoeFfnWeights& w = lw.moe;
-    if (w.shared_gate_up.format != WeightFormat::BF16 || w.shared_down.format != WeightFormat::BF16)
-        throw std::logic_error("moe_decode_one_token: the fused MoE step reads BF16 weights only");
     MoeDecodeFusedArgs a;
     a.residual = ws.residual;
     a.delta_in = ws.delta;
@@ -389,10 +393,7 @@ void moe_decode_one_token(const Ctx& c, const LayerWeights& lw, const bf16* next
     a.router = w.router;
     a.gate_up = w.experts_gate_up;
     a.down = w.experts_down;
-    a.shared.gate_up = static_cast<const bf16*>(w.shared_gate_up.data);
-    a.shared.down = static_cast<const bf16*>(w.shared_down.data);
-    a.shared.w_gate = w.shared_gate;
-    a.shared.inter = d.shared_inter;
+    a.shared = decode_shared_slot(c, w);
     a.H = d.hidden;
     a.E = d.n_experts;
     a.k = d.top_k;
@@ -408,10 +409,6 @@ void moe_decode_one_token(const Ctx& c, const LayerWeights& lw, const bf16* next
     a.sync = ws.moe_sync;
     c.op(OpFamily::MoeExperts, "moe_decode_fused", [&] { moe_decode_fused(a, c.st); });
 }
-
-}  // namespace
-
-namespace {
 
 // Bit i set for each names[i] in the comma-separated value of environment variable `var`
 // (unset: 0); an unknown name throws, naming the variable.

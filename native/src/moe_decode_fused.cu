@@ -43,18 +43,6 @@ namespace {
 constexpr int FM_WARPS = NORM_THREADS / 32;  // 8 warps: the norm prologue's thread mapping
 constexpr int FM_LINE = 64;                  // bf16 per 128-byte L2 line
 
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
 // Streaming weight loads: read once, so marked L2 evict-first (they should not push activations,
 // states or the next kernel's prefetched weights out of L2).
 __device__ __forceinline__ uint64_t l2_evict_first_policy() {
@@ -222,7 +210,7 @@ __global__ void __launch_bounds__(NORM_THREADS, 2) moe_decode_fused_kernel(MoeDe
             const int i = threadIdx.x + m * NORM_THREADS;
             const float4 v = r4[m], g = g4[m];
             if (i < H / 4)
-                norm_store_bf16x4(xs + 4 * i, make_float4(v.x * inv * (1.0f + g.x), v.y * inv * (1.0f + g.y),
+                store_bf16x4(xs + 4 * i, make_float4(v.x * inv * (1.0f + g.x), v.y * inv * (1.0f + g.y),
                                                           v.z * inv * (1.0f + g.z), v.w * inv * (1.0f + g.w)));
         }
     }

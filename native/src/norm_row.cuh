@@ -7,6 +7,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "gdn_moe_vec.cuh"
 #include "ops.h"
 
 namespace lampo {
@@ -32,14 +33,6 @@ __device__ __forceinline__ float4 norm_load_bf16x4(const bf16* p) {
     const uint2 u = __ldcg(reinterpret_cast<const uint2*>(p));
     return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
                        __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
-}
-
-__device__ __forceinline__ void norm_store_bf16x4(bf16* p, float4 f) {
-    __nv_bfloat162 a = __floats2bfloat162_rn(f.x, f.y), b = __floats2bfloat162_rn(f.z, f.w);
-    uint2 u;
-    u.x = *reinterpret_cast<uint32_t*>(&a);
-    u.y = *reinterpret_cast<uint32_t*>(&b);
-    *reinterpret_cast<uint2*>(p) = u;
 }
 
 // Element group i (4 values) of r = x (+ delta), read through L2 (ld.global.cg): kernels that
@@ -71,7 +64,7 @@ __device__ __forceinline__ void norm_row_scale(const float* r, float inv, const 
     for (int i = threadIdx.x; i < n / 4; i += NORM_THREADS) {
         const float4 v = __ldcg(reinterpret_cast<const float4*>(r) + i);
         const float4 g = norm_load_bf16x4(w + 4 * i);
-        norm_store_bf16x4(y + 4 * i, make_float4(v.x * inv * (1.0f + g.x), v.y * inv * (1.0f + g.y),
+        store_bf16x4(y + 4 * i, make_float4(v.x * inv * (1.0f + g.x), v.y * inv * (1.0f + g.y),
                                                  v.z * inv * (1.0f + g.z), v.w * inv * (1.0f + g.w)));
     }
 }
@@ -82,7 +75,7 @@ __device__ __forceinline__ void norm_row_scale_sum(const float* x, const bf16* d
     for (int i = threadIdx.x; i < n / 4; i += NORM_THREADS) {
         const float4 v = norm_residual4(x, delta, i);
         const float4 g = norm_load_bf16x4(w + 4 * i);
-        norm_store_bf16x4(y + 4 * i, make_float4(v.x * inv * (1.0f + g.x), v.y * inv * (1.0f + g.y),
+        store_bf16x4(y + 4 * i, make_float4(v.x * inv * (1.0f + g.x), v.y * inv * (1.0f + g.y),
                                                  v.z * inv * (1.0f + g.z), v.w * inv * (1.0f + g.w)));
     }
 }
