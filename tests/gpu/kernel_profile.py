@@ -70,25 +70,27 @@ def read_rows(path: str) -> tuple[list[dict], dict[str, str]]:
     return [r for r in rows if r.get("ID", "").strip().isdigit()], units
 
 
+MICROSECONDS_PER = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "ns": 1e-3, "us": 1.0}
+BYTES_PER = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
 def scale(units: dict[str, str], metric: str, unit_table: dict[str, float]) -> float:
     return unit_table.get(units.get(metric, "").strip(), 1.0)
 
 
 def table(path: str, graph_ms: float | None) -> str:
     rows, units = read_rows(path)
-    to_us = scale(units, TIME, {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "ns": 1e-3, "us": 1.0})
-    to_b = scale(units, READ, {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9,
-                               "KB": 1e3, "MB": 1e6, "GB": 1e9})
-    to_bw = scale(units, WRITE, {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9,
-                                 "KB": 1e3, "MB": 1e6, "GB": 1e9})
+    to_us = scale(units, TIME, MICROSECONDS_PER)
+    read_scale = scale(units, READ, BYTES_PER)
+    write_scale = scale(units, WRITE, BYTES_PER)
     groups: dict[str, dict] = defaultdict(lambda: dict(n=0, us=0.0, read=0.0, write=0.0, grid="", block=""))
     for r in rows:
         name = short_name(r.get("Kernel Name", "?"))
         g = groups[name]
         g["n"] += 1
         g["us"] += _number(r.get(TIME, "")) * to_us
-        g["read"] += _number(r.get(READ, "")) * to_b
-        g["write"] += _number(r.get(WRITE, "")) * to_bw
+        g["read"] += _number(r.get(READ, "")) * read_scale
+        g["write"] += _number(r.get(WRITE, "")) * write_scale
         g["grid"], g["block"] = r.get("launch__grid_size", ""), r.get("launch__block_size", "")
     total_us = sum(g["us"] for g in groups.values())
     total_b = sum(g["read"] + g["write"] for g in groups.values())
