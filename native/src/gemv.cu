@@ -7,13 +7,22 @@
 // so every weight byte serves all T tokens. fp32 accumulators (T x R per lane) are summed across
 // lanes by a butterfly that leaves one value per lane group, and across the KS slices of a block
 // through shared memory. Tails: rows past `out` are clamped on load and never stored.
-// Launched with PDL: each lane prefetches its first weight vectors into L2 before waiting for the
-// kernel that produces x, so the weight stream starts during the previous kernel's tail.
+// Launched with PDL: the weights are immutable, so before waiting for the kernel that produces x
+// each lane already loads its first weight vectors into registers and prefetches the rest of its
+// share into L2; the weight stream starts during the previous kernel.
+//
+// Two decode-step (T = 1) forms fold the residual stream in (linear.h):
+// - GemvIn::NormedResidual: x = bf16(rmsnorm(residual) * (1 + w)) is built by every block in
+//   shared memory (norm_row.cuh: the same thread mapping and order as add_rmsnorm, so bit-identical
+//   values); block 0 may also write it out for later kernels.
+// - GemvOut::AddToResidual: residual[row] += float(bf16(y[row])), the rounding the separate
+//   bf16 output + add_rmsnorm would apply.
 #include <type_traits>
 
 #include "bf16_vec.cuh"
 #include "launch_utils.cuh"
 #include "matmul.cuh"
+#include "norm_row.cuh"
 
 namespace lampo {
 namespace {
@@ -21,6 +30,18 @@ namespace {
 constexpr int GEMV_WARPS = 8;
 constexpr int GEMV_ROWS = 4;    // rows per warp (R)
 constexpr int GEMV_UNROLL = 2;  // 16-byte vectors per row in flight
+static_assert(GEMV_WARPS * 32 == NORM_THREADS, "the folded norm runs on the GEMV block");
+
+enum class GemvIn { X, NormedResidual };
+enum class GemvOut { Store, AddToResidual };
+
+struct GemvParams {
+    const bf16* W;
+    const bf16* x;       // GemvIn::X: [T, in]
+    void* y;             // [T, out] OutT, or the fp32 residual [out] for AddToResidual
+    int out, in, ks_count;
+    ResidualNorm norm;   // GemvIn::NormedResidual
+};
 
 constexpr int next_pow2(int n) { return n <= 1 ? 1 : 2 * next_pow2((n + 1) / 2); }
 
@@ -64,47 +85,59 @@ __device__ __forceinline__ float warp_reduce_many(float (&v)[N], int lane) {
     return v[0];
 }
 
-template <int T, class OutT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-gemv_kernel(const bf16* __restrict__ W, const bf16* __restrict__ x, OutT* __restrict__ y, int out, int in, int ks_count) {
+// This lane's weight vectors v0 + 32 u of its rows (zeros past the slice end).
+__device__ __forceinline__ void load_weights(uint4 (&wv)[GEMV_UNROLL][GEMV_ROWS], const uint4* const (&wrow)[GEMV_ROWS],
+                                             int v0, int vend) {
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; ++u) {
+        const int v = v0 + 32 * u;
+#pragma unroll
+        for (int r = 0; r < GEMV_ROWS; ++r) wv[u][r] = v < vend ? load_stream(wrow[r] + v) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+template <int T, class OutT, GemvIn IN, GemvOut OUT>
+__global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(const GemvParams p) {
+    static_assert(IN == GemvIn::X || T == 1, "the folded norm serves one token");
+    static_assert(OUT == GemvOut::Store || (T == 1 && std::is_same_v<OutT, float>), "residual add: one fp32 row");
     constexpr int NV = next_pow2(T * GEMV_ROWS);
     __shared__ float partial[GEMV_WARPS][NV];
+    extern __shared__ uint4 x_normed[];  // GemvIn::NormedResidual: the normed row, in / 8 vectors
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int groups_per_block = GEMV_WARPS / ks_count;
-    const int group = warp / ks_count, ks = warp % ks_count;
+    const int groups_per_block = GEMV_WARPS / p.ks_count;
+    const int group = warp / p.ks_count, ks = warp % p.ks_count;
     const int row0 = (blockIdx.x * groups_per_block + group) * GEMV_ROWS;
-    const int nvec = in / 8;
-    const int vbeg = int(int64_t(nvec) * ks / ks_count), vend = int(int64_t(nvec) * (ks + 1) / ks_count);
+    const int nvec = p.in / 8;
+    const int vbeg = int(int64_t(nvec) * ks / p.ks_count), vend = int(int64_t(nvec) * (ks + 1) / p.ks_count);
 
     const uint4* wrow[GEMV_ROWS];
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r)
-        wrow[r] = reinterpret_cast<const uint4*>(W + size_t(min(row0 + r, out - 1)) * in);
-    // The weights are immutable: pull this lane's first vectors into L2 while the previous kernel
-    // finishes, then wait for it before reading x.
+        wrow[r] = reinterpret_cast<const uint4*>(p.W + size_t(min(row0 + r, p.out - 1)) * p.in);
+    // Before the wait (weights only): the first batch into registers, the rest of the share into L2.
+    int v0 = vbeg + lane;
+    uint4 wv[GEMV_UNROLL][GEMV_ROWS];
+    load_weights(wv, wrow, v0, vend);
+    for (int v = v0 + 32 * GEMV_UNROLL; v < vend; v += 32)
 #pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; ++u) {
-        const int v = vbeg + lane + 32 * u;
-#pragma unroll
-        for (int r = 0; r < GEMV_ROWS; ++r)
-            if (v < vend) pdl_prefetch_l2(wrow[r] + v);
-    }
+        for (int r = 0; r < GEMV_ROWS; ++r) pdl_prefetch_l2(wrow[r] + v);
     pdl_begin();
-    const uint4* xv = reinterpret_cast<const uint4*>(x);
+
+    const uint4* xv = reinterpret_cast<const uint4*>(p.x);
+    if constexpr (IN == GemvIn::NormedResidual) {
+        bf16* xs = reinterpret_cast<bf16*>(x_normed);
+        const float inv = norm_row_inv(p.norm.residual, nullptr, nullptr, p.in, p.norm.eps);
+        norm_row_scale(p.norm.residual, inv, p.norm.weight, xs, p.in);
+        __syncthreads();
+        if (p.norm.normed_out && blockIdx.x == 0)
+            for (int i = threadIdx.x; i < nvec; i += blockDim.x) reinterpret_cast<uint4*>(p.norm.normed_out)[i] = x_normed[i];
+        xv = x_normed;
+    }
 
     float acc[NV];
 #pragma unroll
     for (int i = 0; i < NV; ++i) acc[i] = 0.0f;
-
-    for (int v0 = vbeg + lane; v0 < vend; v0 += 32 * GEMV_UNROLL) {
-        uint4 wv[GEMV_UNROLL][GEMV_ROWS];
-#pragma unroll
-        for (int u = 0; u < GEMV_UNROLL; ++u) {
-            const int v = v0 + 32 * u;
-#pragma unroll
-            for (int r = 0; r < GEMV_ROWS; ++r)
-                wv[u][r] = v < vend ? load_stream(wrow[r] + v) : make_uint4(0u, 0u, 0u, 0u);
-        }
+    while (true) {
 #pragma unroll
         for (int u = 0; u < GEMV_UNROLL; ++u) {
             const int v = v0 + 32 * u;
@@ -112,12 +145,16 @@ gemv_kernel(const bf16* __restrict__ W, const bf16* __restrict__ x, OutT* __rest
 #pragma unroll
                 for (int t = 0; t < T; ++t) {
                     float xf[8];
-                    bf16x8_to_float(__ldg(xv + size_t(t) * nvec + v), xf);
+                    if constexpr (IN == GemvIn::NormedResidual) bf16x8_to_float(xv[v], xf);
+                    else bf16x8_to_float(__ldg(xv + size_t(t) * nvec + v), xf);
 #pragma unroll
                     for (int r = 0; r < GEMV_ROWS; ++r) fma_bf16x8(acc[t * GEMV_ROWS + r], wv[u][r], xf);
                 }
             }
         }
+        v0 += 32 * GEMV_UNROLL;
+        if (v0 >= vend) break;
+        load_weights(wv, wrow, v0, vend);
     }
 
     const float total = warp_reduce_many<NV>(acc, lane);
@@ -128,46 +165,73 @@ gemv_kernel(const bf16* __restrict__ W, const bf16* __restrict__ x, OutT* __rest
     if (item < groups_per_block * T * GEMV_ROWS) {
         const int g = item / (T * GEMV_ROWS), idx = item % (T * GEMV_ROWS);
         float sum = 0.0f;
-        for (int k = 0; k < ks_count; ++k) sum += partial[g * ks_count + k][idx];
+        for (int k = 0; k < p.ks_count; ++k) sum += partial[g * p.ks_count + k][idx];
         const int row = (blockIdx.x * groups_per_block + g) * GEMV_ROWS + idx % GEMV_ROWS;
         const int t = idx / GEMV_ROWS;
-        if (row < out) {
-            if constexpr (std::is_same_v<OutT, float>) y[size_t(t) * out + row] = sum;
-            else y[size_t(t) * out + row] = __float2bfloat16(sum);
+        OutT* y = static_cast<OutT*>(p.y);
+        if (row < p.out) {
+            if constexpr (OUT == GemvOut::AddToResidual) y[row] += __bfloat162float(__float2bfloat16(sum));
+            else if constexpr (std::is_same_v<OutT, float>) y[size_t(t) * p.out + row] = sum;
+            else y[size_t(t) * p.out + row] = __float2bfloat16(sum);
         }
     }
 }
 
-template <int T, class OutT>
-void launch_gemv(const bf16* W, const bf16* x, OutT* y, int out, int in, cudaStream_t stream) {
-    const int row_groups = ceil_div(out, GEMV_ROWS);
+template <int T, class OutT, GemvIn IN = GemvIn::X, GemvOut OUT = GemvOut::Store>
+void launch_gemv(GemvParams p, cudaStream_t stream) {
+    const int row_groups = ceil_div(p.out, GEMV_ROWS);
     const int target_blocks = 4 * sm_count();
     int ks = 1;
-    while (ks < GEMV_WARPS && ceil_div(row_groups, GEMV_WARPS / ks) < target_blocks && in / 8 / (2 * ks) >= 32) ks *= 2;
+    while (ks < GEMV_WARPS && ceil_div(row_groups, GEMV_WARPS / ks) < target_blocks && p.in / 8 / (2 * ks) >= 32) ks *= 2;
+    p.ks_count = ks;
     const int blocks = ceil_div(row_groups, GEMV_WARPS / ks);
-    launch_pdl("gemv_kernel", gemv_kernel<T, OutT>, blocks, GEMV_WARPS * 32, 0, stream, W, x, y, out, in, ks);
+    const size_t smem = IN == GemvIn::NormedResidual ? size_t(p.in) * 2 : 0;
+    launch_pdl("gemv_kernel", gemv_kernel<T, OutT, IN, OUT>, blocks, GEMV_WARPS * 32, smem, stream, p);
+}
+
+void check_gemv(int out, int in) {
+    require(in > 0 && in % 8 == 0, "gemv", "in must be a positive multiple of 8, got " + std::to_string(in));
+    require(out >= 0, "gemv", "out must be >= 0");
 }
 
 }  // namespace
 
 template <class OutT>
 void gemv_bf16(const bf16* W, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream) {
-    require(in > 0 && in % 8 == 0, "gemv", "in must be a positive multiple of 8, got " + std::to_string(in));
+    check_gemv(out, in);
     require(T >= 1 && T <= GEMV_MAX_T, "gemv", "T must be 1..8, got " + std::to_string(T));
-    if (out <= 0) return;
+    if (out == 0) return;
+    const GemvParams p{W, x, y, out, in, 1, {}};
     switch (T) {
-        case 1: launch_gemv<1>(W, x, y, out, in, stream); break;
-        case 2: launch_gemv<2>(W, x, y, out, in, stream); break;
-        case 3: launch_gemv<3>(W, x, y, out, in, stream); break;
-        case 4: launch_gemv<4>(W, x, y, out, in, stream); break;
-        case 5: launch_gemv<5>(W, x, y, out, in, stream); break;
-        case 6: launch_gemv<6>(W, x, y, out, in, stream); break;
-        case 7: launch_gemv<7>(W, x, y, out, in, stream); break;
-        default: launch_gemv<8>(W, x, y, out, in, stream); break;
+        case 1: launch_gemv<1, OutT>(p, stream); break;
+        case 2: launch_gemv<2, OutT>(p, stream); break;
+        case 3: launch_gemv<3, OutT>(p, stream); break;
+        case 4: launch_gemv<4, OutT>(p, stream); break;
+        case 5: launch_gemv<5, OutT>(p, stream); break;
+        case 6: launch_gemv<6, OutT>(p, stream); break;
+        case 7: launch_gemv<7, OutT>(p, stream); break;
+        default: launch_gemv<8, OutT>(p, stream); break;
     }
+}
+
+template <class OutT>
+void gemv_bf16_normed(const bf16* W, const ResidualNorm& norm, OutT* y, int out, int in, cudaStream_t stream) {
+    check_gemv(out, in);
+    require(norm.residual && norm.weight, "gemv_normed", "needs the residual row and the norm weight");
+    require(size_t(in) * 2 <= 48 * 1024, "gemv_normed", "the normed row must fit 48 KiB of shared memory");
+    if (out == 0) return;
+    launch_gemv<1, OutT, GemvIn::NormedResidual>({W, nullptr, y, out, in, 1, norm}, stream);
+}
+
+void gemv_bf16_add_residual(const bf16* W, const bf16* x, float* residual, int out, int in, cudaStream_t stream) {
+    check_gemv(out, in);
+    if (out == 0) return;
+    launch_gemv<1, float, GemvIn::X, GemvOut::AddToResidual>({W, x, residual, out, in, 1, {}}, stream);
 }
 
 template void gemv_bf16<bf16>(const bf16*, const bf16*, bf16*, int, int, int, cudaStream_t);
 template void gemv_bf16<float>(const bf16*, const bf16*, float*, int, int, int, cudaStream_t);
+template void gemv_bf16_normed<bf16>(const bf16*, const ResidualNorm&, bf16*, int, int, cudaStream_t);
+template void gemv_bf16_normed<float>(const bf16*, const ResidualNorm&, float*, int, int, cudaStream_t);
 
 }  // namespace lampo

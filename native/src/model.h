@@ -205,13 +205,18 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
                    const Workspace& ws, const ForwardStep& step, cudaStream_t stream,
                    OpTimer* timer);
 
-// Optional one-launch forms of parts of the decode step (T = 1), chosen by LAMPO_DECODE_FUSION in
-// the environment (read once per process): a comma list of gdn (conv + delta rule + gated norm),
-// router (logits + top-k), moe (both norms + router + all experts, moe_decode_fused), or "all";
-// unset / "0" = the separate launches. All are bit-identical to the separate launches; the default
-// is the separate launches because that measured fastest inside the PDL-chained decode graph
-// (docs/decode-performance.md).
-enum class DecodeFusion : int { Gdn, Router, Moe };
+// Fused forms of parts of the decode step (T = 1), chosen by LAMPO_DECODE_FUSION in the environment
+// (read once per process), a comma list of:
+//   norms  - no add_rmsnorm launches: each block's input projection builds the normed row itself
+//            and each output projection adds into the fp32 residual (linear.h), and the gate_up
+//            launch selects the experts from the router logits (no top-k launch);
+//   gdn    - conv + delta rule + gated norm in one launch;
+//   router - router logits + top-k in one launch        } these two replace steps of the unfolded
+//   moe    - both norms + router + all experts, one launch } step, so they exclude `norms`.
+// Unset, "all" or "1" = norms,gdn (measured fastest); "none" or "0" = the separate launches. Every
+// form computes the same values as the separate launches, bit for bit except that `norms` sums the
+// router logits in the generic GEMV's order (docs/decode-performance.md).
+enum class DecodeFusion : int { Norms, Gdn, Router, Moe };
 bool decode_fusion_enabled(DecodeFusion f);
 
 // Diagnostic for `lampo bench` only: LAMPO_OMIT_OPS=norms,moe_router (op family names) leaves those

@@ -4,7 +4,9 @@
 //   + post-norm, FFN (SwiGLU or MoE), residual add + next pre-norm -> final norm -> LM head.
 //
 // The residual stream is fp32 [T, H]; `add_rmsnorm` fuses each residual add with the norm that
-// follows it. T <= GEMV_MAX_T (decode, verify windows) takes the GEMV / recurrent / flash-decoding
+// follows it, except in the decode step (T = 1, DecodeFusion::Norms), where each block's input
+// projection builds its normed row from the residual itself and each output projection adds into
+// the residual: no norm launches between the blocks (input_projection / output_projection). T <= GEMV_MAX_T (decode, verify windows) takes the GEMV / recurrent / flash-decoding
 // paths that read positions from device memory (graph-capturable); larger T (prefill chunks) takes
 // the GEMM / chunked GDN / flash prefill / grouped-MoE paths. Every launch is checked with its op
 // name, so a failure surfaces as CudaError("<op>: ...").
@@ -207,16 +209,39 @@ struct Ctx {
     }
     bool small() const { return step.T <= GEMV_MAX_T; }
     bool small_moe() const { return step.T <= MOE_DECODE_MAX_T; }
+    // The decode step with its norms and residual adds folded into the projections.
+    bool folded() const { return step.T == 1 && decode_fusion_enabled(DecodeFusion::Norms); }
 };
+
+// A block's input projection y = W @ normed input: reads ws.normed, or, folded, builds the normed
+// row from the residual stream itself (`normed_out` then also receives it).
+void input_projection(const Ctx& c, const Linear& W, const bf16* norm_w, bf16* y, const char* name) {
+    if (c.folded()) {
+        c.op(OpFamily::Projections, name,
+             [&] { linear_forward_normed(W, {c.ws.residual, norm_w, c.d.eps}, y, c.st); });
+    } else {
+        c.op(OpFamily::Projections, name, [&] { linear_forward(W, c.ws.normed, y, c.step.T, c.st); });
+    }
+}
+
+// A block's output projection: into ws.delta (the next add_rmsnorm adds it), or, folded, straight
+// into the residual stream.
+void output_projection(const Ctx& c, const Linear& W, const bf16* x, const char* name) {
+    if (c.folded()) {
+        c.op(OpFamily::Projections, name, [&] { linear_forward_add_residual(W, x, c.ws.residual, c.st); });
+    } else {
+        c.op(OpFamily::Projections, name, [&] { linear_forward(W, x, c.ws.delta, c.step.T, c.st); });
+    }
+}
 
 // A fused projection whose output is used as separate parts (its rows: the parts, then zero
 // padding). Part i of T rows ends up contiguous as [T, width_i] at proj + T * (sum of the widths
 // before it). With T == 1 that is exactly one row of the fused product, so one GEMV over the fused
 // matrix writes every part in place; for T > 1 one product writes ws.fused [T, padded rows] and a
-// strided copy per part gathers its columns.
+// strided copy per part gathers its columns. The input is the block's normed input (norm_w).
 template <size_t N>
 std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std::array<int, N>& widths,
-                                   const bf16* x, const char* name) {
+                                   const bf16* norm_w, const char* name) {
     std::array<bf16*, N> out{};
     const int T = c.step.T;
     int row = 0;
@@ -226,10 +251,10 @@ std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std:
     }
     if (row > fused.out) throw std::logic_error(std::string(name) + ": parts exceed the fused rows");
     if (T == 1) {
-        c.op(OpFamily::Projections, name, [&] { linear_forward(fused, x, c.ws.proj, 1, c.st); });
+        input_projection(c, fused, norm_w, c.ws.proj, name);
         return out;
     }
-    c.op(OpFamily::Projections, name, [&] { linear_forward(fused, x, c.ws.fused, T, c.st); });
+    c.op(OpFamily::Projections, name, [&] { linear_forward(fused, c.ws.normed, c.ws.fused, T, c.st); });
     row = 0;
     for (size_t i = 0; i < N; ++i) {
         c.op(OpFamily::Projections, "split fused projection", [&] {
@@ -243,14 +268,14 @@ std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std:
 }
 
 // Gated full attention: fused q|k|v projection, q/k norm + partial RoPE, INT8 KV append,
-// causal attention over the cache times sigmoid(gate), output projection -> ws.delta.
+// causal attention over the cache times sigmoid(gate), output projection.
 void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCacheLayer& kv,
-                     int max_ctx) {
+                     int max_ctx, const bf16* norm_w) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
     const int T = c.step.T;
     const auto parts = project_parts<3>(c, w.qkv, {d.q_rows(), d.kv_width(), d.kv_width()},
-                                        ws.normed, "attention qkv projection");
+                                        norm_w, "attention qkv projection");
     const bf16 *qg = parts[0], *k_raw = parts[1], *v = parts[2];
     c.op(OpFamily::AttentionPrep, "attn_prep", [&] {
         attn_prep(qg, k_raw, w.q_norm, w.k_norm, c.step.d_pos, ws.q, ws.gate, ws.k, T, d.n_q_heads,
@@ -272,20 +297,19 @@ void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCache
                               ws.mixed, T, d.n_q_heads, d.n_kv_heads, d.head_dim, max_ctx, c.st);
         });
     }
-    c.op(OpFamily::Projections, "attention o_proj",
-         [&] { linear_forward(w.o, ws.mixed, ws.delta, T, c.st); });
+    output_projection(c, w.o, ws.mixed, "attention o_proj");
 }
 
 // Gated DeltaNet: fused qkv|z|b|a projection, causal conv + SiLU on qkv, the gated delta rule
 // (recurrent for few tokens, chunked WY form for prefill), gated RMSNorm with z, out proj. A
 // decode step (T = 1) runs the first three as one gdn_decode_fused launch (LAMPO_DECODE_FUSION=0:
 // three launches).
-void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStateLayer& s) {
+void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStateLayer& s, const bf16* norm_w) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
     const int T = c.step.T, C = d.conv_channels(), Hv = d.gdn_v_heads;
     const auto parts = project_parts<4>(c, w.in_proj, {C, d.gdn_value_width(), Hv, Hv},
-                                        ws.normed, "gdn in projection");
+                                        norm_w, "gdn in projection");
     const bf16 *qkv = parts[0], *z = parts[1], *b = parts[2], *a = parts[3];
     if (T == 1 && decode_fusion_enabled(DecodeFusion::Gdn)) {  // conv + rule + gated norm in one launch
         c.op(OpFamily::GdnRule, "gdn_decode_fused", [&] {
@@ -293,8 +317,7 @@ void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStateL
                              ws.mixed, ws.gdn_counters, d.gdn_k_heads, Hv, d.gdn_k_dim, d.gdn_v_dim,
                              d.conv_kernel, d.eps, c.st);
         });
-        c.op(OpFamily::Projections, "gdn out_proj",
-             [&] { linear_forward(w.out, ws.mixed, ws.delta, T, c.st); });
+        output_projection(c, w.out, ws.mixed, "gdn out_proj");
         return;
     }
     c.op(OpFamily::GdnConv, "causal_conv1d_silu",
@@ -313,18 +336,14 @@ void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStateL
     }
     c.op(OpFamily::GatedNorm, "gated_rmsnorm",
          [&] { gated_rmsnorm(ws.gdn_o, z, w.norm, ws.mixed, T, Hv, d.gdn_v_dim, d.eps, c.st); });
-    c.op(OpFamily::Projections, "gdn out_proj",
-         [&] { linear_forward(w.out, ws.mixed, ws.delta, T, c.st); });
+    output_projection(c, w.out, ws.mixed, "gdn out_proj");
 }
 
-// SwiGLU: down(silu(gate(h)) * up(h)) -> ws.delta.
-void dense_ffn(const Ctx& c, const DenseFfnWeights& w) {
-    const int T = c.step.T, I = c.d.ffn_inter;
-    c.op(OpFamily::Projections, "ffn gate_up",
-         [&] { linear_forward(w.gate_up, c.ws.normed, c.ws.proj, T, c.st); });
-    c.op(OpFamily::Activations, "silu_mul", [&] { silu_mul(c.ws.proj, c.ws.act, T, I, c.st); });
-    c.op(OpFamily::Projections, "ffn down",
-         [&] { linear_forward(w.down, c.ws.act, c.ws.delta, T, c.st); });
+// SwiGLU: down(silu(gate(h)) * up(h)).
+void dense_ffn(const Ctx& c, const DenseFfnWeights& w, const bf16* norm_w) {
+    input_projection(c, w.gate_up, norm_w, c.ws.proj, "ffn gate_up");
+    c.op(OpFamily::Activations, "silu_mul", [&] { silu_mul(c.ws.proj, c.ws.act, c.step.T, c.d.ffn_inter, c.st); });
+    output_projection(c, w.down, c.ws.act, "ffn down");
 }
 
 // The shared expert as the (k+1)-th slot of the decode-time MoE kernels (BF16 weights only).
@@ -343,11 +362,29 @@ MoeSharedSlot decode_shared_slot(const Ctx& c, const MoeFfnWeights& w) {
 // Sparse MoE: router top-k, then for few tokens the selected experts plus the shared expert as
 // one more slot of the same two GEMV launches (their gated sum lands in ws.delta); for a prefill
 // chunk the grouped GEMMs for the routed experts, the shared expert's own projections and
-// moe_shared_combine.
-void moe_ffn(const Ctx& c, const MoeFfnWeights& w) {
+// moe_shared_combine. Folded (decode): router logits from the residual stream (which also leaves
+// the normed row in ws.normed), gate_up selecting its experts from the logits, down adding into
+// the residual: three launches.
+void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
     const int T = c.step.T, H = d.hidden, k = d.top_k, I = d.expert_inter;
+    if (c.folded()) {
+        const Linear router{WeightFormat::BF16, w.router, d.n_experts, H};
+        const MoeSharedSlot shared = decode_shared_slot(c, w);
+        c.op(OpFamily::MoeRouter, "moe router logits", [&] {
+            linear_forward_normed_f32(router, {ws.residual, norm_w, d.eps, ws.normed}, ws.router_logits, c.st);
+        });
+        c.op(OpFamily::MoeExperts, "moe_experts_gate_up_select", [&] {
+            moe_experts_gate_up_select(ws.normed, ws.router_logits, d.n_experts, w.experts_gate_up, ws.expert_ids,
+                                       ws.expert_weights, ws.act, 1, k, H, I, c.st, &shared);
+        });
+        c.op(OpFamily::MoeExperts, "moe_experts_down_add", [&] {
+            moe_experts_down_add(ws.act, w.experts_down, ws.expert_ids, ws.expert_weights, ws.residual, 1, k, H, I,
+                                 c.st, &shared);
+        });
+        return;
+    }
     c.op(OpFamily::MoeRouter, "moe_router_topk", [&] {
         moe_router_topk(ws.normed, w.router, ws.router_logits, ws.expert_ids, ws.expert_weights, T,
                         H, d.n_experts, k, c.st, decode_fusion_enabled(DecodeFusion::Router) ? ws.router_done : nullptr);
@@ -442,11 +479,16 @@ bool op_family_omitted(OpFamily f) {
 
 bool decode_fusion_enabled(DecodeFusion f) {
     static const unsigned mask = [] {
+        auto bit = [](DecodeFusion g) { return 1u << int(g); };
         const char* env = std::getenv("LAMPO_DECODE_FUSION");
         const std::string v = env ? env : "";
         if (v == "0" || v == "none") return 0u;
-        if (v == "1" || v == "all") return ~0u;
-        return env_name_mask("LAMPO_DECODE_FUSION", {"gdn", "router", "moe"});  // DecodeFusion order
+        if (v.empty() || v == "1" || v == "all") return bit(DecodeFusion::Norms) | bit(DecodeFusion::Gdn);
+        const unsigned m = env_name_mask("LAMPO_DECODE_FUSION", {"norms", "gdn", "router", "moe"});  // enum order
+        if ((m & bit(DecodeFusion::Norms)) && (m & (bit(DecodeFusion::Router) | bit(DecodeFusion::Moe))))
+            throw std::invalid_argument("LAMPO_DECODE_FUSION: router and moe replace steps of the unfolded decode "
+                                        "step and cannot be combined with norms");
+        return m;
     }();
     return mask >> int(f) & 1u;
 }
@@ -462,37 +504,43 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
     const Ctx c{d, ws, step, stream, timer};
     const int T = step.T, H = d.hidden, L = d.n_layers();
 
+    const bool folded = c.folded();  // else each block's input is ws.normed, written by a norm launch
     c.op(OpFamily::Embedding, "embedding_gather",
          [&] { embedding_gather(w.embed, step.d_ids, ws.residual, T, H, stream); });
-    c.op(OpFamily::Norms, "rmsnorm",
-         [&] { rmsnorm(ws.residual, w.layers[0].input_norm, ws.normed, T, H, d.eps, stream); });
+    if (!folded)
+        c.op(OpFamily::Norms, "rmsnorm",
+             [&] { rmsnorm(ws.residual, w.layers[0].input_norm, ws.normed, T, H, d.eps, stream); });
 
     for (int l = 0; l < L; ++l) {
         const LayerWeights& lw = w.layers[l];
         if (d.mixers[l] == MixerKind::GatedAttention) {
-            gated_attention(c, lw.attn, s.kv[l], s.max_ctx);
+            gated_attention(c, lw.attn, s.kv[l], s.max_ctx, lw.input_norm);
         } else {
-            gated_deltanet(c, lw.gdn, s.gdn[l]);
+            gated_deltanet(c, lw.gdn, s.gdn[l], lw.input_norm);
         }
         const bf16* next_norm = l + 1 < L ? w.layers[l + 1].input_norm : w.final_norm;
         if (d.moe && T == 1 && decode_fusion_enabled(DecodeFusion::Moe)) {  // norms + MoE FFN: one launch
             moe_decode_one_token(c, lw, next_norm);
             continue;
         }
-        c.op(OpFamily::Norms, "add_rmsnorm", [&] {
-            add_rmsnorm(ws.residual, ws.delta, lw.post_norm, ws.normed, T, H, d.eps, stream);
-        });
+        if (!folded)
+            c.op(OpFamily::Norms, "add_rmsnorm", [&] {
+                add_rmsnorm(ws.residual, ws.delta, lw.post_norm, ws.normed, T, H, d.eps, stream);
+            });
 
         if (d.moe) {
-            moe_ffn(c, lw.moe);
+            moe_ffn(c, lw.moe, lw.post_norm);
         } else {
-            dense_ffn(c, lw.dense);
+            dense_ffn(c, lw.dense, lw.post_norm);
         }
-        c.op(OpFamily::Norms, "add_rmsnorm", [&] {
-            add_rmsnorm(ws.residual, ws.delta, next_norm, ws.normed, T, H, d.eps, stream);
-        });
+        if (!folded)
+            c.op(OpFamily::Norms, "add_rmsnorm", [&] {
+                add_rmsnorm(ws.residual, ws.delta, next_norm, ws.normed, T, H, d.eps, stream);
+            });
     }
 
+    if (step.logits && folded)
+        c.op(OpFamily::Norms, "rmsnorm", [&] { rmsnorm(ws.residual, w.final_norm, ws.normed, 1, H, d.eps, stream); });
     if (step.logits) {
         const bf16* last = ws.normed + size_t(T - 1) * H;
         c.op(OpFamily::LmHead, "lm_head",

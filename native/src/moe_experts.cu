@@ -8,10 +8,14 @@
 // the largest byte stream of a decode step), so both kernels are built around 16-byte weight
 // loads with several in flight per lane and read nothing but the selected rows:
 // - gate_up: grid (row tiles of 16, T*k slots); a warp owns two (gate, up) row pairs and dots
-//   them with h_t (read through L1), then applies silu * up.
+//   them with h_t (read through L1), then applies silu * up. In the decode step's form
+//   (moe_experts_gate_up_select) it also makes the selection: every warp of a routed slot runs
+//   the router's warp top-k (moe_topk.cuh) on token t's logits and takes slot s's expert; one warp
+//   per token writes ids and weights for the down launch. That removes the top-k launch.
 // - down: grid (row tiles of 8); a warp owns one output row r and, per token, walks every slot's
 //   Wd[e][r] in a fixed order, so the weighted sum over experts needs no atomics and is
-//   deterministic.
+//   deterministic. The decode step's form (moe_experts_down_add) adds the rounded row to the fp32
+//   residual stream instead of storing it.
 // - shared expert (optional MoeSharedSlot, contract in ops.h): one more slot per token in both
 //   grids, with its own matrices and intermediate size Is; the first gate_up block of that slot
 //   also computes its weight sigmoid(h_t . w_gate). A MoE FFN step is then router + 2 launches.
@@ -21,6 +25,7 @@
 #include "launch_utils.cuh"
 #include "gdn_moe_vec.cuh"
 #include "moe_common.h"
+#include "moe_topk.cuh"
 #include "ops.h"
 
 namespace lampo {
@@ -31,16 +36,35 @@ constexpr int GU_PAIRS = 2;  // (gate, up) row pairs per warp
 constexpr int GU_ROWS_PER_BLOCK = GU_WARPS * GU_PAIRS;
 constexpr int GU_UNROLL = 2;  // 16-byte chunks per lane per row per batch (x 4 rows in flight)
 
+// How the gate_up launch learns its experts: read ids [T, k], or (logits set) select them itself
+// from the router logits [T, E] and write ids and weights [T, k].
+struct Routing {
+    int32_t* ids;
+    const float* logits;
+    int E;
+    float* weights;
+};
+
 __global__ void __launch_bounds__(GU_WARPS * 32)
-moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up,
-                 const int32_t* __restrict__ ids, bf16* __restrict__ act, int T, int k, int H, int I,
-                 MoeSharedSlot shared) {
+moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up, Routing routing,
+                 bf16* __restrict__ act, int T, int k, int H, int I, MoeSharedSlot shared) {
     pdl_begin();
     const int slots = shared.gate_up ? k + 1 : k;  // per token
     const int t = blockIdx.y / slots, s = blockIdx.y % slots;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const bf16* hrow = h + size_t(t) * H;
     const bool is_shared = s == k;
+    int expert = 0;
+    if (!is_shared && routing.logits) {
+        const TopkLane sel = warp_topk(routing.logits + size_t(t) * routing.E, routing.E, k);
+        expert = __shfl_sync(0xffffffffu, sel.id, s);
+        if (s == 0 && blockIdx.x == 0 && warp == 0 && lane < k) {
+            routing.ids[size_t(t) * k + lane] = sel.id;
+            routing.weights[size_t(t) * k + lane] = sel.weight;
+        }
+    } else if (!is_shared) {
+        expert = routing.ids[t * k + s];
+    }
     if (is_shared && blockIdx.x == 0 && warp == 0) {  // the shared slot's weight for token t
         float dot = 0.f;
         for (int c = lane * 8; c < H; c += 32 * 8) dot = dot_bf16x8(ldg_u4(hrow + c), ldg_u4(shared.w_gate + c), dot);
@@ -50,7 +74,7 @@ moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up,
     const int rows_n = is_shared ? shared.inter : I;  // this slot's intermediate size
     const int r0 = blockIdx.x * GU_ROWS_PER_BLOCK + warp * GU_PAIRS;
     if (r0 >= rows_n) return;  // the grid spans max(I, Is); sizes are multiples of 64
-    const bf16* W = is_shared ? shared.gate_up : gate_up + size_t(ids[t * k + s]) * 2 * I * H;
+    const bf16* W = is_shared ? shared.gate_up : gate_up + size_t(expert) * 2 * I * H;
     bf16* out = is_shared ? act + size_t(T) * k * I + size_t(t) * rows_n : act + size_t(t * k + s) * I;
 
     const bf16* rows[2 * GU_PAIRS];  // gate r, up r, gate r+1, up r+1
@@ -93,7 +117,8 @@ constexpr int DN_UNROLL = 8;  // (slot, chunk) items per lane per batch
 __global__ void __launch_bounds__(DN_WARPS * 32)
 moe_down_gemv(const bf16* __restrict__ act, const bf16* __restrict__ down,
               const int32_t* __restrict__ ids, const float* __restrict__ weights,
-              bf16* __restrict__ out, int T, int k, int H, int I, MoeSharedSlot shared) {
+              bf16* __restrict__ out, float* __restrict__ residual, int T, int k, int H, int I,
+              MoeSharedSlot shared) {
     pdl_begin();
     const int r = blockIdx.x * DN_WARPS + threadIdx.x / 32;
     const int lane = threadIdx.x % 32;
@@ -131,7 +156,10 @@ moe_down_gemv(const bf16* __restrict__ act, const bf16* __restrict__ down,
             }
         }
         acc = warp_sum(acc);
-        if (lane == 0) out[size_t(t) * H + r] = __float2bfloat16_rn(acc);
+        if (lane == 0) {  // out, or (residual set) the residual stream += the rounded row
+            if (residual) residual[size_t(t) * H + r] += __bfloat162float(__float2bfloat16_rn(acc));
+            else out[size_t(t) * H + r] = __float2bfloat16_rn(acc);
+        }
     }
 }
 
@@ -152,26 +180,50 @@ MoeSharedSlot shared_slot(const char* op, const MoeSharedSlot* shared) {
     return *shared;
 }
 
-}  // namespace
-
-void moe_experts_gate_up(const bf16* h, const bf16* gate_up, const int32_t* ids, bf16* act, int T,
-                         int k, int H, int I, cudaStream_t stream, const MoeSharedSlot* shared) {
-    const char* op = "moe_experts_gate_up";
+void launch_gate_up(const char* op, const bf16* h, const bf16* gate_up, Routing routing, bf16* act, int T, int k,
+                    int H, int I, cudaStream_t stream, const MoeSharedSlot* shared) {
     check_decode_dims(op, T, k, H, I);
     const MoeSharedSlot sh = shared_slot(op, shared);
     const int rows = sh.gate_up ? std::max(I, sh.inter) : I;
     const dim3 grid(rows / GU_ROWS_PER_BLOCK, T * (sh.gate_up ? k + 1 : k));
-    launch_pdl(op, moe_gate_up_gemv, grid, GU_WARPS * 32, 0, stream, h, gate_up, ids, act, T, k, H, I, sh);
+    launch_pdl(op, moe_gate_up_gemv, grid, GU_WARPS * 32, 0, stream, h, gate_up, routing, act, T, k, H, I, sh);
+}
+
+void launch_down(const char* op, const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
+                 bf16* out, float* residual, int T, int k, int H, int I, cudaStream_t stream,
+                 const MoeSharedSlot* shared) {
+    check_decode_dims(op, T, k, H, I);
+    const MoeSharedSlot sh = shared_slot(op, shared);
+    launch_pdl(op, moe_down_gemv, ceil_div(H, DN_WARPS), DN_WARPS * 32, 0, stream, act, down, ids, weights,
+               out, residual, T, k, H, I, sh);
+}
+
+}  // namespace
+
+void moe_experts_gate_up(const bf16* h, const bf16* gate_up, const int32_t* ids, bf16* act, int T,
+                         int k, int H, int I, cudaStream_t stream, const MoeSharedSlot* shared) {
+    launch_gate_up("moe_experts_gate_up", h, gate_up, {const_cast<int32_t*>(ids), nullptr, 0, nullptr}, act, T,
+                   k, H, I, stream, shared);
+}
+
+void moe_experts_gate_up_select(const bf16* h, const float* logits, int E, const bf16* gate_up, int32_t* ids,
+                                float* weights, bf16* act, int T, int k, int H, int I, cudaStream_t stream,
+                                const MoeSharedSlot* shared) {
+    const char* op = "moe_experts_gate_up_select";
+    moe_check_experts(op, E, k);
+    launch_gate_up(op, h, gate_up, {ids, logits, E, weights}, act, T, k, H, I, stream, shared);
 }
 
 void moe_experts_down(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
                       bf16* out, int T, int k, int H, int I, cudaStream_t stream,
                       const MoeSharedSlot* shared) {
-    const char* op = "moe_experts_down";
-    check_decode_dims(op, T, k, H, I);
-    const MoeSharedSlot sh = shared_slot(op, shared);
-    launch_pdl(op, moe_down_gemv, ceil_div(H, DN_WARPS), DN_WARPS * 32, 0, stream, act, down, ids, weights,
-               out, T, k, H, I, sh);
+    launch_down("moe_experts_down", act, down, ids, weights, out, nullptr, T, k, H, I, stream, shared);
+}
+
+void moe_experts_down_add(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
+                          float* residual, int T, int k, int H, int I, cudaStream_t stream,
+                          const MoeSharedSlot* shared) {
+    launch_down("moe_experts_down_add", act, down, ids, weights, nullptr, residual, T, k, H, I, stream, shared);
 }
 
 }  // namespace lampo

@@ -1,7 +1,11 @@
-// moe_topk.cuh - the router's top-k by one warp (CUDA only), shared by moe_router.cu and
-// moe_decode_fused.cu: k rounds of a warp arg-max over the E <= 512 logits of one token (each
-// lane holds E / 32 of them in registers), ties to the lower expert id, then the softmax weights
-// renormalised over the selected experts: w_j = exp(l_j - l_max) / sum_selected exp(l - l_max).
+// moe_topk.cuh - the router's top-k by one warp (CUDA only), shared by moe_router.cu,
+// moe_experts.cu (the decode gate_up launch selects its own experts) and moe_decode_fused.cu:
+// k rounds of a warp arg-max over the E <= 512 logits of one token, ties to the lower expert id,
+// then the softmax weights renormalised over the selected experts:
+//   w_j = exp(l_j - l_max) / sum_selected exp(l - l_max).
+// Each lane holds E / 32 logits (expert lane + 32 i) and its own running best; a round is two
+// single-instruction warp reductions (max of the order-preserving key, then min id among the lanes
+// holding it), and only the lane that lost its best rescans its values.
 #pragma once
 
 #include <cstdint>
@@ -13,55 +17,74 @@ namespace lampo {
 
 constexpr int TOPK_PER_LANE = MOE_MAX_EXPERTS / 32;
 
-// Top-k of token t's logits by one warp (ties -> lower id) and the renormalised softmax weights.
-// Reads the logits through L2 (__ldcg): in the fused kernel other blocks wrote them.
-__device__ __forceinline__ void router_row_topk(const float* __restrict__ logits, int32_t* __restrict__ ids,
-                                                float* __restrict__ weights, int t, int E, int k) {
+// Order-preserving float -> uint32 (larger float -> larger key; -0 is taken as +0 so equal values tie).
+__device__ __forceinline__ uint32_t topk_key(float f) {
+    uint32_t b = __float_as_uint(f);
+    if (b == 0x80000000u) b = 0u;
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ float topk_key_value(uint32_t key) {
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
+// One token's selection, held by the warp: lane j < k has the j-th selected expert (descending
+// logit) in `id` and its renormalised weight in `weight`.
+struct TopkLane {
+    int id;
+    float weight;
+};
+
+// Top-k of the logits row [E] (fp32) by one warp; reads through L2 (__ldcg): other blocks of a
+// fused launch may have written it.
+__device__ __forceinline__ TopkLane warp_topk(const float* __restrict__ row, int E, int k) {
     const int lane = threadIdx.x % 32;
-    const float* row = logits + size_t(t) * E;
-    float v[TOPK_PER_LANE];  // v[i] = logit of expert lane + 32 i
+    uint32_t key[TOPK_PER_LANE];  // key[i]: expert lane + 32 i (0 = absent or already taken)
 #pragma unroll
     for (int i = 0; i < TOPK_PER_LANE; ++i) {
         const int e = lane + 32 * i;
-        v[i] = e < E ? __ldcg(row + e) : -INFINITY;
+        key[i] = e < E ? max(topk_key(__ldcg(row + e)), 1u) : 0u;
     }
+    auto lane_best = [&](int& best_i) {  // ascending ids: the first of equal keys wins
+        uint32_t b = 0u;
+        best_i = 0;
+#pragma unroll
+        for (int i = 0; i < TOPK_PER_LANE; ++i)
+            if (key[i] > b) { b = key[i]; best_i = i; }
+        return b;
+    };
+    int best_i;
+    uint32_t best = lane_best(best_i);
     float top = 0.f, denom = 0.f, my_val = 0.f;
     int my_id = 0;
     for (int r = 0; r < k; ++r) {
-        float bv = -INFINITY;
-        int bi = 0x7fffffff;
-#pragma unroll
-        for (int i = 0; i < TOPK_PER_LANE; ++i) {
-            const int e = lane + 32 * i;
-            if (e < E && (v[i] > bv || bi == 0x7fffffff)) {  // ascending ids: first max wins
-                bv = v[i];
-                bi = e;
-            }
-        }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-            if (ov > bv || (ov == bv && oi < bi)) {
-                bv = ov;
-                bi = oi;
-            }
-        }
-        if (r == 0) top = bv;
-        denom += expf(bv - top);
+        const uint32_t win = __reduce_max_sync(0xffffffffu, best);
+        const int id = int(__reduce_min_sync(0xffffffffu, best == win ? unsigned(lane + 32 * best_i) : 0xffffffffu));
+        const float v = topk_key_value(win);
+        if (r == 0) top = v;
+        denom += expf(v - top);
         if (lane == r) {
-            my_val = bv;
-            my_id = bi;
+            my_val = v;
+            my_id = id;
         }
-        if ((bi & 31) == lane) {
+        if ((id & 31) == lane) {
 #pragma unroll
             for (int i = 0; i < TOPK_PER_LANE; ++i)
-                if (lane + 32 * i == bi) v[i] = -INFINITY;
+                if (i == best_i) key[i] = 0u;
+            best = lane_best(best_i);
         }
     }
+    return {my_id, expf(my_val - top) / denom};
+}
+
+// Top-k of token t's logits [T, E] -> ids [T, k], weights [T, k] (written by lanes < k).
+__device__ __forceinline__ void router_row_topk(const float* __restrict__ logits, int32_t* __restrict__ ids,
+                                                float* __restrict__ weights, int t, int E, int k) {
+    const TopkLane sel = warp_topk(logits + size_t(t) * E, E, k);
+    const int lane = threadIdx.x % 32;
     if (lane < k) {
-        ids[size_t(t) * k + lane] = my_id;
-        weights[size_t(t) * k + lane] = expf(my_val - top) / denom;
+        ids[size_t(t) * k + lane] = sel.id;
+        weights[size_t(t) * k + lane] = sel.weight;
     }
 }
 

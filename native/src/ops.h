@@ -173,6 +173,16 @@ void moe_experts_gate_up(const bf16* h, const bf16* gate_up, const int32_t* ids,
 void moe_experts_down(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
                       bf16* out, int T, int k, int H, int I, cudaStream_t stream,
                       const MoeSharedSlot* shared = nullptr);
+// The decode step's forms (the top-k launch and the residual add folded in):
+//   gate_up_select: the same act, with the experts selected inside the launch from the router
+//     logits [T, E] fp32 exactly as moe_router_topk does; ids [T, k] and weights [T, k] written.
+//   down_add: residual[t, :] += float(out[t, :]) instead of storing out (residual [T, H] fp32).
+void moe_experts_gate_up_select(const bf16* h, const float* logits, int E, const bf16* gate_up,
+                                int32_t* ids, float* weights, bf16* act, int T, int k, int H, int I,
+                                cudaStream_t stream, const MoeSharedSlot* shared = nullptr);
+void moe_experts_down_add(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
+                          float* residual, int T, int k, int H, int I, cudaStream_t stream,
+                          const MoeSharedSlot* shared = nullptr);
 // The whole MoE FFN of ONE decode token in one launch (moe_decode_fused.cu): residual add +
 // post-attention norm, router + top-k, routed and shared experts, and optionally the next layer's
 // residual add + norm. Bit-identical to add_rmsnorm -> moe_router_topk -> moe_experts_gate_up ->
@@ -211,8 +221,9 @@ void moe_shared_combine(const bf16* routed, const bf16* shared, const bf16* h, c
 // On-GPU sampling of one token from logits [V] fp32 (ids >= v_real are masked to -inf first).
 // Order: presence penalty (logit -= penalty for every id with seen[id] != 0), temperature,
 // top-k, top-p, min-p, then a draw from a counter-based RNG keyed by (seed, d_step[0]).
-// temperature <= 0 -> argmax (ties -> lower id). Writes the id to d_out[0] and sets seen[id] = 1
-// and d_step[0] += 1. `scratch` holds sampling_scratch_bytes(V).
+// temperature <= 0 -> argmax (ties -> lower id), one launch. Writes the id to d_out[0] and sets
+// seen[id] = 1 and d_step[0] += 1. `scratch` holds sampling_scratch_bytes(V), zeroed once before
+// the first call (the greedy launch leaves its counters at 0 again); logits 16-byte aligned.
 struct SamplingConfig {
     float temperature;
     int top_k;

@@ -333,7 +333,31 @@ py::object prefill_op(const arr<uint16_t>& h, const arr<uint16_t>& gate_up, cons
         [&](py::list& out) { out.append(download<uint16_t>(d_out, {T, H})); }));
 }
 
-// Both decode launches with the shared expert as the (k+1)-th slot (MoeSharedSlot in ops.h).
+// The shared expert's buffers for the decode launches' (k+1)-th slot (MoeSharedSlot in ops.h).
+struct SharedSlotBuffers {
+    DeviceBuffer gate_up, down, w_gate, gate;
+    MoeSharedSlot slot;
+};
+
+SharedSlotBuffers upload_shared_slot(const char* op, int T, int H, const arr<uint16_t>& shared_gate_up,
+                                     const arr<uint16_t>& shared_down, const arr<uint16_t>& w_gate) {
+    expect_ndim(op, "shared_down", shared_down, 2);
+    const int Is = int(shared_down.shape(1));
+    expect_shape(op, "shared_gate_up", shared_gate_up, {2 * Is, H});
+    expect_shape(op, "shared_down", shared_down, {H, Is});
+    if (w_gate.size() != H)
+        throw std::invalid_argument(std::string(op) + ": w_gate must hold H = " + std::to_string(H) +
+                                    " values ([H] or [1, H]), got shape " + shape_str(shape_of(w_gate)));
+    SharedSlotBuffers b{upload(shared_gate_up), upload(shared_down), upload(w_gate), poisoned(size_t(T) * 4), {}};
+    b.slot.gate_up = b.gate_up.as<bf16>();
+    b.slot.down = b.down.as<bf16>();
+    b.slot.w_gate = b.w_gate.as<bf16>();
+    b.slot.gate = b.gate.as<float>();
+    b.slot.inter = Is;
+    return b;
+}
+
+// Both decode launches with the shared expert as the (k+1)-th slot.
 py::tuple experts_decode_shared_op(const arr<uint16_t>& h, const arr<uint16_t>& gate_up,
                                    const arr<uint16_t>& down, const arr<int32_t>& ids,
                                    const arr<float>& weights, const arr<uint16_t>& shared_gate_up,
@@ -343,40 +367,64 @@ py::tuple experts_decode_shared_op(const arr<uint16_t>& h, const arr<uint16_t>& 
     expect_ndim(op, "h", h, 2);
     expect_ndim(op, "gate_up", gate_up, 3);
     expect_ndim(op, "ids", ids, 2);
-    expect_ndim(op, "shared_down", shared_down, 2);
     const int T = int(h.shape(0)), H = int(h.shape(1)), E = int(gate_up.shape(0));
-    const int I = int(gate_up.shape(1)) / 2, k = int(ids.shape(1)), Is = int(shared_down.shape(1));
+    const int I = int(gate_up.shape(1)) / 2, k = int(ids.shape(1));
     expect_shape(op, "gate_up", gate_up, {E, 2 * I, H});
     expect_shape(op, "down", down, {E, H, I});
     expect_shape(op, "ids", ids, {T, k});
     expect_shape(op, "weights", weights, {T, k});
-    expect_shape(op, "shared_gate_up", shared_gate_up, {2 * Is, H});
-    expect_shape(op, "shared_down", shared_down, {H, Is});
-    if (w_gate.size() != H)
-        throw std::invalid_argument(std::string(op) + ": w_gate must hold H = " + std::to_string(H) +
-                                    " values ([H] or [1, H]), got shape " + shape_str(shape_of(w_gate)));
     expect_ids_below(op, ids, E);
+    SharedSlotBuffers sh = upload_shared_slot(op, T, H, shared_gate_up, shared_down, w_gate);
     DeviceBuffer d_h = upload(h), d_gu = upload(gate_up), d_dn = upload(down), d_ids = upload(ids);
-    DeviceBuffer d_wt = upload(weights), d_sgu = upload(shared_gate_up), d_sdn = upload(shared_down);
-    DeviceBuffer d_wg = upload(w_gate), d_gate = poisoned(size_t(T) * 4);
-    DeviceBuffer act = poisoned((size_t(T) * k * I + size_t(T) * Is) * 2), d_out = poisoned(size_t(T) * H * 2);
-    MoeSharedSlot shared;
-    shared.gate_up = d_sgu.as<bf16>();
-    shared.down = d_sdn.as<bf16>();
-    shared.w_gate = d_wg.as<bf16>();
-    shared.gate = d_gate.as<float>();
-    shared.inter = Is;
+    DeviceBuffer d_wt = upload(weights);
+    DeviceBuffer act = poisoned((size_t(T) * k * I + size_t(T) * sh.slot.inter) * 2), d_out = poisoned(size_t(T) * H * 2);
     return run_op(
         op, repeat,
         [&] {
             moe_experts_gate_up(d_h.as<bf16>(), d_gu.as<bf16>(), d_ids.as<int32_t>(), act.as<bf16>(), T, k, H,
-                                I, 0, &shared);
+                                I, 0, &sh.slot);
             moe_experts_down(act.as<bf16>(), d_dn.as<bf16>(), d_ids.as<int32_t>(), d_wt.as<float>(),
-                             d_out.as<bf16>(), T, k, H, I, 0, &shared);
+                             d_out.as<bf16>(), T, k, H, I, 0, &sh.slot);
         },
         [&](py::list& out) {
             out.append(download<uint16_t>(d_out, {T, H}));
-            out.append(download<float>(d_gate, {T}));
+            out.append(download<float>(sh.gate, {T}));
+        });
+}
+
+// The decode step's MoE launches (gate_up selecting its experts from the router logits, down
+// adding into the residual), with the shared slot. Returns (ids [T,k], weights [T,k],
+// residual + MoE block [T,H]) (+ ms; with repeat the residual keeps accumulating).
+py::tuple experts_decode_select_op(const arr<uint16_t>& h, const arr<float>& logits, const arr<uint16_t>& gate_up,
+                                   const arr<uint16_t>& down, const arr<uint16_t>& shared_gate_up,
+                                   const arr<uint16_t>& shared_down, const arr<uint16_t>& w_gate,
+                                   const arr<float>& residual, int k, int repeat) {
+    const char* op = "moe_experts_decode_select";
+    expect_ndim(op, "h", h, 2);
+    expect_ndim(op, "logits", logits, 2);
+    expect_ndim(op, "gate_up", gate_up, 3);
+    const int T = int(h.shape(0)), H = int(h.shape(1)), E = int(gate_up.shape(0));
+    const int I = int(gate_up.shape(1)) / 2;
+    expect_shape(op, "logits", logits, {T, E});
+    expect_shape(op, "gate_up", gate_up, {E, 2 * I, H});
+    expect_shape(op, "down", down, {E, H, I});
+    expect_shape(op, "residual", residual, {T, H});
+    SharedSlotBuffers sh = upload_shared_slot(op, T, H, shared_gate_up, shared_down, w_gate);
+    DeviceBuffer d_h = upload(h), d_lg = upload(logits), d_gu = upload(gate_up), d_dn = upload(down);
+    DeviceBuffer d_res = upload(residual), d_ids = poisoned(size_t(T) * k * 4), d_wt = poisoned(size_t(T) * k * 4);
+    DeviceBuffer act = poisoned((size_t(T) * k * I + size_t(T) * sh.slot.inter) * 2);
+    return run_op(
+        op, repeat,
+        [&] {
+            moe_experts_gate_up_select(d_h.as<bf16>(), d_lg.as<float>(), E, d_gu.as<bf16>(), d_ids.as<int32_t>(),
+                                       d_wt.as<float>(), act.as<bf16>(), T, k, H, I, 0, &sh.slot);
+            moe_experts_down_add(act.as<bf16>(), d_dn.as<bf16>(), d_ids.as<int32_t>(), d_wt.as<float>(),
+                                 d_res.as<float>(), T, k, H, I, 0, &sh.slot);
+        },
+        [&](py::list& out) {
+            out.append(download<int32_t>(d_ids, {T, k}));
+            out.append(download<float>(d_wt, {T, k}));
+            out.append(download<float>(d_res, {T, H}));
         });
 }
 
@@ -506,6 +554,11 @@ void register_gdn_moe_ops(py::module_& ops) {
             arg("repeat") = 0,
             "h [T,H], gate_up [E,2I,H], down [E,H,I], shared_gate_up [2Is,H], shared_down [H,Is], w_gate [H] "
             "(bf16 bits), ids, weights [T,k] -> (out [T,H] = routed + sigmoid(h.w_gate) * shared, gate [T])");
+    ops.def("moe_experts_decode_select", &experts_decode_select_op, arg("h"), arg("logits"), arg("gate_up"),
+            arg("down"), arg("shared_gate_up"), arg("shared_down"), arg("w_gate"), arg("residual"), arg("k"),
+            arg("repeat") = 0,
+            "the decode step's MoE launches: experts selected from logits [T,E] f32, the block added into "
+            "residual [T,H] f32 -> (ids [T,k], weights [T,k], residual + block)");
     ops.def("moe_decode_fused", &moe_decode_fused_op, arg("residual"), arg("delta_in"), arg("post_norm"),
             arg("router"), arg("gate_up"), arg("down"), arg("shared_gate_up"), arg("shared_down"), arg("w_gate"),
             arg("k"), arg("next_norm") = py::none(), arg("eps") = 1e-6f, arg("repeat") = 0,

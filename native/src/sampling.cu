@@ -1,20 +1,32 @@
 // sampling.cu - on-GPU token sampling and row-wise argmax (contract in ops.h, sample_token and
-// argmax_rows). Exact and sort-free:
-//  1. sample_select_kernel (16 blocks x 1024 threads): block b copies its slice of the vocabulary
-//     into shared memory as order-preserving uint32 keys of the penalised logit (padding ids ->
-//     key 0, below every real value), finds its K-th largest key by a 4-pass 8-bit radix select
-//     (shared-memory histograms) and writes its top-K (ties at the cut -> lower ids) in id order.
-//     K = 1 when greedy, else top_k, or SAMPLE_MAX_K (1024) when top_k == 0: the documented cap -
-//     with top-k off the draw only considers the 1024 most likely tokens.
+// argmax_rows). Exact and sort-free. Every candidate is ranked by float_key(logit - penalty if
+// seen) (padding ids -> key 0, below every real value); the largest key wins, ties -> lower id.
+// Greedy (temperature <= 0), one launch:
+//  sample_greedy_kernel (ceil(v_real / 4096) blocks, at most 4 per SM, x 256 threads): each
+//     thread scans its float4 quads (4 loads in flight) in ascending id order keeping the first
+//     largest key; a block takes (max key, min id among that key) by warp reductions, and its
+//     thread 0 atomicMax-es (key << 32 | ~id) into scratch `best`. The last block to finish
+//     (grid_exit_ticket) reads and zeroes `best` and writes the result (every key 0, i.e. every
+//     id masked: id 0, seen untouched). The ticket and `best` are 0 between calls: the scratch
+//     must be zeroed once before the first call (the engine zeroes its workspace at creation).
+// Otherwise, two launches:
+//  1. sample_select_kernel (16 blocks x 1024 threads): block b copies its slice of the keys into
+//     shared memory, finds its K-th largest key by a 4-pass 8-bit radix select (shared-memory
+//     histograms) and writes its top-K (ties at the cut -> lower ids) in id order. K = top_k, or
+//     SAMPLE_MAX_K (1024) when top_k == 0: the documented cap - with top-k off the draw only
+//     considers the 1024 most likely tokens.
 //  2. sample_finish_kernel (1 block): the same select over the <= 16 K candidates gives the exact
 //     global top-K in id order; then p = exp((l - l_max) / temperature) in fp32, top-p keeps a
 //     token when the mass of the tokens ranked above it is < top_p * sum (an O(K^2) rank count,
 //     ties -> lower id first), min-p keeps p >= min_p * p_max, and the draw u (splitmix64 of
-//     (seed, d_step[0])) walks the CDF of the kept tokens in ascending id order. Greedy takes the
-//     top-1. Writes d_out[0], seen[id] = 1, d_step[0] += 1. Graph-capturable (no host reads).
-// argmax_rows: one block per row, float4 loads, ties -> lower id.
+//     (seed, d_step[0])) walks the CDF of the kept tokens in ascending id order.
+// Both write d_out[0], seen[id] = 1, d_step[0] += 1. Graph-capturable (no host reads).
+// argmax_rows: one block per row, the greedy scan and block reduction without the penalty.
+#include <algorithm>
+#include <climits>
 #include <cstdint>
 
+#include "grid_sync.cuh"
 #include "launch_utils.cuh"
 #include "ops.h"
 
@@ -27,23 +39,34 @@ constexpr int SAMPLE_MAX_K = 1024;
 constexpr int SAMPLE_CANDIDATES = SAMPLE_BLOCKS * SAMPLE_MAX_K;
 static_assert(SAMPLE_MAX_K <= SAMPLE_THREADS, "one selected candidate per thread");
 
+constexpr int SCAN_QUADS = 4;  // float4 loads in flight per thread of scan_row
+constexpr int GREEDY_THREADS = 256;
+constexpr int GREEDY_BLOCKS_PER_SM = 4;
+
 struct Scratch {
-    uint32_t* key;  // [SAMPLE_BLOCKS][SAMPLE_MAX_K]
-    int32_t* id;    // [SAMPLE_BLOCKS][SAMPLE_MAX_K]
-    int32_t* count; // [SAMPLE_BLOCKS]
+    uint32_t* key;             // [SAMPLE_BLOCKS][SAMPLE_MAX_K] select -> finish candidates
+    int32_t* id;               // [SAMPLE_BLOCKS][SAMPLE_MAX_K]
+    int32_t* count;            // [SAMPLE_BLOCKS]
+    unsigned long long* best;  // greedy: max of (key << 32 | ~id) over the finished blocks; 0 between calls
+    unsigned* ticket;          // greedy: grid_exit_ticket's 2 words; 0 between calls
 };
+constexpr size_t CANDIDATE_BYTES = size_t(SAMPLE_CANDIDATES) * 8 + SAMPLE_BLOCKS * 4;
+static_assert(CANDIDATE_BYTES % 8 == 0, "best is 8-byte aligned");
 
 Scratch scratch_layout(void* base) {
     uint8_t* p = static_cast<uint8_t*>(base);
     return {reinterpret_cast<uint32_t*>(p), reinterpret_cast<int32_t*>(p + SAMPLE_CANDIDATES * 4),
-            reinterpret_cast<int32_t*>(p + SAMPLE_CANDIDATES * 8)};
+            reinterpret_cast<int32_t*>(p + SAMPLE_CANDIDATES * 8),
+            reinterpret_cast<unsigned long long*>(p + CANDIDATE_BYTES),
+            reinterpret_cast<unsigned*>(p + CANDIDATE_BYTES + 8)};
 }
 
-// Order-preserving float <-> uint32 (larger float -> larger key; key 0 is below -inf; -0 is
-// taken as +0 so that equal values tie, as in the reference).
+// Order-preserving float <-> uint32 (larger float -> larger key; key 0 is below -inf). Zeros and
+// denormals all get the key of +0: -0 ties +0 as in the reference, and a raw logit ranks as the
+// same value after the penalty subtraction, which flushes denormals (--use_fast_math: FTZ).
 __device__ __forceinline__ uint32_t float_key(float f) {
     uint32_t b = __float_as_uint(f);
-    if (b == 0x80000000u) b = 0u;
+    if ((b & 0x7f800000u) == 0u) b = 0u;
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 __device__ __forceinline__ float key_float(uint32_t k) {
@@ -162,6 +185,88 @@ __device__ void block_compact(const uint32_t* keys, int n, Threshold th, Emit em
     }
 }
 
+// Running argmax of keys offered in ascending id order: only a strictly larger key replaces, so
+// ties keep the lower id. Key 0 (masked) never replaces the initial {0, 0}.
+struct ArgMax {
+    uint32_t key;
+    int id;
+    __device__ __forceinline__ void offer(uint32_t k, int i) {
+        if (k > key) { key = k; id = i; }
+    }
+};
+
+// Largest key of the warp, lowest id among its holders; in every lane (sm_80+ redux).
+__device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {
+    const uint32_t key = __reduce_max_sync(0xffffffffu, a.key);
+    return {key, __reduce_min_sync(0xffffffffu, a.key == key ? a.id : INT_MAX)};
+}
+
+// The block's largest key and lowest id among its holders, valid in thread 0 (blockDim a
+// multiple of 32).
+__device__ ArgMax block_argmax(ArgMax a) {
+    __shared__ uint32_t warp_key[32];
+    __shared__ int warp_id[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    a = warp_argmax(a);
+    if (lane == 0) { warp_key[warp] = a.key; warp_id[warp] = a.id; }
+    __syncthreads();
+    if (warp == 0) {
+        const bool live = lane < int(blockDim.x >> 5);
+        a = warp_argmax({live ? warp_key[lane] : 0u, live ? warp_id[lane] : INT_MAX});
+    }
+    return a;
+}
+
+// One thread's argmax over ids [0, v_real) of `row` (16-byte aligned), ranked by
+// float_key(logit - (seen[id] ? penalty : 0)) (`seen` read only when penalty != 0): the quads
+// q = first, first + stride, ... < v_real / 4, SCAN_QUADS float4 loads in flight at a time, then, in
+// the thread with first == 0, the last v_real % 4 ids. Every thread offers ascending ids.
+__device__ __forceinline__ ArgMax scan_row(const float* __restrict__ row, int v_real, int first, int stride,
+                                           const uint8_t* seen, float penalty) {
+    ArgMax best{0u, 0};
+    auto offer = [&](float l, int id) {
+        if (penalty != 0.0f) l -= seen[id] ? penalty : 0.0f;
+        best.offer(float_key(l), id);
+    };
+    const float4* row4 = reinterpret_cast<const float4*>(row);
+    const int n4 = v_real / 4;
+    for (int q0 = first; q0 < n4; q0 += SCAN_QUADS * stride) {
+        float4 f[SCAN_QUADS];
+#pragma unroll
+        for (int u = 0; u < SCAN_QUADS; ++u)
+            if (q0 + u * stride < n4) f[u] = row4[q0 + u * stride];
+#pragma unroll
+        for (int u = 0; u < SCAN_QUADS; ++u) {
+            const int q = q0 + u * stride;
+            if (q < n4) {
+                offer(f[u].x, 4 * q);
+                offer(f[u].y, 4 * q + 1);
+                offer(f[u].z, 4 * q + 2);
+                offer(f[u].w, 4 * q + 3);
+            }
+        }
+    }
+    if (first == 0)
+        for (int id = 4 * n4; id < v_real; ++id) offer(row[id], id);
+    return best;
+}
+
+__global__ void __launch_bounds__(GREEDY_THREADS)
+sample_greedy_kernel(const float* __restrict__ logits, int v_real, float penalty, uint8_t* seen, Scratch s,
+                     int32_t* __restrict__ d_step, int32_t* __restrict__ d_out) {
+    pdl_begin();
+    const ArgMax a = block_argmax(scan_row(logits, v_real, blockIdx.x * blockDim.x + threadIdx.x,
+                                           gridDim.x * blockDim.x, seen, penalty));
+    if (threadIdx.x == 0) atomicMax(s.best, (static_cast<unsigned long long>(a.key) << 32) | uint32_t(~a.id));
+    if (!grid_exit_ticket(s.ticket) || threadIdx.x != 0) return;
+    const unsigned long long all = atomicExch(s.best, 0ull);  // every block's max; 0 for the next call
+    const uint32_t key = uint32_t(all >> 32);
+    const int id = key != 0u ? int(~uint32_t(all)) : 0;
+    d_out[0] = id;
+    if (key != 0u) seen[id] = 1;
+    d_step[0] += 1;
+}
+
 __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_select_kernel(const float* __restrict__ logits, int V, int v_real, const uint8_t* __restrict__ seen,
                      float penalty, int k, Scratch out) {
@@ -202,7 +307,6 @@ sample_select_kernel(const float* __restrict__ logits, int V, int v_real, const 
 
 struct FinishConfig {
     int k;
-    bool greedy;
     float temperature, top_p, min_p;
     uint64_t seed;
 };
@@ -243,11 +347,8 @@ sample_finish_kernel(const Scratch cand, FinishConfig cfg, uint8_t* __restrict__
     });
     __syncthreads();
 
-    int chosen;
-    if (cfg.greedy || kk == 1) {
-        chosen = 0;
-        for (int i = 1; i < kk; ++i) chosen = sel_val[i] > sel_val[chosen] ? i : chosen;
-    } else {
+    int chosen = 0;
+    if (kk > 1) {
         const bool mine = tid < kk;
         // max logit among the candidates
         float v = mine ? sel_val[tid] : -INFINITY;
@@ -298,35 +399,9 @@ sample_finish_kernel(const Scratch cand, FinishConfig cfg, uint8_t* __restrict__
 __global__ void __launch_bounds__(1024)
 argmax_rows_kernel(const float* __restrict__ logits, int V, int v_real, int32_t* __restrict__ d_out) {
     pdl_begin();
-    __shared__ float best_v[32];
-    __shared__ int best_i[32];
-    const float4* row = reinterpret_cast<const float4*>(logits + size_t(blockIdx.x) * V);
-    float bv = -INFINITY;
-    int bi = 0x7fffffff;
-    const int n4 = (v_real + 3) / 4;
-#pragma unroll 8
-    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
-        const float4 f = row[i];
-        const float e[4] = {f.x, f.y, f.z, f.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int id = 4 * i + j;
-            if (id < v_real && (e[j] > bv || (e[j] == bv && id < bi))) { bv = e[j]; bi = id; }
-        }
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-    }
-    if ((threadIdx.x & 31) == 0) { best_v[threadIdx.x >> 5] = bv; best_i[threadIdx.x >> 5] = bi; }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < int(blockDim.x >> 5); ++w)
-            if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) { bv = best_v[w]; bi = best_i[w]; }
-        d_out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
-    }
+    const ArgMax a = block_argmax(scan_row(logits + size_t(blockIdx.x) * V, v_real, threadIdx.x, blockDim.x,
+                                           nullptr, 0.0f));
+    if (threadIdx.x == 0) d_out[blockIdx.x] = a.id;
 }
 
 size_t select_smem_bytes(int V) { return size_t(ceil_div(V, SAMPLE_BLOCKS)) * 4; }
@@ -336,7 +411,7 @@ constexpr size_t FINISH_SMEM = size_t(SAMPLE_CANDIDATES) * 4;
 
 size_t sampling_scratch_bytes(int V) {
     (void)V;  // the candidate buffers do not grow with the vocabulary
-    return size_t(SAMPLE_CANDIDATES) * 8 + SAMPLE_BLOCKS * 4;
+    return CANDIDATE_BYTES + 16;  // + best, ticket
 }
 
 void sample_token(const float* logits, int V, int v_real, const SamplingConfig& cfg, uint8_t* seen, int32_t* d_step,
@@ -345,16 +420,22 @@ void sample_token(const float* logits, int V, int v_real, const SamplingConfig& 
     require(V > 0 && v_real > 0 && v_real <= V, op, "need 0 < v_real <= V");
     require(cfg.top_k >= 0 && cfg.top_k <= SAMPLE_MAX_K, op,
             "top_k must be 0 (off) or at most " + std::to_string(SAMPLE_MAX_K) + ", got " + std::to_string(cfg.top_k));
-    const bool greedy = cfg.temperature <= 0.0f;
-    require(greedy || (cfg.top_p > 0.0f && cfg.top_p <= 1.0f), op, "top_p must be in (0, 1]");
+    const Scratch s = scratch_layout(scratch);
+    if (cfg.temperature <= 0.0f) {
+        require(reinterpret_cast<uintptr_t>(logits) % 16 == 0, op, "logits must be 16-byte aligned");
+        const int blocks = std::min(ceil_div(v_real / 4, GREEDY_THREADS * SCAN_QUADS),
+                                    GREEDY_BLOCKS_PER_SM * sm_count());
+        launch_pdl("sample_greedy_kernel", sample_greedy_kernel, std::max(blocks, 1), GREEDY_THREADS, 0, stream,
+                   logits, v_real, cfg.presence_penalty, seen, s, d_step, d_out);
+        return;
+    }
+    require(cfg.top_p > 0.0f && cfg.top_p <= 1.0f, op, "top_p must be in (0, 1]");
     FinishConfig fin{};
-    fin.greedy = greedy;
-    fin.k = greedy ? 1 : (cfg.top_k > 0 ? cfg.top_k : SAMPLE_MAX_K);
+    fin.k = cfg.top_k > 0 ? cfg.top_k : SAMPLE_MAX_K;
     fin.temperature = cfg.temperature;
     fin.top_p = cfg.top_p;
     fin.min_p = cfg.min_p;
     fin.seed = cfg.seed;
-    const Scratch s = scratch_layout(scratch);
     allow_dynamic_smem(sample_select_kernel, select_smem_bytes(V), op);
     launch_pdl("sample_select_kernel", sample_select_kernel, SAMPLE_BLOCKS, SAMPLE_THREADS,
                select_smem_bytes(V), stream, logits, V, v_real, seen, cfg.presence_penalty, fin.k, s);

@@ -239,6 +239,33 @@ def test_gemv(ops, T, out, inn):
     check_matmul(ops.gemv, T, out, inn, "gemv")
 
 
+@pytest.mark.parametrize("out,inn,f32", [(12352, 2048, False), (1001, 2048, False), (256, 2048, True), (64, 5120, False)])
+def test_gemv_normed_is_rmsnorm_then_gemv(ops, out, inn, f32):
+    """The decode step's input projection builds the normed row itself: the same bits as the
+    rmsnorm launch followed by the plain GEMV, and the normed row it writes out equals rmsnorm's."""
+    rng = rng_for("gemv-normed", out, inn)
+    w, norm_w = bf16_randn(rng, (out, inn)), bf16_randn(rng, inn, 0.2)
+    residual = (rng.standard_normal((1, inn)) * 3).astype(np.float32)
+    y, normed = ops.gemv_normed(w, residual, norm_w, 1e-6, f32)
+    want_normed = ops.rmsnorm(residual, norm_w, 1e-6)
+    np.testing.assert_array_equal(normed, want_normed)
+    np.testing.assert_array_equal(y, ops.gemv(w, want_normed, f32))
+    ref = matmul_ref(w, to_bf16(norms.rmsnorm1p(residual, from_bf16(norm_w))))
+    if f32:
+        check_close(y, ref, 1e-5, "gemv_normed f32")
+    else:
+        check_bf16(y, ref, what="gemv_normed")
+
+
+@pytest.mark.parametrize("out,inn", [(2048, 4096), (5120, 6144), (1001, 512)])
+def test_gemv_add_residual_is_gemv_then_add(ops, out, inn):
+    rng = rng_for("gemv-add", out, inn)
+    w, x = bf16_randn(rng, (out, inn)), bf16_randn(rng, (1, inn))
+    residual = (rng.standard_normal((1, out)) * 3).astype(np.float32)
+    got = ops.gemv_add_residual(w, x, residual)
+    np.testing.assert_array_equal(got, residual + from_bf16(ops.gemv(w, x, False)))
+
+
 @pytest.mark.parametrize(
     "T,out,inn",
     [
@@ -291,6 +318,40 @@ def test_sample_greedy_mask_ties_penalty(ops):
     seen0[[5000, 100_000]] = 1
     ids, _, _ = draw(ops, logits, penalised, seen=seen0, v_real=V_REAL)
     assert ids[0] == ref_sampling.sample(logits, penalised, np.random.default_rng(0), [5000, 100_000]) == 7000
+
+
+def test_sample_greedy_one_launch(ops):
+    """The one-launch greedy kernel (blocks of id ranges, a last-block ticket): a tie at the max
+    across distant ids -> the lowest, padding (from its first id) masked, the penalty moving the
+    argmax, and back-to-back draws: the ticket and the running max reset, each draw sees the
+    seen[] the previous one wrote, and a repeat token is penalised once."""
+    logits = rng_for("greedy-one-launch").standard_normal(V_FULL).astype(np.float32)
+    logits[[V_REAL, 248_300]] = 100.0  # padding
+    logits[100] = 41.0  # seen already: 39 after the penalty
+    logits[[200_003, 63_000, 5000]] = 40.0
+    logits[150_000] = 39.5
+    logits[7] = 38.5
+    params = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, presence_penalty=2.0, seed=0)
+    seen0 = np.zeros(V_FULL, np.uint8)
+    seen0[100] = 1
+    ids, seen, step = draw(ops, logits, params, seen=seen0, step=7, draws=6, v_real=V_REAL)
+    seen_ids = [100]
+    for _ in range(6):
+        seen_ids.append(ref_sampling.sample(logits, params, np.random.default_rng(0), seen_ids))
+    assert ref_sampling.sample(logits, params, np.random.default_rng(0)) == 100
+    assert ids.tolist() == seen_ids[1:] == [5000, 63_000, 200_003, 150_000, 100, 100]
+    assert step == 13 and np.flatnonzero(seen).tolist() == [100, 5000, 63_000, 150_000, 200_003]
+
+    greedy = SamplingParams(temperature=0.0, top_k=0, top_p=1.0, seed=0)
+    last = logits.copy()
+    last[V_REAL - 1] = 60.0  # the id after the last whole float4 of the real vocabulary
+    signed_zeros = np.full(V_FULL, -1.0, np.float32)
+    signed_zeros[[20_000, 130_000]] = [-0.0, 0.0]  # -0 ties +0 -> the lower id
+    cases = [(last, V_REAL, V_REAL - 1), (signed_zeros, V_REAL, 20_000),
+             (np.full(V_FULL, -np.inf, np.float32), V_REAL, 0), (np.arange(1001, dtype=np.float32), 1001, 1000)]
+    for x, v_real, want in cases:
+        ids, seen, step = draw(ops, x, greedy, v_real=v_real, draws=3)
+        assert ids.tolist() == [want] * 3 and step == 3 and np.flatnonzero(seen).tolist() == [want], want
 
 
 def test_sample_filters_reduce_to_greedy(ops):

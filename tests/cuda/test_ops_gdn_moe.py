@@ -328,6 +328,31 @@ def test_experts_decode_with_shared_slot_match_moe_block(ops, T, H, I, E, k, Is)
     assert_bf16_close(out, want, "decode moe block with shared slot")
 
 
+@pytest.mark.parametrize("T,H,I,E,k,Is", [(1, 2048, 512, 256, 8, 512), (3, 256, 128, 8, 2, 64), (1, 128, 64, 512, 16, 64)])
+def test_experts_decode_select_is_router_topk_then_experts(ops, T, H, I, E, k, Is):
+    """The decode step's MoE launches: gate_up selects the experts from the logits exactly as the
+    router's top-k does (planted exact ties -> lower id), down adds the block into the residual,
+    bit for bit the separate top-k + experts + residual add."""
+    rng = np.random.default_rng(H + E + k)
+    gate_up, down = expert_weights(rng, E, H, I)
+    h = bf16_normal(rng, (T, H))
+    sgu, sdn = bf16_normal(rng, (2 * Is, H), H**-0.5), bf16_normal(rng, (H, Is), Is**-0.5)
+    w_gate = bf16_normal(rng, (H,), H**-0.5)
+    logits = rng.standard_normal((T, E)).astype(np.float32)
+    logits[:, 1], logits[:, 2] = -0.0, 0.0  # -0 ties +0
+    logits[:, E - 1] = logits[:, 5] = logits.max(axis=1) + 1.0  # an exact tie at the top
+    residual = (rng.standard_normal((T, H)) * 3).astype(np.float32)
+    ids, weights, new_residual = ops.moe_experts_decode_select(h, logits, gate_up, down, sgu, sdn, w_gate, residual, k)
+    order = np.argsort(-logits.astype(np.float64), axis=1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(ids, order)
+    assert (ids[:, 0] == 5).all() and (ids[:, 1] == E - 1).all()
+    sel = np.take_along_axis(logits.astype(np.float64), order, axis=1)
+    want_w = np.exp(sel - sel[:, :1]) / np.exp(sel - sel[:, :1]).sum(axis=1, keepdims=True)
+    np.testing.assert_allclose(weights, want_w, rtol=1e-5, atol=1e-7)
+    block, _ = ops.moe_experts_decode_shared(h, gate_up, down, ids, weights, sgu, sdn, w_gate)
+    np.testing.assert_array_equal(new_residual, residual + from_bf16(block))
+
+
 @pytest.mark.parametrize("H,E,k,I,Is,with_next", [(2048, 256, 8, 512, 512, True), (256, 8, 2, 128, 64, False),
                                                    (512, 64, 4, 64, 192, True), (128, 512, 16, 64, 64, True)])
 def test_moe_decode_fused_is_bit_identical_to_the_separate_launches(ops, H, E, k, I, Is, with_next):

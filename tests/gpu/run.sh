@@ -6,13 +6,13 @@
 #   quick  build + pytest -m cuda + short benches: tiny-moe, and the full-width 35B-A3B / 27B shapes
 #          cut to 4 layers (random weights in VRAM); the GPU tests get full-width 4-layer checkpoint
 #          FILES (tests/gpu/full_width.py), written in the background while the extension builds
-#   final  build + pytest -m cuda (the engine tests twice: default, and LAMPO_DECODE_FUSION=all)
+#   final  build + pytest -m cuda (the engine tests again with LAMPO_DECODE_FUSION=none and =all)
 #          + full-size benches that fit one call (35B-A3B real depths to 262,144; 27B prefill 8,192
-#          and real depths 8,192 / 262,144; 35B-A3B decode with every fusion on, for the A/B)
+#          and real depths 8,192 / 262,144; 35B-A3B decode unfolded and with every fusion, for the A/B)
 #   profile build (no tests unless TESTS=1) + 35B-A3B decode benches (default and
 #          LAMPO_DECODE_FUSION=all, depths 1 and 8,192 by random fill) + Nsight Compute over one un-graphed decode step (tests/gpu/kernel_profile.py)
-#   fusions build (no tests) + the 35B-A3B decode step with each LAMPO_DECODE_FUSION choice
-#          (FUSION_SWEEP, default none gdn router moe gdn,router gdn,moe all)
+#   fusions build (no tests unless TESTS=1) + the 35B-A3B decode step with each LAMPO_DECODE_FUSION
+#          choice (FUSION_SWEEP, default none norms all gdn router moe)
 #   omit   build (no tests) + the 35B-A3B graphed decode step without each op family in turn
 #          (LAMPO_OMIT_OPS: what each family costs inside the graph)
 #   full   build + pytest -m cuda + the whole benchmark: full-size random-weight models, prompts
@@ -79,10 +79,12 @@ log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
 timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
   --durations=12 -p no:cacheprovider >"$OUT/pytest.log" 2>&1
 log "pytest exit $?: $(tail -1 "$OUT/pytest.log")"
-if [ "$MODE" = final ]; then  # the engine again with every decode fusion on (they are opt-in)
-  LAMPO_DECODE_FUSION=all timeout 200 $PY -m pytest -m cuda tests/cuda/test_engine.py -q -rs -p no:cacheprovider \
-    >"$OUT/pytest-fusion-all.log" 2>&1
-  log "pytest (LAMPO_DECODE_FUSION=all) tests/cuda/test_engine.py exit $?: $(tail -1 "$OUT/pytest-fusion-all.log")"
+if [ "$MODE" = final ] || [ -n "${TESTS:-}" ]; then  # the engine's other decode-step forms
+  for f in none all; do
+    LAMPO_DECODE_FUSION=$f timeout 200 $PY -m pytest -m cuda tests/cuda/test_engine.py -q -rs -p no:cacheprovider \
+      >"$OUT/pytest-fusion-$f.log" 2>&1
+    log "pytest (LAMPO_DECODE_FUSION=$f) tests/cuda/test_engine.py exit $?: $(tail -1 "$OUT/pytest-fusion-$f.log")"
+  done
 fi
 fi
 
@@ -103,6 +105,7 @@ full)
 final)
   bench 35b-a3b 150 --preset qwen3.6-35b-a3b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144 --profile-steps 3
   bench 27b 200 --preset qwen3.6-27b --random-weights --prompt 8192 --depths 0,8192,262144 --profile-steps 3
+  (export LAMPO_DECODE_FUSION=none; bench 35b-a3b-fusion-none 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0)
   (export LAMPO_DECODE_FUSION=all; bench 35b-a3b-fusion-all 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0) ;;
 profile)
   bench 35b-a3b 60 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 3
@@ -115,7 +118,7 @@ profile)
   log "ncu exit $?"
   $PY tests/gpu/kernel_profile.py table "$OUT/ncu-35b.csv" ${GRAPH_MS:+--graph-ms $GRAPH_MS} >"$OUT/bench/ncu-35b.txt" 2>&1 ;;
 fusions)  # the 35B-A3B graphed decode step with each LAMPO_DECODE_FUSION choice
-  for f in ${FUSION_SWEEP:-none gdn router moe gdn,router gdn,moe all}; do
+  for f in ${FUSION_SWEEP:-none norms all gdn router moe}; do
     (export LAMPO_DECODE_FUSION=$f; bench "35b-a3b-fusion-${f//,/+}" 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0)
   done
   for f in "$OUT"/bench/35b-a3b-fusion-*.txt; do
