@@ -30,15 +30,6 @@ inline size_t smem_optin_bytes() {
     return size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
 }
 
-// The compute capability (e.g. 90) of the machine code the device runs for `kernel`, for kernels
-// whose fast form exists only in code compiled for a newer architecture.
-template <class Kernel>
-inline int kernel_binary_arch(Kernel kernel) {
-    cudaFuncAttributes a{};
-    LAMPO_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
-    return a.binaryVersion;
-}
-
 // Allow a kernel to use `bytes` of dynamic shared memory (needed above 48 KiB).
 template <class Kernel>
 inline void allow_dynamic_smem(Kernel kernel, size_t bytes, const char* op) {
