@@ -1,8 +1,8 @@
 // gemv.cu - bandwidth-bound y [T, out] = x [T, in] @ W^T for T <= GEMV_MAX_T (decode, verify).
 //
 // The weight matrix is streamed exactly once: each warp owns R = 4 consecutive rows and a slice of
-// the `in` axis (KS slices per row group, KS in {1, 2, 4, 8}: the most that still fit one wave of
-// resident blocks, gemv_splits); lane l reads 16-byte vectors l, l + 32, ... of its 4 rows (two vectors per row in flight,
+// the `in` axis (KS slices per row group, KS in {1, 2, 4, 8} chosen so the grid has >= 4 blocks per
+// SM); lane l reads 16-byte vectors l, l + 32, ... of its 4 rows (two vectors per row in flight,
 // L1-bypassing streaming loads) and the matching vectors of all T rows of x (small, L1/L2 resident),
 // so every weight byte serves all T tokens. fp32 accumulators (T x R per lane) are summed across
 // lanes by a butterfly that leaves one value per lane group, and across the KS slices of a block
@@ -17,7 +17,6 @@
 //   values); block 0 may also write it out for later kernels.
 // - GemvOut::AddToResidual: residual[row] += float(bf16(y[row])), the rounding the separate
 //   bf16 output + add_rmsnorm would apply.
-#include <algorithm>
 #include <type_traits>
 
 #include "bf16_vec.cuh"
@@ -178,26 +177,16 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
     }
 }
 
-// The split of the `in` axis: the largest KS whose grid still fits one wave of resident blocks
-// (a second, partial wave would stream its rows after the first has drained), with at least 32
-// vectors per slice; matrices too tall for one wave keep KS = 1.
-template <class Kernel>
-int gemv_splits(Kernel kernel, int out, int in, size_t smem) {
-    int per_sm = 0;
-    LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, GEMV_WARPS * 32, smem));
-    const int wave = std::max(1, per_sm) * sm_count(), row_groups = ceil_div(out, GEMV_ROWS);
-    int ks = 1;
-    while (ks < GEMV_WARPS && ceil_div(row_groups, GEMV_WARPS / (2 * ks)) <= wave && in / 8 / (2 * ks) >= 32) ks *= 2;
-    return ks;
-}
-
 template <int T, class OutT, GemvIn IN = GemvIn::X, GemvOut OUT = GemvOut::Store>
 void launch_gemv(GemvParams p, cudaStream_t stream) {
-    const auto kernel = gemv_kernel<T, OutT, IN, OUT>;
+    const int row_groups = ceil_div(p.out, GEMV_ROWS);
+    const int target_blocks = 4 * sm_count();
+    int ks = 1;
+    while (ks < GEMV_WARPS && ceil_div(row_groups, GEMV_WARPS / ks) < target_blocks && p.in / 8 / (2 * ks) >= 32) ks *= 2;
+    p.ks_count = ks;
+    const int blocks = ceil_div(row_groups, GEMV_WARPS / ks);
     const size_t smem = IN == GemvIn::NormedResidual ? size_t(p.in) * 2 : 0;
-    p.ks_count = gemv_splits(kernel, p.out, p.in, smem);
-    const int blocks = ceil_div(ceil_div(p.out, GEMV_ROWS), GEMV_WARPS / p.ks_count);
-    launch_pdl("gemv_kernel", kernel, blocks, GEMV_WARPS * 32, smem, stream, p);
+    launch_pdl("gemv_kernel", gemv_kernel<T, OutT, IN, OUT>, blocks, GEMV_WARPS * 32, smem, stream, p);
 }
 
 void check_gemv(int out, int in) {
