@@ -8,8 +8,8 @@
 // lanes by a butterfly that leaves one value per lane group, and across the KS slices of a block
 // through shared memory. Tails: rows past `out` are clamped on load and never stored.
 // Launched with PDL: the weights are immutable, so before waiting for the kernel that produces x
-// each lane already loads its first batch of weight vectors into registers and prefetches the
-// second into L2; the weight stream starts during the previous kernel.
+// each lane already loads its first batch of weight vectors into registers; the weight stream
+// starts during the previous kernel.
 //
 // Two decode-step (T = 1) forms fold the residual stream in (linear.h):
 // - GemvIn::NormedResidual: x = bf16(rmsnorm(residual) * (1 + w)) is built by every block in
@@ -114,18 +114,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
 #pragma unroll
     for (int r = 0; r < GEMV_ROWS; ++r)
         wrow[r] = reinterpret_cast<const uint4*>(p.W + size_t(min(row0 + r, p.out - 1)) * p.in);
-    // Before the wait (weights only): the first batch into registers, the second into L2. No more:
-    // prefetching a lane's whole share thrashes L2 on large matrices (27B: -20% decode).
+    // Before the wait (weights only): the first batch into registers. L2 prefetches of later
+    // batches measured slower (a lane's whole share: 27B decode -20%; the second batch: -2 to -3%).
     int v0 = vbeg + lane;
     uint4 wv[GEMV_UNROLL][GEMV_ROWS];
     load_weights(wv, wrow, v0, vend);
-#pragma unroll
-    for (int u = 0; u < GEMV_UNROLL; ++u) {
-        const int v = v0 + 32 * (GEMV_UNROLL + u);
-#pragma unroll
-        for (int r = 0; r < GEMV_ROWS; ++r)
-            if (v < vend) pdl_prefetch_l2(wrow[r] + v);
-    }
     pdl_begin();
 
     const uint4* xv = reinterpret_cast<const uint4*>(p.x);
