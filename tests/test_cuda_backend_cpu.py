@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import TagTokenizer
 from lampo import bench
 from lampo.backend import ContextOverflow, Done, GenerationRequest, PrefillProgress, TokenEvent
 from lampo.cuda_backend import CudaBackend, EngineUnavailable, create_engine, load_weights, native_dims
@@ -123,23 +124,11 @@ class FakeNative:
         self.device_resets += 1
 
 
-class FakeTokenizer:
-    class Decoder:
-        def push(self, token):
-            return f"<{token}>"
-
-        def flush(self):
-            return ""
-
-    def stream_decoder(self):
-        return self.Decoder()
-
-
 @pytest.fixture
 def backend(tiny_dense_dir):
     native = FakeNative(get_preset("tiny-dense"))
     b = CudaBackend(tiny_dense_dir, context_max=64, prefill_chunk=4, snapshot_slots=2, native=native,
-                    tokenizer=FakeTokenizer())
+                    tokenizer=TagTokenizer())
     return b, native
 
 

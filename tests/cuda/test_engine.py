@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import TagTokenizer
 from lampo.backend import Done, GenerationRequest
 from lampo.cuda_backend import CudaBackend, load_weights, native_dims
 from lampo.models.checkpoint import Checkpoint
@@ -325,24 +326,10 @@ def test_bad_token_and_context_limits_are_refused_with_numbers(tiny):
 
 
 # ---- the backend on the GPU -------------------------------------------------------------------
-class DigitsTokenizer:
-    """Stands in for the real tokenizer (not installed on the GPU machine)."""
-
-    class Decoder:
-        def push(self, token):
-            return f"<{token}>"
-
-        def flush(self):
-            return ""
-
-    def stream_decoder(self):
-        return self.Decoder()
-
-
 def test_backend_prefix_reuse_and_snapshots_match_a_fresh_prefill(tiny, monkeypatch):
     ck, engine, ref = tiny
     backend = CudaBackend(ck.model_dir, context_max=1024, prefill_chunk=64, snapshot_slots=2,
-                          tokenizer=DigitsTokenizer())
+                          tokenizer=TagTokenizer())
     greedy = SamplingParams(**{**GREEDY.to_dict(), "max_tokens": 12})
 
     def ask(prompt, snapshot_at=(), max_tokens=12):

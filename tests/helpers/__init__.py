@@ -32,3 +32,18 @@ def seed_lampo_home(home: Path) -> Path:
     if not target.exists():
         target.symlink_to(tokenizer_json())
     return home
+
+
+class TagTokenizer:
+    """Stands in for the real tokenizer where only token ids matter (the GPU machine has no
+    `tokenizers` package): token t streams as "<t>"."""
+
+    class Decoder:
+        def push(self, token):
+            return f"<{token}>"
+
+        def flush(self):
+            return ""
+
+    def stream_decoder(self):
+        return self.Decoder()
