@@ -308,9 +308,14 @@ py::object down_op(const arr<uint16_t>& act, const arr<uint16_t>& down, const ar
         [&](py::list& out) { out.append(download<uint16_t>(d_out, {T, H})); }));
 }
 
-py::object prefill_op(const arr<uint16_t>& h, const arr<uint16_t>& gate_up, const arr<uint16_t>& down,
-                      const arr<int32_t>& ids, const arr<float>& weights, int repeat) {
-    const char* op = "moe_experts_prefill";
+// The routed experts' arguments of a whole-FFN call (h [T,H], gate_up [E,2I,H], down [E,H,I],
+// ids and weights [T,k]), checked; returns T, H, E, I, k.
+struct ExpertDims {
+    int T, H, E, I, k;
+};
+
+ExpertDims check_expert_args(const char* op, const arr<uint16_t>& h, const arr<uint16_t>& gate_up,
+                             const arr<uint16_t>& down, const arr<int32_t>& ids, const arr<float>& weights) {
     expect_ndim(op, "h", h, 2);
     expect_ndim(op, "gate_up", gate_up, 3);
     expect_ndim(op, "ids", ids, 2);
@@ -321,6 +326,14 @@ py::object prefill_op(const arr<uint16_t>& h, const arr<uint16_t>& gate_up, cons
     expect_shape(op, "ids", ids, {T, k});
     expect_shape(op, "weights", weights, {T, k});
     expect_ids_below(op, ids, E);
+    return {T, H, E, I, k};
+}
+
+py::object prefill_op(const arr<uint16_t>& h, const arr<uint16_t>& gate_up, const arr<uint16_t>& down,
+                      const arr<int32_t>& ids, const arr<float>& weights, int repeat) {
+    const char* op = "moe_experts_prefill";
+    const ExpertDims dims = check_expert_args(op, h, gate_up, down, ids, weights);
+    const int T = dims.T, H = dims.H, E = dims.E, I = dims.I, k = dims.k;
     DeviceBuffer d_h = upload(h), d_gu = upload(gate_up), d_dn = upload(down), d_ids = upload(ids);
     DeviceBuffer d_wt = upload(weights), d_out = poisoned(size_t(T) * H * 2);
     DeviceBuffer ws = poisoned(moe_prefill_workspace_bytes(T, k, H, I, E));
@@ -364,16 +377,8 @@ py::tuple experts_decode_shared_op(const arr<uint16_t>& h, const arr<uint16_t>& 
                                    const arr<uint16_t>& shared_down, const arr<uint16_t>& w_gate,
                                    int repeat) {
     const char* op = "moe_experts_decode_shared";
-    expect_ndim(op, "h", h, 2);
-    expect_ndim(op, "gate_up", gate_up, 3);
-    expect_ndim(op, "ids", ids, 2);
-    const int T = int(h.shape(0)), H = int(h.shape(1)), E = int(gate_up.shape(0));
-    const int I = int(gate_up.shape(1)) / 2, k = int(ids.shape(1));
-    expect_shape(op, "gate_up", gate_up, {E, 2 * I, H});
-    expect_shape(op, "down", down, {E, H, I});
-    expect_shape(op, "ids", ids, {T, k});
-    expect_shape(op, "weights", weights, {T, k});
-    expect_ids_below(op, ids, E);
+    const ExpertDims dims = check_expert_args(op, h, gate_up, down, ids, weights);
+    const int T = dims.T, H = dims.H, I = dims.I, k = dims.k;
     SharedSlotBuffers sh = upload_shared_slot(op, T, H, shared_gate_up, shared_down, w_gate);
     DeviceBuffer d_h = upload(h), d_gu = upload(gate_up), d_dn = upload(down), d_ids = upload(ids);
     DeviceBuffer d_wt = upload(weights);
