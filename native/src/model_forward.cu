@@ -6,7 +6,8 @@
 // The residual stream is fp32 [T, H]; `add_rmsnorm` fuses each residual add with the norm that
 // follows it, except in the decode step (T = 1, DecodeFusion::Norms), where each block's input
 // projection builds its normed row from the residual itself and each output projection adds into
-// the residual: no norm launches between the blocks (input_projection / output_projection). T <= GEMV_MAX_T (decode, verify windows) takes the GEMV / recurrent / flash-decoding
+// the residual: no norm launches between the blocks (input_projection / output_projection).
+// T <= GEMV_MAX_T (decode, verify windows) takes the GEMV / recurrent / flash-decoding
 // paths that read positions from device memory (graph-capturable); larger T (prefill chunks) takes
 // the GEMM / chunked GDN / flash prefill / grouped-MoE paths. Every launch is checked with its op
 // name, so a failure surfaces as CudaError("<op>: ...").
@@ -214,7 +215,7 @@ struct Ctx {
 };
 
 // A block's input projection y = W @ normed input: reads ws.normed, or, folded, builds the normed
-// row from the residual stream itself (`normed_out` then also receives it).
+// row from the residual stream itself.
 void input_projection(const Ctx& c, const Linear& W, const bf16* norm_w, bf16* y, const char* name) {
     if (c.folded()) {
         c.op(OpFamily::Projections, name,
