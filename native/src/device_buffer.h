@@ -36,6 +36,16 @@ private:
     size_t bytes_ = 0;
 };
 
+// A new device buffer with every byte set to `byte`.
+inline DeviceBuffer filled(size_t bytes, int byte) {
+    DeviceBuffer b(bytes);
+    if (bytes) LAMPO_CUDA_CHECK(cudaMemset(b.get(), byte, bytes));
+    return b;
+}
+
+// Output buffers start as 0xFF bytes (NaN / -1), so a value a kernel fails to write shows up.
+inline DeviceBuffer poisoned(size_t bytes) { return filled(bytes, 0xFF); }
+
 // Copy a C-contiguous numpy array of element type T to a new device buffer.
 // bf16 tensors travel as numpy uint16 (bit patterns), fp16 as numpy float16.
 template <class T>

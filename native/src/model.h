@@ -127,7 +127,6 @@ struct Workspace {
     bf16* proj = nullptr;        // its parts, each [T, width] (see project_parts); FFN gate|up
     bf16* q = nullptr;           // [T, nq, D]
     bf16* gate = nullptr;        // [T, nq*D]
-    bf16* k = nullptr;           // [T, nkv, D]
     bf16* mixed = nullptr;       // [T, max(nq*D, value_width)] mixer output before its out proj
     bf16* conv_out = nullptr;    // [T, conv_channels]
     bf16* gdn_o = nullptr;       // [T, Hv, dv]
@@ -141,6 +140,7 @@ struct Workspace {
                                      // (the Engine zeroes it once; the kernel leaves it 0)
     unsigned* gdn_counters = nullptr; // [Hk + Hv] block counters of gdn_decode_fused; same rule
     unsigned* moe_sync = nullptr;     // [2] grid barrier + exit ticket of moe_decode_fused; same rule
+    unsigned* moe_ready = nullptr;    // [1] early-down handshake of the decode MoE launches (any value)
     int32_t* expert_ids = nullptr;   // [T, k]
     float* expert_weights = nullptr; // [T, k]
     float* shared_gate = nullptr;    // [T] sigmoid(h_t . w_shared_gate), MoE decode
@@ -162,7 +162,7 @@ Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void*
 
 // ---- profiling hook ----------------------------------------------------------------------------
 enum class OpFamily : int {
-    Embedding, Norms, AttentionPrep, KvAppend, Attention, GdnConv, GdnRule, GatedNorm,
+    Embedding, Norms, AttentionPrep, Attention, GdnConv, GdnRule, GatedNorm,
     Projections, Activations, MoeRouter, MoeExperts, LmHead, Sampling, Count
 };
 const char* op_family_name(OpFamily f);

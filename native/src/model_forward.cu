@@ -81,7 +81,6 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx
         {"proj", T * proj_w * b16},
         {"q", T * d.attn_width() * b16},
         {"gate", T * d.attn_width() * b16},
-        {"k", T * d.kv_width() * b16},
         {"mixed", T * mixed_w * b16},
         {"conv_out", T * d.conv_channels() * b16},
         {"gdn_o", T * d.gdn_value_width() * b16},
@@ -92,6 +91,7 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx
         {"router_logits", d.moe ? T * d.n_experts * 4 : 0},
         {"router_done", d.moe ? 4 : 0},
         {"moe_sync", d.moe ? 8 : 0},
+        {"moe_ready", d.moe ? 4 : 0},
         {"gdn_counters", gdn ? size_t(d.gdn_k_heads + d.gdn_v_heads) * 4 : 0},
         {"expert_ids", T * k * 4},
         {"expert_weights", T * k * 4},
@@ -125,7 +125,6 @@ Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void*
     ws.proj = static_cast<bf16*>(ptr[i++]);
     ws.q = static_cast<bf16*>(ptr[i++]);
     ws.gate = static_cast<bf16*>(ptr[i++]);
-    ws.k = static_cast<bf16*>(ptr[i++]);
     ws.mixed = static_cast<bf16*>(ptr[i++]);
     ws.conv_out = static_cast<bf16*>(ptr[i++]);
     ws.gdn_o = static_cast<bf16*>(ptr[i++]);
@@ -136,6 +135,7 @@ Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void*
     ws.router_logits = static_cast<float*>(ptr[i++]);
     ws.router_done = static_cast<unsigned*>(ptr[i++]);
     ws.moe_sync = static_cast<unsigned*>(ptr[i++]);
+    ws.moe_ready = static_cast<unsigned*>(ptr[i++]);
     ws.gdn_counters = static_cast<unsigned*>(ptr[i++]);
     ws.expert_ids = static_cast<int32_t*>(ptr[i++]);
     ws.expert_weights = static_cast<float*>(ptr[i++]);
@@ -150,7 +150,7 @@ Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void*
 
 // ---- profiling -----------------------------------------------------------------------------
 const char* op_family_name(OpFamily f) {
-    static const char* names[] = {"embedding", "norms", "attention_prep", "kv_append", "attention",
+    static const char* names[] = {"embedding", "norms", "attention_prep", "attention",
                                   "gdn_conv", "gdn_rule", "gated_norm", "projections",
                                   "activations", "moe_router", "moe_experts", "lm_head",
                                   "sampling"};
@@ -268,8 +268,8 @@ std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std:
     return out;
 }
 
-// Gated full attention: fused q|k|v projection, q/k norm + partial RoPE, INT8 KV append,
-// causal attention over the cache times sigmoid(gate), output projection.
+// Gated full attention: fused q|k|v projection, q/k norm + partial RoPE with the INT8 KV append
+// in the same launch, causal attention over the cache times sigmoid(gate), output projection.
 void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCacheLayer& kv,
                      int max_ctx, const bf16* norm_w) {
     const ModelDims& d = c.d;
@@ -279,12 +279,9 @@ void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCache
                                         norm_w, "attention qkv projection");
     const bf16 *qg = parts[0], *k_raw = parts[1], *v = parts[2];
     c.op(OpFamily::AttentionPrep, "attn_prep", [&] {
-        attn_prep(qg, k_raw, w.q_norm, w.k_norm, c.step.d_pos, ws.q, ws.gate, ws.k, T, d.n_q_heads,
-                  d.n_kv_heads, d.head_dim, d.rotary_dim, d.rope_theta, d.eps, c.st);
-    });
-    c.op(OpFamily::KvAppend, "kv_append_int8", [&] {
-        kv_append_int8(ws.k, v, kv.k, kv.v, kv.k_scale, kv.v_scale, c.step.d_pos, T, d.n_kv_heads,
-                       d.head_dim, max_ctx, c.st);
+        const KvAppendTarget append{v, kv.k, kv.v, kv.k_scale, kv.v_scale, max_ctx};
+        attn_prep(qg, k_raw, w.q_norm, w.k_norm, c.step.d_pos, ws.q, ws.gate, nullptr, T, d.n_q_heads,
+                  d.n_kv_heads, d.head_dim, d.rotary_dim, d.rope_theta, d.eps, c.st, &append);
     });
     if (c.small()) {
         c.op(OpFamily::Attention, "attn_decode_int8", [&] {
@@ -364,8 +361,9 @@ MoeSharedSlot decode_shared_slot(const Ctx& c, const MoeFfnWeights& w) {
 // one more slot of the same two GEMV launches (their gated sum lands in ws.delta); for a prefill
 // chunk the grouped GEMMs for the routed experts, the shared expert's own projections and
 // moe_shared_combine. Folded (decode): router logits from the residual stream (which also leaves
-// the normed row in ws.normed), gate_up selecting its experts from the logits, down adding into
-// the residual: three launches.
+// the normed row in ws.normed), gate_up selecting its experts from the logits and publishing them
+// early on ws.moe_ready, down loading its weights from then on and adding into the residual: three
+// launches.
 void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
@@ -378,11 +376,11 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
         });
         c.op(OpFamily::MoeExperts, "moe_experts_gate_up_select", [&] {
             moe_experts_gate_up_select(ws.normed, ws.router_logits, d.n_experts, w.experts_gate_up, ws.expert_ids,
-                                       ws.expert_weights, ws.act, 1, k, H, I, c.st, &shared);
+                                       ws.expert_weights, ws.act, 1, k, H, I, c.st, &shared, ws.moe_ready);
         });
         c.op(OpFamily::MoeExperts, "moe_experts_down_add", [&] {
             moe_experts_down_add(ws.act, w.experts_down, ws.expert_ids, ws.expert_weights, ws.residual, 1, k, H, I,
-                                 c.st, &shared);
+                                 c.st, &shared, ws.moe_ready);
         });
         return;
     }

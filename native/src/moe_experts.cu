@@ -19,11 +19,20 @@
 // - shared expert (optional MoeSharedSlot, contract in ops.h): one more slot per token in both
 //   grids, with its own matrices and intermediate size Is; the first gate_up block of that slot
 //   also computes its weight sigmoid(h_t . w_gate). A MoE FFN step is then router + 2 launches.
+// - early down (decode step, T = 1, with a `ready` word): gate_up's block (0, 0) clears `ready`
+//   before it lets the down launch start (PDL) and sets it once ids and weights are written, right
+//   after its top-k. The down launch (moe_down_gemv_early) waits on that word instead of the whole
+//   gate_up grid, loads every weight vector of its rows into registers, and only then waits for
+//   gate_up to finish: the down stream overlaps gate_up's instead of following it. The down blocks
+//   spin only after every gate_up block is running (PDL starts them no earlier), so the publishing
+//   block is never starved of an SM. The shared slot's gate_up blocks also load their first
+//   weights before waiting (their rows are known up front).
 #include <algorithm>
 
 #include "common.cuh"
 #include "launch_utils.cuh"
 #include "gdn_moe_vec.cuh"
+#include "grid_sync.cuh"
 #include "moe_common.h"
 #include "moe_topk.cuh"
 #include "ops.h"
@@ -43,24 +52,73 @@ struct Routing {
     const float* logits;
     int E;
     float* weights;
+    unsigned* ready;  // optional (T = 1, logits set): the early-down handshake word
 };
+
+// This warp's (gate, up) row pairs from column `base` on: GU_UNROLL vectors per row per lane.
+__device__ __forceinline__ void gate_up_batch(uint4 (&wv)[GU_UNROLL][2 * GU_PAIRS], const bf16* const (&rows)[2 * GU_PAIRS],
+                                              int base, int H, int lane) {
+#pragma unroll
+    for (int u = 0; u < GU_UNROLL; ++u) {
+        const int c = base + (u * 32 + lane) * 8;
+        if (c < H) {
+#pragma unroll
+            for (int q = 0; q < 2 * GU_PAIRS; ++q) wv[u][q] = ldg_u4(rows[q] + c);
+        }
+    }
+}
 
 __global__ void __launch_bounds__(GU_WARPS * 32)
 moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up, Routing routing,
                  bf16* __restrict__ act, int T, int k, int H, int I, MoeSharedSlot shared) {
-    pdl_begin();
     const int slots = shared.gate_up ? k + 1 : k;  // per token
     const int t = blockIdx.y / slots, s = blockIdx.y % slots;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const bf16* hrow = h + size_t(t) * H;
     const bool is_shared = s == k;
+    const int rows_n = is_shared ? shared.inter : I;  // this slot's intermediate size
+    const int r0 = blockIdx.x * GU_ROWS_PER_BLOCK + warp * GU_PAIRS;
+    const bool has_rows = r0 < rows_n;  // the grid spans max(I, Is); sizes are multiples of 64
+
+    const bf16* rows[2 * GU_PAIRS];  // gate r, up r, gate r+1, up r+1
+    auto point_rows = [&](const bf16* W) {
+#pragma unroll
+        for (int p = 0; p < GU_PAIRS; ++p) {
+            rows[2 * p] = W + size_t(r0 + p) * H;
+            rows[2 * p + 1] = W + size_t(rows_n + r0 + p) * H;
+        }
+    };
+    uint4 wv[GU_UNROLL][2 * GU_PAIRS];
+    if (is_shared && has_rows) {  // known rows: the first batch before the wait
+        point_rows(shared.gate_up);
+        gate_up_batch(wv, rows, 0, H, lane);
+    }
+    const bool publisher = routing.ready && blockIdx.x == 0 && blockIdx.y == 0;
+    if (publisher) {  // clear the handshake word before any down block can start
+        pdl_wait();
+        if (threadIdx.x == 0) {
+            *routing.ready = 0u;
+            __threadfence();
+        }
+        __syncthreads();
+        pdl_launch_dependents();
+    } else {
+        pdl_begin();
+    }
     int expert = 0;
     if (!is_shared && routing.logits) {
         const TopkLane sel = warp_topk(routing.logits + size_t(t) * routing.E, routing.E, k);
         expert = __shfl_sync(0xffffffffu, sel.id, s);
-        if (s == 0 && blockIdx.x == 0 && warp == 0 && lane < k) {
-            routing.ids[size_t(t) * k + lane] = sel.id;
-            routing.weights[size_t(t) * k + lane] = sel.weight;
+        if (s == 0 && blockIdx.x == 0 && warp == 0) {
+            if (lane < k) {
+                routing.ids[size_t(t) * k + lane] = sel.id;
+                routing.weights[size_t(t) * k + lane] = sel.weight;
+            }
+            if (publisher) {
+                __threadfence();
+                __syncwarp();
+                if (lane == 0) store_release_gpu(routing.ready, 1u);
+            }
         }
     } else if (!is_shared) {
         expert = routing.ids[t * k + s];
@@ -71,29 +129,15 @@ moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up, R
         dot = warp_sum(dot);
         if (lane == 0) shared.gate[t] = sigmoid(dot);
     }
-    const int rows_n = is_shared ? shared.inter : I;  // this slot's intermediate size
-    const int r0 = blockIdx.x * GU_ROWS_PER_BLOCK + warp * GU_PAIRS;
-    if (r0 >= rows_n) return;  // the grid spans max(I, Is); sizes are multiples of 64
-    const bf16* W = is_shared ? shared.gate_up : gate_up + size_t(expert) * 2 * I * H;
+    if (!has_rows) return;
+    if (!is_shared) {
+        point_rows(gate_up + size_t(expert) * 2 * I * H);
+        gate_up_batch(wv, rows, 0, H, lane);
+    }
     bf16* out = is_shared ? act + size_t(T) * k * I + size_t(t) * rows_n : act + size_t(t * k + s) * I;
 
-    const bf16* rows[2 * GU_PAIRS];  // gate r, up r, gate r+1, up r+1
-#pragma unroll
-    for (int p = 0; p < GU_PAIRS; ++p) {
-        rows[2 * p] = W + size_t(r0 + p) * H;
-        rows[2 * p + 1] = W + size_t(rows_n + r0 + p) * H;
-    }
     float acc[2 * GU_PAIRS] = {};
-    for (int base = 0; base < H; base += 32 * 8 * GU_UNROLL) {
-        uint4 wv[GU_UNROLL][2 * GU_PAIRS];
-#pragma unroll
-        for (int u = 0; u < GU_UNROLL; ++u) {
-            const int c = base + (u * 32 + lane) * 8;
-            if (c < H) {
-#pragma unroll
-                for (int q = 0; q < 2 * GU_PAIRS; ++q) wv[u][q] = ldg_u4(rows[q] + c);
-            }
-        }
+    for (int base = 0;;) {
 #pragma unroll
         for (int u = 0; u < GU_UNROLL; ++u) {
             const int c = base + (u * 32 + lane) * 8;
@@ -103,6 +147,9 @@ moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up, R
                 for (int q = 0; q < 2 * GU_PAIRS; ++q) acc[q] = dot_bf16x8(wv[u][q], hv, acc[q]);
             }
         }
+        base += 32 * 8 * GU_UNROLL;
+        if (base >= H) break;
+        gate_up_batch(wv, rows, base, H, lane);
     }
 #pragma unroll
     for (int p = 0; p < GU_PAIRS; ++p) {
@@ -163,6 +210,57 @@ moe_down_gemv(const bf16* __restrict__ act, const bf16* __restrict__ down,
     }
 }
 
+constexpr int DN_EARLY_WARPS = 4;  // rows per block of the early form: two of these small blocks
+                                   // (93 registers) fit beside two running gate_up blocks (74)
+constexpr int DN_HELD = 18;  // the early form's weight vectors per lane: 32 x 18 = 576 items, the
+                             // 35B-A3B's 8 routed rows of 512 plus the shared expert's
+
+// The decode step's down launch when gate_up publishes its ids early (T = 1, items <= 32 * DN_HELD):
+// each lane loads all its weight vectors (the same items as moe_down_gemv's lane) as soon as `ready`
+// is set, then waits for gate_up, stages the token's activations (act [k, I] then the shared [Is]:
+// contiguous for one token, one 16-byte vector per item) and the slot weights in shared memory, and
+// sums in moe_down_gemv's order: bit-identical results.
+__global__ void __launch_bounds__(DN_EARLY_WARPS * 32)
+moe_down_gemv_early(const bf16* __restrict__ act, const bf16* __restrict__ down, const int32_t* ids,
+                    const float* weights, float* __restrict__ residual, int k, int H, int I, MoeSharedSlot shared,
+                    const unsigned* ready) {
+    extern __shared__ uint4 act_s[];  // [items]
+    __shared__ float slot_w[MOE_MAX_K + 1];
+    const int r = blockIdx.x * DN_EARLY_WARPS + threadIdx.x / 32;
+    const int row = min(r, H - 1);  // a row past H loads a real row and stores nothing
+    const int lane = threadIdx.x % 32;
+    const int chunks = I / 8;
+    const int routed_items = k * chunks;
+    const int items = routed_items + (shared.down ? shared.inter / 8 : 0);
+    if (threadIdx.x == 0)
+        while (load_acquire_gpu(ready) == 0u) __nanosleep(64);
+    __syncthreads();
+    uint4 wv[DN_HELD];
+#pragma unroll
+    for (int u = 0; u < DN_HELD; ++u) {
+        const int item = u * 32 + lane;
+        if (item < routed_items) {
+            const int e = __ldcg(ids + item / chunks);
+            wv[u] = ldg_u4(down + (size_t(e) * H + row) * I + (item % chunks) * 8);
+        } else if (item < items) {
+            wv[u] = ldg_u4(shared.down + size_t(row) * shared.inter + (item - routed_items) * 8);
+        }
+    }
+    pdl_begin();
+    for (int i = threadIdx.x; i < items; i += blockDim.x) act_s[i] = __ldcg(reinterpret_cast<const uint4*>(act) + i);
+    if (threadIdx.x <= k)
+        slot_w[threadIdx.x] = threadIdx.x < k ? __ldcg(weights + threadIdx.x) : shared.down ? __ldcg(shared.gate) : 0.f;
+    __syncthreads();
+    float acc = 0.f;
+#pragma unroll
+    for (int u = 0; u < DN_HELD; ++u) {
+        const int item = u * 32 + lane;
+        if (item < items) acc = fmaf(slot_w[min(item / chunks, k)], dot_bf16x8(wv[u], act_s[item], 0.f), acc);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0 && r < H) residual[r] += __bfloat162float(__float2bfloat16_rn(acc));
+}
+
 void check_decode_dims(const char* op, int T, int k, int H, int I) {
     moe_check_tokens(op, T, k, H);
     moe_check_intermediate(op, I);
@@ -191,9 +289,15 @@ void launch_gate_up(const char* op, const bf16* h, const bf16* gate_up, Routing 
 
 void launch_down(const char* op, const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
                  bf16* out, float* residual, int T, int k, int H, int I, cudaStream_t stream,
-                 const MoeSharedSlot* shared) {
+                 const MoeSharedSlot* shared, const unsigned* ready = nullptr) {
     check_decode_dims(op, T, k, H, I);
     const MoeSharedSlot sh = shared_slot(op, shared);
+    const int items = k * (I / 8) + (sh.down ? sh.inter / 8 : 0);
+    if (ready && items <= 32 * DN_HELD) {
+        launch_pdl(op, moe_down_gemv_early, ceil_div(H, DN_EARLY_WARPS), DN_EARLY_WARPS * 32, size_t(items) * 16, stream, act,
+                   down, ids, weights, residual, k, H, I, sh, ready);
+        return;
+    }
     launch_pdl(op, moe_down_gemv, ceil_div(H, DN_WARPS), DN_WARPS * 32, 0, stream, act, down, ids, weights,
                out, residual, T, k, H, I, sh);
 }
@@ -202,16 +306,17 @@ void launch_down(const char* op, const bf16* act, const bf16* down, const int32_
 
 void moe_experts_gate_up(const bf16* h, const bf16* gate_up, const int32_t* ids, bf16* act, int T,
                          int k, int H, int I, cudaStream_t stream, const MoeSharedSlot* shared) {
-    launch_gate_up("moe_experts_gate_up", h, gate_up, {const_cast<int32_t*>(ids), nullptr, 0, nullptr}, act, T,
+    launch_gate_up("moe_experts_gate_up", h, gate_up, {const_cast<int32_t*>(ids), nullptr, 0, nullptr, nullptr}, act, T,
                    k, H, I, stream, shared);
 }
 
 void moe_experts_gate_up_select(const bf16* h, const float* logits, int E, const bf16* gate_up, int32_t* ids,
                                 float* weights, bf16* act, int T, int k, int H, int I, cudaStream_t stream,
-                                const MoeSharedSlot* shared) {
+                                const MoeSharedSlot* shared, unsigned* ready) {
     const char* op = "moe_experts_gate_up_select";
     moe_check_experts(op, E, k);
-    launch_gate_up(op, h, gate_up, {ids, logits, E, weights}, act, T, k, H, I, stream, shared);
+    require(!ready || T == 1, op, "the early-down handshake serves one token, got T=" + std::to_string(T));
+    launch_gate_up(op, h, gate_up, {ids, logits, E, weights, ready}, act, T, k, H, I, stream, shared);
 }
 
 void moe_experts_down(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
@@ -222,8 +327,10 @@ void moe_experts_down(const bf16* act, const bf16* down, const int32_t* ids, con
 
 void moe_experts_down_add(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
                           float* residual, int T, int k, int H, int I, cudaStream_t stream,
-                          const MoeSharedSlot* shared) {
-    launch_down("moe_experts_down_add", act, down, ids, weights, nullptr, residual, T, k, H, I, stream, shared);
+                          const MoeSharedSlot* shared, const unsigned* ready) {
+    const char* op = "moe_experts_down_add";
+    require(!ready || T == 1, op, "the early-down handshake serves one token, got T=" + std::to_string(T));
+    launch_down(op, act, down, ids, weights, nullptr, residual, T, k, H, I, stream, shared, ready);
 }
 
 }  // namespace lampo

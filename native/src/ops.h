@@ -49,25 +49,32 @@ void add_rmsnorm(float* residual, const bf16* delta, const bf16* w, bf16* y, int
 void residual_add(float* residual, const bf16* delta, int rows, int n, cudaStream_t stream);
 
 // ---- attention_prep.cu ---------------------------------------------------------------------
+// INT8 KV cache, one fp16 scale per group of 64 values (symmetric, scale = max|x|/127, q =
+// clip(rint(x / scale), -127, 127); bit-exact with kv_int8.quantize_int8_g64):
+//   cache  [nkv, max_ctx, D] int8 ; scales [nkv, max_ctx, D/64] fp16
+constexpr int KV_GROUP = 64;
+struct KvAppendTarget {
+    const bf16* v = nullptr;       // [T, nkv, D] the new value rows
+    int8_t* k_cache = nullptr;
+    int8_t* v_cache = nullptr;
+    half* k_scale = nullptr;
+    half* v_scale = nullptr;
+    int max_ctx = 0;               // rows at positions >= max_ctx are not written
+};
 // Gated attention input prep for T tokens at positions d_pos[0] + t:
 //   qg [T, nq*2*D]: per head h, rows [h*2D, h*2D+D) are the query, [h*2D+D, h*2D+2D) the gate.
 //   q   = rope(rmsnorm1p(query_h, q_norm_w))  -> q_out [T, nq, D] bf16
 //   gate = gate_h                             -> gate_out [T, nq*D] bf16 (not normed, not roped)
-//   k   = rope(rmsnorm1p(k_raw_h, k_norm_w))  -> k_out [T, nkv, D] bf16 (k_raw [T, nkv*D])
+//   k   = rope(rmsnorm1p(k_raw_h, k_norm_w))  -> k_out [T, nkv, D] bf16 (k_raw [T, nkv*D]; optional
+//         when `append` is given)
 // rope: NeoX half-split over the first rotary_dim dims, inv_freq[i] = theta^(-2i/rotary_dim),
 //   angle = pos * inv_freq[i] in fp32; dims >= rotary_dim untouched.
+// With `append`: the bf16 k rows and append->v are quantized into the INT8 cache at rows
+// d_pos[0] + t of every kv head (D a multiple of 64).
 void attn_prep(const bf16* qg, const bf16* k_raw, const bf16* q_norm_w, const bf16* k_norm_w,
                const int32_t* d_pos, bf16* q_out, bf16* gate_out, bf16* k_out, int T, int nq,
-               int nkv, int D, int rotary_dim, float theta, float eps, cudaStream_t stream);
-
-// ---- kv_cache_int8.cu ----------------------------------------------------------------------
-// INT8 KV cache, one fp16 scale per group of 64 values (symmetric, scale = max|x|/127).
-//   cache  [nkv, max_ctx, D] int8 ; scales [nkv, max_ctx, D/64] fp16
-// Appends rows k/v [T, nkv, D] bf16 at positions d_pos[0] .. d_pos[0]+T-1.
-constexpr int KV_GROUP = 64;
-void kv_append_int8(const bf16* k, const bf16* v, int8_t* k_cache, int8_t* v_cache, half* k_scale,
-                    half* v_scale, const int32_t* d_pos, int T, int nkv, int D, int max_ctx,
-                    cudaStream_t stream);
+               int nkv, int D, int rotary_dim, float theta, float eps, cudaStream_t stream,
+               const KvAppendTarget* append = nullptr);
 
 // ---- attention_decode.cu -------------------------------------------------------------------
 // Flash-decoding over the INT8 cache for Tq <= 8 query rows at positions d_pos[0] + t (row t sees
@@ -177,12 +184,16 @@ void moe_experts_down(const bf16* act, const bf16* down, const int32_t* ids, con
 //   gate_up_select: the same act, with the experts selected inside the launch from the router
 //     logits [T, E] fp32 exactly as moe_router_topk does; ids [T, k] and weights [T, k] written.
 //   down_add: residual[t, :] += float(out[t, :]) instead of storing out (residual [T, H] fp32).
+// `ready` (optional, T = 1, the same word for the pair, any value before the pair): gate_up
+// publishes ids and weights on it right after its top-k, and down starts its weight loads then,
+// while gate_up still runs (moe_experts.cu). Both launches must be given it, in stream order.
 void moe_experts_gate_up_select(const bf16* h, const float* logits, int E, const bf16* gate_up,
                                 int32_t* ids, float* weights, bf16* act, int T, int k, int H, int I,
-                                cudaStream_t stream, const MoeSharedSlot* shared = nullptr);
+                                cudaStream_t stream, const MoeSharedSlot* shared = nullptr,
+                                unsigned* ready = nullptr);
 void moe_experts_down_add(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
                           float* residual, int T, int k, int H, int I, cudaStream_t stream,
-                          const MoeSharedSlot* shared = nullptr);
+                          const MoeSharedSlot* shared = nullptr, const unsigned* ready = nullptr);
 // The whole MoE FFN of ONE decode token in one launch (moe_decode_fused.cu): residual add +
 // post-attention norm, router + top-k, routed and shared experts, and optionally the next layer's
 // residual add + norm. Bit-identical to add_rmsnorm -> moe_router_topk -> moe_experts_gate_up ->

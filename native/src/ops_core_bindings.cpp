@@ -36,12 +36,6 @@ void check_dim(const char* op, const char* name, py::ssize_t got, py::ssize_t wa
                                  std::to_string(got));
 }
 
-DeviceBuffer poisoned(size_t bytes) {
-    DeviceBuffer b(bytes);
-    if (bytes) LAMPO_CUDA_CHECK(cudaMemset(b.get(), 0xFF, bytes));
-    return b;
-}
-
 DeviceBuffer device_int(int32_t v) {
     DeviceBuffer b(sizeof(int32_t));
     LAMPO_CUDA_CHECK(cudaMemcpy(b.get(), &v, sizeof(v), cudaMemcpyHostToDevice));
@@ -153,32 +147,6 @@ py::array_t<uint16_t> py_sigmoid_gate_mul(Arr<uint16_t> x, Arr<uint16_t> gate) {
 
 // ---- attention ----------------------------------------------------------------------------------
 
-py::tuple py_attn_prep(Arr<uint16_t> qg, Arr<uint16_t> k_raw, Arr<uint16_t> q_norm_w, Arr<uint16_t> k_norm_w,
-                       int pos0, int nq, int nkv, int rotary_dim, float theta, float eps) {
-    const char* op = "attn_prep";
-    check_ndim(op, "qg", qg, 2);
-    check_ndim(op, "k_raw", k_raw, 2);
-    const int T = int(qg.shape(0)), D = int(q_norm_w.size());
-    check_dim(op, "qg", qg.shape(1), py::ssize_t(nq) * 2 * D, "width");
-    check_dim(op, "k_raw", k_raw.shape(0), T, "rows");
-    check_dim(op, "k_raw", k_raw.shape(1), py::ssize_t(nkv) * D, "width");
-    check_dim(op, "k_norm_w", k_norm_w.size(), D, "length");
-    auto d_qg = upload(qg);
-    auto d_k = upload(k_raw);
-    auto d_qw = upload(q_norm_w);
-    auto d_kw = upload(k_norm_w);
-    auto d_pos = device_int(pos0);
-    auto d_q = poisoned(size_t(T) * nq * D * 2);
-    auto d_gate = poisoned(size_t(T) * nq * D * 2);
-    auto d_ko = poisoned(size_t(T) * nkv * D * 2);
-    OpStream st;
-    attn_prep(as_bf16(d_qg), as_bf16(d_k), as_bf16(d_qw), as_bf16(d_kw), d_pos.as<int32_t>(), as_bf16(d_q),
-              as_bf16(d_gate), as_bf16(d_ko), T, nq, nkv, D, rotary_dim, theta, eps, st.s);
-    st.finish(op);
-    return py::make_tuple(download<uint16_t>(d_q, {T, nq, D}), download<uint16_t>(d_gate, {T, nq * D}),
-                          download<uint16_t>(d_ko, {T, nkv, D}));
-}
-
 struct CacheArgs {
     int nkv, max_ctx, D;
 };
@@ -200,30 +168,58 @@ Arr<uint16_t> half_bits(const py::array& a) {
     return Arr<uint16_t>(py::array(a).attr("view")(py::dtype("uint16")));
 }
 
-py::tuple py_kv_append_int8(Arr<uint16_t> k, Arr<uint16_t> v, Arr<int8_t> k_cache, Arr<int8_t> v_cache,
-                            py::array k_scale, py::array v_scale, int pos0) {
-    const char* op = "kv_append_int8";
-    const auto ks = half_bits(k_scale), vs = half_bits(v_scale);
-    const CacheArgs c = check_cache(op, k_cache, v_cache, ks, vs);
-    check_ndim(op, "k", k, 3);
-    const int T = int(k.shape(0));
-    require(k.shape(1) == c.nkv && k.shape(2) == c.D && v.size() == k.size(), op, "k, v must be [T, nkv, D]");
-    require(pos0 >= 0 && pos0 + T <= c.max_ctx, op, "rows past max_ctx");
-    auto d_k = upload(k);
-    auto d_v = upload(v);
-    auto d_kc = upload(k_cache);
-    auto d_vc = upload(v_cache);
-    auto d_ks = upload(ks);
-    auto d_vs = upload(vs);
+// attn_prep; with kv = (v, k_cache, v_cache, k_scale, v_scale) also the INT8 append, whose
+// updated caches come back after (q, gate, k).
+py::tuple py_attn_prep(Arr<uint16_t> qg, Arr<uint16_t> k_raw, Arr<uint16_t> q_norm_w, Arr<uint16_t> k_norm_w,
+                       int pos0, int nq, int nkv, int rotary_dim, float theta, float eps, py::object kv) {
+    const char* op = "attn_prep";
+    check_ndim(op, "qg", qg, 2);
+    check_ndim(op, "k_raw", k_raw, 2);
+    const int T = int(qg.shape(0)), D = int(q_norm_w.size());
+    check_dim(op, "qg", qg.shape(1), py::ssize_t(nq) * 2 * D, "width");
+    check_dim(op, "k_raw", k_raw.shape(0), T, "rows");
+    check_dim(op, "k_raw", k_raw.shape(1), py::ssize_t(nkv) * D, "width");
+    check_dim(op, "k_norm_w", k_norm_w.size(), D, "length");
+    auto d_qg = upload(qg);
+    auto d_k = upload(k_raw);
+    auto d_qw = upload(q_norm_w);
+    auto d_kw = upload(k_norm_w);
     auto d_pos = device_int(pos0);
+    auto d_q = poisoned(size_t(T) * nq * D * 2);
+    auto d_gate = poisoned(size_t(T) * nq * D * 2);
+    auto d_ko = poisoned(size_t(T) * nkv * D * 2);
+    DeviceBuffer d_v, d_kc, d_vc, d_ks, d_vs;
+    KvAppendTarget append;
+    CacheArgs c{};
+    if (!kv.is_none()) {
+        const auto parts = kv.cast<py::tuple>();
+        require(parts.size() == 5, op, "kv must be (v, k_cache, v_cache, k_scale, v_scale)");
+        const auto v = parts[0].cast<Arr<uint16_t>>();
+        const auto kc = parts[1].cast<Arr<int8_t>>(), vc = parts[2].cast<Arr<int8_t>>();
+        const auto ks = half_bits(parts[3].cast<py::array>()), vs = half_bits(parts[4].cast<py::array>());
+        c = check_cache(op, kc, vc, ks, vs);
+        require(c.nkv == nkv && c.D == D, op, "the caches must be [nkv, max_ctx, D]");
+        require(v.size() == py::ssize_t(T) * nkv * D, op, "v must hold [T, nkv, D] values");
+        require(pos0 >= 0 && pos0 + T <= c.max_ctx, op, "rows past max_ctx");
+        d_v = upload(v);
+        d_kc = upload(kc);
+        d_vc = upload(vc);
+        d_ks = upload(ks);
+        d_vs = upload(vs);
+        append = {as_bf16(d_v), d_kc.as<int8_t>(), d_vc.as<int8_t>(), d_ks.as<half>(), d_vs.as<half>(), c.max_ctx};
+    }
     OpStream st;
-    kv_append_int8(as_bf16(d_k), as_bf16(d_v), d_kc.as<int8_t>(), d_vc.as<int8_t>(), d_ks.as<half>(), d_vs.as<half>(),
-                   d_pos.as<int32_t>(), T, c.nkv, c.D, c.max_ctx, st.s);
+    attn_prep(as_bf16(d_qg), as_bf16(d_k), as_bf16(d_qw), as_bf16(d_kw), d_pos.as<int32_t>(), as_bf16(d_q),
+              as_bf16(d_gate), as_bf16(d_ko), T, nq, nkv, D, rotary_dim, theta, eps, st.s,
+              kv.is_none() ? nullptr : &append);
     st.finish(op);
+    py::tuple prep = py::make_tuple(download<uint16_t>(d_q, {T, nq, D}), download<uint16_t>(d_gate, {T, nq * D}),
+                                    download<uint16_t>(d_ko, {T, nkv, D}));
+    if (kv.is_none()) return prep;
     const Shape cs{c.nkv, c.max_ctx, c.D}, ss{c.nkv, c.max_ctx, c.D / KV_GROUP};
     auto f16 = [](py::array_t<uint16_t> a) { return py::array(a).attr("view")(py::dtype("float16")); };
-    return py::make_tuple(download<int8_t>(d_kc, cs), download<int8_t>(d_vc, cs), f16(download<uint16_t>(d_ks, ss)),
-                          f16(download<uint16_t>(d_vs, ss)));
+    return py::make_tuple(prep[0], prep[1], prep[2], download<int8_t>(d_kc, cs), download<int8_t>(d_vc, cs),
+                          f16(download<uint16_t>(d_ks, ss)), f16(download<uint16_t>(d_vs, ss)));
 }
 
 py::array_t<uint16_t> py_attn_int8(bool decode, Arr<uint16_t> q, Arr<uint16_t> gate, Arr<int8_t> k_cache,
@@ -396,12 +392,6 @@ double time_graph(int iters, Launch launch) {
     return double(ms) * 1000.0 / iters;
 }
 
-DeviceBuffer filled(size_t bytes, int byte) {
-    DeviceBuffer b(bytes);
-    LAMPO_CUDA_CHECK(cudaMemset(b.get(), byte, bytes));
-    return b;
-}
-
 // Weight copies rotated between calls so the matrix is never served from L2.
 py::dict py_bench_linear(int out, int in, int T, int iters, bool f32_out) {
     const size_t wbytes = size_t(out) * in * 2;
@@ -493,9 +483,9 @@ void register_core_ops(py::module_& ops) {
     ops.def("silu_mul", &py_silu_mul, "gu"_a, "gu [T, 2I] -> silu(gate) * up [T, I] (bf16 bits)");
     ops.def("sigmoid_gate_mul", &py_sigmoid_gate_mul, "x"_a, "gate"_a, "x * sigmoid(gate) (bf16 bits)");
     ops.def("attn_prep", &py_attn_prep, "qg"_a, "k_raw"_a, "q_norm_w"_a, "k_norm_w"_a, "pos0"_a, "nq"_a, "nkv"_a,
-            "rotary_dim"_a, "theta"_a, "eps"_a = 1e-6f, "-> (q [T,nq,D], gate [T,nq*D], k [T,nkv,D]) bf16 bits");
-    ops.def("kv_append_int8", &py_kv_append_int8, "k"_a, "v"_a, "k_cache"_a, "v_cache"_a, "k_scale"_a, "v_scale"_a,
-            "pos0"_a, "-> updated (k_cache, v_cache, k_scale, v_scale)");
+            "rotary_dim"_a, "theta"_a, "eps"_a = 1e-6f, "kv"_a = py::none(),
+            "-> (q [T,nq,D], gate [T,nq*D], k [T,nkv,D]) bf16 bits; with kv = (v, k_cache, v_cache, k_scale, "
+            "v_scale) also the INT8 append: + updated (k_cache, v_cache, k_scale, v_scale)");
     ops.def(
         "attn_decode_int8",
         [](Arr<uint16_t> q, Arr<uint16_t> gate, Arr<int8_t> kc, Arr<int8_t> vc, py::array ks, py::array vs, int pos0) {

@@ -61,12 +61,6 @@ void expect_ids_below(const char* op, const arr<int32_t>& ids, int E) {
                                         " out of range [0, " + std::to_string(E) + ")");
 }
 
-DeviceBuffer poisoned(size_t bytes) {
-    DeviceBuffer buf(bytes);
-    if (bytes) LAMPO_CUDA_CHECK(cudaMemset(buf.get(), 0xFF, bytes));
-    return buf;
-}
-
 // Mean time of `launch` over `repeat` cold-L2 runs, in ms.
 template <class Launch>
 double mean_launch_ms(const char* op, Launch&& launch, int repeat) {
@@ -185,8 +179,7 @@ py::tuple gdn_decode_fused_op(const arr<uint16_t>& qkv, const arr<uint16_t>& con
     expect_shape(op, "z", z, {1, g.Hv * D});
     expect_shape(op, "norm_w", norm_w, {D});
     DeviceBuffer d_cw = upload(conv_w), d_cs = upload(conv_state), d_z = upload(z), d_nw = upload(norm_w);
-    DeviceBuffer d_y = poisoned(size_t(g.Hv) * D * 2), counters(size_t(Hk + g.Hv) * 4);
-    LAMPO_CUDA_CHECK(cudaMemset(counters.get(), 0, counters.bytes()));
+    DeviceBuffer d_y = poisoned(size_t(g.Hv) * D * 2), counters = filled(size_t(Hk + g.Hv) * 4, 0);
     return run_op(op, repeat,
                   [&] {
                       gdn_decode_fused(g.qkv.as<bf16>(), d_cw.as<bf16>(), d_cs.as<bf16>(), g.a.as<bf16>(),
@@ -248,8 +241,7 @@ py::tuple router_op(const arr<uint16_t>& h, const arr<uint16_t>& w_router, int k
     expect_shape(op, "w_router", w_router, {E, H});
     DeviceBuffer d_h = upload(h), d_w = upload(w_router);
     DeviceBuffer logits = poisoned(size_t(T) * E * 4), ids = poisoned(size_t(T) * k * 4),
-                 weights = poisoned(size_t(T) * k * 4), done(4);
-    LAMPO_CUDA_CHECK(cudaMemset(done.get(), 0, 4));
+                 weights = poisoned(size_t(T) * k * 4), done = filled(4, 0);
     return run_op(op, repeat,
                   [&] {
                       moe_router_topk(d_h.as<bf16>(), d_w.as<bf16>(), logits.as<float>(),
@@ -418,13 +410,15 @@ py::tuple experts_decode_select_op(const arr<uint16_t>& h, const arr<float>& log
     DeviceBuffer d_h = upload(h), d_lg = upload(logits), d_gu = upload(gate_up), d_dn = upload(down);
     DeviceBuffer d_res = upload(residual), d_ids = poisoned(size_t(T) * k * 4), d_wt = poisoned(size_t(T) * k * 4);
     DeviceBuffer act = poisoned((size_t(T) * k * I + size_t(T) * sh.slot.inter) * 2);
+    DeviceBuffer ready = filled(4, 0);
+    unsigned* handshake = T == 1 ? ready.as<unsigned>() : nullptr;  // the decode step's early down
     return run_op(
         op, repeat,
         [&] {
             moe_experts_gate_up_select(d_h.as<bf16>(), d_lg.as<float>(), E, d_gu.as<bf16>(), d_ids.as<int32_t>(),
-                                       d_wt.as<float>(), act.as<bf16>(), T, k, H, I, 0, &sh.slot);
+                                       d_wt.as<float>(), act.as<bf16>(), T, k, H, I, 0, &sh.slot, handshake);
             moe_experts_down_add(act.as<bf16>(), d_dn.as<bf16>(), d_ids.as<int32_t>(), d_wt.as<float>(),
-                                 d_res.as<float>(), T, k, H, I, 0, &sh.slot);
+                                 d_res.as<float>(), T, k, H, I, 0, &sh.slot, handshake);
         },
         [&](py::list& out) {
             out.append(download<int32_t>(d_ids, {T, k}));
@@ -462,8 +456,7 @@ py::tuple moe_decode_fused_op(const arr<float>& residual, const arr<uint16_t>& d
     DeviceBuffer d_nn = next_norm ? upload(*next_norm) : DeviceBuffer(0);
     DeviceBuffer d_out = poisoned(size_t(H) * 2), d_normed = poisoned(size_t(H) * 2);
     DeviceBuffer d_ids = poisoned(size_t(k) * 4), d_w = poisoned(size_t(k) * 4), d_logits = poisoned(size_t(E) * 4);
-    DeviceBuffer d_act = poisoned((size_t(k) * I + Is) * 2), d_sync(8);
-    LAMPO_CUDA_CHECK(cudaMemset(d_sync.get(), 0, 8));
+    DeviceBuffer d_act = poisoned((size_t(k) * I + Is) * 2), d_sync = filled(8, 0);
     MoeDecodeFusedArgs a;
     a.residual = d_res.as<float>();
     a.delta_in = d_delta.as<bf16>();

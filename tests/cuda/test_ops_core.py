@@ -121,20 +121,28 @@ def test_attn_prep(ops, T, nq, nkv, pos0):
 
 
 @pytest.mark.parametrize("T,nkv,pos0", [(1, 2, 5), (7, 4, 60), (64, 2, 0)])
-def test_kv_append_int8(ops, T, nkv, pos0):
+def test_attn_prep_appends_int8(ops, T, nkv, pos0):
+    """With a KV target, attn_prep quantizes its bf16 k rows and the v rows into the INT8 cache
+    (kv_int8.quantize_int8_g64) at rows pos0.. and leaves every other row alone."""
     rng = rng_for("kv", T, nkv, pos0)
-    max_ctx = 128
-    k = (rng.standard_normal((T, nkv, D)) * 3).astype(np.float32)
+    max_ctx, nq = 128, 2 * nkv
+    qg = bf16_randn(rng, (T, nq * 2 * D), 2.0)
+    k_raw = (rng.standard_normal((T, nkv * D)) * 3).astype(np.float32)
+    k_raw[0, 64:128] = 0.0  # head 0: a zero group past the rotary dims -> scale 0, q 0
     v = (rng.standard_normal((T, nkv, D)) * 3).astype(np.float32)
-    k[0, 0, 64:128] = 0.0  # a zero group -> scale 0, q 0
     v[-1, -1, :64] = 0.0
     v[-1, -1, 5] = 40.0  # one dominant value in a group
-    kb, vb = to_bf16(k), to_bf16(v)
+    vb = to_bf16(v)
+    qw, kw = bf16_randn(rng, D, 0.3), bf16_randn(rng, D, 0.3)
     caches = [rng.integers(-127, 128, (nkv, max_ctx, D), dtype=np.int8) for _ in range(2)]
     scales = [rng.uniform(0.01, 0.02, (nkv, max_ctx, D // 64)).astype(np.float16) for _ in range(2)]
-    kc, vc, ks, vs = ops.kv_append_int8(kb, vb, caches[0], caches[1], scales[0], scales[1], pos0)
+    q, gate, k, kc, vc, ks, vs = ops.attn_prep(qg, to_bf16(k_raw), qw, kw, pos0, nq, nkv, ROTARY, THETA, 1e-6,
+                                               kv=(vb, caches[0], caches[1], scales[0], scales[1]))
+    q_alone, gate_alone, k_alone = ops.attn_prep(qg, to_bf16(k_raw), qw, kw, pos0, nq, nkv, ROTARY, THETA, 1e-6)
+    for got, alone in ((q, q_alone), (gate, gate_alone), (k, k_alone)):
+        np.testing.assert_array_equal(got, alone)
     rows = slice(pos0, pos0 + T)
-    for got_q, got_s, src, old_q, old_s in ((kc, ks, kb, caches[0], scales[0]), (vc, vs, vb, caches[1], scales[1])):
+    for got_q, got_s, src, old_q, old_s in ((kc, ks, k, caches[0], scales[0]), (vc, vs, vb, caches[1], scales[1])):
         ref_q, ref_s = kv_int8.quantize_int8_g64(from_bf16(src).transpose(1, 0, 2))
         np.testing.assert_array_equal(got_s[:, rows], ref_s)
         assert np.abs(got_q[:, rows].astype(np.int32) - ref_q.astype(np.int32)).max() <= 1

@@ -126,7 +126,7 @@ fusions)  # the 35B-A3B graphed decode step with each LAMPO_DECODE_FUSION choice
   done | tee "$OUT/bench/fusion-summary.txt" ;;
 omit)  # the graphed step's time without each op family in turn (LAMPO_OMIT_OPS, a timing diagnostic)
   bench 35b-a3b 40 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0 --profile-steps 0
-  for fam in ${OMIT_FAMILIES:-norms moe_router moe_experts projections gdn_rule attention,attention_prep,kv_append lm_head}; do
+  for fam in ${OMIT_FAMILIES:-norms moe_router moe_experts projections gdn_rule attention,attention_prep lm_head}; do
     (export LAMPO_OMIT_OPS=$fam; bench "35b-a3b-omit-${fam//,/+}" 40 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0 --profile-steps 0)
   done
   $PY - "$OUT"/bench/*.json <<'PYEOF' | tee "$OUT/bench/omit-summary.txt"
