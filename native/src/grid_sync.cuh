@@ -1,5 +1,4 @@
-// grid_sync.cuh - synchronisation between the blocks of one persistent launch (CUDA only), and the
-// acquire / release word accesses that also serve handshakes between PDL-overlapped launches.
+// grid_sync.cuh - synchronisation between the blocks of one persistent launch (CUDA only).
 //
 // Only for grids whose blocks are all resident at once (the launcher sizes the grid from the
 // occupancy calculator, at most one wave); a block that waits here never waits for a block that
@@ -16,10 +15,6 @@ __device__ __forceinline__ unsigned load_acquire_gpu(const unsigned* p) {
     unsigned v;
     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
     return v;
-}
-
-__device__ __forceinline__ void store_release_gpu(unsigned* p, unsigned v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
 
 // Every write made by any block before the barrier is visible (through L2: read it with

@@ -140,7 +140,6 @@ struct Workspace {
                                      // (the Engine zeroes it once; the kernel leaves it 0)
     unsigned* gdn_counters = nullptr; // [Hk + Hv] block counters of gdn_decode_fused; same rule
     unsigned* moe_sync = nullptr;     // [2] grid barrier + exit ticket of moe_decode_fused; same rule
-    unsigned* moe_ready = nullptr;    // [1] early-down handshake of the decode MoE launches (any value)
     int32_t* expert_ids = nullptr;   // [T, k]
     float* expert_weights = nullptr; // [T, k]
     float* shared_gate = nullptr;    // [T] sigmoid(h_t . w_shared_gate), MoE decode

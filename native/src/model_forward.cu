@@ -91,7 +91,6 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx
         {"router_logits", d.moe ? T * d.n_experts * 4 : 0},
         {"router_done", d.moe ? 4 : 0},
         {"moe_sync", d.moe ? 8 : 0},
-        {"moe_ready", d.moe ? 4 : 0},
         {"gdn_counters", gdn ? size_t(d.gdn_k_heads + d.gdn_v_heads) * 4 : 0},
         {"expert_ids", T * k * 4},
         {"expert_weights", T * k * 4},
@@ -135,7 +134,6 @@ Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void*
     ws.router_logits = static_cast<float*>(ptr[i++]);
     ws.router_done = static_cast<unsigned*>(ptr[i++]);
     ws.moe_sync = static_cast<unsigned*>(ptr[i++]);
-    ws.moe_ready = static_cast<unsigned*>(ptr[i++]);
     ws.gdn_counters = static_cast<unsigned*>(ptr[i++]);
     ws.expert_ids = static_cast<int32_t*>(ptr[i++]);
     ws.expert_weights = static_cast<float*>(ptr[i++]);
@@ -361,9 +359,8 @@ MoeSharedSlot decode_shared_slot(const Ctx& c, const MoeFfnWeights& w) {
 // one more slot of the same two GEMV launches (their gated sum lands in ws.delta); for a prefill
 // chunk the grouped GEMMs for the routed experts, the shared expert's own projections and
 // moe_shared_combine. Folded (decode): router logits from the residual stream (which also leaves
-// the normed row in ws.normed), gate_up selecting its experts from the logits and publishing them
-// early on ws.moe_ready, down loading its weights from then on and adding into the residual: three
-// launches.
+// the normed row in ws.normed), gate_up selecting its experts from the logits, down adding into
+// the residual: three launches.
 void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
@@ -376,11 +373,11 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
         });
         c.op(OpFamily::MoeExperts, "moe_experts_gate_up_select", [&] {
             moe_experts_gate_up_select(ws.normed, ws.router_logits, d.n_experts, w.experts_gate_up, ws.expert_ids,
-                                       ws.expert_weights, ws.act, 1, k, H, I, c.st, &shared, ws.moe_ready);
+                                       ws.expert_weights, ws.act, 1, k, H, I, c.st, &shared);
         });
         c.op(OpFamily::MoeExperts, "moe_experts_down_add", [&] {
             moe_experts_down_add(ws.act, w.experts_down, ws.expert_ids, ws.expert_weights, ws.residual, 1, k, H, I,
-                                 c.st, &shared, ws.moe_ready);
+                                 c.st, &shared);
         });
         return;
     }

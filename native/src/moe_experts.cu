@@ -19,20 +19,13 @@
 // - shared expert (optional MoeSharedSlot, contract in ops.h): one more slot per token in both
 //   grids, with its own matrices and intermediate size Is; the first gate_up block of that slot
 //   also computes its weight sigmoid(h_t . w_gate). A MoE FFN step is then router + 2 launches.
-// - early down (decode step, T = 1, with a `ready` word): gate_up's block (0, 0) clears `ready`
-//   before it lets the down launch start (PDL) and sets it once ids and weights are written, right
-//   after its top-k. The down launch (moe_down_gemv_early) waits on that word instead of the whole
-//   gate_up grid, loads every weight vector of its rows into registers, and only then waits for
-//   gate_up to finish: the down stream overlaps gate_up's instead of following it. The down blocks
-//   spin only after every gate_up block is running (PDL starts them no earlier), so the publishing
-//   block is never starved of an SM. The shared slot's gate_up blocks also load their first
-//   weights before waiting (their rows are known up front).
+// - the shared slot's gate_up blocks load their first weights before waiting for the previous
+//   kernel (their rows are known up front); a routed block can only start after its top-k.
 #include <algorithm>
 
 #include "common.cuh"
 #include "launch_utils.cuh"
 #include "gdn_moe_vec.cuh"
-#include "grid_sync.cuh"
 #include "moe_common.h"
 #include "moe_topk.cuh"
 #include "ops.h"
@@ -52,7 +45,6 @@ struct Routing {
     const float* logits;
     int E;
     float* weights;
-    unsigned* ready;  // optional (T = 1, logits set): the early-down handshake word
 };
 
 // This warp's (gate, up) row pairs from column `base` on: GU_UNROLL vectors per row per lane.
@@ -93,32 +85,14 @@ moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up, R
         point_rows(shared.gate_up);
         gate_up_batch(wv, rows, 0, H, lane);
     }
-    const bool publisher = routing.ready && blockIdx.x == 0 && blockIdx.y == 0;
-    if (publisher) {  // clear the handshake word before any down block can start
-        pdl_wait();
-        if (threadIdx.x == 0) {
-            *routing.ready = 0u;
-            __threadfence();
-        }
-        __syncthreads();
-        pdl_launch_dependents();
-    } else {
-        pdl_begin();
-    }
+    pdl_begin();
     int expert = 0;
     if (!is_shared && routing.logits) {
         const TopkLane sel = warp_topk(routing.logits + size_t(t) * routing.E, routing.E, k);
         expert = __shfl_sync(0xffffffffu, sel.id, s);
-        if (s == 0 && blockIdx.x == 0 && warp == 0) {
-            if (lane < k) {
-                routing.ids[size_t(t) * k + lane] = sel.id;
-                routing.weights[size_t(t) * k + lane] = sel.weight;
-            }
-            if (publisher) {
-                __threadfence();
-                __syncwarp();
-                if (lane == 0) store_release_gpu(routing.ready, 1u);
-            }
+        if (s == 0 && blockIdx.x == 0 && warp == 0 && lane < k) {
+            routing.ids[size_t(t) * k + lane] = sel.id;
+            routing.weights[size_t(t) * k + lane] = sel.weight;
         }
     } else if (!is_shared) {
         expert = routing.ids[t * k + s];
@@ -210,57 +184,6 @@ moe_down_gemv(const bf16* __restrict__ act, const bf16* __restrict__ down,
     }
 }
 
-constexpr int DN_EARLY_WARPS = 4;  // rows per block of the early form: two of these small blocks
-                                   // (93 registers) fit beside two running gate_up blocks (74)
-constexpr int DN_HELD = 18;  // the early form's weight vectors per lane: 32 x 18 = 576 items, the
-                             // 35B-A3B's 8 routed rows of 512 plus the shared expert's
-
-// The decode step's down launch when gate_up publishes its ids early (T = 1, items <= 32 * DN_HELD):
-// each lane loads all its weight vectors (the same items as moe_down_gemv's lane) as soon as `ready`
-// is set, then waits for gate_up, stages the token's activations (act [k, I] then the shared [Is]:
-// contiguous for one token, one 16-byte vector per item) and the slot weights in shared memory, and
-// sums in moe_down_gemv's order: bit-identical results.
-__global__ void __launch_bounds__(DN_EARLY_WARPS * 32)
-moe_down_gemv_early(const bf16* __restrict__ act, const bf16* __restrict__ down, const int32_t* ids,
-                    const float* weights, float* __restrict__ residual, int k, int H, int I, MoeSharedSlot shared,
-                    const unsigned* ready) {
-    extern __shared__ uint4 act_s[];  // [items]
-    __shared__ float slot_w[MOE_MAX_K + 1];
-    const int r = blockIdx.x * DN_EARLY_WARPS + threadIdx.x / 32;
-    const int row = min(r, H - 1);  // a row past H loads a real row and stores nothing
-    const int lane = threadIdx.x % 32;
-    const int chunks = I / 8;
-    const int routed_items = k * chunks;
-    const int items = routed_items + (shared.down ? shared.inter / 8 : 0);
-    if (threadIdx.x == 0)
-        while (load_acquire_gpu(ready) == 0u) __nanosleep(64);
-    __syncthreads();
-    uint4 wv[DN_HELD];
-#pragma unroll
-    for (int u = 0; u < DN_HELD; ++u) {
-        const int item = u * 32 + lane;
-        if (item < routed_items) {
-            const int e = __ldcg(ids + item / chunks);
-            wv[u] = ldg_u4(down + (size_t(e) * H + row) * I + (item % chunks) * 8);
-        } else if (item < items) {
-            wv[u] = ldg_u4(shared.down + size_t(row) * shared.inter + (item - routed_items) * 8);
-        }
-    }
-    pdl_begin();
-    for (int i = threadIdx.x; i < items; i += blockDim.x) act_s[i] = __ldcg(reinterpret_cast<const uint4*>(act) + i);
-    if (threadIdx.x <= k)
-        slot_w[threadIdx.x] = threadIdx.x < k ? __ldcg(weights + threadIdx.x) : shared.down ? __ldcg(shared.gate) : 0.f;
-    __syncthreads();
-    float acc = 0.f;
-#pragma unroll
-    for (int u = 0; u < DN_HELD; ++u) {
-        const int item = u * 32 + lane;
-        if (item < items) acc = fmaf(slot_w[min(item / chunks, k)], dot_bf16x8(wv[u], act_s[item], 0.f), acc);
-    }
-    acc = warp_sum(acc);
-    if (lane == 0 && r < H) residual[r] += __bfloat162float(__float2bfloat16_rn(acc));
-}
-
 void check_decode_dims(const char* op, int T, int k, int H, int I) {
     moe_check_tokens(op, T, k, H);
     moe_check_intermediate(op, I);
@@ -289,15 +212,9 @@ void launch_gate_up(const char* op, const bf16* h, const bf16* gate_up, Routing 
 
 void launch_down(const char* op, const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
                  bf16* out, float* residual, int T, int k, int H, int I, cudaStream_t stream,
-                 const MoeSharedSlot* shared, const unsigned* ready = nullptr) {
+                 const MoeSharedSlot* shared) {
     check_decode_dims(op, T, k, H, I);
     const MoeSharedSlot sh = shared_slot(op, shared);
-    const int items = k * (I / 8) + (sh.down ? sh.inter / 8 : 0);
-    if (ready && items <= 32 * DN_HELD) {
-        launch_pdl(op, moe_down_gemv_early, ceil_div(H, DN_EARLY_WARPS), DN_EARLY_WARPS * 32, size_t(items) * 16, stream, act,
-                   down, ids, weights, residual, k, H, I, sh, ready);
-        return;
-    }
     launch_pdl(op, moe_down_gemv, ceil_div(H, DN_WARPS), DN_WARPS * 32, 0, stream, act, down, ids, weights,
                out, residual, T, k, H, I, sh);
 }
@@ -306,17 +223,16 @@ void launch_down(const char* op, const bf16* act, const bf16* down, const int32_
 
 void moe_experts_gate_up(const bf16* h, const bf16* gate_up, const int32_t* ids, bf16* act, int T,
                          int k, int H, int I, cudaStream_t stream, const MoeSharedSlot* shared) {
-    launch_gate_up("moe_experts_gate_up", h, gate_up, {const_cast<int32_t*>(ids), nullptr, 0, nullptr, nullptr}, act, T,
+    launch_gate_up("moe_experts_gate_up", h, gate_up, {const_cast<int32_t*>(ids), nullptr, 0, nullptr}, act, T,
                    k, H, I, stream, shared);
 }
 
 void moe_experts_gate_up_select(const bf16* h, const float* logits, int E, const bf16* gate_up, int32_t* ids,
                                 float* weights, bf16* act, int T, int k, int H, int I, cudaStream_t stream,
-                                const MoeSharedSlot* shared, unsigned* ready) {
+                                const MoeSharedSlot* shared) {
     const char* op = "moe_experts_gate_up_select";
     moe_check_experts(op, E, k);
-    require(!ready || T == 1, op, "the early-down handshake serves one token, got T=" + std::to_string(T));
-    launch_gate_up(op, h, gate_up, {ids, logits, E, weights, ready}, act, T, k, H, I, stream, shared);
+    launch_gate_up(op, h, gate_up, {ids, logits, E, weights}, act, T, k, H, I, stream, shared);
 }
 
 void moe_experts_down(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
@@ -327,10 +243,8 @@ void moe_experts_down(const bf16* act, const bf16* down, const int32_t* ids, con
 
 void moe_experts_down_add(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
                           float* residual, int T, int k, int H, int I, cudaStream_t stream,
-                          const MoeSharedSlot* shared, const unsigned* ready) {
-    const char* op = "moe_experts_down_add";
-    require(!ready || T == 1, op, "the early-down handshake serves one token, got T=" + std::to_string(T));
-    launch_down(op, act, down, ids, weights, nullptr, residual, T, k, H, I, stream, shared, ready);
+                          const MoeSharedSlot* shared) {
+    launch_down("moe_experts_down_add", act, down, ids, weights, nullptr, residual, T, k, H, I, stream, shared);
 }
 
 }  // namespace lampo

@@ -184,16 +184,12 @@ void moe_experts_down(const bf16* act, const bf16* down, const int32_t* ids, con
 //   gate_up_select: the same act, with the experts selected inside the launch from the router
 //     logits [T, E] fp32 exactly as moe_router_topk does; ids [T, k] and weights [T, k] written.
 //   down_add: residual[t, :] += float(out[t, :]) instead of storing out (residual [T, H] fp32).
-// `ready` (optional, T = 1, the same word for the pair, any value before the pair): gate_up
-// publishes ids and weights on it right after its top-k, and down starts its weight loads then,
-// while gate_up still runs (moe_experts.cu). Both launches must be given it, in stream order.
 void moe_experts_gate_up_select(const bf16* h, const float* logits, int E, const bf16* gate_up,
                                 int32_t* ids, float* weights, bf16* act, int T, int k, int H, int I,
-                                cudaStream_t stream, const MoeSharedSlot* shared = nullptr,
-                                unsigned* ready = nullptr);
+                                cudaStream_t stream, const MoeSharedSlot* shared = nullptr);
 void moe_experts_down_add(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
                           float* residual, int T, int k, int H, int I, cudaStream_t stream,
-                          const MoeSharedSlot* shared = nullptr, const unsigned* ready = nullptr);
+                          const MoeSharedSlot* shared = nullptr);
 // The whole MoE FFN of ONE decode token in one launch (moe_decode_fused.cu): residual add +
 // post-attention norm, router + top-k, routed and shared experts, and optionally the next layer's
 // residual add + norm. Bit-identical to add_rmsnorm -> moe_router_topk -> moe_experts_gate_up ->

@@ -410,15 +410,13 @@ py::tuple experts_decode_select_op(const arr<uint16_t>& h, const arr<float>& log
     DeviceBuffer d_h = upload(h), d_lg = upload(logits), d_gu = upload(gate_up), d_dn = upload(down);
     DeviceBuffer d_res = upload(residual), d_ids = poisoned(size_t(T) * k * 4), d_wt = poisoned(size_t(T) * k * 4);
     DeviceBuffer act = poisoned((size_t(T) * k * I + size_t(T) * sh.slot.inter) * 2);
-    DeviceBuffer ready = filled(4, 0);
-    unsigned* handshake = T == 1 ? ready.as<unsigned>() : nullptr;  // the decode step's early down
     return run_op(
         op, repeat,
         [&] {
             moe_experts_gate_up_select(d_h.as<bf16>(), d_lg.as<float>(), E, d_gu.as<bf16>(), d_ids.as<int32_t>(),
-                                       d_wt.as<float>(), act.as<bf16>(), T, k, H, I, 0, &sh.slot, handshake);
+                                       d_wt.as<float>(), act.as<bf16>(), T, k, H, I, 0, &sh.slot);
             moe_experts_down_add(act.as<bf16>(), d_dn.as<bf16>(), d_ids.as<int32_t>(), d_wt.as<float>(),
-                                 d_res.as<float>(), T, k, H, I, 0, &sh.slot, handshake);
+                                 d_res.as<float>(), T, k, H, I, 0, &sh.slot);
         },
         [&](py::list& out) {
             out.append(download<int32_t>(d_ids, {T, k}));

@@ -328,14 +328,11 @@ def test_experts_decode_with_shared_slot_match_moe_block(ops, T, H, I, E, k, Is)
     assert_bf16_close(out, want, "decode moe block with shared slot")
 
 
-@pytest.mark.parametrize("T,H,I,E,k,Is", [(1, 2048, 512, 256, 8, 512), (3, 256, 128, 8, 2, 64), (1, 128, 64, 512, 16, 64),
-                                           (1, 256, 512, 16, 8, 1024)])
+@pytest.mark.parametrize("T,H,I,E,k,Is", [(1, 2048, 512, 256, 8, 512), (3, 256, 128, 8, 2, 64), (1, 128, 64, 512, 16, 64)])
 def test_experts_decode_select_is_router_topk_then_experts(ops, T, H, I, E, k, Is):
     """The decode step's MoE launches: gate_up selects the experts from the logits exactly as the
     router's top-k does (planted exact ties -> lower id), down adds the block into the residual,
-    bit for bit the separate top-k + experts + residual add. One token goes through the early-down
-    handshake (down loading its weights while gate_up runs; the last case holds more items per row
-    than the early form keeps in registers and takes the plain down launch)."""
+    bit for bit the separate top-k + experts + residual add."""
     rng = np.random.default_rng(H + E + k)
     gate_up, down = expert_weights(rng, E, H, I)
     h = bf16_normal(rng, (T, H))
