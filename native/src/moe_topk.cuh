@@ -5,28 +5,18 @@
 //   w_j = exp(l_j - l_max) / sum_selected exp(l - l_max).
 // Each lane holds E / 32 logits (expert lane + 32 i) and its own running best; a round is two
 // single-instruction warp reductions (max of the order-preserving key, then min id among the lanes
-// holding it), and only the lane that lost its best rescans its values.
+// holding it: warp_argmax of order_key.cuh), and only the lane that lost its best rescans its values.
 #pragma once
 
 #include <cstdint>
 
 #include "common.cuh"
 #include "moe_common.h"
+#include "order_key.cuh"
 
 namespace lampo {
 
 constexpr int TOPK_PER_LANE = MOE_MAX_EXPERTS / 32;
-
-// Order-preserving float -> uint32 (larger float -> larger key; -0 is taken as +0 so equal values tie).
-__device__ __forceinline__ uint32_t topk_key(float f) {
-    uint32_t b = __float_as_uint(f);
-    if (b == 0x80000000u) b = 0u;
-    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-
-__device__ __forceinline__ float topk_key_value(uint32_t key) {
-    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
-}
 
 // One token's selection, held by the warp: lane j < k has the j-th selected expert (descending
 // logit) in `id` and its renormalised weight in `weight`.
@@ -43,7 +33,7 @@ __device__ __forceinline__ TopkLane warp_topk(const float* __restrict__ row, int
 #pragma unroll
     for (int i = 0; i < TOPK_PER_LANE; ++i) {
         const int e = lane + 32 * i;
-        key[i] = e < E ? max(topk_key(__ldcg(row + e)), 1u) : 0u;
+        key[i] = e < E ? max(order_key(__ldcg(row + e)), 1u) : 0u;
     }
     auto lane_best = [&](int& best_i) {  // ascending ids: the first of equal keys wins
         uint32_t b = 0u;
@@ -58,9 +48,9 @@ __device__ __forceinline__ TopkLane warp_topk(const float* __restrict__ row, int
     float top = 0.f, denom = 0.f, my_val = 0.f;
     int my_id = 0;
     for (int r = 0; r < k; ++r) {
-        const uint32_t win = __reduce_max_sync(0xffffffffu, best);
-        const int id = int(__reduce_min_sync(0xffffffffu, best == win ? unsigned(lane + 32 * best_i) : 0xffffffffu));
-        const float v = topk_key_value(win);
+        const ArgMax win = warp_argmax({best, lane + 32 * best_i});
+        const int id = win.id;
+        const float v = key_value(win.key);
         if (r == 0) top = v;
         denom += expf(v - top);
         if (lane == r) {

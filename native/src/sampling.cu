@@ -29,6 +29,7 @@
 #include "grid_sync.cuh"
 #include "launch_utils.cuh"
 #include "ops.h"
+#include "order_key.cuh"
 
 namespace lampo {
 namespace {
@@ -61,16 +62,11 @@ Scratch scratch_layout(void* base) {
             reinterpret_cast<unsigned*>(p + CANDIDATE_BYTES + 8)};
 }
 
-// Order-preserving float <-> uint32 (larger float -> larger key; key 0 is below -inf). Zeros and
-// denormals all get the key of +0: -0 ties +0 as in the reference, and a raw logit ranks as the
-// same value after the penalty subtraction, which flushes denormals (--use_fast_math: FTZ).
+// A candidate's rank key (order_key.cuh) with zeros and denormals all taken as +0: -0 ties +0 as
+// in the reference, and a raw logit ranks as the same value after the penalty subtraction, which
+// flushes denormals (--use_fast_math: FTZ).
 __device__ __forceinline__ uint32_t float_key(float f) {
-    uint32_t b = __float_as_uint(f);
-    if ((b & 0x7f800000u) == 0u) b = 0u;
-    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
-__device__ __forceinline__ float key_float(uint32_t k) {
-    return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k);
+    return order_key((__float_as_uint(f) & 0x7f800000u) == 0u ? 0.0f : f);
 }
 
 __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
@@ -183,22 +179,6 @@ __device__ void block_compact(const uint32_t* keys, int n, Threshold th, Emit em
             ++eq_seen;
         }
     }
-}
-
-// Running argmax of keys offered in ascending id order: only a strictly larger key replaces, so
-// ties keep the lower id. Key 0 (masked) never replaces the initial {0, 0}.
-struct ArgMax {
-    uint32_t key;
-    int id;
-    __device__ __forceinline__ void offer(uint32_t k, int i) {
-        if (k > key) { key = k; id = i; }
-    }
-};
-
-// Largest key of the warp, lowest id among its holders; in every lane (sm_80+ redux).
-__device__ __forceinline__ ArgMax warp_argmax(ArgMax a) {
-    const uint32_t key = __reduce_max_sync(0xffffffffu, a.key);
-    return {key, __reduce_min_sync(0xffffffffu, a.key == key ? a.id : INT_MAX)};
 }
 
 // The block's largest key and lowest id among its holders, valid in thread 0 (blockDim a
@@ -343,7 +323,7 @@ sample_finish_kernel(const Scratch cand, FinishConfig cfg, uint8_t* __restrict__
         int b = 0;
         while (offset[b + 1] <= i) ++b;
         sel_id[rank] = cand.id[b * SAMPLE_MAX_K + (i - offset[b])];
-        sel_val[rank] = key_float(keys[i]);
+        sel_val[rank] = key_value(keys[i]);
     });
     __syncthreads();
 
