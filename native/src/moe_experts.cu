@@ -36,7 +36,8 @@ namespace {
 constexpr int GU_WARPS = 8;
 constexpr int GU_PAIRS = 2;  // (gate, up) row pairs per warp
 constexpr int GU_ROWS_PER_BLOCK = GU_WARPS * GU_PAIRS;
-constexpr int GU_UNROLL = 2;  // 16-byte chunks per lane per row per batch (x 4 rows in flight)
+constexpr int GU_UNROLL = 4;  // 16-byte chunks per lane per row per batch (x 4 rows: 16 in flight;
+                              // H = 2048 in two batches, measured faster than 2 x 4)
 
 // How the gate_up launch learns its experts: read ids [T, k], or (logits set) select them itself
 // from the router logits [T, E] and write ids and weights [T, k].
@@ -133,7 +134,8 @@ moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up, R
 }
 
 constexpr int DN_WARPS = 8;   // one output row per warp
-constexpr int DN_UNROLL = 8;  // (slot, chunk) items per lane per batch
+constexpr int DN_UNROLL = 9;  // (slot, chunk) items per lane per batch: the 35B-A3B's 576 items of a
+                              // row (8 routed + 1 shared x 512 / 8) in two batches
 
 __global__ void __launch_bounds__(DN_WARPS * 32)
 moe_down_gemv(const bf16* __restrict__ act, const bf16* __restrict__ down,
