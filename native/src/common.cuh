@@ -49,29 +49,13 @@ __device__ __forceinline__ float warp_max(float v) {
 // pdl_begin() BEFORE its first access to memory that an earlier kernel may write or read: it waits
 // until the previous kernel of the stream has completed and its writes are visible, then lets the
 // next kernel start launching, so that kernel's launch and block scheduling overlap this one's
-// work. Only immutable data (weights) may be touched before it: plain or L2-prefetch reads of
-// memory that no kernel writes (the GEMV loads its first weight vectors into registers there).
-// pdl_wait / pdl_launch_dependents are its two halves, for kernels that let their dependents
-// start later than at their beginning (moe_decode_fused.cu).
-__device__ __forceinline__ void pdl_wait() {
+// work. Only immutable data (weights) may be touched before it: reads of memory that no kernel
+// writes (the GEMV loads its first weight vectors into registers there).
+__device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
-}
-
-__device__ __forceinline__ void pdl_begin() {
-    pdl_wait();
-    pdl_launch_dependents();
-}
-
-__device__ __forceinline__ void pdl_prefetch_l2(const void* p) {
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }

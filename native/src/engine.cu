@@ -89,7 +89,7 @@ Engine::Engine(const ModelDims& dims, const EngineOptions& options) : dims_(dims
     LAMPO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     LAMPO_CUDA_CHECK(cudaEventCreateWithFlags(&token_ready_, cudaEventDisableTiming));
     LAMPO_CUDA_CHECK(cudaMemsetAsync(io, 0, io_mem_.bytes(), stream_));
-    // All zero: the ticket counters (router_done, gdn_counters) must be 0 between launches, and no
+    // All zero: the ticket counters (gdn_counters, the sampler's) must be 0 between launches, and no
     // buffer holds stale bytes (expert ids stay valid indices even when LAMPO_OMIT_OPS skips the router).
     LAMPO_CUDA_CHECK(cudaMemsetAsync(workspace_mem_.get(), 0, workspace_mem_.bytes(), stream_));
     sampling_ = SamplingConfig{0.f, 0, 1.f, 0.f, 0.f, 0};

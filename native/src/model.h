@@ -136,10 +136,7 @@ struct Workspace {
     bf16* routed = nullptr;      // [T, H]
     bf16* shared = nullptr;      // [T, H]
     float* router_logits = nullptr;  // [T, E]
-    unsigned* router_done = nullptr; // [1] block counter of the one-launch router; 0 between calls
-                                     // (the Engine zeroes it once; the kernel leaves it 0)
     unsigned* gdn_counters = nullptr; // [Hk + Hv] block counters of gdn_decode_fused; same rule
-    unsigned* moe_sync = nullptr;     // [2] grid barrier + exit ticket of moe_decode_fused; same rule
     int32_t* expert_ids = nullptr;   // [T, k]
     float* expert_weights = nullptr; // [T, k]
     float* shared_gate = nullptr;    // [T] sigmoid(h_t . w_shared_gate), MoE decode
@@ -209,13 +206,12 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
 //   norms  - no add_rmsnorm launches: each block's input projection builds the normed row itself
 //            and each output projection adds into the fp32 residual (linear.h), and the gate_up
 //            launch selects the experts from the router logits (no top-k launch);
-//   gdn    - conv + delta rule + gated norm in one launch;
-//   router - router logits + top-k in one launch        } these two replace steps of the unfolded
-//   moe    - both norms + router + all experts, one launch } step, so they exclude `norms`.
+//   gdn    - conv + delta rule + gated norm in one launch.
 // Unset, "all" or "1" = norms,gdn (measured fastest); "none" or "0" = the separate launches. Every
 // form computes the same values as the separate launches, bit for bit except that `norms` sums the
-// router logits in the generic GEMV's order (docs/decode-performance.md).
-enum class DecodeFusion : int { Norms, Gdn, Router, Moe };
+// router logits in the generic GEMV's order (docs/decode-performance.md). (One-launch router and
+// whole-MoE-FFN forms were measured slower and removed: docs/decode-performance.md, rounds 3-5.)
+enum class DecodeFusion : int { Norms, Gdn };
 bool decode_fusion_enabled(DecodeFusion f);
 
 // Diagnostic for `lampo bench` only: LAMPO_OMIT_OPS=norms,moe_router (op family names) leaves those

@@ -89,8 +89,6 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx
         {"routed", d.moe ? T * H * b16 : 0},
         {"shared", d.moe ? T * H * b16 : 0},
         {"router_logits", d.moe ? T * d.n_experts * 4 : 0},
-        {"router_done", d.moe ? 4 : 0},
-        {"moe_sync", d.moe ? 8 : 0},
         {"gdn_counters", gdn ? size_t(d.gdn_k_heads + d.gdn_v_heads) * 4 : 0},
         {"expert_ids", T * k * 4},
         {"expert_weights", T * k * 4},
@@ -132,8 +130,6 @@ Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void*
     ws.routed = static_cast<bf16*>(ptr[i++]);
     ws.shared = static_cast<bf16*>(ptr[i++]);
     ws.router_logits = static_cast<float*>(ptr[i++]);
-    ws.router_done = static_cast<unsigned*>(ptr[i++]);
-    ws.moe_sync = static_cast<unsigned*>(ptr[i++]);
     ws.gdn_counters = static_cast<unsigned*>(ptr[i++]);
     ws.expert_ids = static_cast<int32_t*>(ptr[i++]);
     ws.expert_weights = static_cast<float*>(ptr[i++]);
@@ -383,7 +379,7 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
     }
     c.op(OpFamily::MoeRouter, "moe_router_topk", [&] {
         moe_router_topk(ws.normed, w.router, ws.router_logits, ws.expert_ids, ws.expert_weights, T,
-                        H, d.n_experts, k, c.st, decode_fusion_enabled(DecodeFusion::Router) ? ws.router_done : nullptr);
+                        H, d.n_experts, k, c.st);
     });
     if (c.small_moe()) {
         const MoeSharedSlot shared = decode_shared_slot(c, w);
@@ -411,36 +407,6 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
     c.op(OpFamily::Activations, "moe_shared_combine", [&] {
         moe_shared_combine(ws.routed, ws.shared, ws.normed, w.shared_gate, ws.delta, T, H, c.st);
     });
-}
-
-// Decode (T = 1): post-attention residual add + norm, the whole MoE FFN and the next layer's
-// residual add + norm (next_norm) as one moe_decode_fused launch; ws.normed is the next input.
-void moe_decode_one_token(const Ctx& c, const LayerWeights& lw, const bf16* next_norm) {
-    const ModelDims& d = c.d;
-    const Workspace& ws = c.ws;
-    const MoeFfnWeights& w = lw.moe;
-    MoeDecodeFusedArgs a;
-    a.residual = ws.residual;
-    a.delta_in = ws.delta;
-    a.post_norm = lw.post_norm;
-    a.router = w.router;
-    a.gate_up = w.experts_gate_up;
-    a.down = w.experts_down;
-    a.shared = decode_shared_slot(c, w);
-    a.H = d.hidden;
-    a.E = d.n_experts;
-    a.k = d.top_k;
-    a.I = d.expert_inter;
-    a.eps = d.eps;
-    a.out = ws.delta;
-    a.next_norm = next_norm;
-    a.normed = ws.normed;
-    a.ids_out = ws.expert_ids;
-    a.weights_out = ws.expert_weights;
-    a.logits = ws.router_logits;
-    a.act = ws.act;
-    a.sync = ws.moe_sync;
-    c.op(OpFamily::MoeExperts, "moe_decode_fused", [&] { moe_decode_fused(a, c.st); });
 }
 
 // Bit i set for each names[i] in the comma-separated value of environment variable `var`
@@ -480,11 +446,7 @@ bool decode_fusion_enabled(DecodeFusion f) {
         const std::string v = env ? env : "";
         if (v == "0" || v == "none") return 0u;
         if (v.empty() || v == "1" || v == "all") return bit(DecodeFusion::Norms) | bit(DecodeFusion::Gdn);
-        const unsigned m = env_name_mask("LAMPO_DECODE_FUSION", {"norms", "gdn", "router", "moe"});  // enum order
-        if ((m & bit(DecodeFusion::Norms)) && (m & (bit(DecodeFusion::Router) | bit(DecodeFusion::Moe))))
-            throw std::invalid_argument("LAMPO_DECODE_FUSION: router and moe replace steps of the unfolded decode "
-                                        "step and cannot be combined with norms");
-        return m;
+        return env_name_mask("LAMPO_DECODE_FUSION", {"norms", "gdn"});  // enum order
     }();
     return mask >> int(f) & 1u;
 }
@@ -515,10 +477,6 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
             gated_deltanet(c, lw.gdn, s.gdn[l], lw.input_norm);
         }
         const bf16* next_norm = l + 1 < L ? w.layers[l + 1].input_norm : w.final_norm;
-        if (d.moe && T == 1 && decode_fusion_enabled(DecodeFusion::Moe)) {  // norms + MoE FFN: one launch
-            moe_decode_one_token(c, lw, next_norm);
-            continue;
-        }
         if (!folded)
             c.op(OpFamily::Norms, "add_rmsnorm", [&] {
                 add_rmsnorm(ws.residual, ws.delta, lw.post_norm, ws.normed, T, H, d.eps, stream);

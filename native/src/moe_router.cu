@@ -5,8 +5,7 @@
 //   -> ids [T, k] int32 (descending p), weights [T, k] fp32
 //   (w is computed as exp(l_sel - l_max) / sum over the selected: the same numbers.)
 //
-// Two launches, or one for T <= 8 when the caller passes a `done` counter (router_fused: the last
-// block to finish runs the top-k). Logits: for T <= 8 a GEMV that reads the router matrix once for all rows (one
+// Two launches. Logits: for T <= 8 a GEMV that reads the router matrix once for all rows (one
 // warp per expert row, 16-byte loads); for a prefill chunk the tensor-core GEMM of
 // moe_grouped_gemm.cuh as one dense group. Top-k: one warp per token, each lane holding up to 16
 // logits in registers (E <= 512), k rounds of a warp arg-max.
@@ -74,58 +73,28 @@ router_topk(const float* __restrict__ logits, int32_t* __restrict__ ids, float* 
     if (t < T) router_row_topk(logits, ids, weights, t, E, k);
 }
 
-// One launch for few tokens: the logits GEMV of router_logits_gemv, then the block that finishes
-// last (an atomic ticket on `done`, after a device-scope fence of every block's logits) runs the
-// top-k, one warp per token, and puts `done` back to 0 for the next launch (graph replays too).
-template <int TT>
-__global__ void __launch_bounds__(ROUTER_GEMV_WARPS * 32)
-router_fused(const bf16* __restrict__ h, const bf16* __restrict__ w, float* __restrict__ logits,
-             int32_t* __restrict__ ids, float* __restrict__ weights, unsigned* __restrict__ done, int H,
-             int E, int k) {
-    __shared__ bool last;
-    const int warp = threadIdx.x / 32;
-    const int e = blockIdx.x * ROUTER_GEMV_WARPS + warp;
-    if (e < E)  // the router matrix is immutable: pull this warp's row into L2 before the wait
-        for (int c = (threadIdx.x % 32) * 64; c < H; c += 32 * 64) pdl_prefetch_l2(w + size_t(e) * H + c);
-    pdl_begin();
-    if (e < E) router_row_logits<TT>(h, w, logits, e, H, E);
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int t = warp; t < TT; t += ROUTER_GEMV_WARPS) router_row_topk(logits, ids, weights, t, E, k);
-    if (threadIdx.x == 0) *done = 0;
-}
-
 }  // namespace
 
 void moe_router_topk(const bf16* h, const bf16* w_router, float* logits, int32_t* ids,
-                     float* weights, int T, int H, int E, int k, cudaStream_t stream, unsigned* done) {
+                     float* weights, int T, int H, int E, int k, cudaStream_t stream) {
     moe_check_tokens("moe_router_topk", T, k, H);
     moe_check_experts("moe_router_topk", E, k);
     if (T <= MOE_DECODE_MAX_T) {
         const dim3 grid(ceil_div(E, ROUTER_GEMV_WARPS));
         const int threads = ROUTER_GEMV_WARPS * 32;
-        auto launch = [&](auto gemv, auto fused) {
-            if (done)
-                launch_pdl("router_fused", fused, grid, threads, 0, stream, h, w_router, logits, ids, weights,
-                           done, H, E, k);
-            else
-                launch_pdl("router_logits_gemv", gemv, grid, threads, 0, stream, h, w_router, logits, H, E);
+        auto launch = [&](auto gemv) {
+            launch_pdl("router_logits_gemv", gemv, grid, threads, 0, stream, h, w_router, logits, H, E);
         };
         switch (T) {
-            case 1: launch(router_logits_gemv<1>, router_fused<1>); break;
-            case 2: launch(router_logits_gemv<2>, router_fused<2>); break;
-            case 3: launch(router_logits_gemv<3>, router_fused<3>); break;
-            case 4: launch(router_logits_gemv<4>, router_fused<4>); break;
-            case 5: launch(router_logits_gemv<5>, router_fused<5>); break;
-            case 6: launch(router_logits_gemv<6>, router_fused<6>); break;
-            case 7: launch(router_logits_gemv<7>, router_fused<7>); break;
-            default: launch(router_logits_gemv<8>, router_fused<8>); break;
+            case 1: launch(router_logits_gemv<1>); break;
+            case 2: launch(router_logits_gemv<2>); break;
+            case 3: launch(router_logits_gemv<3>); break;
+            case 4: launch(router_logits_gemv<4>); break;
+            case 5: launch(router_logits_gemv<5>); break;
+            case 6: launch(router_logits_gemv<6>); break;
+            case 7: launch(router_logits_gemv<7>); break;
+            default: launch(router_logits_gemv<8>); break;
         }
-        if (done) return;
     } else {
         moe_gemm::Problem p{};
         p.A = h;

@@ -150,12 +150,9 @@ void sigmoid_gate_mul(const bf16* x, const bf16* gate, bf16* y, int T, int n, cu
 //   top-k (ties -> lower id), weights renormalised to sum 1 -> ids [T, k] int32, w [T, k] fp32.
 //   `logits` [T, E] fp32 is caller-provided scratch (the logits are left there): the GEMV is
 //   spread over many blocks, and the top-k launch that follows reads it.
-//   `done` (optional, T <= 8 only): a device counter that is 0 before the call and is 0 again after
-//   it; with it the router is one launch (the last block of the logits GEMV runs the top-k).
-//   Without it (or for T > 8): two launches. Same results either way.
+//   Two launches (logits, then top-k).
 void moe_router_topk(const bf16* h, const bf16* w_router, float* logits, int32_t* ids,
-                     float* weights, int T, int H, int E, int k, cudaStream_t stream,
-                     unsigned* done = nullptr);
+                     float* weights, int T, int H, int E, int k, cudaStream_t stream);
 // Routed experts for few tokens (decode / verify, T <= MOE_DECODE_MAX_T), two launches:
 //   act[t, s, :]  = silu(h_t @ Wg[e]^T) * (h_t @ Wu[e]^T), e = ids[t, s]
 //                   gate_up [E, 2I, H] bf16 (rows 0..I-1 gate, I..2I-1 up) -> act [T, k, I] bf16
@@ -190,30 +187,6 @@ void moe_experts_gate_up_select(const bf16* h, const float* logits, int E, const
 void moe_experts_down_add(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
                           float* residual, int T, int k, int H, int I, cudaStream_t stream,
                           const MoeSharedSlot* shared = nullptr);
-// The whole MoE FFN of ONE decode token in one launch (moe_decode_fused.cu): residual add +
-// post-attention norm, router + top-k, routed and shared experts, and optionally the next layer's
-// residual add + norm. Bit-identical to add_rmsnorm -> moe_router_topk -> moe_experts_gate_up ->
-// moe_experts_down (shared slot) [-> add_rmsnorm]. A persistent grid with grid-wide barriers.
-struct MoeDecodeFusedArgs {
-    float* residual = nullptr;          // [H] fp32: += delta_in, then += out when next_norm is set
-    const bf16* delta_in = nullptr;     // [H] the mixer's output (may alias out)
-    const bf16* post_norm = nullptr;    // [H]
-    const bf16* router = nullptr;       // [E, H]
-    const bf16* gate_up = nullptr;      // [E, 2I, H]
-    const bf16* down = nullptr;         // [E, H, I]
-    MoeSharedSlot shared;               // gate_up, down, w_gate, inter (its `gate` is not used)
-    int H = 0, E = 0, k = 0, I = 0;
-    float eps = 1e-6f;
-    bf16* out = nullptr;                // [H] the MoE block's output
-    const bf16* next_norm = nullptr;    // [H] or null (then residual and normed are left alone)
-    bf16* normed = nullptr;             // [H] rmsnorm(residual + out) * (1 + next_norm)
-    int32_t* ids_out = nullptr;         // [k] or null: the selected experts
-    float* weights_out = nullptr;       // [k] or null: their weights
-    float* logits = nullptr;            // [E] fp32 scratch
-    bf16* act = nullptr;                // [k I + Is] bf16 scratch
-    unsigned* sync = nullptr;           // [2] zero before the launch; zero again after it
-};
-void moe_decode_fused(const MoeDecodeFusedArgs& args, cudaStream_t stream);
 // Routed experts for a prefill chunk (T large): tokens grouped by expert, one grouped GEMM per
 // projection. workspace of moe_prefill_workspace_bytes(). Same function as the two above.
 size_t moe_prefill_workspace_bytes(int T, int k, int H, int I, int E);

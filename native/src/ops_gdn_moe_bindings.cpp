@@ -233,7 +233,7 @@ py::object gated_rmsnorm_op(const arr<uint16_t>& o, const arr<uint16_t>& z, cons
         [&](py::list& out) { out.append(download<uint16_t>(d_y, {T, Hv * dv})); }));
 }
 
-py::tuple router_op(const arr<uint16_t>& h, const arr<uint16_t>& w_router, int k, bool fused, int repeat) {
+py::tuple router_op(const arr<uint16_t>& h, const arr<uint16_t>& w_router, int k, int repeat) {
     const char* op = "moe_router_topk";
     expect_ndim(op, "h", h, 2);
     expect_ndim(op, "w_router", w_router, 2);
@@ -241,19 +241,13 @@ py::tuple router_op(const arr<uint16_t>& h, const arr<uint16_t>& w_router, int k
     expect_shape(op, "w_router", w_router, {E, H});
     DeviceBuffer d_h = upload(h), d_w = upload(w_router);
     DeviceBuffer logits = poisoned(size_t(T) * E * 4), ids = poisoned(size_t(T) * k * 4),
-                 weights = poisoned(size_t(T) * k * 4), done = filled(4, 0);
+                 weights = poisoned(size_t(T) * k * 4);
     return run_op(op, repeat,
                   [&] {
                       moe_router_topk(d_h.as<bf16>(), d_w.as<bf16>(), logits.as<float>(),
-                                      ids.as<int32_t>(), weights.as<float>(), T, H, E, k, 0,
-                                      fused ? done.as<unsigned>() : nullptr);
+                                      ids.as<int32_t>(), weights.as<float>(), T, H, E, k, 0);
                   },
                   [&](py::list& out) {
-                      unsigned left = 0;
-                      LAMPO_CUDA_CHECK(cudaMemcpy(&left, done.get(), 4, cudaMemcpyDeviceToHost));
-                      if (left != 0)
-                          throw std::runtime_error(std::string(op) + ": the one-launch router left its block "
-                                                   "counter at " + std::to_string(left) + " (must return to 0)");
                       out.append(download<int32_t>(ids, {T, k}));
                       out.append(download<float>(weights, {T, k}));
                       out.append(download<float>(logits, {T, E}));
@@ -425,72 +419,6 @@ py::tuple experts_decode_select_op(const arr<uint16_t>& h, const arr<float>& log
         });
 }
 
-// The one-launch MoE FFN of one token. Returns (out [1, H], residual [H] after the launch,
-// normed [1, H] or None, ids [k], weights [k], sync [2]) (+ ms): residual is residual + delta_in,
-// plus out when next_norm is given; sync must come back as zeros.
-py::tuple moe_decode_fused_op(const arr<float>& residual, const arr<uint16_t>& delta_in,
-                              const arr<uint16_t>& post_norm, const arr<uint16_t>& router,
-                              const arr<uint16_t>& gate_up, const arr<uint16_t>& down,
-                              const arr<uint16_t>& shared_gate_up, const arr<uint16_t>& shared_down,
-                              const arr<uint16_t>& w_gate, int k, const std::optional<arr<uint16_t>>& next_norm,
-                              float eps, int repeat) {
-    const char* op = "moe_decode_fused";
-    expect_ndim(op, "router", router, 2);
-    expect_ndim(op, "gate_up", gate_up, 3);
-    expect_ndim(op, "shared_down", shared_down, 2);
-    const int E = int(router.shape(0)), H = int(router.shape(1)), I = int(gate_up.shape(1)) / 2;
-    const int Is = int(shared_down.shape(1));
-    for (const auto* v : {&delta_in, &post_norm, &w_gate})
-        if (v->size() != H) throw std::invalid_argument(std::string(op) + ": vectors must hold H = " + std::to_string(H) + " values");
-    if (residual.size() != H) throw std::invalid_argument(std::string(op) + ": residual must hold H values");
-    if (next_norm && next_norm->size() != H) throw std::invalid_argument(std::string(op) + ": next_norm must hold H values");
-    expect_shape(op, "gate_up", gate_up, {E, 2 * I, H});
-    expect_shape(op, "down", down, {E, H, I});
-    expect_shape(op, "shared_gate_up", shared_gate_up, {2 * Is, H});
-    expect_shape(op, "shared_down", shared_down, {H, Is});
-    DeviceBuffer d_res = upload(residual), d_delta = upload(delta_in), d_pn = upload(post_norm);
-    DeviceBuffer d_r = upload(router), d_gu = upload(gate_up), d_dn = upload(down);
-    DeviceBuffer d_sgu = upload(shared_gate_up), d_sdn = upload(shared_down), d_wg = upload(w_gate);
-    DeviceBuffer d_nn = next_norm ? upload(*next_norm) : DeviceBuffer(0);
-    DeviceBuffer d_out = poisoned(size_t(H) * 2), d_normed = poisoned(size_t(H) * 2);
-    DeviceBuffer d_ids = poisoned(size_t(k) * 4), d_w = poisoned(size_t(k) * 4), d_logits = poisoned(size_t(E) * 4);
-    DeviceBuffer d_act = poisoned((size_t(k) * I + Is) * 2), d_sync = filled(8, 0);
-    MoeDecodeFusedArgs a;
-    a.residual = d_res.as<float>();
-    a.delta_in = d_delta.as<bf16>();
-    a.post_norm = d_pn.as<bf16>();
-    a.router = d_r.as<bf16>();
-    a.gate_up = d_gu.as<bf16>();
-    a.down = d_dn.as<bf16>();
-    a.shared.gate_up = d_sgu.as<bf16>();
-    a.shared.down = d_sdn.as<bf16>();
-    a.shared.w_gate = d_wg.as<bf16>();
-    a.shared.inter = Is;
-    a.H = H;
-    a.E = E;
-    a.k = k;
-    a.I = I;
-    a.eps = eps;
-    a.out = d_out.as<bf16>();
-    a.next_norm = next_norm ? d_nn.as<bf16>() : nullptr;
-    a.normed = d_normed.as<bf16>();
-    a.ids_out = d_ids.as<int32_t>();
-    a.weights_out = d_w.as<float>();
-    a.logits = d_logits.as<float>();
-    a.act = d_act.as<bf16>();
-    a.sync = d_sync.as<unsigned>();
-    return run_op(
-        op, repeat, [&] { moe_decode_fused(a, 0); },
-        [&](py::list& out) {
-            out.append(download<uint16_t>(d_out, {1, H}));
-            out.append(download<float>(d_res, {H}));
-            out.append(next_norm ? py::object(download<uint16_t>(d_normed, {1, H})) : py::object(py::none()));
-            out.append(download<int32_t>(d_ids, {k}));
-            out.append(download<float>(d_w, {k}));
-            out.append(download<uint32_t>(d_sync, {2}));
-        });
-}
-
 py::object shared_combine_op(const arr<uint16_t>& routed, const arr<uint16_t>& shared,
                              const arr<uint16_t>& h, const arr<uint16_t>& w_gate, int repeat) {
     const char* op = "moe_shared_combine";
@@ -534,10 +462,8 @@ void register_gdn_moe_ops(py::module_& ops) {
             "-> (y [1,Hv*128] = gated_rmsnorm(rule(conv(qkv)), z), new conv_state, new state)");
     ops.def("gated_rmsnorm", &gated_rmsnorm_op, arg("o"), arg("z"), arg("w"), arg("eps") = 1e-6f,
             arg("repeat") = 0, "o [T,Hv,dv], z [T,Hv*dv], w [dv] (bf16 bits) -> y [T,Hv*dv]");
-    ops.def("moe_router_topk", &router_op, arg("h"), arg("w_router"), arg("k"), arg("fused") = false,
-            arg("repeat") = 0,
-            "h [T,H], w_router [E,H] (bf16 bits) -> (ids [T,k] int32, weights [T,k], logits [T,E]); "
-            "fused: the one-launch form for T <= 8 (block counter, checked to return to 0)");
+    ops.def("moe_router_topk", &router_op, arg("h"), arg("w_router"), arg("k"), arg("repeat") = 0,
+            "h [T,H], w_router [E,H] (bf16 bits) -> (ids [T,k] int32, weights [T,k], logits [T,E])");
     ops.def("moe_experts_gate_up", &gate_up_op, arg("h"), arg("gate_up"), arg("ids"), arg("repeat") = 0,
             "h [T,H], gate_up [E,2I,H] (bf16 bits), ids [T,k] int32 -> act [T,k,I]");
     ops.def("moe_experts_down", &down_op, arg("act"), arg("down"), arg("ids"), arg("weights"),
@@ -555,10 +481,6 @@ void register_gdn_moe_ops(py::module_& ops) {
             arg("repeat") = 0,
             "the decode step's MoE launches: experts selected from logits [T,E] f32, the block added into "
             "residual [T,H] f32 -> (ids [T,k], weights [T,k], residual + block)");
-    ops.def("moe_decode_fused", &moe_decode_fused_op, arg("residual"), arg("delta_in"), arg("post_norm"),
-            arg("router"), arg("gate_up"), arg("down"), arg("shared_gate_up"), arg("shared_down"), arg("w_gate"),
-            arg("k"), arg("next_norm") = py::none(), arg("eps") = 1e-6f, arg("repeat") = 0,
-            "one-launch MoE FFN of one token: (out, residual, normed|None, ids, weights, sync) (+ ms)");
     ops.def("moe_shared_combine", &shared_combine_op, arg("routed"), arg("shared"), arg("h"),
             arg("w_gate"), arg("repeat") = 0,
             "routed, shared, h [T,H], w_gate [H] (bf16 bits) -> routed + sigmoid(h.w_gate) * shared");

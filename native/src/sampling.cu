@@ -26,7 +26,7 @@
 #include <climits>
 #include <cstdint>
 
-#include "grid_sync.cuh"
+#include "exit_ticket.cuh"
 #include "launch_utils.cuh"
 #include "ops.h"
 #include "order_key.cuh"
@@ -49,7 +49,7 @@ struct Scratch {
     int32_t* id;               // [SAMPLE_BLOCKS][SAMPLE_MAX_K]
     int32_t* count;            // [SAMPLE_BLOCKS]
     unsigned long long* best;  // greedy: max of (key << 32 | ~id) over the finished blocks; 0 between calls
-    unsigned* ticket;          // greedy: grid_exit_ticket's 2 words; 0 between calls
+    unsigned* ticket;          // greedy: grid_exit_ticket's word; 0 between calls
 };
 constexpr size_t CANDIDATE_BYTES = size_t(SAMPLE_CANDIDATES) * 8 + SAMPLE_BLOCKS * 4;
 static_assert(CANDIDATE_BYTES % 8 == 0, "best is 8-byte aligned");
@@ -391,7 +391,7 @@ constexpr size_t FINISH_SMEM = size_t(SAMPLE_CANDIDATES) * 4;
 
 size_t sampling_scratch_bytes(int V) {
     (void)V;  // the candidate buffers do not grow with the vocabulary
-    return CANDIDATE_BYTES + 16;  // + best, ticket
+    return CANDIDATE_BYTES + 16;  // + best (8 bytes), ticket (4, padded)
 }
 
 void sample_token(const float* logits, int V, int v_real, const SamplingConfig& cfg, uint8_t* seen, int32_t* d_step,

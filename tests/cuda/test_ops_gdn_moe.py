@@ -214,13 +214,12 @@ def separated_router_inputs(rng: np.random.Generator, T: int, H: int, E: int, k:
     return h, w
 
 
-@pytest.mark.parametrize("fused", [False, True])  # two launches / one launch (T <= 8) with a block counter
 @pytest.mark.parametrize("T,H,E,k", [(1, 2048, 256, 8), (3, 128, 8, 2), (8, 256, 60, 4), (9, 128, 8, 2), (300, 2048, 256, 8),
                                      (5, 2048, 512, 16), (2, 64, 2, 1)])
-def test_router_topk_matches_reference(ops, T, H, E, k, fused):
+def test_router_topk_matches_reference(ops, T, H, E, k):
     rng = np.random.default_rng(T * 31 + E)
     h, w = separated_router_inputs(rng, T, H, E, k)
-    ids, weights, logits = ops.moe_router_topk(h, w, k, fused=fused)
+    ids, weights, logits = ops.moe_router_topk(h, w, k)
     want_logits = from_bf16(h).astype(np.float64) @ from_bf16(w).astype(np.float64).T
     np.testing.assert_allclose(logits, want_logits, rtol=0, atol=1e-5 * np.abs(want_logits).max())
     want_ids, want_w = ffn.moe_router(from_bf16(h), from_bf16(w), k)
@@ -228,15 +227,15 @@ def test_router_topk_matches_reference(ops, T, H, E, k, fused):
     np.testing.assert_allclose(weights, want_w, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("T,fused", [(1, False), (1, True), (20, False)])  # GEMV, one-launch, tensor-core path
-def test_router_exact_ties_pick_lower_id(ops, T, fused):
+@pytest.mark.parametrize("T", [1, 20])  # GEMV, tensor-core path
+def test_router_exact_ties_pick_lower_id(ops, T):
     rng = np.random.default_rng(3)
     H, E, k = 256, 16, 4
     h = bf16_normal(rng, (T, H))
     w = bf16_normal(rng, (E, H), 0.01)
     lead = to_bf16(from_bf16(h).mean(axis=0) * np.float32(0.5))  # a row every token scores high on
     w[3] = w[9] = lead
-    ids, weights, _ = ops.moe_router_topk(h, w, k, fused=fused)
+    ids, weights, _ = ops.moe_router_topk(h, w, k)
     assert (ids[:, 0] == 3).all() and (ids[:, 1] == 9).all(), ids[:, :2]
     np.testing.assert_array_equal(weights[:, 0], weights[:, 1])
 
@@ -353,42 +352,6 @@ def test_experts_decode_select_is_router_topk_then_experts(ops, T, H, I, E, k, I
     np.testing.assert_array_equal(new_residual, residual + from_bf16(block))
 
 
-@pytest.mark.parametrize("H,E,k,I,Is,with_next", [(2048, 256, 8, 512, 512, True), (256, 8, 2, 128, 64, False),
-                                                   (512, 64, 4, 64, 192, True), (128, 512, 16, 64, 64, True)])
-def test_moe_decode_fused_is_bit_identical_to_the_separate_launches(ops, H, E, k, I, Is, with_next):
-    """One launch == add_rmsnorm -> router -> experts (+ shared slot) -> add_rmsnorm, bit for bit,
-    which the tests above hold to the reference; the routed result is checked against it too."""
-    rng = np.random.default_rng(H + E + k)
-    residual = (rng.standard_normal((1, H)) * 3).astype(np.float32)
-    delta, post = bf16_normal(rng, (1, H)), bf16_normal(rng, (H,), 0.2)
-    nxt = bf16_normal(rng, (H,), 0.2) if with_next else None
-    w_router = bf16_normal(rng, (E, H), H**-0.5)
-    gate_up, down = expert_weights(rng, E, H, I)
-    sgu, sdn = bf16_normal(rng, (2 * Is, H), H**-0.5), bf16_normal(rng, (H, Is), Is**-0.5)
-    w_gate = bf16_normal(rng, (1, H), H**-0.5)
-    for _ in range(2):  # a second launch finds the sync words back at 0
-        out, res, normed, ids, w, sync = ops.moe_decode_fused(residual, delta, post, w_router, gate_up, down, sgu, sdn,
-                                                              w_gate, k, next_norm=nxt)
-        np.testing.assert_array_equal(sync, 0)
-    r1, x = ops.add_rmsnorm(residual, delta, post)
-    ids_sep, w_sep, _ = ops.moe_router_topk(x, w_router, k)
-    out_sep, _ = ops.moe_experts_decode_shared(x, gate_up, down, ids_sep, w_sep, sgu, sdn, w_gate)
-    np.testing.assert_array_equal(ids, ids_sep[0])
-    np.testing.assert_array_equal(w, w_sep[0])
-    np.testing.assert_array_equal(out, out_sep)
-    if with_next:
-        r2, n2 = ops.add_rmsnorm(r1, out_sep, nxt)
-        np.testing.assert_array_equal(res, r2[0])
-        np.testing.assert_array_equal(normed, n2)
-    else:
-        assert normed is None
-        np.testing.assert_array_equal(res, r1[0])
-    want = routed_reference(x, gate_up, down, ids[None], w[None]) + (
-        1.0 / (1.0 + np.exp(-(from_bf16(x) @ from_bf16(w_gate)[0]))))[:, None] * ffn.swiglu(
-            from_bf16(x), from_bf16(sgu[:Is]), from_bf16(sgu[Is:]), from_bf16(sdn))
-    assert_bf16_close(out, want, "fused MoE step vs reference")
-
-
 @pytest.mark.parametrize("T,H,I,E,k,skew", [(300, 128, 64, 8, 2, False), (333, 256, 128, 32, 4, True), (300, 2048, 512, 16, 8, False)])
 def test_experts_prefill_matches_reference_and_decode(ops, T, H, I, E, k, skew):
     rng = np.random.default_rng(T + E + k)
@@ -459,8 +422,6 @@ def test_timings_35b_dims(ops):
     for T in (1, 8192):
         ms = ops.moe_router_topk(bf16_normal(rng, (T, H)), w_router, k, repeat=rep if T == 1 else 5)[-1]
         TIMINGS.append(f"router T={T}: {ms * 1e3:.1f} us")
-    ms = ops.moe_router_topk(bf16_normal(rng, (1, H)), w_router, k, fused=True, repeat=rep)[-1]
-    TIMINGS.append(f"router T=1 one launch: {ms * 1e3:.1f} us")
     for T in (1, 4):
         h = bf16_normal(rng, (T, H))
         ids, w = random_routes(rng, T, E, k)
@@ -475,11 +436,6 @@ def test_timings_35b_dims(ops):
     s_gu, s_dn, s_g = bf16_normal(rng, (2 * I, H), H**-0.5), bf16_normal(rng, (H, I), I**-0.5), bf16_normal(rng, (H,))
     ms = ops.moe_experts_decode_shared(h, gate_up, down, ids, w, s_gu, s_dn, s_g, repeat=rep)[-1]
     TIMINGS.append(f"experts + shared slot T=1 (2 launches): {ms * 1e3:.1f} us ({(k + 1) * 3 * I * H * 2 / ms / 1e6:.0f} GB/s)")
-    res, delta, norm_w = rng.standard_normal((1, H)).astype(np.float32), bf16_normal(rng, (1, H)), bf16_normal(rng, (H,), 0.2)
-    ms = ops.moe_decode_fused(res, delta, norm_w, w_router, gate_up, down, s_gu, s_dn, s_g, k, next_norm=norm_w,
-                              repeat=rep)[-1]
-    TIMINGS.append(f"moe_decode_fused (norm + router + experts + shared + next norm, one launch): {ms * 1e3:.1f} us "
-                   f"({((k + 1) * 3 * I * H + E * H) * 2 / ms / 1e6:.0f} GB/s)")
     for T in (2048, 8192):
         h = bf16_normal(rng, (T, H))
         ids, w = random_routes(rng, T, E, k)

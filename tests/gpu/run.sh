@@ -12,7 +12,7 @@
 #   profile build (no tests unless TESTS=1) + 35B-A3B decode benches (default and
 #          LAMPO_DECODE_FUSION=all, depths 1 and 8,192 by random fill) + Nsight Compute over one un-graphed decode step (tests/gpu/kernel_profile.py)
 #   fusions build (no tests unless TESTS=1) + the 35B-A3B decode step with each LAMPO_DECODE_FUSION
-#          choice (FUSION_SWEEP, default none norms all gdn router moe)
+#          choice (FUSION_SWEEP, default none norms gdn all)
 #   omit   build (no tests) + the 35B-A3B graphed decode step without each op family in turn
 #          (LAMPO_OMIT_OPS: what each family costs inside the graph)
 #   full   build + pytest -m cuda + the whole benchmark: full-size random-weight models, prompts
@@ -118,7 +118,7 @@ profile)
   log "ncu exit $?"
   $PY tests/gpu/kernel_profile.py table "$OUT/ncu-35b.csv" ${GRAPH_MS:+--graph-ms $GRAPH_MS} >"$OUT/bench/ncu-35b.txt" 2>&1 ;;
 fusions)  # the 35B-A3B graphed decode step with each LAMPO_DECODE_FUSION choice
-  for f in ${FUSION_SWEEP:-none norms all gdn router moe}; do
+  for f in ${FUSION_SWEEP:-none norms gdn all}; do
     (export LAMPO_DECODE_FUSION=$f; bench "35b-a3b-fusion-${f//,/+}" 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0)
   done
   for f in "$OUT"/bench/35b-a3b-fusion-*.txt; do
