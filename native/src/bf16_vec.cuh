@@ -1,11 +1,22 @@
-// bf16_vec.cuh - 16-byte vectors of 8 bf16 values: conversions to/from fp32 registers. Every
-// element-wise kernel moves data in these units (one 128-bit load or store per 8 values).
+// bf16_vec.cuh - 16-byte vectors of 8 bf16 values: conversions to/from fp32 registers and the
+// streaming load. Every element-wise kernel moves data in these units (one 128-bit load or store
+// per 8 values).
 #pragma once
 
 #include <cstdint>
 #include <cuda_bf16.h>
 
 namespace lampo {
+
+// 16-byte read of immutable data that is used once (streamed weights): the read-only path,
+// not kept in L1.
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
 
 // bf16 is the upper half of an fp32: widening is a shift, exact.
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
