@@ -1,6 +1,5 @@
-// moe_topk.cuh - the router's top-k by one warp (CUDA only), shared by moe_router.cu,
-// moe_experts.cu (the decode gate_up launch selects its own experts) and moe_decode_fused.cu:
-// k rounds of a warp arg-max over the E <= 512 logits of one token, ties to the lower expert id,
+// moe_topk.cuh - the router's top-k by one warp (CUDA only), shared by moe_router.cu and
+// moe_experts.cu (the decode gate_up launch selects its own experts): k rounds of a warp arg-max over the E <= 512 logits of one token, ties to the lower expert id,
 // then the softmax weights renormalised over the selected experts:
 //   w_j = exp(l_j - l_max) / sum_selected exp(l - l_max).
 // Each lane holds E / 32 logits (expert lane + 32 i) and its own running best; a round is two
@@ -25,8 +24,8 @@ struct TopkLane {
     float weight;
 };
 
-// Top-k of the logits row [E] (fp32) by one warp; reads through L2 (__ldcg): other blocks of a
-// fused launch may have written it.
+// Top-k of the logits row [E] (fp32) by one warp; reads through L2 (__ldcg), as written by the
+// launch before.
 __device__ __forceinline__ TopkLane warp_topk(const float* __restrict__ row, int E, int k) {
     const int lane = threadIdx.x % 32;
     uint32_t key[TOPK_PER_LANE];  // key[i]: expert lane + 32 i (0 = absent or already taken)
