@@ -1,6 +1,7 @@
 // moe_topk.cuh - the router's top-k by one warp (CUDA only), shared by moe_router.cu and
-// moe_experts.cu (the decode gate_up launch selects its own experts): k rounds of a warp arg-max over the E <= 512 logits of one token, ties to the lower expert id,
-// then the softmax weights renormalised over the selected experts:
+// moe_experts.cu (the decode gate_up launch selects its own experts): k rounds of a warp arg-max
+// over the E <= 512 logits of one token, ties to the lower expert id, then the softmax weights
+// renormalised over the selected experts:
 //   w_j = exp(l_j - l_max) / sum_selected exp(l - l_max).
 // Each lane holds E / 32 logits (expert lane + 32 i) and its own running best; a round is two
 // single-instruction warp reductions (max of the order-preserving key, then min id among the lanes

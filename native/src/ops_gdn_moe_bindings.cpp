@@ -9,14 +9,12 @@
 // N more times on the same device buffers (after the outputs were downloaded), each run after
 // evicting L2 with a 256 MiB memset, and the mean time per run in ms (CUDA events) is appended
 // to the returned tuple.
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
 
 #include "device_buffer.h"
 #include "ops.h"
