@@ -46,11 +46,14 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // Programmatic dependent launch (PDL, sm_90+; no-ops elsewhere and in kernels launched without
 // the attribute, see launch_pdl in launch_utils.cuh). Every kernel of the decode step begins with
-// pdl_begin() BEFORE its first access to memory that an earlier kernel may write or read: it waits
-// until the previous kernel of the stream has completed and its writes are visible, then lets the
-// next kernel start launching, so that kernel's launch and block scheduling overlap this one's
-// work. Only immutable data (weights) may be touched before it: reads of memory that no kernel
-// writes (the GEMV loads its first weight vectors into registers there).
+// pdl_begin() BEFORE its first access to memory that an earlier kernel may write or read. It first
+// lets the next kernel of the stream start launching, then waits until the previous kernel has
+// completed and its writes are visible. Triggering first lets a chain of kernels be resident at
+// once (as far as registers and shared memory allow), each loading its first weights while the
+// kernels ahead of it run; every one still waits for its predecessor, which waited for its own, so
+// completion stays in stream order. Hence the rule: before pdl_begin() a kernel reads only
+// immutable data (weights), never anything a kernel writes (the GEMV loads its first weight vectors
+// into registers there).
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
