@@ -6,31 +6,13 @@
 #include <cstdint>
 #include <cuda_bf16.h>
 
+#include "bf16_vec.cuh"
+
 namespace lampo {
 
 // Loads 8 bf16 (16 bytes) and widens them to fp32.
-__device__ __forceinline__ void load_bf16x8(const __nv_bfloat16* p, float out[8]) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(p);
-    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(h2[i]);
-        out[2 * i] = f.x;
-        out[2 * i + 1] = f.y;
-    }
-}
-
-// Same through the read-only (non-coherent) path; for weights and other data not written by
-// the running kernel.
-__device__ __forceinline__ void ldg_bf16x8(const __nv_bfloat16* p, float out[8]) {
-    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
-    const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(h2[i]);
-        out[2 * i] = f.x;
-        out[2 * i + 1] = f.y;
-    }
+__device__ __forceinline__ void load_bf16x8(const __nv_bfloat16* p, float (&out)[8]) {
+    bf16x8_to_float(*reinterpret_cast<const uint4*>(p), out);
 }
 
 // Raw 16-byte read-only load, for streaming weights with many loads in flight before use.

@@ -91,10 +91,7 @@ moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up, R
     if (!is_shared && routing.logits) {
         const TopkLane sel = warp_topk(routing.logits + size_t(t) * routing.E, routing.E, k);
         expert = __shfl_sync(0xffffffffu, sel.id, s);
-        if (s == 0 && blockIdx.x == 0 && warp == 0 && lane < k) {
-            routing.ids[size_t(t) * k + lane] = sel.id;
-            routing.weights[size_t(t) * k + lane] = sel.weight;
-        }
+        if (s == 0 && blockIdx.x == 0 && warp == 0) store_topk(sel, routing.ids, routing.weights, t, k);
     } else if (!is_shared) {
         expert = routing.ids[t * k + s];
     }

@@ -67,15 +67,20 @@ __device__ __forceinline__ TopkLane warp_topk(const float* __restrict__ row, int
     return {my_id, expf(my_val - top) / denom};
 }
 
-// Top-k of token t's logits [T, E] -> ids [T, k], weights [T, k] (written by lanes < k).
-__device__ __forceinline__ void router_row_topk(const float* __restrict__ logits, int32_t* __restrict__ ids,
-                                                float* __restrict__ weights, int t, int E, int k) {
-    const TopkLane sel = warp_topk(logits + size_t(t) * E, E, k);
+// Token t's selection from warp_topk into ids / weights [T, k] (lanes below k, one slot each).
+__device__ __forceinline__ void store_topk(const TopkLane& sel, int32_t* __restrict__ ids, float* __restrict__ weights,
+                                          int t, int k) {
     const int lane = threadIdx.x % 32;
     if (lane < k) {
         ids[size_t(t) * k + lane] = sel.id;
         weights[size_t(t) * k + lane] = sel.weight;
     }
+}
+
+// Top-k of token t's logits [T, E] -> ids [T, k], weights [T, k].
+__device__ __forceinline__ void router_row_topk(const float* __restrict__ logits, int32_t* __restrict__ ids,
+                                                float* __restrict__ weights, int t, int E, int k) {
+    store_topk(warp_topk(logits + size_t(t) * E, E, k), ids, weights, t, k);
 }
 
 }  // namespace lampo

@@ -69,6 +69,13 @@ __device__ __forceinline__ uint32_t float_key(float f) {
     return order_key((__float_as_uint(f) & 0x7f800000u) == 0u ? 0.0f : f);
 }
 
+// Candidate id's rank key: float_key(logit - (seen[id] ? penalty : 0)); `seen` is read only when
+// penalty != 0 (argmax_rows passes none).
+__device__ __forceinline__ uint32_t penalised_key(float logit, int id, const uint8_t* seen, float penalty) {
+    if (penalty != 0.0f && seen[id]) logit -= penalty;
+    return float_key(logit);
+}
+
 __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
     x += 0x9E3779B97F4A7C15ull;
     x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -197,17 +204,13 @@ __device__ ArgMax block_argmax(ArgMax a) {
     return a;
 }
 
-// One thread's argmax over ids [0, v_real) of `row` (16-byte aligned), ranked by
-// float_key(logit - (seen[id] ? penalty : 0)) (`seen` read only when penalty != 0): the quads
-// q = first, first + stride, ... < v_real / 4, SCAN_QUADS float4 loads in flight at a time, then, in
-// the thread with first == 0, the last v_real % 4 ids. Every thread offers ascending ids.
+// One thread's argmax over ids [0, v_real) of `row` (16-byte aligned), ranked by penalised_key: the
+// quads q = first, first + stride, ... < v_real / 4, SCAN_QUADS float4 loads in flight at a time,
+// then, in the thread with first == 0, the last v_real % 4 ids. Every thread offers ascending ids.
 __device__ __forceinline__ ArgMax scan_row(const float* __restrict__ row, int v_real, int first, int stride,
                                            const uint8_t* seen, float penalty) {
     ArgMax best{0u, 0};
-    auto offer = [&](float l, int id) {
-        if (penalty != 0.0f) l -= seen[id] ? penalty : 0.0f;
-        best.offer(float_key(l), id);
-    };
+    auto offer = [&](float l, int id) { best.offer(penalised_key(l, id, seen, penalty), id); };
     const float4* row4 = reinterpret_cast<const float4*>(row);
     const int n4 = v_real / 4;
     for (int q0 = first; q0 < n4; q0 += SCAN_QUADS * stride) {
@@ -263,7 +266,7 @@ sample_select_kernel(const float* __restrict__ logits, int V, int v_real, const 
         const int id = beg + i;
         uint32_t key = 0;
         if (id < v_real) {
-            key = float_key(logits[id] - (seen[id] ? penalty : 0.0f));
+            key = penalised_key(logits[id], id, seen, penalty);
             valid += key != 0;
         }
         keys[i] = key;
