@@ -7,7 +7,7 @@
 // These GEMVs stream the selected experts' weights (35B-A3B: 8 x 6 MiB per layer per token,
 // the largest byte stream of a decode step), so both kernels are built around 16-byte weight
 // loads with several in flight per lane and read nothing but the selected rows:
-// - gate_up: grid (row tiles of 16, T*k slots); a warp owns two (gate, up) row pairs and dots
+// - gate_up: grid (row tiles of 16, T*k slots); a warp owns four (gate, up) row pairs and dots
 //   them with h_t (read through L1), then applies silu * up. In the decode step's form
 //   (moe_experts_gate_up_select) it also makes the selection: every warp of a routed slot runs
 //   the router's warp top-k (moe_topk.cuh) on token t's logits and takes slot s's expert; one warp
@@ -33,11 +33,13 @@
 namespace lampo {
 namespace {
 
-constexpr int GU_WARPS = 8;
-constexpr int GU_PAIRS = 2;  // (gate, up) row pairs per warp
+constexpr int GU_WARPS = 4;
+constexpr int GU_PAIRS = 4;  // (gate, up) row pairs per warp
 constexpr int GU_ROWS_PER_BLOCK = GU_WARPS * GU_PAIRS;
-constexpr int GU_UNROLL = 4;  // 16-byte chunks per lane per row per batch (x 4 rows: 16 in flight;
-                              // H = 2048 in two batches, measured faster than 2 x 4)
+constexpr int GU_UNROLL = 2;  // 16-byte chunks per lane per row per batch (x 8 rows: 16 in flight;
+                              // H = 2048 in four batches). Half the warps of 2 pairs x 4, so the
+                              // 35B-A3B grid (288 blocks of 4 warps) is resident at once; measured
+                              // 2.419 vs 2.480 ms per step (docs/decode-performance.md, Round 6)
 
 // How the gate_up launch learns its experts: read ids [T, k], or (logits set) select them itself
 // from the router logits [T, E] and write ids and weights [T, k].
@@ -73,7 +75,7 @@ moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up, R
     const int r0 = blockIdx.x * GU_ROWS_PER_BLOCK + warp * GU_PAIRS;
     const bool has_rows = r0 < rows_n;  // the grid spans max(I, Is); sizes are multiples of 64
 
-    const bf16* rows[2 * GU_PAIRS];  // gate r, up r, gate r+1, up r+1
+    const bf16* rows[2 * GU_PAIRS];  // gate r, up r, gate r+1, up r+1, ...
     auto point_rows = [&](const bf16* W) {
 #pragma unroll
         for (int p = 0; p < GU_PAIRS; ++p) {
