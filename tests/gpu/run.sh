@@ -15,6 +15,13 @@
 #          choice (FUSION_SWEEP, default none norms gdn all)
 #   omit   build (no tests) + the 35B-A3B graphed decode step without each op family in turn
 #          (LAMPO_OMIT_OPS: what each family costs inside the graph)
+#   ab     A/B of build variants on the 35B-A3B graphed decode step (depth 1 and 8,192 by random
+#          fill, every build measured in the same call): the patches of BASE_PATCH applied first,
+#          the base built, benched (and tested with TESTS=1); then each of VARIANTS applied, built,
+#          benched and taken back; a variant faster than the base at 8,192 by more than KEEP_MS
+#          (default 0.02 ms) runs VARIANT_TESTS (pytest paths, if set); the base again last.
+#          A patch name is a file .gpu/NAME.patch (git apply); NAME+NAME applies several. E.g.
+#          BASE_PATCH=a VARIANTS="b c+d" VARIANT_TESTS="tests/cuda/test_engine.py" bash tests/gpu/run.sh ab
 #   full   build + pytest -m cuda + the whole benchmark: full-size random-weight models, prompts
 #          8,192 / 65,536, decode at depths 0 / 8,192 / 65,536 / 262,144 by real prefill, and the
 #          --fast-depth variant of the 35B-A3B
@@ -25,7 +32,7 @@
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|full|final|profile|omit|fusions) ;; *) echo "usage: $0 quick|full|final|profile|omit|fusions" >&2; exit 2 ;; esac
+case "$MODE" in quick|full|final|profile|omit|fusions|ab) ;; *) echo "usage: $0 quick|full|final|profile|omit|fusions|ab" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -59,6 +66,23 @@ if [ "$MODE" = quick ] || [ "$MODE" = final ]; then
   done
 fi
 
+patches() {  # patches apply|unapply NAME[+NAME...]: .gpu/NAME.patch onto (or off) the working tree;
+  local p applied=()  # an apply that fails takes back the ones it applied and returns 1
+  for p in ${2//+/ }; do
+    if [ "$1" = unapply ]; then git apply -R ".gpu/$p.patch"; continue; fi
+    if ! git apply ".gpu/$p.patch"; then
+      log "patch $p does not apply"
+      for p in "${applied[@]}"; do git apply -R ".gpu/$p.patch"; done
+      return 1
+    fi
+    applied+=("$p")
+  done
+}
+if [ "$MODE" = ab ] && [ -n "${BASE_PATCH:-}" ]; then
+  patches apply "$BASE_PATCH" || exit 1
+  export LAMPO_COMMIT="$LAMPO_COMMIT + $BASE_PATCH"
+fi
+
 log "building lampo._native"
 cmake -S native -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/build.log" 2>&1 \
@@ -74,7 +98,7 @@ for pid in "${WRITERS[@]}"; do
 done
 { [ "$MODE" = quick ] || [ "$MODE" = final ]; } && export LAMPO_FULL_WIDTH_DIR="$WORK/full-width" && log "full-width checkpoints written"
 
-if { [ "$MODE" != profile ] && [ "$MODE" != omit ] && [ "$MODE" != fusions ]; } || [ -n "${TESTS:-}" ]; then
+if { [ "$MODE" != profile ] && [ "$MODE" != omit ] && [ "$MODE" != fusions ] && [ "$MODE" != ab ]; } || [ -n "${TESTS:-}" ]; then
 log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
 timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
   --durations=12 -p no:cacheprovider >"$OUT/pytest.log" 2>&1
@@ -142,6 +166,29 @@ for r in rows:
               f"{r['launches_per_token']['kernels']} kernels left)")
 PYEOF
   ;;
+ab)
+  fast() { (export LAMPO_COMMIT="$LAMPO_COMMIT${2:+ + $2}"; bench "35b-a3b-$1" 60 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0); }
+  ms_at_8k() { $PY -c "import json; print(json.load(open('$OUT/bench/35b-a3b-$1.json'))['decode'][1]['ms_per_token'])"; }
+  rebuild() { cmake --build "$WORK/build" -j"${JOBS:-14}" >>"$OUT/build.log" 2>&1 && cp "$WORK"/build/_native*.so app/lampo/; }
+  fast base
+  for v in ${VARIANTS:-}; do
+    patches apply "$v" || continue
+    if rebuild; then
+      fast "$v" "$v"
+      if [ -n "${VARIANT_TESTS:-}" ] && $PY -c "import sys; sys.exit(0 if $(ms_at_8k "$v") < $(ms_at_8k base) - ${KEEP_MS:-0.02} else 1)"; then
+        timeout "${TEST_TIMEOUT:-240}" $PY -m pytest -m cuda $VARIANT_TESTS -q -rs -p no:cacheprovider >"$OUT/pytest-$v.log" 2>&1
+        log "pytest ($v) exit $?: $(tail -1 "$OUT/pytest-$v.log")"
+      fi
+    else
+      log "variant $v not built"
+    fi
+    patches unapply "$v"
+  done
+  rebuild && fast base-again
+  for f in "$OUT"/bench/35b-a3b-*.txt; do
+    echo "$(basename "$f" .txt): $(grep -E '^ +(1|8,192) ' "$f" | awk '{printf "depth %s: %s tok/s, %s ms, %s; ", $1, $(NF-3), $(NF-2), $NF}')"
+  done | tee "$OUT/bench/ab-summary.txt"
+  [ -z "${BASE_PATCH:-}" ] || patches unapply "$BASE_PATCH" ;;
 esac
 
 echo "================ pytest (tail) ================"
