@@ -22,6 +22,8 @@
 #          (default 0.02 ms) runs VARIANT_TESTS (pytest paths, if set); the base again last.
 #          A patch name is a file .gpu/NAME.patch (git apply); NAME+NAME applies several. E.g.
 #          BASE_PATCH=a VARIANTS="b c+d" VARIANT_TESTS="tests/cuda/test_engine.py" bash tests/gpu/run.sh ab
+#   probe  no build: tests/gpu/probe_expert_reads.py (read bandwidth of the expert weights' access
+#          patterns against a contiguous stream, CuPy)
 #   full   build + pytest -m cuda + the whole benchmark: full-size random-weight models, prompts
 #          8,192 / 65,536, decode at depths 0 / 8,192 / 65,536 / 262,144 by real prefill, and the
 #          --fast-depth variant of the 35B-A3B
@@ -32,7 +34,7 @@
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|full|final|profile|omit|fusions|ab) ;; *) echo "usage: $0 quick|full|final|profile|omit|fusions|ab" >&2; exit 2 ;; esac
+case "$MODE" in quick|full|final|profile|omit|fusions|ab|probe) ;; *) echo "usage: $0 quick|full|final|profile|omit|fusions|ab|probe" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -46,6 +48,12 @@ T0=$(date +%s)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 
 log "mode $MODE, commit $LAMPO_COMMIT, $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
+
+if [ "$MODE" = probe ]; then
+  timeout 300 $PY tests/gpu/probe_expert_reads.py --json "$OUT/bench/probe-expert-reads.json" 2>&1 | tee "$OUT/bench/probe-expert-reads.txt"
+  log "probe exit ${PIPESTATUS[0]}"
+  exit 0
+fi
 
 # Python packages only (the CUDA extension is built below with every source).
 # An editable install when the machine's pip/scikit-build-core can do it offline; otherwise the
