@@ -91,14 +91,16 @@ if [ "$MODE" = ab ] && [ -n "${BASE_PATCH:-}" ]; then
   export LAMPO_COMMIT="$LAMPO_COMMIT + $BASE_PATCH"
 fi
 
+build_native() {  # compile the configured build and put the module into the package
+  cmake --build "$WORK/build" -j"${JOBS:-14}" >>"$OUT/build.log" 2>&1 && cp "$WORK"/build/_native*.so app/lampo/
+}
 log "building lampo._native"
 cmake -S native -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/build.log" 2>&1 \
-  && cmake --build "$WORK/build" -j"${JOBS:-14}" >>"$OUT/build.log" 2>&1
+  && build_native
 if [ $? -ne 0 ]; then
   log "BUILD FAILED"; grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1
 fi
-cp "$WORK"/build/_native*.so app/lampo/
 log "built $(ls "$WORK"/build/_native*.so | xargs -n1 basename)"
 
 for pid in "${WRITERS[@]}"; do
@@ -125,6 +127,15 @@ bench() {  # bench NAME SECONDS ARGS...   (each bench has its own time limit; th
   timeout "$limit" $PY -m lampo.bench "$@" --json "$OUT/bench/$name.json" >"$OUT/bench/$name.txt" 2>&1
   log "bench $name exit $?"
 }
+step_bench() {  # step_bench NAME SECONDS: the 35B-A3B graphed decode step at depth 1 and 8,192 (random fill)
+  bench "$1" "$2" --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0
+}
+step_summary() {  # step_summary FILE TXT...: one line per step_bench output, also written to FILE
+  local out=$1 f; shift
+  for f in "$@"; do
+    echo "$(basename "$f" .txt): $(grep -E '^ +(1|8,192) ' "$f" | awk '{printf "depth %s: %s tok/s, %s ms, %s; ", $1, $(NF-3), $(NF-2), $NF}')"
+  done | tee "$out"
+}
 case "$MODE" in
 quick)
   bench tiny-moe 60 --preset tiny-moe --random-weights --prompt 2048 --depths 0,2048 --decode-tokens 64
@@ -137,11 +148,11 @@ full)
 final)
   bench 35b-a3b 150 --preset qwen3.6-35b-a3b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144 --profile-steps 3
   bench 27b 200 --preset qwen3.6-27b --random-weights --prompt 8192 --depths 0,8192,262144 --profile-steps 3
-  (export LAMPO_DECODE_FUSION=none; bench 35b-a3b-fusion-none 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0)
-  (export LAMPO_DECODE_FUSION=all; bench 35b-a3b-fusion-all 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0) ;;
+  (export LAMPO_DECODE_FUSION=none; step_bench 35b-a3b-fusion-none 50)
+  (export LAMPO_DECODE_FUSION=all; step_bench 35b-a3b-fusion-all 50) ;;
 profile)
   bench 35b-a3b 60 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 3
-  (export LAMPO_DECODE_FUSION=all; bench 35b-a3b-fusion-all 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0)
+  (export LAMPO_DECODE_FUSION=all; step_bench 35b-a3b-fusion-all 50)
   GRAPH_MS=$($PY -c "import json; print(json.load(open('$OUT/bench/35b-a3b.json'))['decode'][0]['ms_per_token'])" 2>/dev/null)
   log "ncu over one decode step (graph step ${GRAPH_MS:-?} ms)"
   timeout 240 ncu --profile-from-start off --clock-control none --csv --page raw \
@@ -151,11 +162,9 @@ profile)
   $PY tests/gpu/kernel_profile.py table "$OUT/ncu-35b.csv" ${GRAPH_MS:+--graph-ms $GRAPH_MS} >"$OUT/bench/ncu-35b.txt" 2>&1 ;;
 fusions)  # the 35B-A3B graphed decode step with each LAMPO_DECODE_FUSION choice
   for f in ${FUSION_SWEEP:-none norms gdn all}; do
-    (export LAMPO_DECODE_FUSION=$f; bench "35b-a3b-fusion-${f//,/+}" 50 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0)
+    (export LAMPO_DECODE_FUSION=$f; step_bench "35b-a3b-fusion-${f//,/+}" 50)
   done
-  for f in "$OUT"/bench/35b-a3b-fusion-*.txt; do
-    echo "$(basename "$f" .txt): $(grep -E '^ +(1|8,192) ' "$f" | awk '{printf "depth %s: %s tok/s, %s ms, %s; ", $1, $(NF-3), $(NF-2), $NF}')"
-  done | tee "$OUT/bench/fusion-summary.txt" ;;
+  step_summary "$OUT/bench/fusion-summary.txt" "$OUT"/bench/35b-a3b-fusion-*.txt ;;
 omit)  # the graphed step's time without each op family in turn (LAMPO_OMIT_OPS, a timing diagnostic)
   bench 35b-a3b 40 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0 --profile-steps 0
   for fam in ${OMIT_FAMILIES:-norms moe_router moe_experts projections gdn_rule attention,attention_prep lm_head}; do
@@ -175,13 +184,12 @@ for r in rows:
 PYEOF
   ;;
 ab)
-  fast() { (export LAMPO_COMMIT="$LAMPO_COMMIT${2:+ + $2}"; bench "35b-a3b-$1" 60 --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0); }
+  fast() { (export LAMPO_COMMIT="$LAMPO_COMMIT${2:+ + $2}"; step_bench "35b-a3b-$1" 60); }
   ms_at_8k() { $PY -c "import json; print(json.load(open('$OUT/bench/35b-a3b-$1.json'))['decode'][1]['ms_per_token'])"; }
-  rebuild() { cmake --build "$WORK/build" -j"${JOBS:-14}" >>"$OUT/build.log" 2>&1 && cp "$WORK"/build/_native*.so app/lampo/; }
   fast base
   for v in ${VARIANTS:-}; do
     patches apply "$v" || continue
-    if rebuild; then
+    if build_native; then
       fast "$v" "$v"
       if [ -n "${VARIANT_TESTS:-}" ] && $PY -c "import sys; sys.exit(0 if $(ms_at_8k "$v") < $(ms_at_8k base) - ${KEEP_MS:-0.02} else 1)"; then
         timeout "${TEST_TIMEOUT:-240}" $PY -m pytest -m cuda $VARIANT_TESTS -q -rs -p no:cacheprovider >"$OUT/pytest-$v.log" 2>&1
@@ -192,10 +200,8 @@ ab)
     fi
     patches unapply "$v"
   done
-  rebuild && fast base-again
-  for f in "$OUT"/bench/35b-a3b-*.txt; do
-    echo "$(basename "$f" .txt): $(grep -E '^ +(1|8,192) ' "$f" | awk '{printf "depth %s: %s tok/s, %s ms, %s; ", $1, $(NF-3), $(NF-2), $NF}')"
-  done | tee "$OUT/bench/ab-summary.txt"
+  build_native && fast base-again
+  step_summary "$OUT/bench/ab-summary.txt" "$OUT"/bench/35b-a3b-*.txt
   [ -z "${BASE_PATCH:-}" ] || patches unapply "$BASE_PATCH" ;;
 esac
 
