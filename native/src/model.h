@@ -208,9 +208,9 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
 //            launch selects the experts from the router logits (no top-k launch);
 //   gdn    - conv + delta rule + gated norm in one launch.
 // Unset, "all" or "1" = norms,gdn (measured fastest); "none" or "0" = the separate launches. Every
-// form computes the same values as the separate launches, bit for bit except that `norms` sums the
-// router logits in the generic GEMV's order (docs/decode-performance.md). (One-launch router and
-// whole-MoE-FFN forms were measured slower and removed: docs/decode-performance.md, rounds 3-5.)
+// form computes the same values as the separate launches, bit for bit (both take the router logits
+// from the same GEMV kernel). (One-launch router and whole-MoE-FFN forms were measured slower and
+// removed: docs/decode-performance.md, rounds 3-5.)
 enum class DecodeFusion : int { Norms, Gdn };
 bool decode_fusion_enabled(DecodeFusion f);
 
