@@ -1,4 +1,4 @@
-"""Read-bandwidth probe for the 35B-A3B decode step's weight access patterns (GPU machine, CuPy).
+"""Read-bandwidth probe for the 35B-A3B decode step's weight access patterns (GPU machine).
 
 The decode step's dense projections stream at the copy bandwidth inside the graph, while the routed
 experts (8 of 256 per layer, picked per token) reach ~2.5 TB/s (docs/decode-performance.md, Round 6).
@@ -16,7 +16,8 @@ experts for every token. Patterns (bytes per layer as in the 35B-A3B):
                (a 64 KiB run of gate rows and one of up rows)
   down-fixed   `down` with the same 9 experts for every token (translation and DRAM pages warm)
 
-Run on the GPU machine:  bash tests/gpu/run.sh probe  (or python3 tests/gpu/probe_expert_reads.py)
+Run on the GPU machine:  bash tests/gpu/run.sh probe, which builds the timing half
+(probe_expert_reads.cu: the read kernel, graph capture and replay) with nvcc and passes it as --lib.
 Prints, per pattern, the time per layer and GB/s: the bytes of --tokens x 40 launches, replayed as
 one CUDA graph, over its time (best of --repeats). Each launch also pays the gap between kernels,
 the same for every pattern, so the patterns compare with each other and with `contiguous`.
@@ -25,33 +26,11 @@ the same for every pattern, so the patterns compare with each other and with `co
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import time
 
 import numpy as np
-
-KERNEL = r"""
-extern "C" __global__ void read_runs(const uint4* __restrict__ base, const long long* __restrict__ run_start,
-                                     int runs_per_block, int run_vecs, unsigned* __restrict__ sink) {
-    // Block b reads runs b * runs_per_block .. + runs_per_block - 1, each run_vecs 16-byte vectors
-    // from base + run_start[run]; item i of the block is (run i / run_vecs, vector i % run_vecs).
-    constexpr int IN_FLIGHT = 9;
-    const int items = runs_per_block * run_vecs;
-    const long long* starts = run_start + (long long)blockIdx.x * runs_per_block;
-    unsigned acc = 0;
-    for (int i0 = threadIdx.x; i0 < items; i0 += IN_FLIGHT * blockDim.x) {
-        uint4 v[IN_FLIGHT];
-#pragma unroll
-        for (int u = 0; u < IN_FLIGHT; ++u) {
-            const int i = i0 + u * blockDim.x;
-            v[u] = i < items ? __ldg(base + starts[i / run_vecs] + i % run_vecs) : make_uint4(0u, 0u, 0u, 0u);
-        }
-#pragma unroll
-        for (int u = 0; u < IN_FLIGHT; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
-    }
-    if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;  // keeps the loads; practically never stores
-}
-"""
 
 LAYERS = 40
 E, H, I, SLOTS = 256, 2048, 512, 9  # experts, hidden, expert intermediate, routed + shared
@@ -88,24 +67,30 @@ def contiguous_runs(region: int) -> tuple[np.ndarray, int, int]:
     return (region + np.arange(blocks) * run_bytes) // VEC, 1, run_bytes // VEC
 
 
-def main() -> None:
-    import cupy as cp
+def load_timer(path: str) -> ctypes.CDLL:
+    lib = ctypes.CDLL(path)
+    lib.probe_error.restype = ctypes.c_char_p
+    lib.probe_init.argtypes = [ctypes.c_size_t]
+    lib.probe_time.restype = ctypes.c_double
+    lib.probe_time.argtypes = [ctypes.c_void_p] + [ctypes.c_int] * 5
+    return lib
 
+
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lib", required=True, help="probe_expert_reads.cu built as a shared library")
     ap.add_argument("--tokens", type=int, default=16, help="tokens (fresh random experts each)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
 
+    lib = load_timer(args.lib)
     down_bank, gate_up_bank = E * H * I * BF16, E * 2 * I * H * BF16
     down_base, gate_up_base = 0, LAYERS * down_bank
     contiguous_base = gate_up_base + LAYERS * gate_up_bank
     total = contiguous_base + LAYERS * SLOTS * H * I * BF16
-    buf = cp.cuda.alloc(total)  # one allocation, like the weight store's per-tensor buffers
-    cp.cuda.runtime.memset(buf.ptr, 1, total)
-    buf_vecs = cp.ndarray((total // VEC, 4), dtype=cp.uint32, memptr=buf)  # passed as the uint4 base
-    kernel = cp.RawKernel(KERNEL, "read_runs")
-    sink = cp.zeros(1024, dtype=cp.uint32)
+    if lib.probe_init(total) != 0:  # one allocation, like the weight store's per-tensor buffers
+        raise SystemExit(f"probe_init: {lib.probe_error().decode()}")
     rng = np.random.default_rng(0)
     fixed = rng.choice(E, SLOTS, replace=False)
 
@@ -119,28 +104,15 @@ def main() -> None:
 
     results = {}
     for pattern in ("contiguous", "down", "down-tiled", "gate-up", "down-fixed"):
-        plan = [[layer_runs(pattern, layer) for layer in range(LAYERS)] for _ in range(args.tokens)]
-        starts = [[cp.asarray(s, dtype=cp.int64) for s, _, _ in tok] for tok in plan]
-        per_block, run_vecs = plan[0][0][1], plan[0][0][2]
-        blocks = plan[0][0][0].size // per_block
-        layer_bytes = plan[0][0][0].size * run_vecs * VEC
-        stream = cp.cuda.Stream(non_blocking=True)  # all launches of the pattern as one graph:
-        with stream:                                  # the host must not be what is measured
-            stream.begin_capture()
-            for tok in starts:
-                for s in tok:
-                    kernel((blocks,), (256,), (buf_vecs, s, np.int32(per_block), np.int32(run_vecs), sink))
-            graph = stream.end_capture()
-        graph.launch(stream)  # warm-up
-        best = float("inf")
-        for _ in range(args.repeats):
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
-            start.record(stream)
-            graph.launch(stream)
-            stop.record(stream)
-            stop.synchronize()
-            best = min(best, cp.cuda.get_elapsed_time(start, stop) / 1e3)
-        launches = args.tokens * LAYERS
+        plan = [layer_runs(pattern, layer) for _ in range(args.tokens) for layer in range(LAYERS)]
+        starts = np.ascontiguousarray(np.stack([s for s, _, _ in plan]), dtype=np.int64)
+        per_block, run_vecs = plan[0][1], plan[0][2]
+        blocks = plan[0][0].size // per_block
+        layer_bytes = plan[0][0].size * run_vecs * VEC
+        launches = len(plan)  # every launch of the pattern in one graph: the host is not measured
+        best = lib.probe_time(starts.ctypes.data, launches, blocks, per_block, run_vecs, args.repeats)
+        if best < 0:
+            raise SystemExit(f"{pattern}: {lib.probe_error().decode()}")
         results[pattern] = {
             "bytes_per_layer": layer_bytes,
             "us_per_layer": best / launches * 1e6,
@@ -149,10 +121,9 @@ def main() -> None:
         print(f"{pattern:12s} {layer_bytes / 1e6:6.1f} MB/layer  {best / launches * 1e6:6.2f} us/layer  "
               f"{layer_bytes * launches / best / 1e9:7.0f} GB/s")
     if args.json:
-        device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
         with open(args.json, "w") as f:
-            json.dump({"device": device, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                       "tokens": args.tokens, "repeats": args.repeats, "patterns": results}, f, indent=1)
+            json.dump({"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "tokens": args.tokens,
+                       "repeats": args.repeats, "patterns": results}, f, indent=1)
 
 
 if __name__ == "__main__":

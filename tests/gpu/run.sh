@@ -22,8 +22,9 @@
 #          (default 0.02 ms) runs VARIANT_TESTS (pytest paths, if set); the base again last.
 #          A patch name is a file .gpu/NAME.patch (git apply); NAME+NAME applies several. E.g.
 #          BASE_PATCH=a VARIANTS="b c+d" VARIANT_TESTS="tests/cuda/test_engine.py" bash tests/gpu/run.sh ab
-#   probe  no build: tests/gpu/probe_expert_reads.py (read bandwidth of the expert weights' access
-#          patterns against a contiguous stream, CuPy)
+#   probe  no engine build: tests/gpu/probe_expert_reads.py with its timing half
+#          (probe_expert_reads.cu, built here by nvcc): read bandwidth of the expert weights' access
+#          patterns against a contiguous stream
 #   full   build + pytest -m cuda + the whole benchmark: full-size random-weight models, prompts
 #          8,192 / 65,536, decode at depths 0 / 8,192 / 65,536 / 262,144 by real prefill, and the
 #          --fast-depth variant of the 35B-A3B
@@ -50,7 +51,10 @@ log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 log "mode $MODE, commit $LAMPO_COMMIT, $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
 
 if [ "$MODE" = probe ]; then
-  timeout 300 $PY tests/gpu/probe_expert_reads.py --json "$OUT/bench/probe-expert-reads.json" 2>&1 | tee "$OUT/bench/probe-expert-reads.txt"
+  nvcc -O3 -shared -Xcompiler -fPIC -gencode arch=compute_90a,code=sm_90a -o "$WORK/probe_expert_reads.so" \
+    tests/gpu/probe_expert_reads.cu 2>&1 | tee "$OUT/probe-build.log"
+  timeout 300 $PY tests/gpu/probe_expert_reads.py --lib "$WORK/probe_expert_reads.so" \
+    --json "$OUT/bench/probe-expert-reads.json" 2>&1 | tee "$OUT/bench/probe-expert-reads.txt"
   log "probe exit ${PIPESTATUS[0]}"
   exit 0
 fi
