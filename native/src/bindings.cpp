@@ -3,8 +3,10 @@
 // reference) and the CudaError exception. Each part registers itself from its own file; the hooks
 // are weak so that a build restricted to a subset of sources (-DLAMPO_SOURCES=...) still links.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include "common.cuh"
+#include "timeline.h"
 
 namespace py = pybind11;
 
@@ -28,6 +30,16 @@ PYBIND11_MODULE(_native, m) {
         int n = 0;
         return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
     }, "Number of CUDA devices visible (0 when no driver or GPU).");
+
+    m.attr("timeline_built") = lampo::timeline_built();
+    m.def("timeline_start", &lampo::timeline_start, py::arg("per_sm"),
+          "Start recording block timestamps of every kernel (a LAMPO_TIMELINE=ON build only).");
+    m.def("timeline_stop", []() {
+        const std::vector<lampo::TimelineEvent> ev = lampo::timeline_stop();
+        return py::bytes(reinterpret_cast<const char*>(ev.data()), ev.size() * sizeof(lampo::TimelineEvent));
+    }, "Stop recording; the events as bytes of 24-byte records (time_ns u64, grid_id u64, block u32, sm u16, stage u8, pad u8).");
+    m.def("timeline_launches", &lampo::timeline_launches,
+          "Launch names ('<model op>: <launcher>') of the last one-token forward pass and the sampler, in order.");
 
     py::module_ ops = m.def_submodule("ops", "Single-op entry points on numpy arrays, for tests");
     if (lampo::register_core_ops) lampo::register_core_ops(ops);

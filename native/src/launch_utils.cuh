@@ -67,6 +67,7 @@ inline void launch_pdl(const char* op, void (*kernel)(Params...), dim3 grid, dim
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    if constexpr (timeline_built()) timeline_note_launch(op);
     cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op, __FILE__, __LINE__);
 }
 

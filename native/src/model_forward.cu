@@ -197,6 +197,7 @@ struct Ctx {
     template <class F>
     void op(OpFamily family, const char* name, F&& launch) const {
         if (op_family_omitted(family)) return;
+        if constexpr (timeline_built()) timeline_note_op(name);
         if (timer) timer->begin(family);
         launch();
         LAMPO_CHECK_LAUNCH(name);
@@ -461,6 +462,10 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
     }
     const Ctx c{d, ws, step, stream, timer};
     const int T = step.T, H = d.hidden, L = d.n_layers();
+    if constexpr (timeline_built()) timeline_forward_begin(T);
+    struct OpsDone {  // launches after the forward pass (the sampler) are the engine's
+        ~OpsDone() { if constexpr (timeline_built()) timeline_note_op("engine"); }
+    } ops_done;
 
     const bool folded = c.folded();  // else each block's input is ws.normed, written by a norm launch
     c.op(OpFamily::Embedding, "embedding_gather",

@@ -103,6 +103,7 @@ moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up, R
         dot = warp_sum(dot);
         if (lane == 0) shared.gate[t] = sigmoid(dot);
     }
+    timeline_mark(TL_SELECTED);
     if (!has_rows) return;
     if (!is_shared) {
         point_rows(gate_up + size_t(expert) * 2 * I * H);

@@ -25,6 +25,9 @@
 #   probe  no engine build: tests/gpu/probe_expert_reads.py with its timing half
 #          (probe_expert_reads.cu, built here by nvcc): read bandwidth of the expert weights' access
 #          patterns against a contiguous stream
+#   timeline  build with -DLAMPO_TIMELINE=ON (no tests unless TESTS=1) + tests/gpu/timeline.py: block
+#          timestamps of the graphed 35B-A3B decode step, each launch's share of the critical path
+#          (TIMELINE_DEPTHS, default 8192)
 #   full   build + pytest -m cuda + the whole benchmark: full-size random-weight models, prompts
 #          8,192 / 65,536, decode at depths 0 / 8,192 / 65,536 / 262,144 by real prefill, and the
 #          --fast-depth variant of the 35B-A3B
@@ -35,7 +38,7 @@
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|full|final|profile|omit|fusions|ab|probe) ;; *) echo "usage: $0 quick|full|final|profile|omit|fusions|ab|probe" >&2; exit 2 ;; esac
+case "$MODE" in quick|full|final|profile|omit|fusions|ab|probe|timeline) ;; *) echo "usage: $0 quick|full|final|profile|omit|fusions|ab|probe|timeline" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -99,7 +102,7 @@ build_native() {  # compile the configured build and put the module into the pac
   cmake --build "$WORK/build" -j"${JOBS:-14}" >>"$OUT/build.log" 2>&1 && cp "$WORK"/build/_native*.so app/lampo/
 }
 log "building lampo._native"
-cmake -S native -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+cmake -S native -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAMPO_TIMELINE=$([ "$MODE" = timeline ] && echo ON || echo OFF) \
   -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/build.log" 2>&1 \
   && build_native
 if [ $? -ne 0 ]; then
@@ -112,7 +115,8 @@ for pid in "${WRITERS[@]}"; do
 done
 { [ "$MODE" = quick ] || [ "$MODE" = final ]; } && export LAMPO_FULL_WIDTH_DIR="$WORK/full-width" && log "full-width checkpoints written"
 
-if { [ "$MODE" != profile ] && [ "$MODE" != omit ] && [ "$MODE" != fusions ] && [ "$MODE" != ab ]; } || [ -n "${TESTS:-}" ]; then
+case "$MODE" in profile|omit|fusions|ab|timeline) RUN_TESTS=${TESTS:-} ;; *) RUN_TESTS=1 ;; esac
+if [ -n "$RUN_TESTS" ]; then
 log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
 timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
   --durations=12 -p no:cacheprovider >"$OUT/pytest.log" 2>&1
@@ -187,6 +191,12 @@ for r in rows:
               f"{r['launches_per_token']['kernels']} kernels left)")
 PYEOF
   ;;
+timeline)  # block timestamps of the graphed step (a LAMPO_TIMELINE build; tests/gpu/timeline.py)
+  for depth in ${TIMELINE_DEPTHS:-8192}; do
+    timeout 180 $PY tests/gpu/timeline.py --depth "$depth" --json "$OUT/bench/timeline-35b-a3b-$depth.json" \
+      >"$OUT/bench/timeline-35b-a3b-$depth.txt" 2>&1
+    log "timeline depth $depth exit $?"
+  done ;;
 ab)
   fast() { (export LAMPO_COMMIT="$LAMPO_COMMIT${2:+ + $2}"; step_bench "35b-a3b-$1" 60); }
   ms_at_8k() { $PY -c "import json; print(json.load(open('$OUT/bench/35b-a3b-$1.json'))['decode'][1]['ms_per_token'])"; }

@@ -1,0 +1,177 @@
+"""Where a graphed decode step's time goes, launch by launch (GPU machine, LAMPO_TIMELINE=ON build).
+
+Every decode-step kernel of a LAMPO_TIMELINE build records, per block, when it reached pdl_begin
+(resident, waiting) and when its wait returned (the kernel before it had completed); the MoE gate_up
+also records when its experts were known (native/src/timeline.h). From those marks, per launch:
+
+  head start   first block released - first block resident (how early the launch was resident)
+  critical     next launch released - this launch released: this kernel's share of the step's
+               critical path (its work after the wait, its tail, and the hand-over to the next)
+  spread       last block released - first block released (blocks that became resident late)
+  selected     (gate_up) median block: experts known - released (the top-k's latency)
+
+Run on the GPU machine: bash tests/gpu/run.sh timeline (builds the extension with
+-DLAMPO_TIMELINE=ON in its own build directory, then runs this script). The instrumented step is
+slower than the plain one (each mark is an atomic and a store); the script prints both.
+
+Usage: python tests/gpu/timeline.py [--preset P] [--layers N] [--depth D] [--steps S] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+EVENT = np.dtype([("time_ns", "<u8"), ("grid_id", "<u8"), ("block", "<u4"), ("sm", "<u2"), ("stage", "u1"),
+                  ("pad", "u1")])
+ENTRY, RELEASED, SELECTED = 0, 1, 2
+
+
+@dataclass
+class Launch:
+    grid_id: int
+    blocks: int
+    resident_ns: int        # first block at pdl_begin
+    released_ns: int        # first block past the wait
+    released_last_ns: int
+    selected_ns: int | None  # median block's "experts known" mark (gate_up only)
+
+
+def group_launches(events: np.ndarray) -> list[Launch]:
+    """One Launch per grid id, in launch order (first release, then grid id)."""
+    out = []
+    for gid in np.unique(events["grid_id"]):
+        ev = events[events["grid_id"] == gid]
+        entry, rel, sel = (ev["time_ns"][ev["stage"] == s] for s in (ENTRY, RELEASED, SELECTED))
+        if rel.size == 0:
+            continue
+        out.append(Launch(int(gid), int(rel.size), int(entry.min()) if entry.size else int(rel.min()),
+                          int(rel.min()), int(rel.max()), int(np.median(sel)) if sel.size else None))
+    out.sort(key=lambda launch: (launch.released_ns, launch.grid_id))
+    return out
+
+
+def split_steps(launches: list[Launch], steps: int) -> list[list[Launch]]:
+    """The launches of `steps` graph replays, one list per replay (each replay launches the same kernels)."""
+    if steps < 1 or len(launches) % steps:
+        raise ValueError(f"{len(launches)} launches do not split into {steps} equal steps")
+    n = len(launches) // steps
+    return [launches[i * n:(i + 1) * n] for i in range(steps)]
+
+
+def step_rows(step: list[Launch], names: list[str]) -> list[dict]:
+    """Per launch of one step: name and the measures of the module docstring (us)."""
+    if len(names) != len(step):
+        names = [f"launch {i}" for i in range(len(step))]
+    rows = []
+    for i, (launch, name) in enumerate(zip(step, names)):
+        nxt = step[i + 1].released_ns if i + 1 < len(step) else None
+        rows.append({
+            "name": name,
+            "blocks": launch.blocks,
+            "head_start_us": (launch.released_ns - launch.resident_ns) / 1e3,
+            "critical_us": (nxt - launch.released_ns) / 1e3 if nxt is not None else None,
+            "spread_us": (launch.released_last_ns - launch.released_ns) / 1e3,
+            "selected_us": (launch.selected_ns - launch.released_ns) / 1e3 if launch.selected_ns else None,
+        })
+    return rows
+
+
+def by_name(steps_rows: list[list[dict]]) -> list[dict]:
+    """Per launch name over all steps: launches per step, critical path per step (sum), and means."""
+    acc: dict[str, dict[str, list[float]]] = {}
+    for rows in steps_rows:
+        for r in rows:
+            a = acc.setdefault(r["name"], {"critical": [], "head": [], "spread": [], "selected": []})
+            if r["critical_us"] is not None:
+                a["critical"].append(r["critical_us"])
+            a["head"].append(r["head_start_us"])
+            a["spread"].append(r["spread_us"])
+            if r["selected_us"] is not None:
+                a["selected"].append(r["selected_us"])
+    n = len(steps_rows)
+    out = []
+    for name, a in acc.items():
+        mean = lambda xs: statistics.fmean(xs) if xs else None  # noqa: E731
+        out.append({"name": name, "per_step": len(a["head"]) // n,
+                    "critical_us_per_step": sum(a["critical"]) / n, "critical_us_mean": mean(a["critical"]),
+                    "head_start_us_mean": mean(a["head"]), "spread_us_mean": mean(a["spread"]),
+                    "selected_us_mean": mean(a["selected"])})
+    out.sort(key=lambda r: -r["critical_us_per_step"])
+    return out
+
+
+def format_report(summary: list[dict], first_rows: list[dict], step_us: float, plain_ms: float) -> str:
+    fmt = lambda v: "      -" if v is None else f"{v:7.2f}"  # noqa: E731
+    lines = [f"instrumented graph step {step_us / 1e3:.3f} ms (first release to last release; the plain "
+             f"graph step measured here: {plain_ms:.3f} ms)", "",
+             "per launch name (critical path per step, then per-launch means, us):",
+             f"  {'name':58s} {'n':>3s} {'crit/step':>9s} {'crit':>7s} {'head':>7s} {'spread':>7s} {'select':>7s}"]
+    for r in summary:
+        lines.append(f"  {r['name'][:58]:58s} {r['per_step']:3d} {r['critical_us_per_step']:9.1f} "
+                     f"{fmt(r['critical_us_mean'])} {fmt(r['head_start_us_mean'])} {fmt(r['spread_us_mean'])} "
+                     f"{fmt(r['selected_us_mean'])}")
+    lines += ["", "the first launches of the step (us):",
+              f"  {'#':>3s} {'name':58s} {'blocks':>6s} {'crit':>7s} {'head':>7s} {'spread':>7s} {'select':>7s}"]
+    for i, r in enumerate(first_rows):
+        lines.append(f"  {i:3d} {r['name'][:58]:58s} {r['blocks']:6d} {fmt(r['critical_us'])} "
+                     f"{fmt(r['head_start_us'])} {fmt(r['spread_us'])} {fmt(r['selected_us'])}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    from lampo import bench
+    from lampo.cuda_backend import load_native
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="qwen3.6-35b-a3b")
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--depth", type=int, default=8192, help="context depth (random fill)")
+    ap.add_argument("--steps", type=int, default=4, help="recorded graph steps")
+    ap.add_argument("--show", type=int, default=24, help="launches listed one by one")
+    ap.add_argument("--per-sm", type=int, default=1 << 16, help="event capacity per SM")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+
+    native = load_native()
+    if not native.timeline_built:
+        print("lampo._native was built without LAMPO_TIMELINE=ON", file=sys.stderr)
+        return 2
+    bench_args = ["--preset", args.preset, "--random-weights", "--prompt", "512", "--depths", str(args.depth),
+                  "--fast-depth", "--profile-steps", "0"] + (["--layers", str(args.layers)] if args.layers else [])
+    parsed = bench.build_parser().parse_args(bench_args)
+    cfg, _ = bench.resolve_model(parsed)
+    w = bench.plan_workload(parsed, cfg, cuda=True)
+    target = bench.CudaTarget(native, cfg, w, None, parsed.seed)
+    rng = np.random.default_rng(0)
+    bench.reach_depth(target, w.depths[0], w, rng, parsed.seed)
+    target.decode(8)  # captures the graph, warms up
+    t0 = time.perf_counter()
+    target.decode(32)
+    plain_ms = (time.perf_counter() - t0) / 32 * 1e3
+    native.timeline_start(args.per_sm)
+    target.decode(args.steps)
+    events = np.frombuffer(native.timeline_stop(), dtype=EVENT)
+    names = list(native.timeline_launches())
+    steps = split_steps(group_launches(events), args.steps)
+    rows = [step_rows(s, names) for s in steps]
+    step_us = statistics.median((s[-1].released_ns - s[0].released_ns) / 1e3 for s in steps)
+    summary = by_name(rows)
+    print(format_report(summary, rows[0][:args.show], step_us, plain_ms))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"preset": args.preset, "layers": cfg.num_hidden_layers, "depth": w.depths[0],
+                       "steps": args.steps, "events": int(events.size), "plain_step_ms": plain_ms,
+                       "instrumented_step_us": step_us, "summary": summary, "steps_rows": rows,
+                       "launches": [asdict(x) for x in steps[0]]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
