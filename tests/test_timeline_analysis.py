@@ -28,24 +28,22 @@ def events(tl, marks):
     return ev
 
 
-def two_steps(tl):
-    # step 1: router (grid 7) released at 1000, gate_up (grid 8) resident at 900, released 3000,
-    # experts known 3500/4500; down (grid 9) released 9000. Step 2 the same 10,000 ns later.
-    marks = []
-    for base, gids in ((0, (7, 8, 9)), (10_000, (17, 18, 19))):
-        r, g, d = gids
-        marks += [(r, 0, tl.ENTRY, base + 500), (r, 0, tl.RELEASED, base + 1000)]
-        marks += [(g, b, tl.ENTRY, base + 900 + b) for b in range(2)]
-        marks += [(g, 0, tl.RELEASED, base + 3000), (g, 1, tl.RELEASED, base + 3400)]
-        marks += [(g, 0, tl.SELECTED, base + 3500), (g, 1, tl.SELECTED, base + 4500)]
-        marks += [(d, 0, tl.RELEASED, base + 9000)]
+def step_events(tl, base=0):
+    # router (grid 7) released at 1000, gate_up (grid 8) resident at 900, released 3000, experts
+    # known 3500/4500; down (grid 9) released 9000; all `base` ns later.
+    r, g, d = 7, 8, 9
+    marks = [(r, 0, tl.ENTRY, base + 500), (r, 0, tl.RELEASED, base + 1000)]
+    marks += [(g, b, tl.ENTRY, base + 900 + b) for b in range(2)]
+    marks += [(g, 0, tl.RELEASED, base + 3000), (g, 1, tl.RELEASED, base + 3400)]
+    marks += [(g, 0, tl.SELECTED, base + 3500), (g, 1, tl.SELECTED, base + 4500)]
+    marks += [(d, 0, tl.RELEASED, base + 9000)]
     return events(tl, marks[::-1])  # order of the buffer does not matter
 
 
 def test_launches_are_grouped_by_grid_and_ordered_by_release():
     tl = load()
-    launches = tl.group_launches(two_steps(tl))
-    assert [x.grid_id for x in launches] == [7, 8, 9, 17, 18, 19]
+    launches = tl.group_launches(step_events(tl))
+    assert [x.grid_id for x in launches] == [7, 8, 9]
     gate_up = launches[1]
     assert (gate_up.blocks, gate_up.resident_ns, gate_up.released_ns, gate_up.released_last_ns) == (2, 900, 3000, 3400)
     assert gate_up.selected_ns == 4000
@@ -54,26 +52,20 @@ def test_launches_are_grouped_by_grid_and_ordered_by_release():
 
 def test_step_rows_give_each_launch_the_time_to_the_next_release():
     tl = load()
-    steps = tl.split_steps(tl.group_launches(two_steps(tl)), 2)
-    rows = tl.step_rows(steps[0], ["router", "gate_up", "down"])
+    step = tl.group_launches(step_events(tl))
+    rows = tl.step_rows(step, ["router", "gate_up", "down"])
     assert [r["critical_us"] for r in rows] == [2.0, 6.0, None]
     assert rows[1]["head_start_us"] == pytest.approx(2.1) and rows[1]["spread_us"] == pytest.approx(0.4)
     assert rows[1]["selected_us"] == pytest.approx(1.0) and rows[0]["selected_us"] is None
-    assert [r["name"] for r in tl.step_rows(steps[0], ["only one name"])] == ["launch 0", "launch 1", "launch 2"]
+    assert [r["name"] for r in tl.step_rows(step, ["only one name"])] == ["launch 0", "launch 1", "launch 2"]
 
 
 def test_summary_sums_the_critical_path_per_step_and_the_report_lists_it():
     tl = load()
-    steps = tl.split_steps(tl.group_launches(two_steps(tl)), 2)
+    steps = [tl.group_launches(step_events(tl, base)) for base in (0, 10_000)]
     rows = [tl.step_rows(s, ["router", "gate_up", "down"]) for s in steps]
     summary = {r["name"]: r for r in tl.by_name(rows)}
     assert summary["gate_up"]["critical_us_per_step"] == pytest.approx(6.0)
     assert summary["gate_up"]["per_step"] == 1 and summary["down"]["critical_us_mean"] is None
     text = tl.format_report(tl.by_name(rows), rows[0], 8.0, 0.01)
     assert "gate_up" in text and "0.008 ms" in text
-
-
-def test_launches_that_do_not_split_into_equal_steps_are_refused():
-    tl = load()
-    with pytest.raises(ValueError, match="equal steps"):
-        tl.split_steps(tl.group_launches(two_steps(tl))[:5], 2)

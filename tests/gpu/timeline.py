@@ -35,7 +35,7 @@ ENTRY, RELEASED, SELECTED = 0, 1, 2
 
 @dataclass
 class Launch:
-    grid_id: int
+    grid_id: int            # %gridid: one per graph node (the same in every replay)
     blocks: int
     resident_ns: int        # first block at pdl_begin
     released_ns: int        # first block past the wait
@@ -44,7 +44,7 @@ class Launch:
 
 
 def group_launches(events: np.ndarray) -> list[Launch]:
-    """One Launch per grid id, in launch order (first release, then grid id)."""
+    """One Launch per grid id of one step's events, in launch order (first release, then grid id)."""
     out = []
     for gid in np.unique(events["grid_id"]):
         ev = events[events["grid_id"] == gid]
@@ -55,14 +55,6 @@ def group_launches(events: np.ndarray) -> list[Launch]:
                           int(rel.min()), int(rel.max()), int(np.median(sel)) if sel.size else None))
     out.sort(key=lambda launch: (launch.released_ns, launch.grid_id))
     return out
-
-
-def split_steps(launches: list[Launch], steps: int) -> list[list[Launch]]:
-    """The launches of `steps` graph replays, one list per replay (each replay launches the same kernels)."""
-    if steps < 1 or len(launches) % steps:
-        raise ValueError(f"{len(launches)} launches do not split into {steps} equal steps")
-    n = len(launches) // steps
-    return [launches[i * n:(i + 1) * n] for i in range(steps)]
 
 
 def step_rows(step: list[Launch], names: list[str]) -> list[dict]:
@@ -155,11 +147,14 @@ def main() -> int:
     t0 = time.perf_counter()
     target.decode(32)
     plain_ms = (time.perf_counter() - t0) / 32 * 1e3
-    native.timeline_start(args.per_sm)
-    target.decode(args.steps)
-    events = np.frombuffer(native.timeline_stop(), dtype=EVENT)
+    steps, n_events = [], 0
+    for _ in range(args.steps):  # one recording per step: a graph node keeps its grid id in every replay
+        native.timeline_start(args.per_sm)
+        target.decode(1)
+        events = np.frombuffer(native.timeline_stop(), dtype=EVENT)
+        steps.append(group_launches(events))
+        n_events += events.size
     names = list(native.timeline_launches())
-    steps = split_steps(group_launches(events), args.steps)
     rows = [step_rows(s, names) for s in steps]
     step_us = statistics.median((s[-1].released_ns - s[0].released_ns) / 1e3 for s in steps)
     summary = by_name(rows)
@@ -167,7 +162,7 @@ def main() -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "layers": cfg.num_hidden_layers, "depth": w.depths[0],
-                       "steps": args.steps, "events": int(events.size), "plain_step_ms": plain_ms,
+                       "steps": args.steps, "events": n_events, "plain_step_ms": plain_ms,
                        "instrumented_step_us": step_us, "summary": summary, "steps_rows": rows,
                        "launches": [asdict(x) for x in steps[0]]}, f, indent=1)
     return 0
