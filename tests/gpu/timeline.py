@@ -152,6 +152,8 @@ def main() -> int:
         native.timeline_start(args.per_sm)
         target.decode(1)
         events = np.frombuffer(native.timeline_stop(), dtype=EVENT)
+        if events.size and np.bincount(events["sm"]).max() >= args.per_sm:
+            raise SystemExit(f"an SM filled its {args.per_sm} event slots (later marks were dropped): raise --per-sm")
         steps.append(group_launches(events))
         n_events += events.size
     names = list(native.timeline_launches())
