@@ -32,34 +32,9 @@ inline void cuda_check(cudaError_t err, const char* op, const char* file, int li
 #define LAMPO_CHECK_LAUNCH(op) ::lampo::cuda_check(cudaGetLastError(), op, __FILE__, __LINE__)
 
 #if defined(__CUDACC__)
+#include "timeline_mark.cuh"
+
 namespace lampo {
-
-#ifdef LAMPO_TIMELINE
-namespace {
-__device__ TimelineBuffer tl_buffer;  // this translation unit's view of the recording buffer
-void tl_bind(const TimelineBuffer& b) { LAMPO_CUDA_CHECK(cudaMemcpyToSymbol(tl_buffer, &b, sizeof b)); }
-const bool tl_registered = timeline_register(&tl_bind);
-}  // namespace
-#endif
-
-// Thread 0 of the block records `stage` on the timeline (timeline.h); nothing unless built with
-// LAMPO_TIMELINE and a timeline is recording.
-__device__ __forceinline__ void timeline_mark(TimelineStage stage) {
-#ifdef LAMPO_TIMELINE
-    if (threadIdx.x + threadIdx.y + threadIdx.z != 0 || !tl_buffer.events) return;
-    uint32_t sm;
-    uint64_t t, grid;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
-    const uint32_t i = atomicAdd(tl_buffer.counts + sm, 1u);
-    if (i < tl_buffer.per_sm)
-        tl_buffer.events[size_t(sm) * tl_buffer.per_sm + i] = {
-            t, grid, blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), uint16_t(sm), stage, 0};
-#else
-    (void)stage;
-#endif
-}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
