@@ -69,3 +69,20 @@ def test_summary_sums_the_critical_path_per_step_and_the_report_lists_it():
     assert summary["gate_up"]["per_step"] == 1 and summary["down"]["critical_us_mean"] is None
     text = tl.format_report(tl.by_name(rows), rows[0], 8.0, 0.01)
     assert "gate_up" in text and "0.008 ms" in text
+
+
+def test_layers_are_cut_at_their_first_op_and_end_before_the_lm_head():
+    tl = load()
+    names = ["embedding_gather: e", "gdn in projection: gemv", "moe_experts_down_add: d",
+             "gdn in projection: gemv", "moe_experts_down_add: d", "attention qkv projection: gemv",
+             "attn_decode_int8: split", "attn_decode_int8: combine", "lm_head: gemv", "engine: sample"]
+    critical = [1.0, 10.0, 5.0, 12.0, 7.0, 20.0, 3.0, 2.0, 30.0, None]
+    rows = [{"name": n, "critical_us": c} for n, c in zip(names, critical)]
+    layers = {k["kind"]: k for k in tl.by_layer([rows])}
+    gdn = layers["gdn in projection"]
+    assert gdn["per_step"] == 2 and gdn["critical_us_mean"] == pytest.approx(17.0)
+    assert gdn["parts_us"] == {"gdn in projection: gemv": 11.0, "moe_experts_down_add: d": 6.0}
+    assert layers["attention qkv projection"]["critical_us_mean"] == pytest.approx(25.0)  # lm_head not counted
+    text = tl.format_report([], [], 1.0, 1.0, tl.by_layer([rows]))
+    assert "a layer opened by gdn in projection (2 per step): 17.0 us = gdn in projection 11.0" in text
+    assert "attn_decode_int8: split 3.0 + attn_decode_int8: combine 2.0" in text  # one op, two launches

@@ -99,7 +99,38 @@ def by_name(steps_rows: list[list[dict]]) -> list[dict]:
     return out
 
 
-def format_report(summary: list[dict], first_rows: list[dict], step_us: float, plain_ms: float) -> str:
+LAYER_OPENERS = ("gdn in projection", "attention qkv projection")  # the first op of a decoder layer
+AFTER_LAYERS = ("rmsnorm", "lm_head", "engine")                    # ops after the last layer
+
+
+def by_layer(steps_rows: list[list[dict]]) -> list[dict]:
+    """Per layer kind (named by its first op): layers per step, the mean critical path of one layer,
+    and its parts in launch order (mean us per layer)."""
+    kinds: dict[str, list[list[dict]]] = {}
+    for rows in steps_rows:
+        layer = None
+        for r in rows:
+            op = r["name"].split(":")[0]
+            if op in LAYER_OPENERS:
+                layer = []
+                kinds.setdefault(op, []).append(layer)
+            elif op in AFTER_LAYERS:
+                layer = None
+            if layer is not None and r["critical_us"] is not None:
+                layer.append(r)
+    out = []
+    for kind, layers in kinds.items():
+        parts: dict[str, float] = {}
+        for layer in layers:
+            for r in layer:
+                parts[r["name"]] = parts.get(r["name"], 0.0) + r["critical_us"] / len(layers)
+        out.append({"kind": kind, "per_step": len(layers) // len(steps_rows),
+                    "critical_us_mean": sum(parts.values()), "parts_us": parts})
+    return out
+
+
+def format_report(summary: list[dict], first_rows: list[dict], step_us: float, plain_ms: float,
+                  layers: list[dict] | None = None) -> str:
     fmt = lambda v: "      -" if v is None else f"{v:7.2f}"  # noqa: E731
     lines = [f"instrumented graph step {step_us / 1e3:.3f} ms (first release to last release; the plain "
              f"graph step measured here: {plain_ms:.3f} ms)", "",
@@ -109,6 +140,11 @@ def format_report(summary: list[dict], first_rows: list[dict], step_us: float, p
         lines.append(f"  {r['name'][:58]:58s} {r['per_step']:3d} {r['critical_us_per_step']:9.1f} "
                      f"{fmt(r['critical_us_mean'])} {fmt(r['head_start_us_mean'])} {fmt(r['spread_us_mean'])} "
                      f"{fmt(r['selected_us_mean'])}")
+    for k in layers or []:
+        ops = [name.split(": ")[0] for name in k["parts_us"]]
+        label = lambda name: name if ops.count(name.split(": ")[0]) > 1 else name.split(": ")[0]  # noqa: E731
+        parts = " + ".join(f"{label(name)} {us:.1f}" for name, us in k["parts_us"].items())
+        lines += ["", f"a layer opened by {k['kind']} ({k['per_step']} per step): {k['critical_us_mean']:.1f} us = {parts}"]
     lines += ["", "the first launches of the step (us):",
               f"  {'#':>3s} {'name':58s} {'blocks':>6s} {'crit':>7s} {'head':>7s} {'spread':>7s} {'select':>7s}"]
     for i, r in enumerate(first_rows):
@@ -159,13 +195,13 @@ def main() -> int:
     names = list(native.timeline_launches())
     rows = [step_rows(s, names) for s in steps]
     step_us = statistics.median((s[-1].released_ns - s[0].released_ns) / 1e3 for s in steps)
-    summary = by_name(rows)
-    print(format_report(summary, rows[0][:args.show], step_us, plain_ms))
+    summary, layers = by_name(rows), by_layer(rows)
+    print(format_report(summary, rows[0][:args.show], step_us, plain_ms, layers))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "layers": cfg.num_hidden_layers, "depth": w.depths[0],
                        "steps": args.steps, "events": n_events, "plain_step_ms": plain_ms,
-                       "instrumented_step_us": step_us, "summary": summary, "steps_rows": rows,
+                       "instrumented_step_us": step_us, "summary": summary, "layers": layers, "steps_rows": rows,
                        "launches": [asdict(x) for x in steps[0]]}, f, indent=1)
     return 0
 
