@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "common.cuh"
+#include "launch_utils.cuh"
 
 namespace lampo {
 namespace {
@@ -45,14 +45,11 @@ void timeline_start(uint32_t per_sm) {
         throw std::runtime_error("timeline_start: lampo._native was built without LAMPO_TIMELINE=ON");
     if (g_rec.events) throw std::runtime_error("timeline_start: a timeline is already recording");
     if (per_sm == 0) throw std::invalid_argument("timeline_start: per_sm must be > 0");
-    int dev = 0, sms = 0;
-    LAMPO_CUDA_CHECK(cudaGetDevice(&dev));
-    LAMPO_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    g_rec.sms = uint32_t(sms);
+    g_rec.sms = uint32_t(sm_count());
     g_rec.per_sm = per_sm;
-    LAMPO_CUDA_CHECK(cudaMalloc(&g_rec.events, size_t(sms) * per_sm * sizeof(TimelineEvent)));
-    LAMPO_CUDA_CHECK(cudaMalloc(&g_rec.counts, size_t(sms) * sizeof(uint32_t)));
-    LAMPO_CUDA_CHECK(cudaMemset(g_rec.counts, 0, size_t(sms) * sizeof(uint32_t)));
+    LAMPO_CUDA_CHECK(cudaMalloc(&g_rec.events, size_t(g_rec.sms) * per_sm * sizeof(TimelineEvent)));
+    LAMPO_CUDA_CHECK(cudaMalloc(&g_rec.counts, size_t(g_rec.sms) * sizeof(uint32_t)));
+    LAMPO_CUDA_CHECK(cudaMemset(g_rec.counts, 0, size_t(g_rec.sms) * sizeof(uint32_t)));
     LAMPO_CUDA_CHECK(cudaDeviceSynchronize());
     bind_all({static_cast<TimelineEvent*>(g_rec.events), static_cast<uint32_t*>(g_rec.counts), per_sm});
 }
@@ -62,16 +59,18 @@ std::vector<TimelineEvent> timeline_stop() {
     LAMPO_CUDA_CHECK(cudaDeviceSynchronize());
     bind_all({nullptr, nullptr, 0});
     std::vector<uint32_t> counts(g_rec.sms);
-    std::vector<TimelineEvent> all(size_t(g_rec.sms) * g_rec.per_sm);
     LAMPO_CUDA_CHECK(cudaMemcpy(counts.data(), g_rec.counts, counts.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
-    LAMPO_CUDA_CHECK(cudaMemcpy(all.data(), g_rec.events, all.size() * sizeof(TimelineEvent), cudaMemcpyDeviceToHost));
+    std::vector<TimelineEvent> out;  // only the used head of each SM's slice comes back
+    const TimelineEvent* events = static_cast<const TimelineEvent*>(g_rec.events);
+    for (uint32_t s = 0; s < g_rec.sms; ++s) {
+        const size_t at = out.size(), n = std::min(counts[s], g_rec.per_sm);  // events past per_sm were dropped
+        out.resize(at + n);
+        if (n)
+            LAMPO_CUDA_CHECK(cudaMemcpy(out.data() + at, events + size_t(s) * g_rec.per_sm, n * sizeof(TimelineEvent),
+                                        cudaMemcpyDeviceToHost));
+    }
     LAMPO_CUDA_CHECK(cudaFree(g_rec.events));
     LAMPO_CUDA_CHECK(cudaFree(g_rec.counts));
-    std::vector<TimelineEvent> out;
-    for (uint32_t s = 0; s < g_rec.sms; ++s) {
-        const uint32_t n = std::min(counts[s], g_rec.per_sm);  // events past per_sm were dropped
-        out.insert(out.end(), all.begin() + size_t(s) * g_rec.per_sm, all.begin() + size_t(s) * g_rec.per_sm + n);
-    }
     g_rec = Recording{};
     return out;
 }

@@ -5,8 +5,9 @@
 // Every kernel marks, from thread 0 of each block, when the block started (before pdl_begin's
 // wait) and when its wait returned, i.e. when the kernel before it had completed; a kernel may add
 // marks of its own (the MoE gate_up marks when its experts are known). An event is
-// {globaltimer ns, %gridid (one per launch, graph replays included), block, SM, stage}; events go to
-// per-SM slices of one device buffer, so blocks of different SMs never contend for a counter.
+// {globaltimer ns, %gridid, block, SM, stage}; %gridid is one per graph node, the same in every
+// replay, so record one step at a time. Events go to per-SM slices of one device buffer, so
+// blocks of different SMs never contend for a counter.
 // The host side also keeps the name of every launch of the last one-token forward pass in order
 // (model_forward and launch_pdl note them), so a script can name each launch
 // (tests/gpu/timeline.py).

@@ -10,8 +10,8 @@ also records when its experts were known (native/src/timeline.h). From those mar
   spread       last block released - first block released (blocks that became resident late)
   selected     (gate_up) median block: experts known - released (the top-k's latency)
 
-Run on the GPU machine: bash tests/gpu/run.sh timeline (builds the extension with
--DLAMPO_TIMELINE=ON in its own build directory, then runs this script). The instrumented step is
+Run on the GPU machine: bash tests/gpu/run.sh timeline (configures the extension's build with
+-DLAMPO_TIMELINE=ON, builds it, then runs this script). The instrumented step is
 slower than the plain one (each mark is an atomic and a store); the script prints both.
 
 Usage: python tests/gpu/timeline.py [--preset P] [--layers N] [--depth D] [--steps S] [--json PATH]
