@@ -8,7 +8,8 @@
 // i with i + rotary_dim/2, which lives in lane l +- rotary_dim/16 (rotary_dim % 16 == 0): the
 // partner's 8 values arrive by shuffles. inv_freq is computed on the host in double and rounded to
 // fp32 (as the reference), the angle pos * inv_freq is one fp32 multiply, and cos/sin of that angle
-// are evaluated in double (fast-math sinf would be wrong for angles up to ~2.6e5). A key row is
+// are evaluated in double (fast-math sinf would be wrong for angles up to ~2.6e5). The norm weights
+// are read before the PDL wait, the gate half together with q. A key row is
 // quantized from its bf16-rounded values (kv_quant.cuh), exactly what a later append of k_out would
 // store; rows at positions >= max_ctx are not appended (the engine keeps the context inside the
 // cache and checks it on the host before every step).
@@ -34,14 +35,17 @@ attn_prep_kernel(const bf16* __restrict__ qg, const bf16* __restrict__ k_raw, co
                  const bf16* __restrict__ k_norm_w, const int32_t* __restrict__ d_pos, bf16* __restrict__ q_out,
                  bf16* __restrict__ gate_out, bf16* __restrict__ k_out, int nq, int nkv, int D, int rotary_dim,
                  float eps, const RopeFreqs freqs, const KvAppendTarget append) {
-    pdl_begin();
     const int t = blockIdx.x;
     const int head = blockIdx.y * PREP_WARPS + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
     const int heads = append.v ? nq + 2 * nkv : nq + nkv;
+    const bool active = lane < D / 8;
+    const bool is_q = head < nq;
+    float g[8] = {};  // the norm weight (immutable: read before the wait)
+    if (active && head < nq + nkv) bf16x8_to_float(reinterpret_cast<const uint4*>(is_q ? q_norm_w : k_norm_w)[lane], g);
+    pdl_begin();
     if (head >= heads) return;
     const int pos = d_pos[0] + t;
-    const bool active = lane < D / 8;
     float x[8] = {};
     if (head >= nq + nkv) {  // a value row: straight into the cache
         const int h = head - nq - nkv;
@@ -52,18 +56,15 @@ attn_prep_kernel(const bf16* __restrict__ qg, const bf16* __restrict__ k_raw, co
         }
         return;
     }
-    const bool is_q = head < nq;
     const bf16* src = is_q ? qg + (size_t(t) * nq + head) * 2 * D : k_raw + (size_t(t) * nkv + (head - nq)) * D;
-    const bf16* w = is_q ? q_norm_w : k_norm_w;
 
     if (active) bf16x8_to_float(reinterpret_cast<const uint4*>(src)[lane], x);
+    const uint4 gate = is_q && active ? reinterpret_cast<const uint4*>(src + D)[lane] : uint4{};  // copied through
     float ss = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i) ss += x[i] * x[i];
     const float inv = rsqrtf(warp_sum(ss) / float(D) + eps);
     if (active) {
-        float g[8];
-        bf16x8_to_float(reinterpret_cast<const uint4*>(w)[lane], g);
 #pragma unroll
         for (int i = 0; i < 8; ++i) x[i] = x[i] * inv * (1.0f + g[i]);
     }
@@ -90,8 +91,7 @@ attn_prep_kernel(const bf16* __restrict__ qg, const bf16* __restrict__ k_raw, co
     if (is_q) {
         if (!active) return;
         reinterpret_cast<uint4*>(q_out + (size_t(t) * nq + head) * D)[lane] = rounded;
-        reinterpret_cast<uint4*>(gate_out + (size_t(t) * nq + head) * D)[lane] =
-            reinterpret_cast<const uint4*>(src + D)[lane];
+        reinterpret_cast<uint4*>(gate_out + (size_t(t) * nq + head) * D)[lane] = gate;
         return;
     }
     const int h = head - nq;

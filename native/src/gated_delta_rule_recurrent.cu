@@ -14,6 +14,8 @@
 // columns as float4 (coalesced 16-byte loads). Both reductions of a token come from one pass over
 // the decayed state, using S_new^T q = exp(g) S^T q + beta e (k.q):
 //     kS = S^T k, qS = S^T q (old S) ; e = v - exp(g) kS ; o = exp(g) qS + beta e (k.q)
+#include <cooperative_groups.h>
+
 #include "common.cuh"
 #include "launch_utils.cuh"
 #include "gdn_common.cuh"
@@ -154,87 +156,118 @@ gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
     store_slice(S, state + j * head_elems, rg, m0);
 }
 
-// The decode step (T = 1) of a Gated DeltaNet layer in one launch, grid (8, Hv) as above:
-// 1. conv + SiLU of the channels the block needs, from the pre-conv row: thread tid does q and k
-//    channel tid of K head hk (every block of the K group recomputes them: 2 x 128 channels), and
-//    threads 0..15 the block's 16 v channels, whose conv state only this block reads, so they
-//    update it at once. The q/k conv state is shared by the 8 * Hv/Hk blocks of the group: each
-//    takes a ticket on counters[hk] after reading it, and the last one writes the new q/k state.
-// 2. the delta rule step of gdn_recurrent_kernel (rec_token), o slice -> o (bf16 scratch).
-// 3. the last of the head's 8 blocks (ticket on counters[Hk + j], after a device-scope fence of the
-//    o slices) runs the gated RMSNorm of head j with z -> y. Each last block puts its counter back
-//    to 0. Numbers identical to causal_conv1d_silu -> gated_delta_rule_recurrent -> gated_rmsnorm.
+// The decode step (T = 1) of a Gated DeltaNet layer in one launch, grid (8, Hv) as above, the 8
+// blocks of V head j one thread block cluster (sm_90+):
+// 1. before the wait, the constants: conv weights of the block's channels (thread tid: q and k
+//    channel tid of K head hk; threads 0..15 also the block's 16 v channels), A_log, dt_bias, and
+//    in rank 0's first warp the norm weight. After it, every load at once: the state slice, the
+//    conv states and inputs, a, b, and (rank 0, first warp) z.
+// 2. conv + SiLU. The block's v channels' conv state is read only here, so it is updated at once;
+//    the q/k conv state is shared by the 8 * Hv/Hk blocks of the K group: each takes a ticket on
+//    counters[hk] after reading it, and the last one writes the new q/k state (at the end, so the
+//    ticket's round trip overlaps the delta rule).
+// 3. the delta rule step of gdn_recurrent_kernel (rec_token).
+// 4. each block puts its bf16 o slice into rank 0's shared memory; after the cluster barrier rank
+//    0's first warp runs the gated RMSNorm of head j with z -> y.
+// Numbers identical to causal_conv1d_silu -> gated_delta_rule_recurrent -> gated_rmsnorm.
+constexpr int FUSED_CLUSTER = GDN_D / REC_COLS;
+
+template <int K>
+__device__ __forceinline__ void load_conv_w(const bf16* __restrict__ conv_w, int c, float (&w)[K]) {
+#pragma unroll
+    for (int q = 0; q < K; ++q) w[q] = __bfloat162float(conv_w[size_t(c) * K + q]);
+}
+
 template <int K>
 __global__ void __launch_bounds__(REC_THREADS)
 gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ conv_w, bf16* conv_state,
                         const bf16* __restrict__ a, const bf16* __restrict__ b,
                         const float* __restrict__ A_log, const float* __restrict__ dt_bias,
-                        float* __restrict__ state, bf16* o, const bf16* __restrict__ z,
+                        float* __restrict__ state, const bf16* __restrict__ z,
                         const bf16* __restrict__ norm_w, bf16* __restrict__ y, unsigned* counters,
                         int Hk, int Hv, float eps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ float v_s[REC_COLS];
+    __shared__ __align__(8) bf16 o_row[GDN_D];  // rank 0: head j's o, gathered from the cluster
     __shared__ bool last;
     const int tid = threadIdx.x;
     const int cg = tid & 3, rg = tid >> 2;
     const int j = blockIdx.y, hk = j / (Hv / Hk);
     const int m0 = blockIdx.x * REC_COLS + cg * 4;
+    const bool norm_lane = blockIdx.x == 0 && tid < 32;  // rank 0's first warp: channels 4 tid .. 4 tid + 3
     const size_t head_elems = size_t(GDN_D) * GDN_D;
-    pdl_begin();
+    const int cq = hk * GDN_D + tid, ck = (Hk + hk) * GDN_D + tid;
+    const int cv = 2 * Hk * GDN_D + j * GDN_D + blockIdx.x * REC_COLS + tid;  // tid < REC_COLS
 
-    // 1. conv: channel c's weights w[c, 0..K-1] and state hist[c, 0..K-2] (oldest first).
-    auto conv_channel = [&](int c, float (&hist)[K - 1], float& xc) {
-        float wk[K];
-#pragma unroll
-        for (int q = 0; q < K; ++q) wk[q] = __bfloat162float(conv_w[size_t(c) * K + q]);
+    // 1. constants, then (after the wait) every input.
+    float wq[K], wk[K], wv[K];
+    load_conv_w<K>(conv_w, cq, wq);
+    load_conv_w<K>(conv_w, ck, wk);
+    if (tid < REC_COLS) load_conv_w<K>(conv_w, cv, wv);
+    const float a_log = A_log[j], dtb = dt_bias[j];
+    const float4 nw = norm_lane ? load_bf16x4(norm_w + tid * 4) : float4{};
+    pdl_begin();
+    float4 S[REC_ROWS];
+    load_slice(S, state + j * head_elems, rg, m0);
+    auto load_hist = [&](int c, float (&hist)[K - 1]) {
 #pragma unroll
         for (int q = 0; q < K - 1; ++q) hist[q] = __bfloat162float(conv_state[size_t(c) * (K - 1) + q]);
-        xc = __bfloat162float(x[c]);
-        return round_to_bf16(conv_silu_step<K>(wk, hist, xc));  // conv_out is bf16 in the 3-launch path
     };
-    auto write_state = [&](int c, const float (&hist)[K - 1], float xc) {  // shift in x
+    auto write_hist = [&](int c, const float (&hist)[K - 1], float xc) {  // shift in x
 #pragma unroll
         for (int q = 0; q < K - 2; ++q) conv_state[size_t(c) * (K - 1) + q] = __float2bfloat16_rn(hist[q + 1]);
         conv_state[size_t(c) * (K - 1) + K - 2] = __float2bfloat16_rn(xc);
     };
-    const int cq = hk * GDN_D + tid, ck = (Hk + hk) * GDN_D + tid;
-    float hq[K - 1], hkk[K - 1], xq, xk;
-    const float qv = conv_channel(cq, hq, xq), kv = conv_channel(ck, hkk, xk);
+    float hq[K - 1], hkk[K - 1];
+    load_hist(cq, hq);
+    load_hist(ck, hkk);
+    const float xq = __bfloat162float(x[cq]), xk = __bfloat162float(x[ck]);
+    const float av = __bfloat162float(a[j]), bv = __bfloat162float(b[j]);
+    const float4 zv = norm_lane ? load_bf16x4(z + size_t(j) * GDN_D + tid * 4) : float4{};
+
+    // 2. conv + SiLU (conv_out is bf16 in the three-launch path).
+    const float qv = round_to_bf16(conv_silu_step<K>(wq, hq, xq));
+    const float kv = round_to_bf16(conv_silu_step<K>(wk, hkk, xk));
     if (tid < REC_COLS) {
-        const int cv = 2 * Hk * GDN_D + j * GDN_D + blockIdx.x * REC_COLS + tid;
-        float hv[K - 1], xv;
-        v_s[tid] = conv_channel(cv, hv, xv);
-        write_state(cv, hv, xv);
+        float hv[K - 1];
+        load_hist(cv, hv);
+        const float xv = __bfloat162float(x[cv]);
+        v_s[tid] = round_to_bf16(conv_silu_step<K>(wv, hv, xv));
+        write_hist(cv, hv, xv);
     }
-    __threadfence();
-    __syncthreads();  // every q/k state read of this block is done (and v_s is complete)
-    if (tid == 0) last = atomicAdd(counters + hk, 1u) == gridDim.x * (Hv / Hk) - 1;
-    __syncthreads();
-    if (last) {
-        write_state(cq, hq, xq);
-        write_state(ck, hkk, xk);
-        if (tid == 0) counters[hk] = 0;
+    __syncthreads();  // v_s is complete and every q/k conv state read of this block is done
+    unsigned ticket = 0;
+    if (tid == 0) {
+        __threadfence();
+        ticket = atomicAdd(counters + hk, 1u);
     }
 
-    // 2. the delta rule step.
-    float4 S[REC_ROWS];
-    load_slice(S, state + j * head_elems, rg, m0);
+    // 3. the delta rule step.
     const float4 v = make_float4(v_s[cg * 4], v_s[cg * 4 + 1], v_s[cg * 4 + 2], v_s[cg * 4 + 3]);
-    const float4 out = rec_token(S, qv, kv, v, __bfloat162float(a[j]), __bfloat162float(b[j]), A_log[j],
-                                 dt_bias[j]);
-    if (rg == 0) store_bf16x4(o + size_t(j) * GDN_D + m0, out);
+    const float4 out = rec_token(S, qv, kv, v, av, bv, a_log, dtb);
     store_slice(S, state + j * head_elems, rg, m0);
 
-    // 3. the gated RMSNorm of head j, by the head's last block.
-    __threadfence();
+    // 4. o -> rank 0 ; the gated RMSNorm there.
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    if (rg == 0) store_bf16x4(cluster.map_shared_rank(o_row, 0) + m0, out);
+    cluster.sync();
+    if (norm_lane) {
+        const float4 o4 = load_bf16x4(o_row + tid * 4);
+        const float r = gated_rms_scale(sumsq4(o4), GDN_D, eps);
+        store_bf16x4(y + size_t(j) * GDN_D + tid * 4, gated_norm4(o4, r, zv, nw));
+    }
+
+    // The q/k conv state, by the K group's last block.
+    if (tid == 0) last = ticket == gridDim.x * (Hv / Hk) - 1;
     __syncthreads();
-    if (tid == 0) last = atomicAdd(counters + Hk + j, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (tid < 32)
-        gated_rmsnorm_row<true>(o + size_t(j) * GDN_D, z + size_t(j) * GDN_D, norm_w, y + size_t(j) * GDN_D,
-                                GDN_D, eps);
-    if (tid == 0) counters[Hk + j] = 0;
+    if (last) {
+        write_hist(cq, hq, xq);
+        write_hist(ck, hkk, xk);
+        if (tid == 0) counters[hk] = 0;
+    }
+#else
+    __trap();  // gdn_decode_fused launches it on sm_90+ only
+#endif
 }
 
 }  // namespace
@@ -247,17 +280,21 @@ void gated_delta_rule_recurrent(const bf16* qkv, const bf16* a, const bf16* b, c
                stream, qkv, a, b, A_log, dt_bias, state, o, snapshots, T, Hk, Hv);
 }
 
+bool gdn_decode_fused_available() { return device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9; }
+
 void gdn_decode_fused(const bf16* qkv, const bf16* conv_w, bf16* conv_state, const bf16* a, const bf16* b,
-                      const float* A_log, const float* dt_bias, float* state, bf16* o, const bf16* z,
-                      const bf16* norm_w, bf16* y, unsigned* counters, int Hk, int Hv, int dk, int dv, int K,
-                      float eps, cudaStream_t stream) {
+                      const float* A_log, const float* dt_bias, float* state, const bf16* z, const bf16* norm_w,
+                      bf16* y, unsigned* counters, int Hk, int Hv, int dk, int dv, int K, float eps,
+                      cudaStream_t stream) {
     const char* op = "gdn_decode_fused";
     gdn_check_dims(op, 1, Hk, Hv, dk, dv);
-    if (!counters) throw std::invalid_argument(std::string(op) + ": needs Hk + Hv zeroed counters");
-    const dim3 grid(GDN_D / REC_COLS, Hv);
+    if (!counters) throw std::invalid_argument(std::string(op) + ": needs Hk zeroed counters");
+    if (!gdn_decode_fused_available())
+        throw std::invalid_argument(std::string(op) + ": needs thread block clusters (sm_90 or newer)");
+    const dim3 grid(FUSED_CLUSTER, Hv);
     auto launch = [&](auto kernel) {
-        launch_pdl(op, kernel, grid, REC_THREADS, 0, stream, qkv, conv_w, conv_state, a, b, A_log, dt_bias,
-                   state, o, z, norm_w, y, counters, Hk, Hv, eps);
+        launch_pdl_clusters(op, FUSED_CLUSTER, kernel, grid, REC_THREADS, 0, stream, qkv, conv_w, conv_state, a,
+                            b, A_log, dt_bias, state, z, norm_w, y, counters, Hk, Hv, eps);
     };
     switch (K) {
         case 2: launch(gdn_decode_fused_kernel<2>); break;

@@ -24,7 +24,7 @@ gated_rmsnorm_kernel(const bf16* __restrict__ o, const bf16* __restrict__ z,
     const int row = blockIdx.x * GRN_WARPS + threadIdx.x / 32;  // row = t * Hv + head
     if (row >= rows) return;
     const size_t base = size_t(row) * dv;
-    gated_rmsnorm_row<false>(o + base, z + base, w, y + base, dv, eps);
+    gated_rmsnorm_row(o + base, z + base, w, y + base, dv, eps);
 }
 
 }  // namespace
@@ -37,8 +37,7 @@ void gated_rmsnorm(const bf16* o, const bf16* z, const bf16* w, bf16* y, int T, 
                                     std::to_string(dv));
     const int rows = T * Hv;
     launch_pdl("gated_rmsnorm_kernel", gated_rmsnorm_kernel, ceil_div(rows, GRN_WARPS), GRN_WARPS * 32,
-               0, stream, o, z, w, y, rows,
-                                                                                   dv, eps);
+               0, stream, o, z, w, y, rows, dv, eps);
 }
 
 }  // namespace lampo

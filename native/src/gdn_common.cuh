@@ -43,37 +43,30 @@ __device__ __forceinline__ float conv_silu_step(const float (&w)[K], const float
     return silu(acc);
 }
 
-// Gated RMSNorm of one dv-row by one warp: y = bf16(w * bf16(o * rsqrt(mean(o^2) + eps)) * silu(z)).
-// L2_ONLY reads o with ld.global.cg (o written by other blocks of the running kernel).
-template <bool L2_ONLY>
-__device__ __forceinline__ void gated_rmsnorm_row(const __nv_bfloat16* o, const __nv_bfloat16* __restrict__ z,
+// The gated RMSNorm's arithmetic, shared by gated_rmsnorm.cu and the fused decode step so that
+// both give the same bits: a lane's sum of squares over 4 channels, the row scale from the warp's
+// sums, and y for 4 channels: y = bf16(w * bf16(o * r) * silu(z)), r = rsqrt(mean(o^2) + eps).
+__device__ __forceinline__ float sumsq4(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
+
+__device__ __forceinline__ float gated_rms_scale(float lane_ss, int dv, float eps) {
+    return rsqrtf(warp_sum(lane_ss) / float(dv) + eps);
+}
+
+__device__ __forceinline__ float4 gated_norm4(float4 v, float r, float4 g, float4 wv) {
+    return make_float4(wv.x * round_to_bf16(v.x * r) * silu(g.x), wv.y * round_to_bf16(v.y * r) * silu(g.y),
+                       wv.z * round_to_bf16(v.z * r) * silu(g.z), wv.w * round_to_bf16(v.w * r) * silu(g.w));
+}
+
+// Gated RMSNorm of one dv-row by one warp (each lane owns groups of 4 channels).
+__device__ __forceinline__ void gated_rmsnorm_row(const __nv_bfloat16* __restrict__ o, const __nv_bfloat16* __restrict__ z,
                                                   const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ y, int dv,
                                                   float eps) {
     const int lane = threadIdx.x % 32;
-    auto load_o = [&](int c) {
-        if (!L2_ONLY) return load_bf16x4(o + c);
-        const uint2 raw = __ldcg(reinterpret_cast<const uint2*>(o + c));
-        const __nv_bfloat162* h2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
-        const float2 lo = __bfloat1622float2(h2[0]), hi = __bfloat1622float2(h2[1]);
-        return make_float4(lo.x, lo.y, hi.x, hi.y);
-    };
     float ss = 0.f;
-    for (int c = lane * 4; c < dv; c += 128) {
-        const float4 v = load_o(c);
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-    }
-    const float r = rsqrtf(warp_sum(ss) / float(dv) + eps);
-    for (int c = lane * 4; c < dv; c += 128) {
-        const float4 v = load_o(c);
-        const float4 g = load_bf16x4(z + c);
-        const float4 wv = load_bf16x4(w + c);
-        float4 out;
-        out.x = wv.x * round_to_bf16(v.x * r) * silu(g.x);
-        out.y = wv.y * round_to_bf16(v.y * r) * silu(g.y);
-        out.z = wv.z * round_to_bf16(v.z * r) * silu(g.z);
-        out.w = wv.w * round_to_bf16(v.w * r) * silu(g.w);
-        store_bf16x4(y + c, out);
-    }
+    for (int c = lane * 4; c < dv; c += 128) ss += sumsq4(load_bf16x4(o + c));
+    const float r = gated_rms_scale(ss, dv, eps);
+    for (int c = lane * 4; c < dv; c += 128)
+        store_bf16x4(y + c, gated_norm4(load_bf16x4(o + c), r, load_bf16x4(z + c), load_bf16x4(w + c)));
 }
 
 }  // namespace lampo

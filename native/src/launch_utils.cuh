@@ -53,22 +53,36 @@ inline bool pdl_enabled() {
 // kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization: the
 // kernel may begin launching while the previous kernel of the stream still runs, and must call
 // pdl_begin() (common.cuh) before touching memory. The edge survives stream capture into a CUDA
-// graph (CUDA >= 12.3). Launch failures raise CudaError naming `op`.
+// graph (CUDA >= 12.3). cluster_x > 1 groups the blocks into thread block clusters of cluster_x
+// along x (sm_90+; grid.x a multiple of it). Launch failures raise CudaError naming `op`.
 template <class... Params, class... Args>
-inline void launch_pdl(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
-                       cudaStream_t stream, Args&&... args) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+inline void launch_pdl_clusters(const char* op, unsigned cluster_x, void (*kernel)(Params...), dim3 grid,
+                                dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (pdl_enabled()) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_x > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n++].val.clusterDim = {cluster_x, 1, 1};
+    }
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    cfg.numAttrs = n;
     if constexpr (timeline_built()) timeline_note_launch(op);
     cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op, __FILE__, __LINE__);
+}
+
+template <class... Params, class... Args>
+inline void launch_pdl(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args&&... args) {
+    launch_pdl_clusters(op, 1, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
 }
 
 }  // namespace lampo

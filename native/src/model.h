@@ -136,7 +136,7 @@ struct Workspace {
     bf16* routed = nullptr;      // [T, H]
     bf16* shared = nullptr;      // [T, H]
     float* router_logits = nullptr;  // [T, E]
-    unsigned* gdn_counters = nullptr; // [Hk + Hv] block counters of gdn_decode_fused; same rule
+    unsigned* gdn_counters = nullptr; // [Hk] block counters of gdn_decode_fused; same rule
     int32_t* expert_ids = nullptr;   // [T, k]
     float* expert_weights = nullptr; // [T, k]
     float* shared_gate = nullptr;    // [T] sigmoid(h_t . w_shared_gate), MoE decode

@@ -89,7 +89,7 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx
         {"routed", d.moe ? T * H * b16 : 0},
         {"shared", d.moe ? T * H * b16 : 0},
         {"router_logits", d.moe ? T * d.n_experts * 4 : 0},
-        {"gdn_counters", gdn ? size_t(d.gdn_k_heads + d.gdn_v_heads) * 4 : 0},
+        {"gdn_counters", gdn ? size_t(d.gdn_k_heads) * 4 : 0},
         {"expert_ids", T * k * 4},
         {"expert_weights", T * k * 4},
         {"shared_gate", d.moe ? T * 4 : 0},
@@ -295,7 +295,7 @@ void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCache
 
 // Gated DeltaNet: fused qkv|z|b|a projection, causal conv + SiLU on qkv, the gated delta rule
 // (recurrent for few tokens, chunked WY form for prefill), gated RMSNorm with z, out proj. A
-// decode step (T = 1) runs the first three as one gdn_decode_fused launch (LAMPO_DECODE_FUSION=0:
+// decode step (T = 1) on sm_90+ runs the first three as one gdn_decode_fused launch (LAMPO_DECODE_FUSION=0:
 // three launches).
 void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStateLayer& s, const bf16* norm_w) {
     const ModelDims& d = c.d;
@@ -304,11 +304,11 @@ void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStateL
     const auto parts = project_parts<4>(c, w.in_proj, {C, d.gdn_value_width(), Hv, Hv},
                                         norm_w, "gdn in projection");
     const bf16 *qkv = parts[0], *z = parts[1], *b = parts[2], *a = parts[3];
-    if (T == 1 && decode_fusion_enabled(DecodeFusion::Gdn)) {  // conv + rule + gated norm in one launch
-        c.op(OpFamily::GdnRule, "gdn_decode_fused", [&] {
-            gdn_decode_fused(qkv, w.conv, s.conv, a, b, w.A_log, w.dt_bias, s.recurrent, ws.gdn_o, z, w.norm,
-                             ws.mixed, ws.gdn_counters, d.gdn_k_heads, Hv, d.gdn_k_dim, d.gdn_v_dim,
-                             d.conv_kernel, d.eps, c.st);
+    if (T == 1 && decode_fusion_enabled(DecodeFusion::Gdn) && gdn_decode_fused_available()) {
+        c.op(OpFamily::GdnRule, "gdn_decode_fused", [&] {  // conv + rule + gated norm in one launch
+            gdn_decode_fused(qkv, w.conv, s.conv, a, b, w.A_log, w.dt_bias, s.recurrent, z, w.norm, ws.mixed,
+                             ws.gdn_counters, d.gdn_k_heads, Hv, d.gdn_k_dim, d.gdn_v_dim, d.conv_kernel, d.eps,
+                             c.st);
         });
         output_projection(c, w.out, ws.mixed, "gdn out_proj");
         return;

@@ -119,14 +119,15 @@ void gated_delta_rule_recurrent(const bf16* qkv, const bf16* a, const bf16* b, c
                                 int T, int Hk, int Hv, int dk, int dv, cudaStream_t stream);
 // Gated DeltaNet decode step (T = 1) in one launch: causal conv + SiLU of the pre-conv row
 // qkv [1, 2*Hk*128 + Hv*128] (conv_w [C, K], conv_state [C, K-1] updated), the gated delta rule
-// (state [Hv, 128, 128] updated, o [Hv, 128] bf16 scratch written), and the gated RMSNorm with
-// z [Hv*128], norm_w [128] -> y [Hv*128]. The same numbers as causal_conv1d_silu,
-// gated_delta_rule_recurrent and gated_rmsnorm in sequence. counters: Hk + Hv unsigned, 0 before
-// the call and 0 again after it. K in {2, 3, 4}; dk = dv = 128.
+// (state [Hv, 128, 128] updated), and the gated RMSNorm with z [Hv*128], norm_w [128] -> y [Hv*128].
+// The same numbers as causal_conv1d_silu, gated_delta_rule_recurrent and gated_rmsnorm in
+// sequence. counters: Hk unsigned, 0 before the call and 0 again after it. K in {2, 3, 4};
+// dk = dv = 128. Needs thread block clusters: gdn_decode_fused_available() (sm_90+).
+bool gdn_decode_fused_available();
 void gdn_decode_fused(const bf16* qkv, const bf16* conv_w, bf16* conv_state, const bf16* a, const bf16* b,
-                      const float* A_log, const float* dt_bias, float* state, bf16* o, const bf16* z,
-                      const bf16* norm_w, bf16* y, unsigned* counters, int Hk, int Hv, int dk, int dv, int K,
-                      float eps, cudaStream_t stream);
+                      const float* A_log, const float* dt_bias, float* state, const bf16* z, const bf16* norm_w,
+                      bf16* y, unsigned* counters, int Hk, int Hv, int dk, int dv, int K, float eps,
+                      cudaStream_t stream);
 size_t gdn_chunked_workspace_bytes(int T, int Hv, int dk, int dv);
 void gated_delta_rule_chunked(const bf16* qkv, const bf16* a, const bf16* b, const float* A_log,
                               const float* dt_bias, float* state, bf16* o, void* workspace, int T,

@@ -177,16 +177,16 @@ py::tuple gdn_decode_fused_op(const arr<uint16_t>& qkv, const arr<uint16_t>& con
     expect_shape(op, "z", z, {1, g.Hv * D});
     expect_shape(op, "norm_w", norm_w, {D});
     DeviceBuffer d_cw = upload(conv_w), d_cs = upload(conv_state), d_z = upload(z), d_nw = upload(norm_w);
-    DeviceBuffer d_y = poisoned(size_t(g.Hv) * D * 2), counters = filled(size_t(Hk + g.Hv) * 4, 0);
+    DeviceBuffer d_y = poisoned(size_t(g.Hv) * D * 2), counters = filled(size_t(Hk) * 4, 0);
     return run_op(op, repeat,
                   [&] {
                       gdn_decode_fused(g.qkv.as<bf16>(), d_cw.as<bf16>(), d_cs.as<bf16>(), g.a.as<bf16>(),
                                        g.b.as<bf16>(), g.A_log.as<float>(), g.dt_bias.as<float>(),
-                                       g.state.as<float>(), g.o.as<bf16>(), d_z.as<bf16>(), d_nw.as<bf16>(),
-                                       d_y.as<bf16>(), counters.as<unsigned>(), Hk, g.Hv, D, D, K, eps, 0);
+                                       g.state.as<float>(), d_z.as<bf16>(), d_nw.as<bf16>(), d_y.as<bf16>(),
+                                       counters.as<unsigned>(), Hk, g.Hv, D, D, K, eps, 0);
                   },
                   [&](py::list& out) {
-                      std::vector<unsigned> left(size_t(Hk + g.Hv));
+                      std::vector<unsigned> left(static_cast<size_t>(Hk));
                       LAMPO_CUDA_CHECK(cudaMemcpy(left.data(), counters.get(), counters.bytes(), cudaMemcpyDeviceToHost));
                       for (unsigned v : left)
                           if (v != 0)
