@@ -6,7 +6,8 @@
 #   quick  build + pytest -m cuda + short benches: tiny-moe, and the full-width 35B-A3B / 27B shapes
 #          cut to 4 layers (random weights in VRAM); the GPU tests get full-width 4-layer checkpoint
 #          FILES (tests/gpu/full_width.py), written in the background while the extension builds
-#   final  build + pytest -m cuda (the engine tests again with LAMPO_DECODE_FUSION=none and =all)
+#   final  build + pytest -m cuda (the engine tests again with LAMPO_DECODE_FUSION=none and =all;
+#          TESTS=0 skips the tests, for a tree already tested in an earlier call)
 #          + full-size benches that fit one call (35B-A3B real depths to 262,144; 27B prefill 8,192
 #          and real depths 8,192 / 262,144; 35B-A3B decode unfolded and with every fusion, for the A/B)
 #   profile build (no tests unless TESTS=1) + 35B-A3B decode benches (default and
@@ -121,7 +122,7 @@ for pid in "${WRITERS[@]}"; do
 done
 { [ "$MODE" = quick ] || [ "$MODE" = final ]; } && export LAMPO_FULL_WIDTH_DIR="$WORK/full-width" && log "full-width checkpoints written"
 
-case "$MODE" in profile|omit|fusions|ab|timeline) RUN_TESTS=${TESTS:-} ;; *) RUN_TESTS=1 ;; esac
+case "$MODE" in profile|omit|fusions|ab|timeline) RUN_TESTS=${TESTS:-} ;; *) RUN_TESTS=1; [ "${TESTS:-}" = 0 ] && RUN_TESTS= ;; esac
 if [ -n "$RUN_TESTS" ]; then
 log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
 timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
