@@ -81,7 +81,7 @@ fi
 $PY -c "import lampo.models.config" || { log "lampo is not importable"; exit 1; }
 
 WRITERS=()
-if [ "$MODE" = quick ] || [ "$MODE" = final ]; then
+if { [ "$MODE" = quick ] || [ "$MODE" = final ]; } && [ "${TESTS:-}" != 0 ]; then
   for preset in qwen3.6-35b-a3b qwen3.6-27b; do
     $PY tests/gpu/full_width.py "$WORK/full-width" "$preset" >"$OUT/write-$preset.log" 2>&1 &
     WRITERS+=($!)
