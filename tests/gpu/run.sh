@@ -120,7 +120,7 @@ log "built $(ls "$WORK"/build/_native*.so | xargs -n1 basename)"
 for pid in "${WRITERS[@]}"; do
   wait "$pid" || log "writing a full-width checkpoint failed (see $OUT/write-*.log)"
 done
-{ [ "$MODE" = quick ] || [ "$MODE" = final ]; } && export LAMPO_FULL_WIDTH_DIR="$WORK/full-width" && log "full-width checkpoints written"
+[ ${#WRITERS[@]} -gt 0 ] && export LAMPO_FULL_WIDTH_DIR="$WORK/full-width" && log "full-width checkpoints written"
 
 case "$MODE" in profile|omit|fusions|ab|timeline) RUN_TESTS=${TESTS:-} ;; *) RUN_TESTS=1; [ "${TESTS:-}" = 0 ] && RUN_TESTS= ;; esac
 if [ -n "$RUN_TESTS" ]; then
