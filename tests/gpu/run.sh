@@ -17,12 +17,14 @@
 #   omit   build (no tests) + the 35B-A3B graphed decode step without each op family in turn
 #          (LAMPO_OMIT_OPS: what each family costs inside the graph)
 #   ab     A/B of build variants on the 35B-A3B graphed decode step (depth 1 and 8,192 by random
-#          fill, every build measured in the same call): the patches of BASE_PATCH applied first,
-#          the base built, benched (and tested with TESTS=1); then each of VARIANTS applied, built,
-#          benched and taken back; a variant faster than the base at 8,192 by more than KEEP_MS
-#          (default 0.02 ms) runs VARIANT_TESTS (pytest paths, if set); the base again last.
+#          fill): the patches of BASE_PATCH applied first, the base built (and tested with TESTS=1);
+#          each of VARIANTS (patches of native/ only) applied, built into its own module and taken
+#          back; then AB_REPEAT rounds (default 2), each benching every build in turn with its
+#          module swapped in, so a drift of the machine hits them alike. tests/gpu/ab_summary.py
+#          gives each build's medians; a variant whose median at 8,192 beats the base's by more than
+#          KEEP_MS (default 0.02 ms) runs VARIANT_TESTS (pytest paths, if set).
 #          A patch name is a file .gpu/NAME.patch (git apply); NAME+NAME applies several. E.g.
-#          BASE_PATCH=a VARIANTS="b c+d" VARIANT_TESTS="tests/cuda/test_engine.py" bash tests/gpu/run.sh ab
+#          BASE_PATCH=a VARIANTS="b c+d" AB_REPEAT=3 VARIANT_TESTS="tests/cuda/test_engine.py" bash tests/gpu/run.sh ab
 #   probe  no engine build: tests/gpu/probe_expert_reads.py with its timing half
 #          (probe_expert_reads.cu, built here by nvcc): read bandwidth of the expert weights' access
 #          patterns against a contiguous stream
@@ -204,25 +206,38 @@ timeline)  # block timestamps of the graphed step (a LAMPO_TIMELINE build; tests
       >"$OUT/bench/timeline-35b-a3b-$depth.txt" 2>&1
     log "timeline depth $depth exit $?"
   done ;;
-ab)
-  fast() { (export LAMPO_COMMIT="$LAMPO_COMMIT${2:+ + $2}"; step_bench "35b-a3b-$1" 60); }
-  ms_at_8k() { $PY -c "import json; print(json.load(open('$OUT/bench/35b-a3b-$1.json'))['decode'][1]['ms_per_token'])"; }
-  fast base
+ab)  # each build once into $WORK/so, then AB_REPEAT rounds that bench every build in turn
+  SO_DIR="$WORK/so"; mkdir -p "$SO_DIR"; rm -f "$SO_DIR"/*.so
+  MODULE=app/lampo/$(basename "$WORK"/build/_native*.so)
+  keep_so() { cp "$WORK"/build/_native*.so "$SO_DIR/$1.so"; }
+  use_so() { cp "$SO_DIR/$1.so" "$MODULE"; }
+  native_only() {  # a variant is swapped in as a module only, so its patches may change native/ alone
+    local p; for p in ${1//+/ }; do
+      grep '^+++ b/' ".gpu/$p.patch" | grep -qv '^+++ b/native/' && return 1
+    done; return 0
+  }
+  keep_so base; BUILDS=(base)
   for v in ${VARIANTS:-}; do
+    native_only "$v" || { log "variant $v changes files outside native/: not benched"; continue; }
     patches apply "$v" || continue
-    if build_native; then
-      fast "$v" "$v"
-      if [ -n "${VARIANT_TESTS:-}" ] && $PY -c "import sys; sys.exit(0 if $(ms_at_8k "$v") < $(ms_at_8k base) - ${KEEP_MS:-0.02} else 1)"; then
-        timeout "${TEST_TIMEOUT:-240}" $PY -m pytest -m cuda $VARIANT_TESTS -q -rs -p no:cacheprovider >"$OUT/pytest-$v.log" 2>&1
-        log "pytest ($v) exit $?: $(tail -1 "$OUT/pytest-$v.log")"
-      fi
-    else
-      log "variant $v not built"
-    fi
+    if build_native; then keep_so "$v"; BUILDS+=("$v"); else log "variant $v not built"; fi
     patches unapply "$v"
   done
-  build_native && fast base-again
-  step_summary "$OUT/bench/ab-summary.txt" "$OUT"/bench/35b-a3b-*.txt
+  for r in $(seq 1 "${AB_REPEAT:-2}"); do
+    for b in "${BUILDS[@]}"; do
+      use_so "$b"
+      (export LAMPO_COMMIT="$LAMPO_COMMIT$([ "$b" = base ] || echo " + $b")"; step_bench "35b-a3b-$b-r$r" 60)
+    done
+  done
+  $PY tests/gpu/ab_summary.py "$OUT/bench" | tee "$OUT/bench/ab-summary.txt"
+  if [ -n "${VARIANT_TESTS:-}" ]; then
+    for v in $($PY tests/gpu/ab_summary.py "$OUT/bench" --faster --keep-ms "${KEEP_MS:-0.02}"); do
+      use_so "$v"
+      timeout "${TEST_TIMEOUT:-240}" $PY -m pytest -m cuda $VARIANT_TESTS -q -rs -p no:cacheprovider >"$OUT/pytest-$v.log" 2>&1
+      log "pytest ($v) exit $?: $(tail -1 "$OUT/pytest-$v.log")"
+    done
+  fi
+  use_so base
   [ -z "${BASE_PATCH:-}" ] || patches unapply "$BASE_PATCH" ;;
 esac
 

@@ -1,0 +1,90 @@
+"""Summary of a `tests/gpu/run.sh ab` call: the builds' decode steps over the repeated rounds.
+
+run.sh ab benches every build (base, then each variant) once per round, AB_REPEAT rounds, into
+BENCH_DIR/35b-a3b-<build>-r<round>.json (`lampo bench ... --depths 0,8192 --fast-depth`). This
+prints, per build, the median ms per token at each depth with the spread over the rounds and the
+median's difference from the base's; `--faster` prints only the names of the variants whose median
+at the deepest depth beats the base's by more than --keep-ms (the ones worth testing).
+
+    python tests/gpu/ab_summary.py BENCH_DIR [--keep-ms 0.02] [--faster]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+RUN_NAME = re.compile(r"^35b-a3b-(?P<build>.+)-r(?P<round>\d+)\.json$")
+
+
+@dataclass
+class Build:
+    name: str
+    depths: list[int]
+    ms: dict[int, list[float]]  # depth -> ms per token, one per round
+
+    def median(self, depth: int) -> float:
+        return statistics.median(self.ms[depth])
+
+
+def load_builds(bench_dir: Path) -> dict[str, Build]:
+    """Builds in the order run.sh benched them (base first), from the round files."""
+    runs: dict[str, list[tuple[int, dict]]] = {}
+    for path in sorted(bench_dir.glob("35b-a3b-*-r*.json")):
+        m = RUN_NAME.match(path.name)
+        if m:
+            runs.setdefault(m["build"], []).append((int(m["round"]), json.loads(path.read_text())))
+    if "base" not in runs:
+        raise SystemExit(f"ab_summary: no base runs (35b-a3b-base-r<N>.json) in {bench_dir}")
+    builds = {}
+    for name in ["base"] + sorted(n for n in runs if n != "base"):
+        rounds = sorted(runs[name], key=lambda r: r[0])
+        depths = [d["depth"] for d in rounds[0][1]["decode"]]
+        ms = {depth: [] for depth in depths}
+        for _, report in rounds:
+            for d in report["decode"]:
+                ms.setdefault(d["depth"], []).append(d["ms_per_token"])
+        builds[name] = Build(name, depths, ms)
+    return builds
+
+
+def faster(builds: dict[str, Build], keep_ms: float) -> list[str]:
+    base = builds["base"]
+    deepest = base.depths[-1]
+    return [b.name for b in builds.values()
+            if b.name != "base" and b.median(deepest) < base.median(deepest) - keep_ms]
+
+
+def table(builds: dict[str, Build]) -> str:
+    base = builds["base"]
+    lines = []
+    for b in builds.values():
+        cells = []
+        for depth in b.depths:
+            runs = b.ms[depth]
+            cell = f"depth {depth:,}: {b.median(depth):.3f} ms ({min(runs):.3f}-{max(runs):.3f})"
+            if b.name != "base" and depth in base.ms:
+                cell += f" {b.median(depth) - base.median(depth):+.3f}"
+            cells.append(cell)
+        lines.append(f"{b.name} (median of {len(b.ms[b.depths[0]])}): " + "; ".join(cells))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bench_dir", type=Path)
+    ap.add_argument("--keep-ms", type=float, default=0.02)
+    ap.add_argument("--faster", action="store_true", help="only the names of the variants worth testing")
+    args = ap.parse_args(argv)
+    builds = load_builds(args.bench_dir)
+    print(" ".join(faster(builds, args.keep_ms)) if args.faster else table(builds))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
