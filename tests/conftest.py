@@ -9,11 +9,15 @@ Each is about 130 MB and takes a second or two to write. Their values are reprod
 `lampo.models.synthetic.synthetic_tensor(name, spec, seed=0)` returns any tensor without reading it.
 Open them with `lampo.models.checkpoint.Checkpoint.open(dir)`. Do not modify them; copy first.
 - `qwen_dir`: the shared Qwen3.6 data folder (tokenizer.json, chat_template.jinja), or a skip.
+- `gpu_script`: `gpu_script("timeline")` imports `tests/gpu/timeline.py` (the GPU machine's scripts,
+  whose host-side parts are tested here) once per session and returns the module.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 
 # The numpy reference does many small matrix products; a multi-threaded BLAS on a shared 2-core
 # CI box spends more time spinning than computing (10 s vs 0.3 s for one golden test). Must be set
@@ -47,3 +51,17 @@ def tiny_dense_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_moe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_checkpoint(tmp_path_factory.mktemp("tiny-moe"), get_preset("tiny-moe"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def gpu_script():
+    def load(name: str):
+        if f"gpu_{name}" not in sys.modules:
+            spec = importlib.util.spec_from_file_location(f"gpu_{name}", Path(__file__).parent / "gpu" / f"{name}.py")
+            mod = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = mod  # dataclasses look their module up
+            spec.loader.exec_module(mod)
+        return sys.modules[f"gpu_{name}"]
+
+    return load
+

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).parent / "gpu" / "ab_summary.py"
-
 
 @pytest.fixture(scope="module")
-def ab():
-    spec = importlib.util.spec_from_file_location("ab_summary", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+def ab(gpu_script):
+    return gpu_script("ab_summary")
 
 
 def write_round(tmp_path: Path, build: str, rnd: int, ms1: float, ms8k: float) -> None:

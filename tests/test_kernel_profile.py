@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+import pytest
 
-SCRIPT = Path(__file__).parent / "gpu" / "kernel_profile.py"
 CSV = """==PROF== Connected to process 1
 "ID","Kernel Name","gpu__time_duration.sum","dram__bytes_read.sum","dram__bytes_write.sum","launch__grid_size","launch__block_size","launch__registers_per_thread"
 "","","nsecond","byte","byte","","","register/thread"
@@ -16,17 +14,15 @@ CSV = """==PROF== Connected to process 1
 """
 
 
-def load():
-    spec = importlib.util.spec_from_file_location("kernel_profile", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+@pytest.fixture(scope="module")
+def mod(gpu_script):
+    return gpu_script("kernel_profile")
 
 
-def test_table_groups_kernels_and_converts_units(tmp_path):
+def test_table_groups_kernels_and_converts_units(mod, tmp_path):
     path = tmp_path / "ncu.csv"
     path.write_text(CSV, encoding="utf-8")
-    text = load().table(str(path), graph_ms=0.05)
+    text = mod.table(str(path), graph_ms=0.05)
     lines = text.splitlines()
     assert lines[0].startswith("3 kernels, isolated time 0.031 ms, DRAM 0.067 GB")
     assert "isolated kernels sum to 61.2% of it" in lines[1]
@@ -36,8 +32,7 @@ def test_table_groups_kernels_and_converts_units(tmp_path):
     assert lines.index(gemv) < next(i for i, line in enumerate(lines) if "rmsnorm_kernel" in line)
 
 
-def test_metrics_argument_lists_what_the_table_reads(capsys):
-    mod = load()
+def test_metrics_argument_lists_what_the_table_reads(mod, capsys):
     assert mod.main(["metrics"]) == 0
     printed = capsys.readouterr().out.strip().split(",")
     assert {mod.TIME, mod.READ, mod.WRITE, "launch__grid_size"} <= set(printed)

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
-
-SCRIPT = Path(__file__).parent / "gpu" / "probe_expert_reads.py"
-
-
-def load():
-    spec = importlib.util.spec_from_file_location("probe_expert_reads", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+import pytest
 
 
-def test_down_blocks_read_eight_rows_of_every_selected_expert():
-    p = load()
+@pytest.fixture(scope="module")
+def p(gpu_script):
+    return gpu_script("probe_expert_reads")
+
+
+def test_down_blocks_read_eight_rows_of_every_selected_expert(p):
     experts = np.array([5, 200, 17, 3, 99, 250, 0, 64, 128])
     starts, per_block, run_vecs = p.down_runs(experts, bank=0, tiled=False)
     row_bytes = p.I * p.BF16
@@ -28,8 +21,7 @@ def test_down_blocks_read_eight_rows_of_every_selected_expert():
     assert starts.size // per_block == p.H // 8  # one block per 8 output rows, as moe_down_gemv
 
 
-def test_tiled_down_keeps_a_block_within_one_2_mib_stretch_and_reads_the_same_bytes():
-    p = load()
+def test_tiled_down_keeps_a_block_within_one_2_mib_stretch_and_reads_the_same_bytes(p):
     experts = np.arange(0, 256, 29)[: p.SLOTS]
     plain = p.down_runs(experts, bank=0, tiled=False)
     tiled = p.down_runs(experts, bank=0, tiled=True)
@@ -39,8 +31,7 @@ def test_tiled_down_keeps_a_block_within_one_2_mib_stretch_and_reads_the_same_by
     assert len(set(tiled[0].tolist())) == tiled[0].size  # no run read twice
 
 
-def test_gate_up_blocks_read_a_gate_run_and_the_matching_up_run():
-    p = load()
+def test_gate_up_blocks_read_a_gate_run_and_the_matching_up_run(p):
     experts = np.arange(p.SLOTS)
     starts, per_block, run_vecs = p.gate_up_runs(experts, bank=0)
     runs = starts.reshape(p.SLOTS, -1, per_block) * p.VEC

@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).parent / "gpu" / "timeline.py"
 
-
-def load():
-    spec = importlib.util.spec_from_file_location("timeline", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+@pytest.fixture(scope="module")
+def tl(gpu_script):
+    return gpu_script("timeline")
 
 
 def events(tl, marks):
@@ -40,8 +31,7 @@ def step_events(tl, base=0):
     return events(tl, marks[::-1])  # order of the buffer does not matter
 
 
-def test_launches_are_grouped_by_grid_and_ordered_by_release():
-    tl = load()
+def test_launches_are_grouped_by_grid_and_ordered_by_release(tl):
     launches = tl.group_launches(step_events(tl))
     assert [x.grid_id for x in launches] == [7, 8, 9]
     gate_up = launches[1]
@@ -50,8 +40,7 @@ def test_launches_are_grouped_by_grid_and_ordered_by_release():
     assert launches[2].resident_ns == launches[2].released_ns  # no entry mark: resident = released
 
 
-def test_step_rows_give_each_launch_the_time_to_the_next_release():
-    tl = load()
+def test_step_rows_give_each_launch_the_time_to_the_next_release(tl):
     step = tl.group_launches(step_events(tl))
     rows = tl.step_rows(step, ["router", "gate_up", "down"])
     assert [r["critical_us"] for r in rows] == [2.0, 6.0, None]
@@ -60,8 +49,7 @@ def test_step_rows_give_each_launch_the_time_to_the_next_release():
     assert [r["name"] for r in tl.step_rows(step, ["only one name"])] == ["launch 0", "launch 1", "launch 2"]
 
 
-def test_summary_sums_the_critical_path_per_step_and_the_report_lists_it():
-    tl = load()
+def test_summary_sums_the_critical_path_per_step_and_the_report_lists_it(tl):
     steps = [tl.group_launches(step_events(tl, base)) for base in (0, 10_000)]
     rows = [tl.step_rows(s, ["router", "gate_up", "down"]) for s in steps]
     summary = {r["name"]: r for r in tl.by_name(rows)}
@@ -71,8 +59,7 @@ def test_summary_sums_the_critical_path_per_step_and_the_report_lists_it():
     assert "gate_up" in text and "0.008 ms" in text
 
 
-def test_layers_are_cut_at_their_first_op_and_end_before_the_lm_head():
-    tl = load()
+def test_layers_are_cut_at_their_first_op_and_end_before_the_lm_head(tl):
     names = ["embedding_gather: e", "gdn in projection: gemv", "moe_experts_down_add: d",
              "gdn in projection: gemv", "moe_experts_down_add: d", "attention qkv projection: gemv",
              "attn_decode_int8: split", "attn_decode_int8: combine", "lm_head: gemv", "engine: sample"]
