@@ -28,6 +28,8 @@
 #   probe  no engine build: tests/gpu/probe_expert_reads.py with its timing half
 #          (probe_expert_reads.cu, built here by nvcc): read bandwidth of the expert weights' access
 #          patterns against a contiguous stream
+#   stream no engine build: tests/gpu/probe_stream.py with its timing half (probe_stream.cu, built
+#          here by nvcc): a persistent weight stream through the decode step's dependency points
 #   timeline  build with -DLAMPO_TIMELINE=ON (no tests unless TESTS=1) + tests/gpu/timeline.py: block
 #          timestamps of the graphed 35B-A3B decode step, each launch's share of the critical path
 #          (TIMELINE_DEPTHS, default 8192)
@@ -41,7 +43,7 @@
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|full|final|profile|omit|fusions|ab|probe|timeline) ;; *) echo "usage: $0 quick|full|final|profile|omit|fusions|ab|probe|timeline" >&2; exit 2 ;; esac
+case "$MODE" in quick|full|final|profile|omit|fusions|ab|probe|stream|timeline) ;; *) echo "usage: $0 quick|full|final|profile|omit|fusions|ab|probe|stream|timeline" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -62,12 +64,13 @@ log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 
 log "mode $MODE, commit $LAMPO_COMMIT, $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
 
-if [ "$MODE" = probe ]; then
-  nvcc -O3 -shared -Xcompiler -fPIC -gencode arch=compute_90a,code=sm_90a -o "$WORK/probe_expert_reads.so" \
-    tests/gpu/probe_expert_reads.cu 2>&1 | tee "$OUT/probe-build.log"
-  timeout 300 $PY tests/gpu/probe_expert_reads.py --lib "$WORK/probe_expert_reads.so" \
-    --json "$OUT/bench/probe-expert-reads.json" 2>&1 | tee "$OUT/bench/probe-expert-reads.txt"
-  log "probe exit ${PIPESTATUS[0]}"
+if [ "$MODE" = probe ] || [ "$MODE" = stream ]; then  # a standalone probe: its .cu built here, then its .py
+  name=$([ "$MODE" = probe ] && echo probe_expert_reads || echo probe_stream)
+  nvcc -O3 -shared -Xcompiler -fPIC -gencode arch=compute_90a,code=sm_90a -o "$WORK/$name.so" \
+    "tests/gpu/$name.cu" 2>&1 | tee "$OUT/$name-build.log"
+  timeout 300 $PY "tests/gpu/$name.py" --lib "$WORK/$name.so" \
+    --json "$OUT/bench/${name//_/-}.json" 2>&1 | tee "$OUT/bench/${name//_/-}.txt"
+  log "$MODE exit ${PIPESTATUS[0]}"
   exit 0
 fi
 

@@ -1,0 +1,129 @@
+"""Can one persistent weight stream run through the decode step's dependency points? (GPU machine)
+
+The 35B-A3B decode step is 265 kernels; each hand-over leaves the DRAM partly idle, and loads that
+kernels issue before their PDL wait compete with the running stream (docs/decode-performance.md,
+rounds 7 and 8). A persistent decode step would instead keep one stream of bulk copies going into
+a shared-memory ring on every SM while consumer warps wait at the dependency points. This probe
+measures that stream alone, before anything is built on it: the step's weight bytes per phase
+(35B-A3B: 30 GDN and 10 attention layers, then the LM head), a grid-wide dependency point between
+consecutive phases, and the latency-bound work of the GDN step, the top-k and attention modelled as
+spins of a few microseconds. Schedules:
+
+  stream     all bytes as one phase (no dependency point): the ceiling
+  ahead      the producer runs ahead through every dependency point, except that the routed
+             experts' tiles wait until the top-k is done everywhere (their ids)
+  lockstep   the producer waits for each previous phase to finish everywhere (a separate kernel per
+             phase that loads nothing before its wait)
+
+Run on the GPU machine:  bash tests/gpu/run.sh stream (builds probe_stream.cu with nvcc, passes it
+as --lib). Prints and writes (--json) each schedule's time per step and bandwidth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+from dataclasses import dataclass
+
+MB = 1_000_000
+
+# 35B-A3B bytes per decode step at depth 8,192 (bf16 weights; lampo.models.params for the same
+# model gives 6.108 GB per token) and the measured latency-bound phases (timelines, session 7-8).
+GDN_LAYER = [  # (name, bytes, work_ns, routed)
+    ("gdn in projection", 50.6 * MB, 0, False),
+    ("gdn step (state)", 2.1 * MB, 3000, False),
+    ("gdn out projection", 16.8 * MB, 0, False),
+]
+ATTENTION_LAYER = [
+    ("attention qkv", 37.7 * MB, 0, False),
+    ("attention prep", 0, 1500, False),
+    ("attention over the cache", 8.6 * MB, 2000, False),
+    ("attention combine", 0, 1000, False),
+    ("attention o projection", 16.8 * MB, 0, False),
+]
+MOE = [
+    ("router", 1.0 * MB, 0, False),
+    ("top-k", 0, 1500, False),
+    ("shared expert gate_up", 4.2 * MB, 0, False),
+    ("routed gate_up", 33.6 * MB, 0, True),
+    ("down (routed + shared)", 18.9 * MB, 0, True),
+]
+LM_HEAD = ("lm head", 1017 * MB, 0, False)
+LAYERS, ATTENTION_EVERY = 40, 4
+
+
+@dataclass
+class Plan:
+    bytes: list[int]
+    work_ns: list[int]
+    dep: list[int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.bytes)
+
+
+def step_phases() -> list[tuple[str, int, int, bool]]:
+    """The 35B-A3B decode step as phases in order (bytes rounded up to 256)."""
+    phases = []
+    for layer in range(LAYERS):
+        mixer = ATTENTION_LAYER if (layer + 1) % ATTENTION_EVERY == 0 else GDN_LAYER
+        phases += mixer + MOE
+    phases.append(LM_HEAD)
+    return [(name, int(-(-b // 256) * 256), ns, routed) for name, b, ns, routed in phases]
+
+
+def plan(schedule: str) -> Plan:
+    phases = step_phases()
+    if schedule == "stream":
+        return Plan([sum(b for _, b, _, _ in phases)], [0], [-1])
+    dep, topk = [], -1
+    for p, (name, _, _, routed) in enumerate(phases):
+        if schedule == "lockstep":
+            dep.append(p - 1)
+        elif schedule == "ahead":
+            dep.append(topk if routed else -1)
+        else:
+            raise ValueError(f"unknown schedule {schedule!r}")
+        if name == "top-k":
+            topk = p
+    return Plan([b for _, b, _, _ in phases], [ns for _, _, ns, _ in phases], dep)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lib", required=True, help="probe_stream.so built from probe_stream.cu")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+    lib = ctypes.CDLL(args.lib)
+    lib.stream_error.restype = ctypes.c_char_p
+    lib.stream_init.argtypes = [ctypes.c_size_t]
+    lib.stream_time.restype = ctypes.c_double
+    if lib.stream_init(plan("stream").total + 256 * len(step_phases())) != 0:
+        raise SystemExit(f"stream_init: {lib.stream_error().decode()}")
+    results = []
+    runs = [("stream", 16384, 12), ("lockstep", 16384, 12), ("ahead", 16384, 12), ("ahead", 32768, 6),
+            ("ahead", 8192, 24)]
+    for schedule, tile, stages in runs:
+        pl = plan(schedule)
+        n = len(pl.bytes)
+        seconds = lib.stream_time((ctypes.c_longlong * n)(*pl.bytes), (ctypes.c_int * n)(*pl.work_ns),
+                                  (ctypes.c_int * n)(*pl.dep), n, tile, stages, args.repeats)
+        if seconds < 0:
+            raise SystemExit(f"stream_time({schedule}): {lib.stream_error().decode()}")
+        row = {"schedule": schedule, "tile_bytes": tile, "stages": stages, "phases": n, "bytes": pl.total,
+               "ms_per_step": seconds * 1e3, "tb_per_s": pl.total / seconds / 1e12}
+        results.append(row)
+        print(f"{schedule:9s} tile {tile // 1024:2d} KiB x {stages:2d} stages, {n:4d} phases: "
+              f"{row['ms_per_step']:.3f} ms per step, {row['tb_per_s']:.2f} TB/s", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": "qwen3.6-35b-a3b step at depth 8,192 (bytes and spins)", "runs": results}, f,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

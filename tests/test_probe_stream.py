@@ -1,0 +1,37 @@
+"""tests/gpu/probe_stream.py's schedules (the stream itself runs on the GPU machine)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def ps(gpu_script):
+    return gpu_script("probe_stream")
+
+
+def test_the_step_has_the_35b_a3b_layers_and_bytes(ps):
+    phases = ps.step_phases()
+    names = [name for name, *_ in phases]
+    assert names.count("gdn in projection") == 30 and names.count("attention qkv") == 10
+    assert names.count("routed gate_up") == 40 and names[-1] == "lm head"
+    assert all(b % 256 == 0 for _, b, _, _ in phases)
+    assert ps.plan("ahead").total == pytest.approx(6.04e9, rel=0.01)  # ~6.1 GB per token at 8,192
+
+
+def test_schedules_differ_only_in_what_the_producer_waits_for(ps):
+    ahead, lockstep, stream = ps.plan("ahead"), ps.plan("lockstep"), ps.plan("stream")
+    assert ahead.bytes == lockstep.bytes and ahead.work_ns == lockstep.work_ns
+    assert stream.total == ahead.total and len(stream.bytes) == 1
+    assert lockstep.dep == list(range(-1, len(lockstep.bytes) - 1))
+    names = [name for name, *_ in ps.step_phases()]
+    for p, d in enumerate(ahead.dep):
+        if names[p] in ("routed gate_up", "down (routed + shared)"):
+            assert names[d] == "top-k" and p - d in (2, 3)  # this layer's top-k
+        else:
+            assert d == -1
+
+
+def test_unknown_schedule_is_refused(ps):
+    with pytest.raises(ValueError, match="unknown schedule"):
+        ps.plan("sideways")
