@@ -7,15 +7,16 @@
 // shared-memory stages, and consumer warps reading every tile from shared memory.
 //
 //   stream_init(bytes)        one allocation of `bytes` (the step's weights), filled with 0x01
-//   stream_time(phase_bytes, phase_work_ns, phase_dep, phases, tile_bytes, stages, repeats)
+//   stream_time(phase_bytes, phase_work_ns, producer_dep, consumer_dep, phases, tile_bytes, stages, repeats)
 //       phase p streams phase_bytes[p] bytes (laid out one phase after the other from the base;
-//       tile t of a phase goes to CTA t % gridDim.x). Consumers finish phase p - 1 on every CTA
-//       (a grid-wide counter) before they start phase p, then spin phase_work_ns[p] ns (the
-//       latency-bound work of that point: GDN step, top-k...), then consume their tiles. The
-//       producer issues phase p's tiles as soon as ring stages are free and, if phase_dep[p] >= 0,
-//       phase phase_dep[p] is finished on every CTA (the routed experts' ids); phase_dep[p] = p - 1
-//       makes it wait like a separate kernel without preloading. Returns the best of `repeats`
-//       runs in seconds, or a negative number (stream_error() says why).
+//       tile t of a phase goes to CTA t % gridDim.x). Its consumers wait until phase
+//       consumer_dep[p] is finished on every CTA (a grid-wide counter; -1: no wait, e.g. a
+//       dependency on a few heads only), spin phase_work_ns[p] ns (the latency-bound work of that
+//       point: GDN step, top-k...), then consume their tiles. The producer issues phase p's tiles
+//       as soon as ring stages are free and, if producer_dep[p] >= 0, phase producer_dep[p] is
+//       finished on every CTA (the routed experts' ids); producer_dep[p] = p - 1 makes it wait like
+//       a separate kernel without preloading. Counters are polled with acquire loads. Returns the
+//       best of `repeats` runs in seconds, or a negative number (stream_error() says why).
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -36,7 +37,8 @@ struct Plan {
     const long long* offset;  // [phases] byte offset of each phase from the base
     const long long* bytes;   // [phases]
     const int* work_ns;       // [phases]
-    const int* dep;           // [phases]
+    const int* prod_dep;      // [phases]
+    const int* cons_dep;      // [phases]
     int phases, tile_bytes, stages;
     unsigned* done;           // [phases] CTAs that finished the phase
     unsigned* sink;
@@ -66,8 +68,9 @@ __device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t b
 }
 
 __device__ __forceinline__ void wait_phase_done(const unsigned* done, int p) {
-    while (*(volatile const unsigned*)(done + p) < gridDim.x) __nanosleep(32);
-    __threadfence();
+    unsigned v;
+    do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(done + p) : "memory");
+    while (v < gridDim.x);
 }
 
 __device__ __forceinline__ void spin_ns(int ns) {
@@ -100,7 +103,7 @@ __global__ void __launch_bounds__(THREADS, 1) stream_kernel(const char* __restri
         if (threadIdx.x != 0) return;
         long long use = 0;
         for (int p = 0; p < pl.phases; ++p) {
-            if (pl.dep[p] >= 0) wait_phase_done(pl.done, pl.dep[p]);
+            if (pl.prod_dep[p] >= 0) wait_phase_done(pl.done, pl.prod_dep[p]);
             const long long n = tiles_of(pl, p);
             for (long long i = 0; i < n; ++i, ++use) {
                 const int s = int(use % pl.stages);
@@ -118,11 +121,10 @@ __global__ void __launch_bounds__(THREADS, 1) stream_kernel(const char* __restri
     unsigned acc = 0;
     long long use = 0;
     for (int p = 0; p < pl.phases; ++p) {
-        if (p > 0) {
-            if (ct == 0) wait_phase_done(pl.done, p - 1);
-            asm volatile("bar.sync 1, %0;" ::"n"(CONSUMER_WARPS * 32));
+        if (ct == 0) {
+            if (pl.cons_dep[p] >= 0) wait_phase_done(pl.done, pl.cons_dep[p]);
+            spin_ns(pl.work_ns[p]);
         }
-        if (ct == 0) spin_ns(pl.work_ns[p]);
         asm volatile("bar.sync 1, %0;" ::"n"(CONSUMER_WARPS * 32));
         const long long n = tiles_of(pl, p);
         for (long long i = 0; i < n; ++i, ++use) {
@@ -160,8 +162,8 @@ extern "C" int stream_init(size_t bytes) {
     return failed(cudaDeviceSynchronize(), "memset") ? -1 : 0;
 }
 
-extern "C" double stream_time(const long long* phase_bytes, const int* phase_work_ns, const int* phase_dep, int phases,
-                              int tile_bytes, int stages, int repeats) {
+extern "C" double stream_time(const long long* phase_bytes, const int* phase_work_ns, const int* producer_dep,
+                              const int* consumer_dep, int phases, int tile_bytes, int stages, int repeats) {
     if (phases < 1 || phases > MAX_PHASES || stages < 2 || stages > MAX_STAGES || tile_bytes % 16) {
         std::snprintf(g_error, sizeof g_error, "bad plan: %d phases, %d stages, tile %d bytes", phases, stages,
                       tile_bytes);
@@ -177,21 +179,23 @@ extern "C" double stream_time(const long long* phase_bytes, const int* phase_wor
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     long long *d_off = nullptr, *d_bytes = nullptr;
-    int *d_work = nullptr, *d_dep = nullptr;
+    int *d_work = nullptr, *d_pdep = nullptr, *d_cdep = nullptr;
     unsigned *d_done = nullptr, *d_sink = nullptr;
     const size_t smem = size_t(tile_bytes) * stages;
     if (failed(cudaMalloc(&d_off, phases * 8), "cudaMalloc") || failed(cudaMalloc(&d_bytes, phases * 8), "cudaMalloc") ||
-        failed(cudaMalloc(&d_work, phases * 4), "cudaMalloc") || failed(cudaMalloc(&d_dep, phases * 4), "cudaMalloc") ||
+        failed(cudaMalloc(&d_work, phases * 4), "cudaMalloc") || failed(cudaMalloc(&d_pdep, phases * 4), "cudaMalloc") ||
+        failed(cudaMalloc(&d_cdep, phases * 4), "cudaMalloc") ||
         failed(cudaMalloc(&d_done, phases * 4), "cudaMalloc") || failed(cudaMalloc(&d_sink, sms * 4), "cudaMalloc"))
         return -1.0;
     cudaMemcpy(d_off, offset.data(), phases * 8, cudaMemcpyHostToDevice);
     cudaMemcpy(d_bytes, phase_bytes, phases * 8, cudaMemcpyHostToDevice);
     cudaMemcpy(d_work, phase_work_ns, phases * 4, cudaMemcpyHostToDevice);
-    cudaMemcpy(d_dep, phase_dep, phases * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(d_pdep, producer_dep, phases * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(d_cdep, consumer_dep, phases * 4, cudaMemcpyHostToDevice);
     if (failed(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
                "cudaFuncSetAttribute"))
         return -1.0;
-    Plan pl{d_off, d_bytes, d_work, d_dep, phases, tile_bytes, stages, d_done, d_sink};
+    Plan pl{d_off, d_bytes, d_work, d_pdep, d_cdep, phases, tile_bytes, stages, d_done, d_sink};
     const char* base = g_base;
     void* args[] = {&base, &pl};
     cudaEvent_t t0, t1;
@@ -215,7 +219,8 @@ extern "C" double stream_time(const long long* phase_bytes, const int* phase_wor
     cudaFree(d_off);
     cudaFree(d_bytes);
     cudaFree(d_work);
-    cudaFree(d_dep);
+    cudaFree(d_pdep);
+    cudaFree(d_cdep);
     cudaFree(d_done);
     cudaFree(d_sink);
     return best;

@@ -10,10 +10,15 @@ consecutive phases, and the latency-bound work of the GDN step, the top-k and at
 spins of a few microseconds. Schedules:
 
   stream     all bytes as one phase (no dependency point): the ceiling
-  ahead      the producer runs ahead through every dependency point, except that the routed
-             experts' tiles wait until the top-k is done everywhere (their ids)
-  lockstep   the producer waits for each previous phase to finish everywhere (a separate kernel per
-             phase that loads nothing before its wait)
+  lockstep   every phase waits for the previous one to finish everywhere, producer included (a
+             separate kernel per phase that loads nothing before its wait)
+  ahead      the consumers still wait at every phase boundary, but the producer runs ahead through
+             them, except that the routed experts' tiles wait until the top-k is done everywhere
+  merged     ahead, and the consumers wait only where the data needs the whole grid: not before the
+             GDN step, attention prep and attention (they need a few heads of the row before), nor
+             before the shared expert (its input was complete before the router); routed gate_up
+             waits for the top-k
+  *-nowork   the same without the latency spins (what the dependency points alone cost)
 
 Run on the GPU machine:  bash tests/gpu/run.sh stream (builds probe_stream.cu with nvcc, passes it
 as --lib). Prints and writes (--json) each schedule's time per step and bandwidth.
@@ -57,7 +62,8 @@ LAYERS, ATTENTION_EVERY = 40, 4
 class Plan:
     bytes: list[int]
     work_ns: list[int]
-    dep: list[int]
+    prod_dep: list[int]  # phase the producer waits for (-1: none)
+    cons_dep: list[int]  # phase the consumers wait for (-1: none)
 
     @property
     def total(self) -> int:
@@ -74,21 +80,29 @@ def step_phases() -> list[tuple[str, int, int, bool]]:
     return [(name, int(-(-b // 256) * 256), ns, routed) for name, b, ns, routed in phases]
 
 
+PARTIAL_INPUT = {"gdn step (state)", "attention prep", "attention over the cache", "shared expert gate_up"}
+
+
 def plan(schedule: str) -> Plan:
     phases = step_phases()
-    if schedule == "stream":
-        return Plan([sum(b for _, b, _, _ in phases)], [0], [-1])
-    dep, topk = [], -1
+    kind, _, nowork = schedule.partition("-")
+    if kind not in ("stream", "lockstep", "ahead", "merged") or nowork not in ("", "nowork"):
+        raise ValueError(f"unknown schedule {schedule!r}")
+    if kind == "stream":
+        return Plan([sum(b for _, b, _, _ in phases)], [0], [-1], [-1])
+    prod, cons, topk = [], [], -1
     for p, (name, _, _, routed) in enumerate(phases):
-        if schedule == "lockstep":
-            dep.append(p - 1)
-        elif schedule == "ahead":
-            dep.append(topk if routed else -1)
-        else:
-            raise ValueError(f"unknown schedule {schedule!r}")
         if name == "top-k":
             topk = p
-    return Plan([b for _, b, _, _ in phases], [ns for _, _, ns, _ in phases], dep)
+        prod.append(p - 1 if kind == "lockstep" else topk if routed else -1)
+        if kind == "merged" and name in PARTIAL_INPUT:
+            cons.append(-1)
+        elif kind == "merged" and name == "routed gate_up":
+            cons.append(topk)
+        else:
+            cons.append(p - 1)
+    work = [0 if nowork else ns for _, _, ns, _ in phases]
+    return Plan([b for _, b, _, _ in phases], work, prod, cons)
 
 
 def main() -> int:
@@ -104,19 +118,19 @@ def main() -> int:
     if lib.stream_init(plan("stream").total + 256 * len(step_phases())) != 0:
         raise SystemExit(f"stream_init: {lib.stream_error().decode()}")
     results = []
-    runs = [("stream", 16384, 12), ("lockstep", 16384, 12), ("ahead", 16384, 12), ("ahead", 32768, 6),
-            ("ahead", 8192, 24)]
+    runs = [(schedule, 32768, 6) for schedule in
+            ("stream", "lockstep", "ahead", "merged", "lockstep-nowork", "ahead-nowork", "merged-nowork")]
     for schedule, tile, stages in runs:
         pl = plan(schedule)
         n = len(pl.bytes)
-        seconds = lib.stream_time((ctypes.c_longlong * n)(*pl.bytes), (ctypes.c_int * n)(*pl.work_ns),
-                                  (ctypes.c_int * n)(*pl.dep), n, tile, stages, args.repeats)
+        ints = [(ctypes.c_int * n)(*v) for v in (pl.work_ns, pl.prod_dep, pl.cons_dep)]
+        seconds = lib.stream_time((ctypes.c_longlong * n)(*pl.bytes), *ints, n, tile, stages, args.repeats)
         if seconds < 0:
             raise SystemExit(f"stream_time({schedule}): {lib.stream_error().decode()}")
         row = {"schedule": schedule, "tile_bytes": tile, "stages": stages, "phases": n, "bytes": pl.total,
                "ms_per_step": seconds * 1e3, "tb_per_s": pl.total / seconds / 1e12}
         results.append(row)
-        print(f"{schedule:9s} tile {tile // 1024:2d} KiB x {stages:2d} stages, {n:4d} phases: "
+        print(f"{schedule:15s} tile {tile // 1024:2d} KiB x {stages:2d} stages, {n:4d} phases: "
               f"{row['ms_per_step']:.3f} ms per step, {row['tb_per_s']:.2f} TB/s", flush=True)
     if args.json:
         with open(args.json, "w") as f:
