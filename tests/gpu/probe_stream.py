@@ -29,6 +29,9 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
+import sys
+import time
 from dataclasses import dataclass
 
 MB = 1_000_000
@@ -134,8 +137,10 @@ def main() -> int:
               f"{row['ms_per_step']:.3f} ms per step, {row['tb_per_s']:.2f} TB/s", flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": "qwen3.6-35b-a3b step at depth 8,192 (bytes and spins)", "runs": results}, f,
-                      indent=1)
+            json.dump({"model": "qwen3.6-35b-a3b step at depth 8,192 (bytes and spins)",
+                       "commit": os.environ.get("LAMPO_COMMIT", "unknown"),
+                       "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                       "command": " ".join(["python"] + sys.argv), "runs": results}, f, indent=1)
     return 0
 
 
