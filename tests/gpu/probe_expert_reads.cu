@@ -12,9 +12,12 @@
 #include <cstdio>
 #include <vector>
 
+#include "probe_common.cuh"
+
+using probe::failed;
+
 namespace {
 
-char g_error[256] = "";
 uint4* g_base = nullptr;
 
 // Block b reads runs b * runs_per_block .. + runs_per_block - 1, each run_vecs 16-byte vectors from
@@ -39,21 +42,11 @@ __global__ void read_runs(const uint4* __restrict__ base, const long long* __res
     if (acc == 0x9e3779b9u) sink[blockIdx.x] = acc;  // practically never stores
 }
 
-bool failed(cudaError_t e, const char* what) {
-    if (e == cudaSuccess) return false;
-    std::snprintf(g_error, sizeof g_error, "%s: %s", what, cudaGetErrorString(e));
-    return true;
-}
-
 }  // namespace
 
-extern "C" const char* probe_error() { return g_error; }
+extern "C" const char* probe_error() { return probe::g_error; }
 
-extern "C" int probe_init(size_t bytes) {
-    if (failed(cudaMalloc(&g_base, bytes), "cudaMalloc")) return -1;
-    if (failed(cudaMemset(g_base, 1, bytes), "cudaMemset")) return -1;
-    return failed(cudaDeviceSynchronize(), "memset") ? -1 : 0;
-}
+extern "C" int probe_init(size_t bytes) { return probe::alloc_filled(&g_base, bytes); }
 
 extern "C" double probe_time(const long long* starts, int launches, int blocks, int runs_per_block, int run_vecs,
                              int repeats) {

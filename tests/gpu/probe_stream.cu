@@ -23,6 +23,10 @@
 #include <cstdio>
 #include <vector>
 
+#include "probe_common.cuh"
+
+using probe::failed;
+
 namespace {
 
 constexpr int CONSUMER_WARPS = 4;
@@ -30,7 +34,6 @@ constexpr int THREADS = 32 + CONSUMER_WARPS * 32;  // warp 0: producer
 constexpr int MAX_PHASES = 1024;
 constexpr int MAX_STAGES = 32;
 
-char g_error[256] = "";
 char* g_base = nullptr;
 
 struct Plan {
@@ -146,27 +149,17 @@ __global__ void __launch_bounds__(THREADS, 1) stream_kernel(const char* __restri
     if (acc == 0x9e3779b9u) pl.sink[blockIdx.x] = acc;  // practically never stores
 }
 
-bool failed(cudaError_t e, const char* what) {
-    if (e == cudaSuccess) return false;
-    std::snprintf(g_error, sizeof g_error, "%s: %s", what, cudaGetErrorString(e));
-    return true;
-}
-
 }  // namespace
 
-extern "C" const char* stream_error() { return g_error; }
+extern "C" const char* stream_error() { return probe::g_error; }
 
-extern "C" int stream_init(size_t bytes) {
-    if (failed(cudaMalloc(&g_base, bytes), "cudaMalloc")) return -1;
-    if (failed(cudaMemset(g_base, 1, bytes), "cudaMemset")) return -1;
-    return failed(cudaDeviceSynchronize(), "memset") ? -1 : 0;
-}
+extern "C" int stream_init(size_t bytes) { return probe::alloc_filled(&g_base, bytes); }
 
 extern "C" double stream_time(const long long* phase_bytes, const int* phase_work_ns, const int* producer_dep,
                               const int* consumer_dep, int phases, int tile_bytes, int stages, int repeats) {
     if (phases < 1 || phases > MAX_PHASES || stages < 2 || stages > MAX_STAGES || tile_bytes % 16) {
-        std::snprintf(g_error, sizeof g_error, "bad plan: %d phases, %d stages, tile %d bytes", phases, stages,
-                      tile_bytes);
+        std::snprintf(probe::g_error, sizeof probe::g_error, "bad plan: %d phases, %d stages, tile %d bytes",
+                      phases, stages, tile_bytes);
         return -1.0;
     }
     std::vector<long long> offset(phases);
@@ -182,10 +175,10 @@ extern "C" double stream_time(const long long* phase_bytes, const int* phase_wor
     int *d_work = nullptr, *d_pdep = nullptr, *d_cdep = nullptr;
     unsigned *d_done = nullptr, *d_sink = nullptr;
     const size_t smem = size_t(tile_bytes) * stages;
-    if (failed(cudaMalloc(&d_off, phases * 8), "cudaMalloc") || failed(cudaMalloc(&d_bytes, phases * 8), "cudaMalloc") ||
-        failed(cudaMalloc(&d_work, phases * 4), "cudaMalloc") || failed(cudaMalloc(&d_pdep, phases * 4), "cudaMalloc") ||
-        failed(cudaMalloc(&d_cdep, phases * 4), "cudaMalloc") ||
-        failed(cudaMalloc(&d_done, phases * 4), "cudaMalloc") || failed(cudaMalloc(&d_sink, sms * 4), "cudaMalloc"))
+    if (failed(cudaMalloc(&d_off, phases * 8), "cudaMalloc") || failed(cudaMalloc(&d_bytes, phases * 8), "cudaMalloc")
+        || failed(cudaMalloc(&d_work, phases * 4), "cudaMalloc") || failed(cudaMalloc(&d_pdep, phases * 4), "cudaMalloc")
+        || failed(cudaMalloc(&d_cdep, phases * 4), "cudaMalloc") || failed(cudaMalloc(&d_done, phases * 4), "cudaMalloc")
+        || failed(cudaMalloc(&d_sink, sms * 4), "cudaMalloc"))
         return -1.0;
     cudaMemcpy(d_off, offset.data(), phases * 8, cudaMemcpyHostToDevice);
     cudaMemcpy(d_bytes, phase_bytes, phases * 8, cudaMemcpyHostToDevice);
