@@ -25,15 +25,18 @@ RUN_NAME = re.compile(r"^35b-a3b-(?P<build>.+)-r(?P<round>\d+)\.json$")
 @dataclass
 class Build:
     name: str
-    depths: list[int]
-    ms: dict[int, list[float]]  # depth -> ms per token, one per round
+    ms: dict[int, list[float]]  # depth -> ms per token, one per round (depths in the bench's order)
+
+    @property
+    def depths(self) -> list[int]:
+        return list(self.ms)
 
     def median(self, depth: int) -> float:
         return statistics.median(self.ms[depth])
 
 
 def load_builds(bench_dir: Path) -> dict[str, Build]:
-    """Builds in the order run.sh benched them (base first), from the round files."""
+    """Builds from the round files: base first, then the variants by name."""
     runs: dict[str, list[tuple[int, dict]]] = {}
     for path in sorted(bench_dir.glob("35b-a3b-*-r*.json")):
         m = RUN_NAME.match(path.name)
@@ -43,13 +46,11 @@ def load_builds(bench_dir: Path) -> dict[str, Build]:
         raise SystemExit(f"ab_summary: no base runs (35b-a3b-base-r<N>.json) in {bench_dir}")
     builds = {}
     for name in ["base"] + sorted(n for n in runs if n != "base"):
-        rounds = sorted(runs[name], key=lambda r: r[0])
-        depths = [d["depth"] for d in rounds[0][1]["decode"]]
-        ms = {depth: [] for depth in depths}
-        for _, report in rounds:
+        ms: dict[int, list[float]] = {}
+        for _, report in sorted(runs[name], key=lambda r: r[0]):
             for d in report["decode"]:
                 ms.setdefault(d["depth"], []).append(d["ms_per_token"])
-        builds[name] = Build(name, depths, ms)
+        builds[name] = Build(name, ms)
     return builds
 
 
