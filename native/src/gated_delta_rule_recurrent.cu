@@ -280,7 +280,7 @@ void gated_delta_rule_recurrent(const bf16* qkv, const bf16* a, const bf16* b, c
                stream, qkv, a, b, A_log, dt_bias, state, o, snapshots, T, Hk, Hv);
 }
 
-bool gdn_decode_fused_available() { return device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9; }
+bool gdn_decode_fused_available() { return sm90_or_newer(); }
 
 void gdn_decode_fused(const bf16* qkv, const bf16* conv_w, bf16* conv_state, const bf16* a, const bf16* b,
                       const float* A_log, const float* dt_bias, float* state, const bf16* z, const bf16* norm_w,

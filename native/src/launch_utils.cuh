@@ -39,13 +39,20 @@ inline void allow_dynamic_smem(Kernel kernel, size_t bytes, const char* op) {
     LAMPO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
+// Whether the device is sm_90 or newer (programmatic dependent launch, thread block clusters).
+// Decided once per process, like everything the launchers ask per launch.
+inline bool sm90_or_newer() {
+    static const bool yes = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+    return yes;
+}
+
 // Whether kernels go out with programmatic dependent launch: on sm_90+ unless the environment
 // sets LAMPO_PDL=0 (for A/B measurements). Decided once per process.
 inline bool pdl_enabled() {
     static const bool on = [] {
         const char* env = std::getenv("LAMPO_PDL");
         if (env && std::string(env) == "0") return false;
-        return device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+        return sm90_or_newer();
     }();
     return on;
 }
