@@ -36,6 +36,7 @@ namespace {
 
 constexpr int MAX_CLUSTER = 16;  // blocks per cluster (16 is above the portable 8: H100/H200 allow it)
 constexpr int DN_BATCH = 16;     // down: 16-byte weight vectors per lane in flight
+constexpr int SUM_BATCH = 16;    // partial rows per load batch of the last block's sum
 
 // Blocks per cluster for intermediate sizes I and Is (0: no shared slot): the largest power of two
 // <= MAX_CLUSTER that divides both tile counts (a slot's rows then fill whole clusters).
@@ -162,8 +163,16 @@ moe_ffn_decode_kernel(const bf16* __restrict__ h, const bf16* __restrict__ gate_
     __syncthreads();
     if (last) {
         for (int r = rank * block_rows + threadIdx.x; r < (rank + 1) * block_rows; r += blockDim.x) {
+            const float* col = partials + size_t(t) * P * H + r;
             float y = 0.f;
-            for (int p = 0; p < P; ++p) y += __ldcg(partials + (size_t(t) * P + p) * H + r);
+            for (int p0 = 0; p0 < P; p0 += SUM_BATCH) {  // SUM_BATCH loads in flight, added in order
+                float v[SUM_BATCH];
+#pragma unroll
+                for (int i = 0; i < SUM_BATCH; ++i) v[i] = p0 + i < P ? __ldcg(col + size_t(p0 + i) * H) : 0.f;
+#pragma unroll
+                for (int i = 0; i < SUM_BATCH; ++i)
+                    if (p0 + i < P) y += v[i];
+            }
             residual[size_t(t) * H + r] += round_to_bf16(y);
         }
     }
