@@ -140,7 +140,6 @@ struct Workspace {
     int32_t* expert_ids = nullptr;   // [T, k]
     float* expert_weights = nullptr; // [T, k]
     float* shared_gate = nullptr;    // [T] sigmoid(h_t . w_shared_gate), MoE decode
-    void* moe_ffn_scratch = nullptr;  // moe_ffn_decode: tickets (0 between launches) + partial rows
     void* gdn_chunked = nullptr;
     void* moe_prefill = nullptr;
     float* attn_partial = nullptr;
@@ -207,14 +206,13 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
 //   norms  - no add_rmsnorm launches: each block's input projection builds the normed row itself
 //            and each output projection adds into the fp32 residual (linear.h), and the gate_up
 //            launch selects the experts from the router logits (no top-k launch);
-//   gdn    - conv + delta rule + gated norm in one launch (sm_90+);
-//   moe    - with norms: the experts' gate_up and down in one launch (moe_ffn_decode, sm_90+).
-// Unset, "all" or "1" = norms,gdn,moe (measured fastest); "none" or "0" = the separate launches.
-// norms and gdn compute the same values as the separate launches, bit for bit (both take the router
-// logits from the same GEMV kernel); moe sums the experts' outputs in another fixed order (equal to
-// fp32 rounding). (One-launch router forms were measured slower and removed:
-// docs/decode-performance.md, rounds 3-5.)
-enum class DecodeFusion : int { Norms, Gdn, Moe };
+//   gdn    - conv + delta rule + gated norm in one launch.
+// Unset, "all" or "1" = norms,gdn (measured fastest); "none" or "0" = the separate launches. Every
+// form computes the same values as the separate launches, bit for bit (both take the router logits
+// from the same GEMV kernel). (One-launch router and whole-MoE-FFN forms, and the experts' gate_up
+// and down as one launch of clusters, were measured slower and removed: docs/decode-performance.md,
+// rounds 3-5 and 9.)
+enum class DecodeFusion : int { Norms, Gdn };
 bool decode_fusion_enabled(DecodeFusion f);
 
 // Diagnostic for `lampo bench` only: LAMPO_OMIT_OPS=norms,moe_router (op family names) leaves those

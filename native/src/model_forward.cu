@@ -93,8 +93,6 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx
         {"expert_ids", T * k * 4},
         {"expert_weights", T * k * 4},
         {"shared_gate", d.moe ? T * 4 : 0},
-        {"moe_ffn_scratch", d.moe ? moe_ffn_decode_scratch_bytes(1, d.top_k, d.hidden, d.expert_inter,
-                                                                 d.shared_inter) : 0},
         {"gdn_chunked", gdn ? gdn_chunked_workspace_bytes(max_tokens, d.gdn_v_heads, d.gdn_k_dim,
                                                           d.gdn_v_dim) : 0},
         {"moe_prefill", d.moe ? moe_prefill_workspace_bytes(max_tokens, d.top_k, d.hidden,
@@ -136,7 +134,6 @@ Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void*
     ws.expert_ids = static_cast<int32_t*>(ptr[i++]);
     ws.expert_weights = static_cast<float*>(ptr[i++]);
     ws.shared_gate = static_cast<float*>(ptr[i++]);
-    ws.moe_ffn_scratch = ptr[i++];
     ws.gdn_chunked = ptr[i++];
     ws.moe_prefill = ptr[i++];
     ws.attn_partial = static_cast<float*>(ptr[i++]);
@@ -359,9 +356,8 @@ MoeSharedSlot decode_shared_slot(const Ctx& c, const MoeFfnWeights& w) {
 // one more slot of the same two GEMV launches (their gated sum lands in ws.delta); for a prefill
 // chunk the grouped GEMMs for the routed experts, the shared expert's own projections and
 // moe_shared_combine. Folded (decode): router logits from the residual stream (which also leaves
-// the normed row in ws.normed), then (DecodeFusion::Moe) one moe_ffn_decode launch selecting the
-// experts from the logits and adding the block into the residual, or gate_up selecting its experts
-// and down adding into the residual: two or three launches.
+// the normed row in ws.normed), gate_up selecting its experts from the logits, down adding into
+// the residual: three launches.
 void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
@@ -372,14 +368,6 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
         c.op(OpFamily::MoeRouter, "moe router logits", [&] {
             linear_forward_normed_f32(router, {ws.residual, norm_w, d.eps, ws.normed}, ws.router_logits, c.st);
         });
-        if (decode_fusion_enabled(DecodeFusion::Moe) && moe_ffn_decode_available()) {
-            c.op(OpFamily::MoeExperts, "moe_ffn_decode", [&] {
-                moe_ffn_decode(ws.normed, w.experts_gate_up, w.experts_down, nullptr, nullptr, ws.router_logits,
-                               d.n_experts, ws.expert_ids, ws.expert_weights, shared, ws.residual,
-                               ws.moe_ffn_scratch, 1, k, H, I, c.st);
-            });
-            return;
-        }
         c.op(OpFamily::MoeExperts, "moe_experts_gate_up_select", [&] {
             moe_experts_gate_up_select(ws.normed, ws.router_logits, d.n_experts, w.experts_gate_up, ws.expert_ids,
                                        ws.expert_weights, ws.act, 1, k, H, I, c.st, &shared);
@@ -458,9 +446,8 @@ bool decode_fusion_enabled(DecodeFusion f) {
         const char* env = std::getenv("LAMPO_DECODE_FUSION");
         const std::string v = env ? env : "";
         if (v == "0" || v == "none") return 0u;
-        if (v.empty() || v == "1" || v == "all")
-            return bit(DecodeFusion::Norms) | bit(DecodeFusion::Gdn) | bit(DecodeFusion::Moe);
-        return env_name_mask("LAMPO_DECODE_FUSION", {"norms", "gdn", "moe"});  // enum order
+        if (v.empty() || v == "1" || v == "all") return bit(DecodeFusion::Norms) | bit(DecodeFusion::Gdn);
+        return env_name_mask("LAMPO_DECODE_FUSION", {"norms", "gdn"});  // enum order
     }();
     return mask >> int(f) & 1u;
 }

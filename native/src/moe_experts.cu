@@ -27,49 +27,109 @@
 #include "launch_utils.cuh"
 #include "gdn_moe_vec.cuh"
 #include "moe_common.h"
-#include "moe_gate_up.cuh"
+#include "moe_topk.cuh"
 #include "ops.h"
 
 namespace lampo {
 namespace {
+
+constexpr int GU_WARPS = 4;
+constexpr int GU_PAIRS = 4;  // (gate, up) row pairs per warp
+constexpr int GU_ROWS_PER_BLOCK = GU_WARPS * GU_PAIRS;
+constexpr int GU_UNROLL = 2;  // 16-byte chunks per lane per row per batch (x 8 rows: 16 in flight;
+                              // H = 2048 in four batches). Half the warps of 2 pairs x 4, so the
+                              // 35B-A3B grid (288 blocks of 4 warps) is resident at once; measured
+                              // 2.419 vs 2.480 ms per step (docs/decode-performance.md, Round 6)
+
+// How the gate_up launch learns its experts: read ids [T, k], or (logits set) select them itself
+// from the router logits [T, E] and write ids and weights [T, k].
+struct Routing {
+    int32_t* ids;
+    const float* logits;
+    int E;
+    float* weights;
+};
+
+// This warp's (gate, up) row pairs from column `base` on: GU_UNROLL vectors per row per lane.
+__device__ __forceinline__ void gate_up_batch(uint4 (&wv)[GU_UNROLL][2 * GU_PAIRS], const bf16* const (&rows)[2 * GU_PAIRS],
+                                              int base, int H, int lane) {
+#pragma unroll
+    for (int u = 0; u < GU_UNROLL; ++u) {
+        const int c = base + (u * 32 + lane) * 8;
+        if (c < H) {
+#pragma unroll
+            for (int q = 0; q < 2 * GU_PAIRS; ++q) wv[u][q] = ldg_u4(rows[q] + c);
+        }
+    }
+}
 
 __global__ void __launch_bounds__(GU_WARPS * 32)
 moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up, Routing routing,
                  bf16* __restrict__ act, int T, int k, int H, int I, MoeSharedSlot shared) {
     const int slots = shared.gate_up ? k + 1 : k;  // per token
     const int t = blockIdx.y / slots, s = blockIdx.y % slots;
-    const int warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const bf16* hrow = h + size_t(t) * H;
     const bool is_shared = s == k;
     const int rows_n = is_shared ? shared.inter : I;  // this slot's intermediate size
     const int r0 = blockIdx.x * GU_ROWS_PER_BLOCK + warp * GU_PAIRS;
     const bool has_rows = r0 < rows_n;  // the grid spans max(I, Is); sizes are multiples of 64
 
-    GateUpWarp rows;
+    const bf16* rows[2 * GU_PAIRS];  // gate r, up r, gate r+1, up r+1, ...
+    auto point_rows = [&](const bf16* W) {
+#pragma unroll
+        for (int p = 0; p < GU_PAIRS; ++p) {
+            rows[2 * p] = W + size_t(r0 + p) * H;
+            rows[2 * p + 1] = W + size_t(rows_n + r0 + p) * H;
+        }
+    };
+    uint4 wv[GU_UNROLL][2 * GU_PAIRS];
     if (is_shared && has_rows) {  // known rows: the first batch before the wait
-        rows.point(shared.gate_up, rows_n, r0, H);
-        rows.load(0, H);
+        point_rows(shared.gate_up);
+        gate_up_batch(wv, rows, 0, H, lane);
     }
     pdl_begin();
     int expert = 0;
-    if (!is_shared) expert = route_slot(routing, t, s, k, s == 0 && blockIdx.x == 0 && warp == 0).expert;
+    if (!is_shared && routing.logits) {
+        const TopkLane sel = warp_topk(routing.logits + size_t(t) * routing.E, routing.E, k);
+        expert = __shfl_sync(0xffffffffu, sel.id, s);
+        if (s == 0 && blockIdx.x == 0 && warp == 0) store_topk(sel, routing.ids, routing.weights, t, k);
+    } else if (!is_shared) {
+        expert = routing.ids[t * k + s];
+    }
     if (is_shared && blockIdx.x == 0 && warp == 0) {  // the shared slot's weight for token t
-        const float gate = shared_expert_gate(hrow, shared.w_gate, H);
-        if (threadIdx.x == 0) shared.gate[t] = gate;
+        float dot = 0.f;
+        for (int c = lane * 8; c < H; c += 32 * 8) dot = dot_bf16x8(ldg_u4(hrow + c), ldg_u4(shared.w_gate + c), dot);
+        dot = warp_sum(dot);
+        if (lane == 0) shared.gate[t] = sigmoid(dot);
     }
     timeline_mark(TL_SELECTED);
     if (!has_rows) return;
     if (!is_shared) {
-        rows.point(gate_up + size_t(expert) * 2 * I * H, rows_n, r0, H);
-        rows.load(0, H);
+        point_rows(gate_up + size_t(expert) * 2 * I * H);
+        gate_up_batch(wv, rows, 0, H, lane);
     }
     bf16* out = is_shared ? act + size_t(T) * k * I + size_t(t) * rows_n : act + size_t(t * k + s) * I;
-    float acc[2 * GU_PAIRS];
-    rows.dot(hrow, H, acc);
+
+    float acc[2 * GU_PAIRS] = {};
+    for (int base = 0;;) {
+#pragma unroll
+        for (int u = 0; u < GU_UNROLL; ++u) {
+            const int c = base + (u * 32 + lane) * 8;
+            if (c < H) {
+                const uint4 hv = ldg_u4(hrow + c);
+#pragma unroll
+                for (int q = 0; q < 2 * GU_PAIRS; ++q) acc[q] = dot_bf16x8(wv[u][q], hv, acc[q]);
+            }
+        }
+        base += 32 * 8 * GU_UNROLL;
+        if (base >= H) break;
+        gate_up_batch(wv, rows, base, H, lane);
+    }
 #pragma unroll
     for (int p = 0; p < GU_PAIRS; ++p) {
-        const float a = gate_up_act(acc, p);
-        if (threadIdx.x % 32 == 0) out[r0 + p] = __float2bfloat16_rn(a);
+        const float g = warp_sum(acc[2 * p]), u = warp_sum(acc[2 * p + 1]);
+        if (lane == 0) out[r0 + p] = __float2bfloat16_rn(silu(g) * u);
     }
 }
 

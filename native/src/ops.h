@@ -188,18 +188,6 @@ void moe_experts_gate_up_select(const bf16* h, const float* logits, int E, const
 void moe_experts_down_add(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
                           float* residual, int T, int k, int H, int I, cudaStream_t stream,
                           const MoeSharedSlot* shared = nullptr);
-// The decode step's MoE experts in one launch (moe_ffn_decode.cu; sm_90+, thread block clusters):
-// the routed slots and the shared slot (required) as above, down computed per cluster as soon as
-// its act is complete; the same function as gate_up + down with the shared slot, summed over the
-// slots in another fixed order (equal to fp32 rounding). Routing: ids and weights [T, k] given, or
-// (logits [T, E] set) selected from the logits as moe_router_topk does, written to ids_out and
-// weights_out. The block is added into the residual: residual [T, H] fp32 += float(bf16(block)).
-// scratch: moe_ffn_decode_scratch_bytes() bytes, zeroed once (tickets put back to 0 by each launch).
-bool moe_ffn_decode_available();
-size_t moe_ffn_decode_scratch_bytes(int T, int k, int H, int I, int Is);
-void moe_ffn_decode(const bf16* h, const bf16* gate_up, const bf16* down, const int32_t* ids, const float* weights,
-                    const float* logits, int E, int32_t* ids_out, float* weights_out, const MoeSharedSlot& shared,
-                    float* residual, void* scratch, int T, int k, int H, int I, cudaStream_t stream);
 // Routed experts for a prefill chunk (T large): tokens grouped by expert, one grouped GEMM per
 // projection. workspace of moe_prefill_workspace_bytes(). Same function as the two above.
 size_t moe_prefill_workspace_bytes(int T, int k, int H, int I, int E);

@@ -9,14 +9,12 @@
 // N more times on the same device buffers (after the outputs were downloaded), each run after
 // evicting L2 with a 256 MiB memset, and the mean time per run in ms (CUDA events) is appended
 // to the returned tuple.
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
 
 #include "device_buffer.h"
 #include "ops.h"
@@ -419,59 +417,6 @@ py::tuple experts_decode_select_op(const arr<uint16_t>& h, const arr<float>& log
         });
 }
 
-// The decode step's one-launch MoE experts (moe_ffn_decode), with the shared slot: experts from
-// logits [T,E] (ids and weights written) or from ids and weights [T,k]; the launch runs `runs`
-// times in a row on the same buffers (the residual accumulates; the tickets must reset). Returns
-// (ids [T,k], weights [T,k], residual + runs x MoE block [T,H], shared gate [T]) (+ ms).
-py::tuple ffn_decode_op(const arr<uint16_t>& h, const arr<uint16_t>& gate_up, const arr<uint16_t>& down,
-                        const arr<uint16_t>& shared_gate_up, const arr<uint16_t>& shared_down,
-                        const arr<uint16_t>& w_gate, const arr<float>& residual, int k,
-                        const std::optional<arr<float>>& logits, const std::optional<arr<int32_t>>& ids,
-                        const std::optional<arr<float>>& weights, int runs, int repeat) {
-    const char* op = "moe_ffn_decode";
-    expect_ndim(op, "h", h, 2);
-    expect_ndim(op, "gate_up", gate_up, 3);
-    const int T = int(h.shape(0)), H = int(h.shape(1)), E = int(gate_up.shape(0));
-    const int I = int(gate_up.shape(1)) / 2;
-    expect_shape(op, "gate_up", gate_up, {E, 2 * I, H});
-    expect_shape(op, "down", down, {E, H, I});
-    expect_shape(op, "residual", residual, {T, H});
-    if (logits.has_value() == (ids.has_value() || weights.has_value()))
-        throw std::invalid_argument(std::string(op) + ": give logits, or ids and weights");
-    if (runs < 1) throw std::invalid_argument(std::string(op) + ": runs must be >= 1");
-    SharedSlotBuffers sh = upload_shared_slot(op, T, H, shared_gate_up, shared_down, w_gate);
-    DeviceBuffer d_h = upload(h), d_gu = upload(gate_up), d_dn = upload(down), d_res = upload(residual);
-    DeviceBuffer d_ids = poisoned(size_t(T) * k * 4), d_wt = poisoned(size_t(T) * k * 4), d_lg;
-    if (logits) {
-        expect_shape(op, "logits", *logits, {T, E});
-        d_lg = upload(*logits);
-    } else {
-        if (!ids || !weights) throw std::invalid_argument(std::string(op) + ": needs both ids and weights");
-        expect_shape(op, "ids", *ids, {T, k});
-        expect_shape(op, "weights", *weights, {T, k});
-        expect_ids_below(op, *ids, E);
-        d_ids = upload(*ids);
-        d_wt = upload(*weights);
-    }
-    DeviceBuffer scratch = filled(moe_ffn_decode_scratch_bytes(T, k, H, I, sh.slot.inter), 0);
-    return run_op(
-        op, repeat,
-        [&] {
-            for (int r = 0; r < runs; ++r) {
-                const bool select = d_lg.get() != nullptr;
-                moe_ffn_decode(d_h.as<bf16>(), d_gu.as<bf16>(), d_dn.as<bf16>(), select ? nullptr : d_ids.as<int32_t>(),
-                               select ? nullptr : d_wt.as<float>(), d_lg.as<float>(), E, d_ids.as<int32_t>(),
-                               d_wt.as<float>(), sh.slot, d_res.as<float>(), scratch.get(), T, k, H, I, 0);
-            }
-        },
-        [&](py::list& out) {
-            out.append(download<int32_t>(d_ids, {T, k}));
-            out.append(download<float>(d_wt, {T, k}));
-            out.append(download<float>(d_res, {T, H}));
-            out.append(download<float>(sh.gate, {T}));
-        });
-}
-
 py::object shared_combine_op(const arr<uint16_t>& routed, const arr<uint16_t>& shared,
                              const arr<uint16_t>& h, const arr<uint16_t>& w_gate, int repeat) {
     const char* op = "moe_shared_combine";
@@ -534,11 +479,6 @@ void register_gdn_moe_ops(py::module_& ops) {
             arg("repeat") = 0,
             "the decode step's MoE launches: experts selected from logits [T,E] f32, the block added into "
             "residual [T,H] f32 -> (ids [T,k], weights [T,k], residual + block)");
-    ops.def("moe_ffn_decode", &ffn_decode_op, arg("h"), arg("gate_up"), arg("down"), arg("shared_gate_up"),
-            arg("shared_down"), arg("w_gate"), arg("residual"), arg("k"), arg("logits") = py::none(),
-            arg("ids") = py::none(), arg("weights") = py::none(), arg("runs") = 1, arg("repeat") = 0,
-            "the decode step's one-launch MoE experts with the shared slot (sm_90+): experts from logits [T,E] "
-            "f32 or from ids/weights [T,k] -> (ids, weights, residual + runs x block [T,H], shared gate [T])");
     ops.def("moe_shared_combine", &shared_combine_op, arg("routed"), arg("shared"), arg("h"),
             arg("w_gate"), arg("repeat") = 0,
             "routed, shared, h [T,H], w_gate [H] (bf16 bits) -> routed + sigmoid(h.w_gate) * shared");

@@ -352,56 +352,6 @@ def test_experts_decode_select_is_router_topk_then_experts(ops, T, H, I, E, k, I
     np.testing.assert_array_equal(new_residual, residual + from_bf16(block))
 
 
-# (T, H, I, E, k, Is) for the one-launch form: clusters of 16 (35B-A3B), 8, 4 (I and Is of
-# different tile counts), and E = 512 / k = 16.
-FFN_DECODE_SHAPES = [(1, 2048, 512, 256, 8, 512), (2, 512, 128, 16, 4, 128), (3, 256, 128, 8, 2, 64),
-                     (8, 256, 64, 8, 2, 192), (1, 128, 64, 512, 16, 64)]
-
-
-@pytest.mark.parametrize("T,H,I,E,k,Is", FFN_DECODE_SHAPES)
-def test_moe_ffn_decode_matches_the_two_launches_and_the_moe_block(ops, T, H, I, E, k, Is):
-    """gate_up + down in one launch (down per cluster, partials summed by the last block of each
-    row range): the two-launch block to fp32 rounding, the reference moe_block; experts selected
-    from the logits give bit for bit what the same ids and weights give; three launches in a row
-    add the same block three times (the tickets reset)."""
-    rng = np.random.default_rng(T * 7 + I + Is)
-    gate_up, down = expert_weights(rng, E, H, I)
-    h, w_router = separated_router_inputs(rng, T, H, E, k)
-    sgu, sdn = bf16_normal(rng, (2 * Is, H), H**-0.5), bf16_normal(rng, (H, Is), Is**-0.5)
-    w_gate = bf16_normal(rng, (H,), H**-0.5)
-    ids, weights, logits = ops.moe_router_topk(h, w_router, k)
-    zero = np.zeros((T, H), np.float32)
-
-    got_ids, got_w, block, gate = ops.moe_ffn_decode(h, gate_up, down, sgu, sdn, w_gate, zero, k, ids=ids, weights=weights)
-    np.testing.assert_array_equal(got_ids, ids)
-    np.testing.assert_array_equal(got_w, weights)
-    np.testing.assert_array_equal(block, from_bf16(to_bf16(block)))  # the added rows are bf16-rounded
-    two_launch, two_gate = ops.moe_experts_decode_shared(h, gate_up, down, ids, weights, sgu, sdn, w_gate)
-    np.testing.assert_array_equal(gate, two_gate)
-    assert_bf16_close(to_bf16(block), from_bf16(two_launch), "one launch vs two launches")
-    want = ffn.moe_block(from_bf16(h), from_bf16(w_router), from_bf16(gate_up), from_bf16(down), from_bf16(w_gate),
-                         from_bf16(sgu[:Is]), from_bf16(sgu[Is:]), from_bf16(sdn), k)
-    assert_bf16_close(to_bf16(block), want, "one launch vs moe_block")
-
-    residual = (rng.standard_normal((T, H)) * 3).astype(np.float32)
-    sel_ids, sel_w, selected, _ = ops.moe_ffn_decode(h, gate_up, down, sgu, sdn, w_gate, residual, k, logits=logits)
-    np.testing.assert_array_equal(sel_ids, ids)
-    np.testing.assert_array_equal(sel_w, weights)
-    np.testing.assert_array_equal(selected, residual + block)
-    *_, thrice, _ = ops.moe_ffn_decode(h, gate_up, down, sgu, sdn, w_gate, residual, k, logits=logits, runs=3)
-    np.testing.assert_array_equal(thrice, residual + block + block + block)
-
-
-def test_moe_ffn_decode_rejects_bad_routing_arguments(ops):
-    h, gu, dn = np.zeros((1, 128), np.uint16), np.zeros((4, 128, 128), np.uint16), np.zeros((4, 128, 64), np.uint16)
-    sgu, sdn, wg, res = np.zeros((128, 128), np.uint16), np.zeros((128, 64), np.uint16), np.zeros(128, np.uint16), np.zeros((1, 128), np.float32)
-    with pytest.raises(ValueError, match="give logits, or ids and weights"):
-        ops.moe_ffn_decode(h, gu, dn, sgu, sdn, wg, res, 2)
-    with pytest.raises(ValueError, match="out of range"):
-        ops.moe_ffn_decode(h, gu, dn, sgu, sdn, wg, res, 2, ids=np.array([[0, 4]], np.int32),
-                           weights=np.full((1, 2), 0.5, np.float32))
-
-
 @pytest.mark.parametrize("T,H,I,E,k,skew", [(300, 128, 64, 8, 2, False), (333, 256, 128, 32, 4, True), (300, 2048, 512, 16, 8, False)])
 def test_experts_prefill_matches_reference_and_decode(ops, T, H, I, E, k, skew):
     rng = np.random.default_rng(T + E + k)
@@ -486,9 +436,6 @@ def test_timings_35b_dims(ops):
     s_gu, s_dn, s_g = bf16_normal(rng, (2 * I, H), H**-0.5), bf16_normal(rng, (H, I), I**-0.5), bf16_normal(rng, (H,))
     ms = ops.moe_experts_decode_shared(h, gate_up, down, ids, w, s_gu, s_dn, s_g, repeat=rep)[-1]
     TIMINGS.append(f"experts + shared slot T=1 (2 launches): {ms * 1e3:.1f} us ({(k + 1) * 3 * I * H * 2 / ms / 1e6:.0f} GB/s)")
-    ms = ops.moe_ffn_decode(h, gate_up, down, s_gu, s_dn, s_g, np.zeros((1, H), np.float32), k, ids=ids, weights=w,
-                            repeat=rep)[-1]
-    TIMINGS.append(f"experts + shared slot T=1 (moe_ffn_decode): {ms * 1e3:.1f} us ({(k + 1) * 3 * I * H * 2 / ms / 1e6:.0f} GB/s)")
     for T in (2048, 8192):
         h = bf16_normal(rng, (T, H))
         ids, w = random_routes(rng, T, E, k)
