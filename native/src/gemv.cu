@@ -14,7 +14,9 @@
 // Two decode-step (T = 1) forms fold the residual stream in (linear.h):
 // - GemvIn::NormedResidual: x = bf16(rmsnorm(residual) * (1 + w)) is built by every block in
 //   shared memory (norm_row.cuh: the same thread mapping and order as add_rmsnorm, so bit-identical
-//   values); block 0 may also write it out for later kernels.
+//   values); block 0 may also write it out for later kernels. The norm weight is copied into shared
+//   memory before the wait and the first pass over the residual keeps the row there, so the second
+//   pass reads no global memory.
 // - GemvOut::AddToResidual: residual[row] += float(bf16(y[row])), the rounding the separate
 //   bf16 output + add_rmsnorm would apply.
 #include <type_traits>
@@ -22,6 +24,7 @@
 #include "bf16_vec.cuh"
 #include "launch_utils.cuh"
 #include "matmul.cuh"
+#include "mma_sync.cuh"
 #include "norm_row.cuh"
 
 namespace lampo {
@@ -94,7 +97,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
     static_assert(OUT == GemvOut::Store || (T == 1 && std::is_same_v<OutT, float>), "residual add: one fp32 row");
     constexpr int NV = next_pow2(T * GEMV_ROWS);
     __shared__ float partial[GEMV_WARPS][NV];
-    extern __shared__ uint4 x_normed[];  // GemvIn::NormedResidual: the normed row, in / 8 vectors
+    // GemvIn::NormedResidual: the normed row (in bf16), the norm weight (in bf16), the residual row (in fp32)
+    extern __shared__ uint4 x_normed[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int groups_per_block = GEMV_WARPS / p.ks_count;
     const int group = warp / p.ks_count, ks = warp % p.ks_count;
@@ -111,13 +115,21 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
     int v0 = vbeg + lane;
     uint4 wv[GEMV_UNROLL][GEMV_ROWS];
     load_weights(wv, wrow, v0, vend);
+    if constexpr (IN == GemvIn::NormedResidual) {
+        bf16* w_norm = reinterpret_cast<bf16*>(x_normed) + p.in;
+        for (int i = threadIdx.x; i < nvec; i += blockDim.x) cp_async_16(w_norm + 8 * i, p.norm.weight + 8 * i, true);
+        cp_async_commit();
+    }
     pdl_begin();
 
     const uint4* xv = reinterpret_cast<const uint4*>(p.x);
     if constexpr (IN == GemvIn::NormedResidual) {
         bf16* xs = reinterpret_cast<bf16*>(x_normed);
-        const float inv = norm_row_inv(p.norm.residual, nullptr, nullptr, p.in, p.norm.eps);
-        norm_row_scale(p.norm.residual, inv, p.norm.weight, xs, p.in);
+        const bf16* w_norm = xs + p.in;
+        float* r_row = reinterpret_cast<float*>(xs + 2 * p.in);
+        cp_async_wait<0>();  // w_norm: visible to every thread after norm_row_inv's block sum
+        const float inv = norm_row_inv(p.norm.residual, nullptr, r_row, p.in, p.norm.eps);
+        norm_row_scale<true>(r_row, inv, w_norm, xs, p.in);
         __syncthreads();
         if (p.norm.normed_out && blockIdx.x == 0)
             for (int i = threadIdx.x; i < nvec; i += blockDim.x) reinterpret_cast<uint4*>(p.norm.normed_out)[i] = x_normed[i];
@@ -175,7 +187,8 @@ void launch_gemv(GemvParams p, cudaStream_t stream) {
     while (ks < GEMV_WARPS && ceil_div(row_groups, GEMV_WARPS / ks) < target_blocks && p.in / 8 / (2 * ks) >= 32) ks *= 2;
     p.ks_count = ks;
     const int blocks = ceil_div(row_groups, GEMV_WARPS / ks);
-    const size_t smem = IN == GemvIn::NormedResidual ? size_t(p.in) * 2 : 0;
+    const size_t smem = IN == GemvIn::NormedResidual ? size_t(p.in) * 8 : 0;
+    if (smem > 48 * 1024) allow_dynamic_smem(gemv_kernel<T, OutT, IN, OUT>, smem, "gemv_normed");
     launch_pdl("gemv_kernel", gemv_kernel<T, OutT, IN, OUT>, blocks, GEMV_WARPS * 32, smem, stream, p);
 }
 
@@ -208,7 +221,6 @@ template <class OutT>
 void gemv_bf16_normed(const bf16* W, const ResidualNorm& norm, OutT* y, int out, int in, cudaStream_t stream) {
     check_gemv(out, in);
     require(norm.residual && norm.weight, "gemv_normed", "needs the residual row and the norm weight");
-    require(size_t(in) * 2 <= 48 * 1024, "gemv_normed", "the normed row must fit 48 KiB of shared memory");
     if (out == 0) return;
     launch_gemv<1, OutT, GemvIn::NormedResidual>({W, nullptr, y, out, in, 1, norm}, stream);
 }

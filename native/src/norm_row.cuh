@@ -59,11 +59,13 @@ __device__ __forceinline__ float norm_row_inv(const float* x, const bf16* delta,
 }
 
 // y = bf16(r * inv * (1 + w)) with r read back from `r` (x + delta already applied). y may point
-// to shared memory.
+// to shared memory. STAGED: r and w are in shared memory (plain loads; the folded-norm GEMV stages
+// them there), else in global memory (read through L2).
+template <bool STAGED = false>
 __device__ __forceinline__ void norm_row_scale(const float* r, float inv, const bf16* w, bf16* y, int n) {
     for (int i = threadIdx.x; i < n / 4; i += NORM_THREADS) {
-        const float4 v = __ldcg(reinterpret_cast<const float4*>(r) + i);
-        const float4 g = norm_load_bf16x4(w + 4 * i);
+        const float4 v = STAGED ? reinterpret_cast<const float4*>(r)[i] : __ldcg(reinterpret_cast<const float4*>(r) + i);
+        const float4 g = STAGED ? load_bf16x4(w + 4 * i) : norm_load_bf16x4(w + 4 * i);
         store_bf16x4(y + 4 * i, make_float4(v.x * inv * (1.0f + g.x), v.y * inv * (1.0f + g.y),
                                                  v.z * inv * (1.0f + g.z), v.w * inv * (1.0f + g.w)));
     }
