@@ -121,6 +121,15 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
         cp_async_commit();
     }
     pdl_begin();
+    // The epilogue's thread `item` owns (group, value) pair item of the block: output row item_row.
+    const int item = threadIdx.x;
+    auto item_row = [&] {
+        return (blockIdx.x * groups_per_block + item / (T * GEMV_ROWS)) * GEMV_ROWS + item % GEMV_ROWS;
+    };
+    auto item_live = [&] { return item < groups_per_block * T * GEMV_ROWS && item_row() < p.out; };
+    float residual_in = 0.0f;  // AddToResidual: the row's residual, read now, off the kernel's tail
+    if constexpr (OUT == GemvOut::AddToResidual)
+        if (item_live()) residual_in = __ldcg(static_cast<const float*>(p.y) + item_row());
 
     const uint4* xv = reinterpret_cast<const uint4*>(p.x);
     if constexpr (IN == GemvIn::NormedResidual) {
@@ -163,19 +172,15 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
     constexpr int SPAN = 32 / NV;
     if (lane % SPAN == 0) partial[warp][lane / SPAN] = total;
     __syncthreads();
-    const int item = threadIdx.x;  // (group, value) pairs of this block
-    if (item < groups_per_block * T * GEMV_ROWS) {
+    if (item_live()) {
         const int g = item / (T * GEMV_ROWS), idx = item % (T * GEMV_ROWS);
         float sum = 0.0f;
         for (int k = 0; k < p.ks_count; ++k) sum += partial[g * p.ks_count + k][idx];
-        const int row = (blockIdx.x * groups_per_block + g) * GEMV_ROWS + idx % GEMV_ROWS;
-        const int t = idx / GEMV_ROWS;
+        const int row = item_row(), t = idx / GEMV_ROWS;
         OutT* y = static_cast<OutT*>(p.y);
-        if (row < p.out) {
-            if constexpr (OUT == GemvOut::AddToResidual) y[row] += __bfloat162float(__float2bfloat16(sum));
-            else if constexpr (std::is_same_v<OutT, float>) y[size_t(t) * p.out + row] = sum;
-            else y[size_t(t) * p.out + row] = __float2bfloat16(sum);
-        }
+        if constexpr (OUT == GemvOut::AddToResidual) y[row] = residual_in + __bfloat162float(__float2bfloat16(sum));
+        else if constexpr (std::is_same_v<OutT, float>) y[size_t(t) * p.out + row] = sum;
+        else y[size_t(t) * p.out + row] = __float2bfloat16(sum);
     }
 }
 

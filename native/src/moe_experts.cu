@@ -150,6 +150,8 @@ moe_down_gemv(const bf16* __restrict__ act, const bf16* __restrict__ down,
     const int routed_items = k * chunks;                         // (slot, chunk) pairs per token
     const int items = routed_items + (shared.down ? shared.inter / 8 : 0);  // + the shared row
     const bf16* act_shared = act + size_t(T) * k * I;
+    // Token 0's residual value of this row (the decode step's one token), read now, off the tail.
+    const float residual_first = residual && lane == 0 ? __ldcg(residual + r) : 0.f;
     for (int t = 0; t < T; ++t) {
         float acc = 0.f;
         for (int base = 0; base < items; base += 32 * DN_UNROLL) {
@@ -180,7 +182,9 @@ moe_down_gemv(const bf16* __restrict__ act, const bf16* __restrict__ down,
         }
         acc = warp_sum(acc);
         if (lane == 0) {  // out, or (residual set) the residual stream += the rounded row
-            if (residual) residual[size_t(t) * H + r] += __bfloat162float(__float2bfloat16_rn(acc));
+            if (residual)
+                residual[size_t(t) * H + r] = (t == 0 ? residual_first : residual[size_t(t) * H + r]) +
+                                              __bfloat162float(__float2bfloat16_rn(acc));
             else out[size_t(t) * H + r] = __float2bfloat16_rn(acc);
         }
     }
