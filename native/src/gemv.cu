@@ -18,7 +18,8 @@
 //   memory before the wait and the first pass over the residual keeps the row there, so the second
 //   pass reads no global memory.
 // - GemvOut::AddToResidual: residual[row] += float(bf16(y[row])), the rounding the separate
-//   bf16 output + add_rmsnorm would apply.
+//   bf16 output + add_rmsnorm would apply; the row's residual value is read right after the wait,
+//   so the kernel's tail is a store, not a read-modify-write.
 #include <type_traits>
 
 #include "bf16_vec.cuh"
