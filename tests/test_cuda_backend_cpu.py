@@ -44,6 +44,7 @@ class FakeEngine:
         self.history: list[int] = []
         self.slots: dict[int, list[int]] = {}
         self.pending = -1
+        self.queued, self.fed = 0, -1
         self.calls: list[tuple] = []
         native.engines.append(self)
 
@@ -86,11 +87,17 @@ class FakeEngine:
         self.pending = self._sample() if sample else -1
         return self.pending
 
-    def decode(self, token=-1):
+    def decode_submit(self, token=-1):  # like the engine's queued step, it runs (here) when collected
+        assert self.queued == 0, "the backend keeps at most one step queued"
+        self.queued, self.fed = 1, (self.pending if token < 0 else token)
+
+    def decode_collect(self):
+        assert self.queued == 1
+        self.queued = 0
         if self.native.fail_at_decode is not None and len(self.history) >= self.native.fail_at_decode:
             self.native.fail_at_decode = None
             raise FakeCudaError("attn_decode_int8: an illegal memory access was encountered")
-        self.history.append(self.pending if token < 0 else token)
+        self.history.append(self.fed)
         self.pending = self._sample()
         return self.pending
 

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from lampo.backend import ContextOverflow, Done, GenerationRequest, PrefillProgress, Stats, TokenEvent
-from lampo.generation import GenerationLoop, chunk_ends
+from lampo.generation import GenerationLoop, SyncDecode, chunk_ends
 from lampo.models.sampling_params import GREEDY, SamplingParams
 from lampo.prefix_cache import PrefixCache
 
@@ -19,7 +19,7 @@ def next_token(history: list[int]) -> int:
     return 1000 + sum((i + 1) * t for i, t in enumerate(history)) % 997
 
 
-class FakeSteps:
+class FakeSteps(SyncDecode):
     def __init__(self, chunk=4, stop_at=None, fail_at_decode=None):
         self.chunk, self.stop_at, self.fail_at_decode = chunk, stop_at, fail_at_decode
         self.history: list[int] = []
@@ -145,6 +145,19 @@ def test_text_streams_with_its_ids_and_the_stop_id_is_never_fed():
     assert loop.cache.current == tuple(prompt + ids)  # every reply token fed, the stop id not
     s = events[-1].stats
     assert (s.prompt_n, s.predicted_n, s.context_used, s.vram_used, s.vram_total) == (10, 4, 14, 7, 10)
+
+
+def test_a_stream_closed_while_a_step_runs_keeps_the_cache_equal_to_the_state():
+    loop, _, _ = make_loop()
+    steps = FakeSteps()
+    prompt = list(range(1, 11))
+    stream = loop.start(GenerationRequest(tuple(prompt), SamplingParams(**{**GREEDY.to_dict(), "max_tokens": 50})),
+                        threading.Event(), steps, 64)
+    shown = next(e for e in stream if isinstance(e, TokenEvent))  # the step feeding its last id is queued
+    stream.close()
+    assert loop.cache.current == tuple(steps.history) == tuple(prompt) + shown.ids
+    assert run(loop, steps, prompt + list(shown.ids) + [5, 6], max_tokens=1)[-1].stats.cached_n == len(prompt) + \
+        len(shown.ids)
 
 
 def test_a_snapshot_requested_at_the_resume_point_is_saved_before_prefill():

@@ -200,8 +200,11 @@ class _NativeSteps:
         token = self._engine.prefill(np.asarray(ids, dtype=np.int32), last)
         return token if last else None
 
-    def decode(self, fed: int) -> int:
-        return self._engine.decode(-1)  # -1: the engine feeds its own last sample, which is `fed`
+    def decode_submit(self, fed: int) -> None:
+        self._engine.decode_submit(-1)  # -1: the engine feeds its own last sample, which is `fed`
+
+    def decode_collect(self) -> int:
+        return self._engine.decode_collect()
 
     def vram(self) -> tuple[int, int]:
         free, total = self._native.mem_info()

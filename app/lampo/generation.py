@@ -11,8 +11,11 @@ adapter per call, and the loop does the rest, following `PrefixCache`'s engine l
   between calls;
 - the last prefill call samples the first token; then stream it and decode token by token until
   a stop id (never fed to the model), `max_tokens`, the context end (prompt + reply ==
-  context_max) or cancel, checked before every step. Text goes through the tokenizer's
-  `StreamDecoder`; ids whose text is not complete yet travel with the next `TokenEvent`.
+  context_max) or cancel, checked before every step. Each step is queued on the engine before
+  the token it feeds is streamed, so the device computes while the host decodes text, yields
+  events and waits for its consumer (`decode_submit`, then `decode_collect`). Text goes through
+  the tokenizer's `StreamDecoder`; ids whose text is not complete yet travel with the next
+  `TokenEvent`.
 - `Stats` after prefill, while decoding (at most one per `stats_interval_s`) and before `Done`;
   live tok/s is measured over the last `LIVE_WINDOW_S` seconds.
 - any exception ends the call with `Done("error")`: every cached state is forgotten and the
@@ -52,11 +55,28 @@ class EngineSteps(Protocol):
     def prefill(self, ids: Sequence[int], last: bool) -> int | None:
         """Run `ids` through the model; when `last`, return the token sampled from the last row."""
 
-    def decode(self, fed: int) -> int:
-        """Feed the sampled token `fed`; return the next sampled token."""
+    def decode_submit(self, fed: int) -> None:
+        """Start the step that feeds the sampled token `fed` (one step at a time)."""
+
+    def decode_collect(self) -> int:
+        """Wait for the started step; return the token it sampled."""
 
     def vram(self) -> tuple[int, int]:
         """(bytes used, bytes total) of the device; (0, 0) on the CPU."""
+
+
+class SyncDecode:
+    """`decode_submit` / `decode_collect` for engines that compute a step in the calling thread
+    (CPU models): the subclass defines `decode(fed) -> next token`, which runs at collect time,
+    where an asynchronous engine would report a failed step."""
+
+    _fed: int
+
+    def decode_submit(self, fed: int) -> None:
+        self._fed = fed
+
+    def decode_collect(self) -> int:
+        return self.decode(self._fed)
 
 
 def chunk_ends(start: int, end: int, chunk: int, cuts: Iterable[int] = ()) -> list[int]:
@@ -152,32 +172,43 @@ class GenerationLoop:
         stop_ids = set(request.stop_ids)
         n, pending, last_stats = 0, [], run.t_first
         reason: DoneReason
-        while True:
-            if cancel.is_set():
-                reason = "cancelled"
-                break
-            if len(prompt) + n >= run.context_max:
-                reason = "context"
-                break
-            if token in stop_ids:
-                reason = "stop"
-                break
-            n += 1
-            pending.append(token)
-            text = decoder.push(token)
-            if text:
-                yield TokenEvent(text, tuple(pending))
-                pending = []
-            now = run.token_done(n)
-            if n >= request.sampling.max_tokens:
-                reason = "length"
-                break
-            fed, token = token, steps.decode(token)
-            cache.append([fed])
-            run.context_used += 1
-            if now - last_stats >= self._stats_interval:
-                last_stats = now
-                yield run.stats()
+        queued = False  # a step feeding `token` runs on the engine
+        try:
+            while True:
+                if cancel.is_set():
+                    reason = "cancelled"
+                    break
+                if len(prompt) + n >= run.context_max:
+                    reason = "context"
+                    break
+                if token in stop_ids:
+                    reason = "stop"
+                    break
+                n += 1
+                more = n < request.sampling.max_tokens
+                if more:
+                    steps.decode_submit(token)
+                    queued = True
+                pending.append(token)
+                text = decoder.push(token)
+                if text:
+                    yield TokenEvent(text, tuple(pending))
+                    pending = []
+                now = run.token_done(n)
+                if not more:
+                    reason = "length"
+                    break
+                queued = False
+                fed, token = token, steps.decode_collect()
+                cache.append([fed])
+                run.context_used += 1
+                if now - last_stats >= self._stats_interval:
+                    last_stats = now
+                    yield run.stats()
+        finally:
+            if queued:  # the stream was closed while a step ran: the state did take `token`
+                steps.decode_collect()
+                cache.append([token])
         tail = decoder.flush()
         if tail or pending:
             yield TokenEvent(tail, tuple(pending))

@@ -20,7 +20,7 @@ import numpy as np
 
 from lampo.backend import BackendInfo, Event, GenerationRequest
 from lampo.demo import is_demo_checkpoint
-from lampo.generation import GenerationLoop
+from lampo.generation import GenerationLoop, SyncDecode
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.reference.model import ModelSnapshot, ReferenceModel
 from lampo.models.sampling import sample
@@ -68,7 +68,7 @@ class ReferenceBackend:
         self._snapshots.clear()
 
 
-class _ReferenceSteps:
+class _ReferenceSteps(SyncDecode):
     """The reference model as one call's `EngineSteps`: CPU sampling with an rng seeded at
     `begin` and the ids of this reply so far (presence penalty)."""
 

@@ -81,13 +81,13 @@ Engine::Engine(const ModelDims& dims, const EngineOptions& options) : dims_(dims
     d_tok_ = reinterpret_cast<int32_t*>(io + ids_bytes + 256);
     d_step_ = reinterpret_cast<int32_t*>(io + ids_bytes + 512);
     d_seen_ = reinterpret_cast<uint8_t*>(io + ids_bytes + 768);
-    if (cudaHostAlloc(reinterpret_cast<void**>(&h_io_), (size_t(opt_.prefill_chunk) + 3) * 4,
+    if (cudaHostAlloc(reinterpret_cast<void**>(&h_io_), (size_t(opt_.prefill_chunk) + 2 + DECODE_QUEUE) * 4,
                       cudaHostAllocDefault) != cudaSuccess) {
         cudaGetLastError();
         throw CudaError("cudaHostAlloc engine step buffers failed");
     }
     LAMPO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    LAMPO_CUDA_CHECK(cudaEventCreateWithFlags(&token_ready_, cudaEventDisableTiming));
+    for (cudaEvent_t& e : token_ready_) LAMPO_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     LAMPO_CUDA_CHECK(cudaMemsetAsync(io, 0, io_mem_.bytes(), stream_));
     // All zero: the ticket counters (gdn_counters, the sampler's) must be 0 between launches, and no
     // buffer holds stale bytes (expert ids stay valid indices even when LAMPO_OMIT_OPS skips the router).
@@ -101,7 +101,8 @@ Engine::~Engine() {
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
     if (graph_) cudaGraphDestroy(graph_);
     if (h_io_) cudaFreeHost(h_io_);
-    if (token_ready_) cudaEventDestroy(token_ready_);
+    for (cudaEvent_t e : token_ready_)
+        if (e) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
 }
 
@@ -120,6 +121,10 @@ void Engine::write_position() {
 }
 
 void Engine::reset() {
+    if (queued_ > 0) {  // queued decode steps run to their end; their samples are dropped
+        LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        queued_ = 0;
+    }
     LAMPO_CUDA_CHECK(cudaMemsetAsync(gdn_mem_.get(), 0, gdn_mem_.bytes(), stream_));
     pos_ = 0;
     write_position();
@@ -133,6 +138,7 @@ void Engine::check_slot(int slot) const {
 }
 
 void Engine::snapshot(int slot) {
+    require_idle("snapshot");
     check_slot(slot);
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(snapshot_mem_.as<char>() + size_t(slot) * gdn_state_bytes_,
                                      gdn_mem_.get(), gdn_state_bytes_, cudaMemcpyDeviceToDevice,
@@ -141,6 +147,7 @@ void Engine::snapshot(int slot) {
 }
 
 void Engine::restore(int slot) {
+    require_idle("restore");
     check_slot(slot);
     if (slot_pos_[slot] < 0) throw std::invalid_argument("snapshot slot " + std::to_string(slot) + " is empty");
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(gdn_mem_.get(),
@@ -159,6 +166,7 @@ int Engine::snapshot_position(int slot) const {
 void Engine::set_sampling(const SamplingConfig& cfg) { sampling_ = cfg; }
 
 void Engine::begin_generation() {
+    require_idle("begin_generation");
     LAMPO_CUDA_CHECK(cudaMemsetAsync(d_seen_, 0, dims_.vocab, stream_));
     LAMPO_CUDA_CHECK(cudaMemsetAsync(d_step_, 0, 4, stream_));
 }
@@ -174,9 +182,16 @@ void Engine::sample(OpTimer* timer) {
 int Engine::read_token() {
     int32_t* out = &h_io_[opt_.prefill_chunk + 2];
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(out, d_tok_, 4, cudaMemcpyDeviceToHost, stream_));
-    LAMPO_CUDA_CHECK(cudaEventRecord(token_ready_, stream_));
-    LAMPO_CUDA_CHECK(cudaEventSynchronize(token_ready_));
+    LAMPO_CUDA_CHECK(cudaEventRecord(token_ready_[0], stream_));
+    LAMPO_CUDA_CHECK(cudaEventSynchronize(token_ready_[0]));
     return *out;
+}
+
+void Engine::require_idle(const char* op) const {
+    if (queued_ > 0) {
+        throw std::logic_error(std::string(op) + ": " + std::to_string(queued_) +
+                               " decode step(s) are still queued (decode_collect them first)");
+    }
 }
 
 // ---- prefill -------------------------------------------------------------------------------
@@ -188,6 +203,7 @@ void Engine::require_weights() const {
 
 int Engine::prefill(const int32_t* ids, int n, bool sample_next) {
     require_weights();
+    require_idle("prefill");
     if (n < 1 || n > opt_.prefill_chunk) {
         throw std::invalid_argument("prefill: " + std::to_string(n) + " tokens; a chunk holds 1.." +
                                     std::to_string(opt_.prefill_chunk));
@@ -304,17 +320,43 @@ void Engine::feed_token(int token) {
 }
 
 int Engine::decode(int token) {
+    require_idle("decode");
+    decode_submit(token);
+    return decode_collect();
+}
+
+void Engine::decode_submit(int token) {
     require_weights();
+    if (queued_ == DECODE_QUEUE) {
+        throw std::logic_error("decode_submit: " + std::to_string(DECODE_QUEUE) +
+                               " steps are queued already (decode_collect one first)");
+    }
     if (pos_ >= opt_.max_context) {
         throw std::out_of_range("decode: the context of " + std::to_string(opt_.max_context) +
                                 " tokens is full");
     }
+    if (token >= 0 && queued_ > 0)  // the pinned input word would be rewritten before its copy ran
+        throw std::logic_error("decode_submit: a token can be fed only when no step is queued");
     feed_token(token);
-    ensure_decode_graph();
+    if (queued_ == 0) ensure_decode_graph();  // a new capture needs an idle stream
+    else if (!graph_exec_ || !same_sampling(sampling_, graph_sampling_))
+        throw std::logic_error("decode_submit: the sampling settings changed while steps are queued");
     LAMPO_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
-    const int next = read_token();
+    const int slot = (oldest_ + queued_) % DECODE_QUEUE;
+    int32_t* out = &h_io_[opt_.prefill_chunk + 2 + slot];
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(out, d_tok_, 4, cudaMemcpyDeviceToHost, stream_));
+    LAMPO_CUDA_CHECK(cudaEventRecord(token_ready_[slot], stream_));
+    queued_ += 1;
     pos_ += 1;
-    return next;
+}
+
+int Engine::decode_collect() {
+    if (queued_ == 0) throw std::logic_error("decode_collect: no decode step is queued");
+    LAMPO_CUDA_CHECK(cudaEventSynchronize(token_ready_[oldest_]));
+    const int token = h_io_[opt_.prefill_chunk + 2 + oldest_];
+    oldest_ = (oldest_ + 1) % DECODE_QUEUE;
+    queued_ -= 1;
+    return token;
 }
 
 std::vector<float> Engine::logits() {
@@ -325,6 +367,7 @@ std::vector<float> Engine::logits() {
 }
 
 DecodeGraphInfo Engine::decode_graph_info() {
+    require_idle("decode_graph_info");
     ensure_decode_graph();
     return graph_info_;
 }
@@ -332,6 +375,7 @@ DecodeGraphInfo Engine::decode_graph_info() {
 // ---- profiling and bench helpers -----------------------------------------------------------
 std::vector<std::pair<std::string, double>> Engine::profile_decode(int steps, int token) {
     require_weights();
+    require_idle("profile_decode");
     if (steps < 1) throw std::invalid_argument("profile_decode: steps must be >= 1");
     if (pos_ + steps > opt_.max_context) throw std::out_of_range("profile_decode: context full");
     feed_token(token);
@@ -361,6 +405,7 @@ std::vector<std::pair<std::string, double>> Engine::profile_decode(int steps, in
 }
 
 void Engine::fill_state_random(int depth, uint64_t seed) {
+    require_idle("fill_state_random");
     if (depth < 0 || depth > opt_.max_context) {
         throw std::out_of_range("fill_state_random: depth " + std::to_string(depth) +
                                 " outside the context of " + std::to_string(opt_.max_context));

@@ -55,7 +55,8 @@ public:
 
     // ---- conversation state ----
     int position() const { return pos_; }
-    void reset();                      // empty conversation (GDN states zeroed, position 0)
+    void reset();                      // empty conversation (GDN states zeroed, position 0; queued
+                                       // decode steps are waited for and dropped)
     void snapshot(int slot);           // GDN states + position -> slot
     void restore(int slot);            // slot -> GDN states + position
     int snapshot_position(int slot) const;
@@ -71,6 +72,15 @@ public:
     // One decode step (graph replay): feeds `token` (or, when token < 0, the token sampled by the
     // previous step) and returns the next sampled token.
     int decode(int token);
+    // The same step in two halves, so the host can keep a step queued on the GPU while it handles
+    // the previous token: decode_submit queues one step (feeding `token`, or the last sample when
+    // token < 0; a queued step's sample is fed by the step after it) and an asynchronous copy of
+    // its sample; decode_collect waits for the oldest queued step and returns its sample. At most
+    // DECODE_QUEUE steps are queued; every other call needs an empty queue.
+    static constexpr int DECODE_QUEUE = 2;
+    void decode_submit(int token);
+    int decode_collect();
+    int decode_queued() const { return queued_; }
     std::vector<float> logits();       // fp32 logits [V] of the last row of the last call
     DecodeGraphInfo decode_graph_info();
     // Runs `steps` decode steps un-graphed with events around each op family (the first feeds
@@ -100,10 +110,12 @@ private:
     int32_t* d_step_ = nullptr;
     uint8_t* d_seen_ = nullptr;
     // pinned host mirrors
-    int32_t* h_io_ = nullptr;  // [prefill_chunk ids | pos | token in | token out]
-    cudaEvent_t token_ready_ = nullptr;
+    int32_t* h_io_ = nullptr;  // [prefill_chunk ids | pos | token in | DECODE_QUEUE tokens out]
+    cudaEvent_t token_ready_[DECODE_QUEUE] = {};
 
-    int pos_ = 0;
+    int pos_ = 0;       // the position once every queued decode step has run
+    int queued_ = 0;    // decode steps submitted and not yet collected
+    int oldest_ = 0;    // the out slot of the oldest queued step
     std::vector<int> slot_pos_;
     SamplingConfig sampling_{};
     SamplingConfig graph_sampling_{};
@@ -119,6 +131,7 @@ private:
     void check_slot(int slot) const;
     void require_weights() const;
     int read_token();
+    void require_idle(const char* op) const;  // no decode step queued
     void feed_token(int token);  // token >= 0: the next step's input (else the last sampled id)
 };
 

@@ -129,6 +129,11 @@ void register_engine(py::module_& m) {
              "Run one chunk at the current position; returns the sampled next id, or -1")
         .def("decode", &Engine::decode, py::arg("token") = -1, release(),
              "One graph-replayed decode step; returns the sampled next id")
+        .def("decode_submit", &Engine::decode_submit, py::arg("token") = -1, release(),
+             "Queue one decode step (at most 2 queued); its sample is returned by decode_collect")
+        .def("decode_collect", &Engine::decode_collect, release(),
+             "Wait for the oldest queued decode step; returns its sampled id")
+        .def_property_readonly("decode_queued", &Engine::decode_queued)
         .def("logits",
              [](Engine& e) {
                  std::vector<float> v;

@@ -267,6 +267,41 @@ def test_graph_replay_equals_the_ungraphed_step_and_sampling_parameters_keep_the
     assert sampling_info["kernels"] == info["kernels"] + 1
 
 
+
+def test_queued_decode_steps_match_one_at_a_time_and_misuse_is_refused(tiny):
+    _ck, engine, _ref = tiny
+    ids = prompt_ids(60, seed=12)
+    first = prefill(fresh(engine), ids)
+    engine.snapshot(0)
+    one_at_a_time = [engine.decode(-1) for _ in range(20)]
+    stepped = engine.logits()
+    engine.restore(0)
+    engine.begin_generation()
+    queued = []
+    engine.decode_submit(first)  # the state is the snapshot's; the device's last sample is not `first`
+    for i in range(20):  # one step always queued behind the one being collected
+        if i + 1 < 20:
+            engine.decode_submit(-1)
+            assert engine.decode_queued == 2
+        queued.append(engine.decode_collect())
+    assert queued == one_at_a_time
+    assert engine.decode_queued == 0 and engine.position == 60 + 20
+    assert rel_l2(engine.logits(), stepped) == 0.0  # the same steps, bit for bit
+
+    engine.decode_submit(-1)
+    with pytest.raises(RuntimeError, match="a token can be fed only when no step is queued"):
+        engine.decode_submit(5)
+    engine.decode_submit(-1)
+    with pytest.raises(RuntimeError, match="2 steps are queued already"):
+        engine.decode_submit(-1)
+    for op in (lambda: engine.prefill(prompt_ids(3), True), lambda: engine.snapshot(1), engine.decode):
+        with pytest.raises(RuntimeError, match="2 decode step\\(s\\) are still queued"):
+            op()
+    engine.reset()  # waits for the queued steps and drops them
+    assert engine.decode_queued == 0 and engine.position == 0
+    with pytest.raises(RuntimeError, match="no decode step is queued"):
+        engine.decode_collect()
+
 # ---- full-width checkpoints -------------------------------------------------------------------
 def _full_width_module():
     path = Path(__file__).parents[1] / "gpu" / "full_width.py"
