@@ -1,31 +1,39 @@
 // attention_decode.cu - flash-decoding over the INT8 KV cache for Tq <= 8 query rows (decode and
 // speculative verify); contract in ops.h (attn_decode_int8).
 //
-// The grid is fixed (nsplit x nkv blocks, nsplit = min(#SMs, max_ctx / 64)) so the call can be
+// The grid is fixed (nsplit x nkv blocks, nsplit = min(#SMs, max_ctx / 64, 256)) so the call can be
 // graph-captured; each block reads the live length L = d_pos[0] + Tq from device memory and takes
 // keys [s * chunk, (s + 1) * chunk), chunk = max(64, ceil(L / nsplit) rounded up to 64); blocks past
 // L exit at once. A block runs the shared tensor-core core (attention_int8.cuh) for all Tq x group
 // query rows of its KV head, writing the unnormalised output, max and sum of its split. The combine
 // kernel (one block per (token, query head) and 32 dims, 16 warps sharing the splits) merges the
 // live splits and applies the sigmoid output gate. Needs head dim 256 and Tq * (nq / nkv) <= 64.
+#include <algorithm>
+
 #include "attention_int8.cuh"
 #include "launch_utils.cuh"
 
 namespace lampo {
 namespace {
 
-int decode_splits(int max_ctx) { return std::max(1, std::min(sm_count(), ceil_div(max_ctx, attn::KEYS))); }
+constexpr int COMBINE_WARPS = 16;     // each warp sums every 16th split for 32 dims
+constexpr int COMBINE_PER_WARP = 16;  // splits per warp, their outputs held in registers
+constexpr int COMBINE_MAX_SPLITS = COMBINE_WARPS * COMBINE_PER_WARP;  // <= the block's threads
 
-constexpr int COMBINE_WARPS = 16;  // each warp sums every 16th split for 32 dims
+int decode_splits(int max_ctx) {
+    return std::max(1, std::min({sm_count(), ceil_div(max_ctx, attn::KEYS), COMBINE_MAX_SPLITS}));
+}
 
-// Block (row = t * nq + query head, 32 dims): split weights w_s = exp2(m_s - M) in shared memory,
-// warp w accumulates splits w, w + 16, ..., then the warps' sums are added and normalised.
+// Block (row = t * nq + query head, 32 dims): every load goes out at once after the live length is
+// known (thread s: split s's max and sum; warp w: the outputs of splits w, w + 16, ...); split
+// weights w_s = exp2(m_s - M) in shared memory, warp w accumulates its splits in ascending order,
+// then the warps' sums are added and normalised.
 __global__ void __launch_bounds__(COMBINE_WARPS * 32)
 attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                            const bf16* __restrict__ gate, const int32_t* __restrict__ d_pos, bf16* __restrict__ out,
                            int Tq, int nq, int nsplit) {
     pdl_begin();
-    extern __shared__ float weight[];  // [nsplit]
+    __shared__ float weight[COMBINE_MAX_SPLITS];
     __shared__ float acc_w[COMBINE_WARPS][32];
     __shared__ float red[COMBINE_WARPS];
     __shared__ float M, l_total;
@@ -37,9 +45,16 @@ attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __rest
     const int live = (L + chunk - 1) / chunk;
     const size_t rows = size_t(Tq) * nq;
 
-    float m = -INFINITY;
-    for (int s = threadIdx.x; s < live; s += blockDim.x) m = fmaxf(m, part_ml[(s * rows + row) * 2]);
-    m = warp_max(m);
+    float2 ml = make_float2(-INFINITY, 0.0f);  // a split that saw no key: m = -inf -> weight 0
+    if (threadIdx.x < live) ml = *reinterpret_cast<const float2*>(part_ml + (threadIdx.x * rows + row) * 2);
+    float o[COMBINE_PER_WARP];
+#pragma unroll
+    for (int j = 0; j < COMBINE_PER_WARP; ++j) {
+        const int s = warp + j * COMBINE_WARPS;
+        o[j] = s < live ? part_o[(s * rows + row) * attn::D + d] : 0.0f;
+    }
+
+    const float m = warp_max(ml.x);
     if (lane == 0) red[warp] = m;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -49,10 +64,10 @@ attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __rest
     }
     __syncthreads();
     float l = 0.0f;
-    for (int s = threadIdx.x; s < live; s += blockDim.x) {
-        const float w = exp2f(part_ml[(s * rows + row) * 2] - M);  // a split that saw no key: m = -inf -> 0
-        weight[s] = w;
-        l += w * part_ml[(s * rows + row) * 2 + 1];
+    if (threadIdx.x < live) {
+        const float w = exp2f(ml.x - M);
+        weight[threadIdx.x] = w;
+        l = w * ml.y;
     }
     l = warp_sum(l);
     __syncthreads();
@@ -64,8 +79,11 @@ attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __rest
         l_total = t;
     }
     float acc = 0.0f;
-#pragma unroll 4
-    for (int s = warp; s < live; s += COMBINE_WARPS) acc += weight[s] * part_o[(s * rows + row) * attn::D + d];
+#pragma unroll
+    for (int j = 0; j < COMBINE_PER_WARP; ++j) {
+        const int s = warp + j * COMBINE_WARPS;
+        if (s < live) acc += weight[s] * o[j];
+    }
     acc_w[warp][lane] = acc;
     __syncthreads();
     if (warp == 0) {
@@ -121,8 +139,7 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
     }
     LAMPO_CHECK_LAUNCH(op);
     launch_pdl("attn_decode_combine_kernel", attn_decode_combine_kernel, dim3(Tq * nq, attn::D / 32),
-               COMBINE_WARPS * 32, p.nsplit * sizeof(float), stream, p.part_o, p.part_ml, gate, d_pos,
-               out, Tq, nq, p.nsplit);
+               COMBINE_WARPS * 32, 0, stream, p.part_o, p.part_ml, gate, d_pos, out, Tq, nq, p.nsplit);
 }
 
 }  // namespace lampo
