@@ -127,7 +127,7 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
     p.part_ml = partial + size_t(p.nsplit) * Tq * nq * D;
     const int mt = ceil_div(Tq * p.group, 16);
     const int kg = mt == 3 ? 1 : 4 / mt;
-    // Two pipeline stages (74 KiB of shared memory per block instead of 107): the kernels queued
+    // Two pipeline stages (75.5 KiB of shared memory per block instead of 107): the kernels queued
     // around this one in the decode step stay resident beside its blocks (35B-A3B step 2.326 vs
     // 2.371 ms at 8,192 and 2.294 vs 2.325 ms at depth 1 against three stages; session 10).
     p.stages = 2;
