@@ -10,9 +10,10 @@ Per request `lampo.generation.GenerationLoop` does the work (prefix reuse throug
 snapshot slots, chunked prefill with the GIL released inside each chunk, decoding, events); this
 file supplies its engine: sampling runs on the GPU (the last prefill chunk samples the first
 token, each decode step is one CUDA graph replay that feeds the previous sample and samples the
-next), and Stats carry the VRAM use, at most one per `STATS_INTERVAL_S` while decoding. A failed
-call ends with `Done("error")`; the engine is kept when the CUDA context survived (its
-conversation state is reset) and rebuilt from the checkpoint otherwise.
+next, queued on the GPU before that previous sample is streamed), and Stats carry the VRAM use,
+at most one per `STATS_INTERVAL_S` while decoding. A failed call ends with `Done("error")`; the
+engine is kept when the CUDA context survived (its conversation state is reset) and rebuilt from
+the checkpoint otherwise.
 """
 
 from __future__ import annotations
