@@ -98,7 +98,7 @@ attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __rest
 template <int MT, int KG>
 void launch_decode(const attn::Params& p, cudaStream_t stream) {
     auto kernel = attn::attn_int8_kernel<MT, KG, false>;
-    const size_t smem = attn::smem_bytes(MT, KG, p.stages);
+    const size_t smem = attn::smem_bytes(MT, KG);
     allow_dynamic_smem(kernel, smem, "attn_decode_int8");
     launch_pdl("attn_int8_kernel", kernel, dim3(p.nsplit, p.nkv), MT * KG * 32, smem, stream, p);
 }
@@ -126,11 +126,6 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
     p.part_o = partial;
     p.part_ml = partial + size_t(p.nsplit) * Tq * nq * D;
     const int mt = ceil_div(Tq * p.group, 16);
-    const int kg = mt == 3 ? 1 : 4 / mt;
-    // Two pipeline stages (75.5 KiB of shared memory per block instead of 107): the kernels queued
-    // around this one in the decode step stay resident beside its blocks (35B-A3B step 2.326 vs
-    // 2.371 ms at 8,192 and 2.294 vs 2.325 ms at depth 1 against three stages; session 10).
-    p.stages = 2;
     switch (mt) {
         case 1: launch_decode<1, 4>(p, stream); break;
         case 2: launch_decode<2, 2>(p, stream); break;

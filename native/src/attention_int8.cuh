@@ -7,7 +7,7 @@
 // Row rho at position pos(rho) sees keys [0, pos(rho)] intersected with the block's key range.
 //
 // Pipeline: K/V INT8 rows and their fp16 scales stream through shared memory in tiles of 64 keys
-// (cp.async, 2 or 3 stages). Warp w owns M-tile w % MT (16 rows) and key quarter/half w / MT of each
+// (cp.async, 2 stages). Warp w owns M-tile w % MT (16 rows) and key quarter/half w / MT of each
 // tile (KG key groups), keeping its own online softmax (max, sum, 16x256 fp32 output accumulator).
 // Tensor cores do both products (mma.m16n8k16, fp16 inputs, fp32 accumulation):
 //  - Q K^T: the head dim is the reduction axis, so it may be permuted freely as long as Q and K
@@ -36,6 +36,10 @@ constexpr int KEYS = 64;               // keys per pipeline stage
 constexpr int MAX_ROWS = 64;           // query rows per block
 constexpr int GROUPS = D / KV_GROUP;   // scale groups per row (4)
 constexpr int STAGE_BYTES = 2 * KEYS * D + 2 * KEYS * GROUPS * 2;
+// Pipeline stages. Two keep a decode block at 75.5 KiB: with three (107 KiB) the kernels queued
+// behind it in the decode step found no room beside its blocks (35B-A3B step 2.371 vs 2.326 ms at
+// 8,192; docs/decode-performance.md, Round 10), and prefill fits two blocks per SM.
+constexpr int STAGES = 2;
 constexpr int QFRAG_BYTES = 16 * D * 2;  // one M-tile of fp16 Q fragments
 constexpr int MERGE_STRIDE = 268;        // floats per merged row: D + D/32 skew, bank-conflict free
 constexpr float SCALE_LOG2 = 0.0625f * 1.4426950408889634f;  // 1/sqrt(D) * log2(e)
@@ -49,7 +53,6 @@ struct Params {
     const half* v_scale;
     int nq, nkv, group, max_ctx;
     int T;       // query tokens in q
-    int stages;  // 2 or 3
     // decode: the key axis [0, d_pos[0] + T) is cut into nsplit chunks (split_chunk)
     const int32_t* d_pos;
     int nsplit;
@@ -72,8 +75,8 @@ __host__ __device__ constexpr int merge_bytes(int mt, int kg) {
     return kg * mt * 16 * (MERGE_STRIDE + 2) * 4;
 }
 
-__host__ inline size_t smem_bytes(int mt, int kg, int stages) {
-    const int pipeline = stages * STAGE_BYTES;
+__host__ inline size_t smem_bytes(int mt, int kg) {
+    const int pipeline = STAGES * STAGE_BYTES;
     const int merge = merge_bytes(mt, kg);
     return size_t(mt) * QFRAG_BYTES + size_t(pipeline > merge ? pipeline : merge);
 }
@@ -293,7 +296,7 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
     };
 
     const int ntiles = (kend - kbeg + KEYS - 1) / KEYS;
-    for (int s = 0; s < p.stages - 1; ++s) {
+    for (int s = 0; s < STAGES - 1; ++s) {
         if (s < ntiles) load_tile(s, s);
         cp_async_commit();
     }
@@ -312,12 +315,12 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
     s.l[0] = s.l[1] = 0.0f;
 
     for (int it = 0; it < ntiles; ++it) {
-        if (p.stages == 3) cp_async_wait<1>(); else cp_async_wait<0>();
+        cp_async_wait<STAGES - 2>();
         __syncthreads();
-        const int next = it + p.stages - 1;
-        if (next < ntiles) load_tile(next, next % p.stages);
+        const int next = it + STAGES - 1;
+        if (next < ntiles) load_tile(next, next % STAGES);
         cp_async_commit();
-        const Stage st{pipe + (it % p.stages) * STAGE_BYTES};
+        const Stage st{pipe + (it % STAGES) * STAGE_BYTES};
         const int key0 = kbeg + it * KEYS;
 #pragma unroll 1
         for (int sub = 0; sub < 4 / KG; ++sub) {

@@ -26,12 +26,11 @@ void attn_prefill_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, c
     attn::Params p{};
     p.q = q; p.gate = gate; p.k_cache = k_cache; p.v_cache = v_cache; p.k_scale = k_scale; p.v_scale = v_scale;
     p.nq = nq; p.nkv = nkv; p.group = nq / nkv; p.max_ctx = max_ctx; p.T = T;
-    p.stages = 2;
     p.pos0 = pos0;
     p.tile_tokens = attn::MAX_ROWS / p.group;
     p.out = out;
     auto kernel = attn::attn_int8_kernel<4, 1, true>;
-    const size_t smem = attn::smem_bytes(4, 1, p.stages);
+    const size_t smem = attn::smem_bytes(4, 1);
     allow_dynamic_smem(kernel, smem, op);
     kernel<<<dim3(ceil_div(T, p.tile_tokens), nkv), 4 * 32, smem, stream>>>(p);
     LAMPO_CHECK_LAUNCH(op);
