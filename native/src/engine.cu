@@ -179,12 +179,17 @@ void Engine::sample(OpTimer* timer) {
     if (timer) timer->end();
 }
 
+int32_t* Engine::token_out(int slot) const { return &h_io_[opt_.prefill_chunk + 2 + slot]; }
+
+void Engine::copy_token_out(int slot) {
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(token_out(slot), d_tok_, 4, cudaMemcpyDeviceToHost, stream_));
+    LAMPO_CUDA_CHECK(cudaEventRecord(token_ready_[slot], stream_));
+}
+
 int Engine::read_token() {
-    int32_t* out = &h_io_[opt_.prefill_chunk + 2];
-    LAMPO_CUDA_CHECK(cudaMemcpyAsync(out, d_tok_, 4, cudaMemcpyDeviceToHost, stream_));
-    LAMPO_CUDA_CHECK(cudaEventRecord(token_ready_[0], stream_));
+    copy_token_out(0);
     LAMPO_CUDA_CHECK(cudaEventSynchronize(token_ready_[0]));
-    return *out;
+    return *token_out(0);
 }
 
 void Engine::require_idle(const char* op) const {
@@ -342,10 +347,7 @@ void Engine::decode_submit(int token) {
     else if (!graph_exec_ || !same_sampling(sampling_, graph_sampling_))
         throw std::logic_error("decode_submit: the sampling settings changed while steps are queued");
     LAMPO_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
-    const int slot = (oldest_ + queued_) % DECODE_QUEUE;
-    int32_t* out = &h_io_[opt_.prefill_chunk + 2 + slot];
-    LAMPO_CUDA_CHECK(cudaMemcpyAsync(out, d_tok_, 4, cudaMemcpyDeviceToHost, stream_));
-    LAMPO_CUDA_CHECK(cudaEventRecord(token_ready_[slot], stream_));
+    copy_token_out((oldest_ + queued_) % DECODE_QUEUE);
     queued_ += 1;
     pos_ += 1;
 }
@@ -353,7 +355,7 @@ void Engine::decode_submit(int token) {
 int Engine::decode_collect() {
     if (queued_ == 0) throw std::logic_error("decode_collect: no decode step is queued");
     LAMPO_CUDA_CHECK(cudaEventSynchronize(token_ready_[oldest_]));
-    const int token = h_io_[opt_.prefill_chunk + 2 + oldest_];
+    const int token = *token_out(oldest_);
     oldest_ = (oldest_ + 1) % DECODE_QUEUE;
     queued_ -= 1;
     return token;

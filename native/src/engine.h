@@ -130,7 +130,9 @@ private:
     void write_position();
     void check_slot(int slot) const;
     void require_weights() const;
-    int read_token();
+    int32_t* token_out(int slot) const;  // pinned word of out slot `slot` (h_io_)
+    void copy_token_out(int slot);        // the last sample -> that word, then token_ready_[slot]
+    int read_token();                     // the last sample, copied through slot 0 and waited for
     void require_idle(const char* op) const;  // no decode step queued
     void feed_token(int token);  // token >= 0: the next step's input (else the last sampled id)
 };
