@@ -20,6 +20,8 @@
 //  INT8 -> fp16 is exact (magic-number trick, 0x6400 | (q ^ 0x80) = 1152 + q), then one fp16
 //  multiply by the scale (single rounding); p in [0, 1] as fp16. Softmax is in fp32, base 2.
 // At the end the KG warps of an M-tile merge (max, sum, output) through shared memory.
+// Decode blocks read d_pos and issue their first tile's INT8 rows before the PDL wait when that
+// tile holds only keys of earlier forward passes (the rule in common.cuh).
 #pragma once
 
 #include <cfloat>
@@ -221,7 +223,6 @@ __device__ __forceinline__ void attend16(WarpState& s, const Stage& st, const ui
 
 template <int MT, int KG, bool PREFILL>
 __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p) {
-    pdl_begin();
     constexpr int NT = MT * KG * 32;
     extern __shared__ __align__(16) uint8_t smem[];
     uint4* qfrag = reinterpret_cast<uint4*>(smem);
@@ -237,8 +238,8 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
         pos_first = p.pos0 + t0;
         kbeg = 0;
         kend = pos_first + ntok;
-    } else {
-        const int p0 = p.d_pos[0];
+    } else {  // d_pos and the keys below it come from earlier forward passes (common.cuh)
+        const int p0 = __ldcg(p.d_pos);
         const int L = p0 + p.T;
         const int chunk = split_chunk(L, p.nsplit);
         split = blockIdx.x;
@@ -250,6 +251,48 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
         pos_first = p0;
     }
     const int nrows = ntok * p.group;
+
+    // ---- K/V tile loader (cp.async, zero-fill beyond kend): the INT8 rows, then their scales
+    const size_t head_row0 = size_t(kvh) * p.max_ctx;
+    auto load_kv = [&](int tile, int slot) {
+        const int key0 = kbeg + tile * KEYS;
+        const Stage st{pipe + slot * STAGE_BYTES};
+        for (int e = threadIdx.x; e < 2 * KEYS * 16; e += NT) {
+            const bool is_v = e >= KEYS * 16;
+            const int key = (e >> 4) & (KEYS - 1), ch = e & 15;
+            const bool valid = key0 + key < kend;
+            const size_t row = head_row0 + (valid ? key0 + key : 0);
+            const int8_t* src = (is_v ? p.v_cache : p.k_cache) + row * D + ch * 16;
+            int8_t* dst = (is_v ? st.v() : st.k()) + key * D + ((ch ^ (is_v ? v_swizzle(key) : k_swizzle(key))) * 16);
+            cp_async_16(dst, src, valid);
+        }
+    };
+    auto load_scales = [&](int tile, int slot) {
+        const int key0 = kbeg + tile * KEYS;
+        const Stage st{pipe + slot * STAGE_BYTES};
+        for (int e = threadIdx.x; e < 2 * KEYS; e += NT) {
+            const bool is_v = e >= KEYS;
+            const int key = e & (KEYS - 1);
+            const bool valid = key0 + key < kend;
+            const size_t row = head_row0 + (valid ? key0 + key : 0);
+            cp_async_8((is_v ? st.v_scale() : st.k_scale()) + key * GROUPS,
+                       (is_v ? p.v_scale : p.k_scale) + row * GROUPS, valid);
+        }
+    };
+
+    // Decode: unless the split's first tile holds a key this pass appends (>= pos_first), its INT8
+    // rows stream in before the wait (cp.async.cg, through L2) and its scale lines are warmed in L2
+    // (the scales' 8-byte copies go through L1, so they wait for the wait).
+    const bool early = !PREFILL && min(kbeg + KEYS, kend) <= pos_first;
+    if (early) {
+        load_kv(0, 0);
+        if (threadIdx.x < 10) {  // the <= 5 lines of 128 bytes each scale run of 64 keys touches
+            const int key = min(kbeg + 16 * (threadIdx.x % 5), kend - 1);
+            const half* sc = (threadIdx.x < 5 ? p.k_scale : p.v_scale) + (head_row0 + key) * GROUPS;
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(sc));
+        }
+    }
+    pdl_begin();
 
     // ---- Q -> fp16 fragments: entry (((mt * 4 + i) * 2 + hh) * 2 + part) * 32 + ln holds
     //      8 dims 64 i + 16 (ln % 4) + 8 part of row mt * 16 + hh * 8 + ln / 4
@@ -271,33 +314,12 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
         qfrag[e] = val;
     }
 
-    // ---- K/V tile loader (cp.async, zero-fill beyond kend)
-    const size_t head_row0 = size_t(kvh) * p.max_ctx;
-    auto load_tile = [&](int tile, int slot) {
-        const int key0 = kbeg + tile * KEYS;
-        const Stage st{pipe + slot * STAGE_BYTES};
-        for (int e = threadIdx.x; e < 2 * KEYS * 16; e += NT) {
-            const bool is_v = e >= KEYS * 16;
-            const int key = (e >> 4) & (KEYS - 1), ch = e & 15;
-            const bool valid = key0 + key < kend;
-            const size_t row = head_row0 + (valid ? key0 + key : 0);
-            const int8_t* src = (is_v ? p.v_cache : p.k_cache) + row * D + ch * 16;
-            int8_t* dst = (is_v ? st.v() : st.k()) + key * D + ((ch ^ (is_v ? v_swizzle(key) : k_swizzle(key))) * 16);
-            cp_async_16(dst, src, valid);
-        }
-        for (int e = threadIdx.x; e < 2 * KEYS; e += NT) {
-            const bool is_v = e >= KEYS;
-            const int key = e & (KEYS - 1);
-            const bool valid = key0 + key < kend;
-            const size_t row = head_row0 + (valid ? key0 + key : 0);
-            cp_async_8((is_v ? st.v_scale() : st.k_scale()) + key * GROUPS,
-                       (is_v ? p.v_scale : p.k_scale) + row * GROUPS, valid);
-        }
-    };
-
     const int ntiles = (kend - kbeg + KEYS - 1) / KEYS;
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < ntiles) load_tile(s, s);
+        if (s < ntiles) {
+            if (s > 0 || !early) load_kv(s, s);
+            load_scales(s, s);
+        }
         cp_async_commit();
     }
 
@@ -318,7 +340,10 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
         cp_async_wait<STAGES - 2>();
         __syncthreads();
         const int next = it + STAGES - 1;
-        if (next < ntiles) load_tile(next, next % STAGES);
+        if (next < ntiles) {
+            load_kv(next, next % STAGES);
+            load_scales(next, next % STAGES);
+        }
         cp_async_commit();
         const Stage st{pipe + (it % STAGES) * STAGE_BYTES};
         const int key0 = kbeg + it * KEYS;

@@ -50,19 +50,35 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // Programmatic dependent launch (PDL, sm_90+; no-ops elsewhere and in kernels launched without
 // the attribute, see launch_pdl in launch_utils.cuh). Every kernel of the decode step begins with
-// pdl_begin() BEFORE its first access to memory that an earlier kernel may write or read. It first
-// lets the next kernel of the stream start launching, then waits until the previous kernel has
-// completed and its writes are visible. Triggering first lets a chain of kernels be resident at
-// once (as far as registers and shared memory allow), each loading its first weights while the
-// kernels ahead of it run; every one still waits for its predecessor, which waited for its own, so
-// completion stays in stream order. Hence the rule: before pdl_begin() a kernel reads only
-// immutable data (weights), never anything a kernel writes (the GEMV loads its first weight vectors
-// into registers there).
+// pdl_begin() BEFORE its first access to memory that an earlier kernel of its forward pass may write
+// or read. It first lets the next kernel of the stream start launching, then waits until the
+// previous kernel has completed and its writes are visible. Triggering first lets a chain of
+// kernels be resident at once (as far as registers and shared memory allow), each loading its first
+// weights while the kernels ahead of it run; every one still waits for its predecessor, which waited
+// for its own, so completion stays in stream order. Hence the rule: before pdl_begin() a kernel
+// reads only
+// - immutable data (weights; the GEMV loads its first weight vectors into registers there), and
+// - data that no kernel of the current forward pass writes before it: the position d_pos, the KV
+//   cache rows below d_pos[0], the GDN recurrent and conv states (each written in a pass only by
+//   the kernel that reads it). This holds because the first kernel of every pass
+//   (embedding_gather) calls pdl_begin_pass(), which waits before it triggers, so no later kernel
+//   of the pass starts before everything queued ahead of the pass has completed. Such reads go
+//   through L2 (__ldcg, cp.async.cg): an L1 line filled in an earlier pass could be stale.
 __device__ __forceinline__ void pdl_begin() {
     timeline_mark(TL_ENTRY);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+    timeline_mark(TL_RELEASED);
+}
+
+// pdl_begin for the first kernel of a forward pass: wait, then trigger (see the rule above).
+__device__ __forceinline__ void pdl_begin_pass() {
+    timeline_mark(TL_ENTRY);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
     timeline_mark(TL_RELEASED);
 }

@@ -1,7 +1,8 @@
 // embedding.cu - token embedding gather into the fp32 residual stream.
 //   out_residual[t, :] = float(table[ids[t], :])     table [V, H] bf16, ids [T] int32 (device)
 // One block per token, 16-byte loads (H % 8 == 0). Ids are trusted (the caller validates them
-// against V when it tokenizes); no sqrt(H) scaling in this model family.
+// against V when it tokenizes); no sqrt(H) scaling in this model family. It opens every forward
+// pass, so it waits before it lets the pass's next kernel launch (pdl_begin_pass, common.cuh).
 #include "bf16_vec.cuh"
 #include "launch_utils.cuh"
 #include "ops.h"
@@ -11,7 +12,7 @@ namespace {
 
 __global__ void embedding_gather_kernel(const bf16* __restrict__ table, const int32_t* __restrict__ ids,
                                         float* __restrict__ out, int H) {
-    pdl_begin();
+    pdl_begin_pass();
     const int t = blockIdx.x;
     const uint4* row = reinterpret_cast<const uint4*>(table + size_t(ids[t]) * H);
     float4* dst = reinterpret_cast<float4*>(out + size_t(t) * H);

@@ -115,10 +115,11 @@ __device__ __forceinline__ float4 rec_token(float4 (&S)[REC_ROWS], float qv, flo
     return out;
 }
 
+// Through L2 (__ldcg): the fused decode step reads the state before its PDL wait (common.cuh).
 __device__ __forceinline__ void load_slice(float4 (&S)[REC_ROWS], const float* Sj, int rg, int m0) {
 #pragma unroll
     for (int n = 0; n < REC_ROWS; ++n)
-        S[n] = *reinterpret_cast<const float4*>(Sj + size_t(rg + 32 * n) * GDN_D + m0);
+        S[n] = __ldcg(reinterpret_cast<const float4*>(Sj + size_t(rg + 32 * n) * GDN_D + m0));
 }
 
 __device__ __forceinline__ void store_slice(const float4 (&S)[REC_ROWS], float* Sj, int rg, int m0) {
@@ -160,8 +161,9 @@ gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
 // blocks of V head j one thread block cluster (sm_90+):
 // 1. before the wait, the constants: conv weights of the block's channels (thread tid: q and k
 //    channel tid of K head hk; threads 0..15 also the block's 16 v channels), A_log, dt_bias, and
-//    in rank 0's first warp the norm weight. After it, every load at once: the state slice, the
-//    conv states and inputs, a, b, and (rank 0, first warp) z.
+//    in rank 0's first warp the norm weight; and the states, which only this kernel writes in a
+//    forward pass (the rule in common.cuh): the state slice and the conv states of those channels.
+//    After it, every load at once: the conv inputs, a, b, and (rank 0, first warp) z.
 // 2. conv + SiLU. The block's v channels' conv state is read only here, so it is updated at once;
 //    the q/k conv state is shared by the 8 * Hv/Hk blocks of the K group: each takes a ticket on
 //    counters[hk] after reading it, and the last one writes the new q/k state (at the end, so the
@@ -199,28 +201,29 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
     const int cq = hk * GDN_D + tid, ck = (Hk + hk) * GDN_D + tid;
     const int cv = 2 * Hk * GDN_D + j * GDN_D + blockIdx.x * REC_COLS + tid;  // tid < REC_COLS
 
-    // 1. constants, then (after the wait) every input.
+    // 1. constants and states, then (after the wait) every input.
     float wq[K], wk[K], wv[K];
     load_conv_w<K>(conv_w, cq, wq);
     load_conv_w<K>(conv_w, ck, wk);
     if (tid < REC_COLS) load_conv_w<K>(conv_w, cv, wv);
     const float a_log = A_log[j], dtb = dt_bias[j];
     const float4 nw = norm_lane ? load_bf16x4(norm_w + tid * 4) : float4{};
-    pdl_begin();
     float4 S[REC_ROWS];
     load_slice(S, state + j * head_elems, rg, m0);
     auto load_hist = [&](int c, float (&hist)[K - 1]) {
 #pragma unroll
-        for (int q = 0; q < K - 1; ++q) hist[q] = __bfloat162float(conv_state[size_t(c) * (K - 1) + q]);
+        for (int q = 0; q < K - 1; ++q) hist[q] = __bfloat162float(__ldcg(conv_state + size_t(c) * (K - 1) + q));
     };
     auto write_hist = [&](int c, const float (&hist)[K - 1], float xc) {  // shift in x
 #pragma unroll
         for (int q = 0; q < K - 2; ++q) conv_state[size_t(c) * (K - 1) + q] = __float2bfloat16_rn(hist[q + 1]);
         conv_state[size_t(c) * (K - 1) + K - 2] = __float2bfloat16_rn(xc);
     };
-    float hq[K - 1], hkk[K - 1];
+    float hq[K - 1], hkk[K - 1], hv[K - 1];
     load_hist(cq, hq);
     load_hist(ck, hkk);
+    if (tid < REC_COLS) load_hist(cv, hv);
+    pdl_begin();
     const float xq = __bfloat162float(x[cq]), xk = __bfloat162float(x[ck]);
     const float av = __bfloat162float(a[j]), bv = __bfloat162float(b[j]);
     const float4 zv = norm_lane ? load_bf16x4(z + size_t(j) * GDN_D + tid * 4) : float4{};
@@ -229,8 +232,6 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
     const float qv = round_to_bf16(conv_silu_step<K>(wq, hq, xq));
     const float kv = round_to_bf16(conv_silu_step<K>(wk, hkk, xk));
     if (tid < REC_COLS) {
-        float hv[K - 1];
-        load_hist(cv, hv);
         const float xv = __bfloat162float(x[cv]);
         v_s[tid] = round_to_bf16(conv_silu_step<K>(wv, hv, xv));
         write_hist(cv, hv, xv);

@@ -435,7 +435,11 @@ bool op_family_omitted(OpFamily f) {
     static const unsigned mask = [] {
         std::vector<std::string> names;
         for (int i = 0; i < int(OpFamily::Count); ++i) names.push_back(op_family_name(OpFamily(i)));
-        return env_name_mask("LAMPO_OMIT_OPS", names);
+        const unsigned m = env_name_mask("LAMPO_OMIT_OPS", names);
+        if (m >> int(OpFamily::Embedding) & 1u)  // it opens every pass (pdl_begin_pass, common.cuh)
+            throw std::invalid_argument("LAMPO_OMIT_OPS: the embedding cannot be omitted: the kernels after it "
+                                        "read the previous pass's states before their PDL wait");
+        return m;
     }();
     return mask >> int(f) & 1u;
 }
