@@ -24,15 +24,15 @@ int decode_splits(int max_ctx) {
     return std::max(1, std::min({sm_count(), ceil_div(max_ctx, attn::KEYS), COMBINE_MAX_SPLITS}));
 }
 
-// Block (row = t * nq + query head, 32 dims): every load goes out at once after the live length is
-// known (thread s: split s's max and sum; warp w: the outputs of splits w, w + 16, ...); split
+// Block (row = t * nq + query head, 32 dims): the live length is known before the PDL wait (d_pos
+// is fixed for the forward pass, common.cuh), and every load goes out at once after it (thread s:
+// split s's max and sum; warp w: the outputs of splits w, w + 16, ...; warp 0 the gate); split
 // weights w_s = exp2(m_s - M) in shared memory, warp w accumulates its splits in ascending order,
 // then the warps' sums are added and normalised.
 __global__ void __launch_bounds__(COMBINE_WARPS * 32)
 attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                            const bf16* __restrict__ gate, const int32_t* __restrict__ d_pos, bf16* __restrict__ out,
                            int Tq, int nq, int nsplit) {
-    pdl_begin();
     __shared__ float weight[COMBINE_MAX_SPLITS];
     __shared__ float acc_w[COMBINE_WARPS][32];
     __shared__ float red[COMBINE_WARPS];
@@ -40,10 +40,13 @@ attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __rest
     const int row = blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int d = blockIdx.y * 32 + lane;
-    const int L = d_pos[0] + Tq;
+    const int L = __ldcg(d_pos) + Tq;  // fixed for the forward pass (common.cuh): read before the wait
     const int chunk = attn::split_chunk(L, nsplit);
     const int live = (L + chunk - 1) / chunk;
     const size_t rows = size_t(Tq) * nq;
+    const size_t idx = size_t(row) * attn::D + d;
+    pdl_begin();
+    const float g = warp == 0 ? sigmoid(__bfloat162float(gate[idx])) : 0.0f;  // with the other loads
 
     float2 ml = make_float2(-INFINITY, 0.0f);  // a split that saw no key: m = -inf -> weight 0
     if (threadIdx.x < live) ml = *reinterpret_cast<const float2*>(part_ml + (threadIdx.x * rows + row) * 2);
@@ -90,8 +93,7 @@ attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __rest
         float sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < COMBINE_WARPS; ++w) sum += acc_w[w][lane];
-        const size_t idx = size_t(row) * attn::D + d;
-        out[idx] = __float2bfloat16(sum / l_total * sigmoid(__bfloat162float(gate[idx])));
+        out[idx] = __float2bfloat16(sum / l_total * g);
     }
 }
 

@@ -42,6 +42,7 @@ constexpr int STAGE_BYTES = 2 * KEYS * D + 2 * KEYS * GROUPS * 2;
 // behind it in the decode step found no room beside its blocks (35B-A3B step 2.371 vs 2.326 ms at
 // 8,192; docs/decode-performance.md, Round 10), and prefill fits two blocks per SM.
 constexpr int STAGES = 2;
+static_assert(STAGES == 2, "the loop waits for every copy in flight (cp_async_wait<0>) and the prologue commits once");
 constexpr int QFRAG_BYTES = 16 * D * 2;  // one M-tile of fp16 Q fragments
 constexpr int MERGE_STRIDE = 268;        // floats per merged row: D + D/32 skew, bank-conflict free
 constexpr float SCALE_LOG2 = 0.0625f * 1.4426950408889634f;  // 1/sqrt(D) * log2(e)
@@ -66,11 +67,14 @@ struct Params {
     bf16* out;  // [T, nq * D]
 };
 
-// Keys per decode split for a live length L: a multiple of KEYS, at least KEYS.
+// Keys per decode split at least (fewer, longer splits below nsplit * MIN_SPLIT_KEYS live keys).
+constexpr int MIN_SPLIT_KEYS = 1 * KEYS;
+
+// Keys per decode split for a live length L: a multiple of KEYS, at least MIN_SPLIT_KEYS.
 __host__ __device__ inline int split_chunk(int L, int nsplit) {
     const int per = (L + nsplit - 1) / nsplit;
     const int rounded = (per + KEYS - 1) / KEYS * KEYS;
-    return rounded > KEYS ? rounded : KEYS;
+    return rounded > MIN_SPLIT_KEYS ? rounded : MIN_SPLIT_KEYS;
 }
 
 __host__ __device__ constexpr int merge_bytes(int mt, int kg) {
@@ -280,15 +284,19 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
         }
     };
 
-    // Decode: unless the split's first tile holds a key this pass appends (>= pos_first), its INT8
-    // rows stream in before the wait (cp.async.cg, through L2) and its scale lines are warmed in L2
-    // (the scales' 8-byte copies go through L1, so they wait for the wait).
-    const bool early = !PREFILL && min(kbeg + KEYS, kend) <= pos_first;
-    if (early) {
-        load_kv(0, 0);
-        if (threadIdx.x < 10) {  // the <= 5 lines of 128 bytes each scale run of 64 keys touches
-            const int key = min(kbeg + 16 * (threadIdx.x % 5), kend - 1);
-            const half* sc = (threadIdx.x < 5 ? p.k_scale : p.v_scale) + (head_row0 + key) * GROUPS;
+    // Decode: the split's leading tiles (up to STAGES) that hold no key this pass appends (>=
+    // pos_first) stream in before the wait (cp.async.cg, through L2) and their scale lines are
+    // warmed in L2 (the scales' 8-byte copies go through L1, so they wait for the wait).
+    const int ntiles = (kend - kbeg + KEYS - 1) / KEYS;
+    int early = 0;
+    if (!PREFILL)
+        while (early < STAGES && early < ntiles && min(kbeg + (early + 1) * KEYS, kend) <= pos_first) ++early;
+    if (early > 0) {
+        for (int s = 0; s < early; ++s) load_kv(s, s);
+        const int lines = early * KEYS * GROUPS * 2 / 128 + 1;  // 128-byte lines a scale run touches
+        for (int e = threadIdx.x; e < 2 * lines; e += NT) {
+            const int key = min(kbeg + (e % lines) * (128 / (GROUPS * 2)), kend - 1);
+            const half* sc = (e < lines ? p.k_scale : p.v_scale) + (head_row0 + key) * GROUPS;
             asm volatile("prefetch.global.L2 [%0];\n" ::"l"(sc));
         }
     }
@@ -314,14 +322,12 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
         qfrag[e] = val;
     }
 
-    const int ntiles = (kend - kbeg + KEYS - 1) / KEYS;
-    for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < ntiles) {
-            if (s > 0 || !early) load_kv(s, s);
-            load_scales(s, s);
-        }
-        cp_async_commit();
+    const int prologue = max(STAGES - 1, early);  // tiles in flight before the loop
+    for (int s = 0; s < prologue && s < ntiles; ++s) {
+        if (s >= early) load_kv(s, s);
+        load_scales(s, s);
     }
+    cp_async_commit();
 
     const int mt = warp % MT, kg = warp / MT;
     const int row0 = mt * 16 + (lane >> 2), row1 = row0 + 8;
@@ -340,7 +346,7 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
         cp_async_wait<STAGES - 2>();
         __syncthreads();
         const int next = it + STAGES - 1;
-        if (next < ntiles) {
+        if (next >= prologue && next < ntiles) {
             load_kv(next, next % STAGES);
             load_scales(next, next % STAGES);
         }

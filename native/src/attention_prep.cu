@@ -8,8 +8,9 @@
 // i with i + rotary_dim/2, which lives in lane l +- rotary_dim/16 (rotary_dim % 16 == 0): the
 // partner's 8 values arrive by shuffles. inv_freq is computed on the host in double and rounded to
 // fp32 (as the reference), the angle pos * inv_freq is one fp32 multiply, and cos/sin of that angle
-// are evaluated in double (fast-math sinf would be wrong for angles up to ~2.6e5). The norm weights
-// are read before the PDL wait, the gate half together with q. A key row is
+// are evaluated in double (fast-math sinf would be wrong for angles up to ~2.6e5). The norm weights,
+// the position and the cos / sin are read and computed before the PDL wait (the position is fixed
+// for the forward pass: common.cuh), the gate half together with q. A key row is
 // quantized from its bf16-rounded values (kv_quant.cuh), exactly what a later append of k_out would
 // store; rows at positions >= max_ctx are not appended (the engine keeps the context inside the
 // cache and checks it on the host before every step).
@@ -43,9 +44,23 @@ attn_prep_kernel(const bf16* __restrict__ qg, const bf16* __restrict__ k_raw, co
     const bool is_q = head < nq;
     float g[8] = {};  // the norm weight (immutable: read before the wait)
     if (active && head < nq + nkv) bf16x8_to_float(reinterpret_cast<const uint4*>(is_q ? q_norm_w : k_norm_w)[lane], g);
+    // The position is fixed for the forward pass (common.cuh), so RoPE's cos / sin of this lane's
+    // dims are ready before the wait too.
+    const int pos = __ldcg(d_pos) + t;
+    const int half_dims = rotary_dim / 2;
+    const int half_lanes = half_dims / 8;
+    const bool first_half = lane < half_lanes;
+    const bool rotates = lane < 2 * half_lanes && head < nq + nkv;
+    float cf[8], sf[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        double sd = 0.0, cd = 1.0;
+        if (rotates) sincos(double(__fmul_rn(float(pos), freqs.inv_freq[(first_half ? lane : lane - half_lanes) * 8 + i])), &sd, &cd);
+        cf[i] = float(cd);
+        sf[i] = float(sd);
+    }
     pdl_begin();
     if (head >= heads) return;
-    const int pos = d_pos[0] + t;
     float x[8] = {};
     if (head >= nq + nkv) {  // a value row: straight into the cache
         const int h = head - nq - nkv;
@@ -69,23 +84,14 @@ attn_prep_kernel(const bf16* __restrict__ qg, const bf16* __restrict__ k_raw, co
         for (int i = 0; i < 8; ++i) x[i] = x[i] * inv * (1.0f + g[i]);
     }
 
-    const int half_dims = rotary_dim / 2;
-    const int half_lanes = half_dims / 8;
-    const int partner = lane < half_lanes ? lane + half_lanes : lane - half_lanes;
+    const int partner = first_half ? lane + half_lanes : lane - half_lanes;
     float other[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) other[i] = __shfl_sync(0xffffffffu, x[i], partner & 31);
-    if (lane < 2 * half_lanes) {
-        const bool first_half = lane < half_lanes;
+    if (rotates) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            const int f = (first_half ? lane : lane - half_lanes) * 8 + i;
-            double s, c;
-            sincos(double(__fmul_rn(float(pos), freqs.inv_freq[f])), &s, &c);
-            const float cf = float(c), sf = float(s);
-            // first half: a cos - b sin ; second half: b cos + a sin (x = own value, other = partner)
-            x[i] = first_half ? x[i] * cf - other[i] * sf : x[i] * cf + other[i] * sf;
-        }
+        for (int i = 0; i < 8; ++i)  // first half: a cos - b sin ; second half: b cos + a sin
+            x[i] = first_half ? x[i] * cf[i] - other[i] * sf[i] : x[i] * cf[i] + other[i] * sf[i];
     }
     const uint4 rounded = float_to_bf16x8(x);
     if (is_q) {
