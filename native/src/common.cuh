@@ -64,24 +64,23 @@ __device__ __forceinline__ float warp_max(float v) {
 //   (embedding_gather) calls pdl_begin_pass(), which waits before it triggers, so no later kernel
 //   of the pass starts before everything queued ahead of the pass has completed. Such reads go
 //   through L2 (__ldcg, cp.async.cg): an L1 line filled in an earlier pass could be stale.
-__device__ __forceinline__ void pdl_begin() {
+//
+// The PDL entry of a kernel: trigger then wait (pdl_begin), or wait then trigger (pdl_begin_pass).
+template <bool WAIT_FIRST>
+__device__ __forceinline__ void pdl_enter() {
     timeline_mark(TL_ENTRY);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (WAIT_FIRST) asm volatile("griddepcontrol.wait;\n" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    if constexpr (!WAIT_FIRST) asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
     timeline_mark(TL_RELEASED);
 }
 
+__device__ __forceinline__ void pdl_begin() { pdl_enter<false>(); }
+
 // pdl_begin for the first kernel of a forward pass: wait, then trigger (see the rule above).
-__device__ __forceinline__ void pdl_begin_pass() {
-    timeline_mark(TL_ENTRY);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-    timeline_mark(TL_RELEASED);
-}
+__device__ __forceinline__ void pdl_begin_pass() { pdl_enter<true>(); }
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
