@@ -81,40 +81,42 @@ __device__ __forceinline__ float warp_reduce_many(float (&v)[N], int lane) {
     return v[0];
 }
 
-// This lane's weight vectors v0 + 32 u of its rows (zeros past the slice end).
-__device__ __forceinline__ void load_weights(uint4 (&wv)[GEMV_UNROLL][GEMV_ROWS], const uint4* const (&wrow)[GEMV_ROWS],
-                                             int v0, int vend) {
+// This lane's weight vectors v0 + 32 u of its R rows (zeros past the slice end).
+template <int R>
+__device__ __forceinline__ void load_weights(uint4 (&wv)[GEMV_UNROLL][R], const uint4* const (&wrow)[R], int v0,
+                                             int vend) {
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; ++u) {
         const int v = v0 + 32 * u;
 #pragma unroll
-        for (int r = 0; r < GEMV_ROWS; ++r) wv[u][r] = v < vend ? load_stream(wrow[r] + v) : make_uint4(0u, 0u, 0u, 0u);
+        for (int r = 0; r < R; ++r) wv[u][r] = v < vend ? load_stream(wrow[r] + v) : make_uint4(0u, 0u, 0u, 0u);
     }
 }
 
-template <int T, class OutT, GemvIn IN, GemvOut OUT>
+// R: rows per warp (GEMV_ROWS, or 3 where that makes the grid one wave: launch_gemv).
+template <int T, class OutT, GemvIn IN, GemvOut OUT, int R>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(const GemvParams p) {
     static_assert(IN == GemvIn::X || T == 1, "the folded norm serves one token");
     static_assert(OUT == GemvOut::Store || (T == 1 && std::is_same_v<OutT, float>), "residual add: one fp32 row");
-    constexpr int NV = next_pow2(T * GEMV_ROWS);
+    constexpr int NV = next_pow2(T * R);
     __shared__ float partial[GEMV_WARPS][NV];
     // GemvIn::NormedResidual: the normed row (in bf16), the norm weight (in bf16), the residual row (in fp32)
     extern __shared__ uint4 x_normed[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int groups_per_block = GEMV_WARPS / p.ks_count;
     const int group = warp / p.ks_count, ks = warp % p.ks_count;
-    const int row0 = (blockIdx.x * groups_per_block + group) * GEMV_ROWS;
+    const int row0 = (blockIdx.x * groups_per_block + group) * R;
     const int nvec = p.in / 8;
     const int vbeg = int(int64_t(nvec) * ks / p.ks_count), vend = int(int64_t(nvec) * (ks + 1) / p.ks_count);
 
-    const uint4* wrow[GEMV_ROWS];
+    const uint4* wrow[R];
 #pragma unroll
-    for (int r = 0; r < GEMV_ROWS; ++r)
+    for (int r = 0; r < R; ++r)
         wrow[r] = reinterpret_cast<const uint4*>(p.W + size_t(min(row0 + r, p.out - 1)) * p.in);
     // Before the wait (weights only): the first batch into registers. L2 prefetches of later
     // batches measured slower (a lane's whole share: 27B decode -20%; the second batch: -2 to -3%).
     int v0 = vbeg + lane;
-    uint4 wv[GEMV_UNROLL][GEMV_ROWS];
+    uint4 wv[GEMV_UNROLL][R];
     load_weights(wv, wrow, v0, vend);
     if constexpr (IN == GemvIn::NormedResidual) {
         bf16* w_norm = reinterpret_cast<bf16*>(x_normed) + p.in;
@@ -125,9 +127,9 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
     // The epilogue's thread `item` owns (group, value) pair item of the block: output row item_row.
     const int item = threadIdx.x;
     auto item_row = [&] {
-        return (blockIdx.x * groups_per_block + item / (T * GEMV_ROWS)) * GEMV_ROWS + item % GEMV_ROWS;
+        return (blockIdx.x * groups_per_block + item / (T * R)) * R + item % R;
     };
-    auto item_live = [&] { return item < groups_per_block * T * GEMV_ROWS && item_row() < p.out; };
+    auto item_live = [&] { return item < groups_per_block * T * R && item_row() < p.out; };
     float residual_in = 0.0f;  // AddToResidual: the row's residual, read now, off the kernel's tail
     if constexpr (OUT == GemvOut::AddToResidual)
         if (item_live()) residual_in = __ldcg(static_cast<const float*>(p.y) + item_row());
@@ -160,7 +162,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
                     if constexpr (IN == GemvIn::NormedResidual) bf16x8_to_float(xv[v], xf);
                     else bf16x8_to_float(__ldg(xv + size_t(t) * nvec + v), xf);
 #pragma unroll
-                    for (int r = 0; r < GEMV_ROWS; ++r) fma_bf16x8(acc[t * GEMV_ROWS + r], wv[u][r], xf);
+                    for (int r = 0; r < R; ++r) fma_bf16x8(acc[t * R + r], wv[u][r], xf);
                 }
             }
         }
@@ -174,10 +176,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
     if (lane % SPAN == 0) partial[warp][lane / SPAN] = total;
     __syncthreads();
     if (item_live()) {
-        const int g = item / (T * GEMV_ROWS), idx = item % (T * GEMV_ROWS);
+        const int g = item / (T * R), idx = item % (T * R);
         float sum = 0.0f;
         for (int k = 0; k < p.ks_count; ++k) sum += partial[g * p.ks_count + k][idx];
-        const int row = item_row(), t = idx / GEMV_ROWS;
+        const int row = item_row(), t = idx / R;
         OutT* y = static_cast<OutT*>(p.y);
         if constexpr (OUT == GemvOut::AddToResidual) y[row] = residual_in + __bfloat162float(__float2bfloat16(sum));
         else if constexpr (std::is_same_v<OutT, float>) y[size_t(t) * p.out + row] = sum;
@@ -185,17 +187,34 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
     }
 }
 
+template <int T, class OutT, GemvIn IN, GemvOut OUT, int R>
+void launch_gemv_rows(GemvParams p, int blocks, cudaStream_t stream) {
+    const size_t smem = IN == GemvIn::NormedResidual ? size_t(p.in) * 8 : 0;
+    if (smem > 48 * 1024) allow_dynamic_smem(gemv_kernel<T, OutT, IN, OUT, R>, smem, "gemv_normed");
+    launch_pdl("gemv_kernel", gemv_kernel<T, OutT, IN, OUT, R>, blocks, GEMV_WARPS * 32, smem, stream, p);
+}
+
+// The grid: K slices (ks) doubled until there are >= 4 blocks per SM. A grid of 1.x waves starts
+// its second wave cold, after the first exits; for one token, when 3 rows per warp over the whole
+// K fill one wave (>= 90% of it), that shape is taken instead (the 35B-A3B GDN in-projection: 515
+// blocks instead of 772; docs/decode-performance.md, Round 11).
 template <int T, class OutT, GemvIn IN = GemvIn::X, GemvOut OUT = GemvOut::Store>
 void launch_gemv(GemvParams p, cudaStream_t stream) {
     const int row_groups = ceil_div(p.out, GEMV_ROWS);
-    const int target_blocks = 4 * sm_count();
+    const int wave = 4 * sm_count();
     int ks = 1;
-    while (ks < GEMV_WARPS && ceil_div(row_groups, GEMV_WARPS / ks) < target_blocks && p.in / 8 / (2 * ks) >= 32) ks *= 2;
-    p.ks_count = ks;
+    while (ks < GEMV_WARPS && ceil_div(row_groups, GEMV_WARPS / ks) < wave && p.in / 8 / (2 * ks) >= 32) ks *= 2;
     const int blocks = ceil_div(row_groups, GEMV_WARPS / ks);
-    const size_t smem = IN == GemvIn::NormedResidual ? size_t(p.in) * 8 : 0;
-    if (smem > 48 * 1024) allow_dynamic_smem(gemv_kernel<T, OutT, IN, OUT>, smem, "gemv_normed");
-    launch_pdl("gemv_kernel", gemv_kernel<T, OutT, IN, OUT>, blocks, GEMV_WARPS * 32, smem, stream, p);
+    if constexpr (T == 1) {
+        const int blocks3 = ceil_div(ceil_div(p.out, 3), GEMV_WARPS);
+        if (blocks > wave && blocks3 <= wave && blocks3 * 10 >= wave * 9) {
+            p.ks_count = 1;
+            launch_gemv_rows<T, OutT, IN, OUT, 3>(p, blocks3, stream);
+            return;
+        }
+    }
+    p.ks_count = ks;
+    launch_gemv_rows<T, OutT, IN, OUT, GEMV_ROWS>(p, blocks, stream);
 }
 
 void check_gemv(int out, int in) {

@@ -242,7 +242,7 @@ def check_matmul(ops_fn, T, out, inn, seed):
 
 
 @pytest.mark.parametrize("T", [1, 2, 3, 5, 8])
-@pytest.mark.parametrize("out,inn", [(1001, 2048), (64, 128), (2048, 5120), (8192, 2048)])
+@pytest.mark.parametrize("out,inn", [(1001, 2048), (64, 128), (2048, 5120), (8192, 2048), (12352, 2048)])
 def test_gemv(ops, T, out, inn):
     check_matmul(ops.gemv, T, out, inn, "gemv")
 
