@@ -20,8 +20,8 @@
 //  INT8 -> fp16 is exact (magic-number trick, 0x6400 | (q ^ 0x80) = 1152 + q), then one fp16
 //  multiply by the scale (single rounding); p in [0, 1] as fp16. Softmax is in fp32, base 2.
 // At the end the KG warps of an M-tile merge (max, sum, output) through shared memory.
-// Decode blocks read d_pos and issue their first tile's INT8 rows before the PDL wait when that
-// tile holds only keys of earlier forward passes (the rule in common.cuh).
+// Decode blocks read d_pos and issue the INT8 rows of their leading tiles (up to STAGES) that hold
+// only keys of earlier forward passes before the PDL wait (the rule in common.cuh).
 #pragma once
 
 #include <cfloat>
@@ -67,14 +67,12 @@ struct Params {
     bf16* out;  // [T, nq * D]
 };
 
-// Keys per decode split at least (fewer, longer splits below nsplit * MIN_SPLIT_KEYS live keys).
-constexpr int MIN_SPLIT_KEYS = 1 * KEYS;
-
-// Keys per decode split for a live length L: a multiple of KEYS, at least MIN_SPLIT_KEYS.
+// Keys per decode split for a live length L: a multiple of KEYS, at least KEYS (splits of at least
+// 2 or 4 tiles were measured no faster: docs/decode-performance.md, Round 11).
 __host__ __device__ inline int split_chunk(int L, int nsplit) {
     const int per = (L + nsplit - 1) / nsplit;
     const int rounded = (per + KEYS - 1) / KEYS * KEYS;
-    return rounded > MIN_SPLIT_KEYS ? rounded : MIN_SPLIT_KEYS;
+    return rounded > KEYS ? rounded : KEYS;
 }
 
 __host__ __device__ constexpr int merge_bytes(int mt, int kg) {
