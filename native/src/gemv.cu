@@ -1,8 +1,9 @@
 // gemv.cu - bandwidth-bound y [T, out] = x [T, in] @ W^T for T <= GEMV_MAX_T (decode, verify).
 //
-// The weight matrix is streamed exactly once: each warp owns R = 4 consecutive rows and a slice of
-// the `in` axis (KS slices per row group, KS in {1, 2, 4, 8} chosen so the grid has >= 4 blocks per
-// SM); lane l reads 16-byte vectors l, l + 32, ... of its 4 rows (two vectors per row in flight,
+// The weight matrix is streamed exactly once: each warp owns R consecutive rows (R = 4, or 3 where
+// that makes a one-token grid exactly one wave: launch_gemv) and a slice of the `in` axis (KS slices
+// per row group, KS in {1, 2, 4, 8} chosen so the grid has >= 4 blocks per SM; KS = 1 with R = 3);
+// lane l reads 16-byte vectors l, l + 32, ... of its R rows (two vectors per row in flight,
 // L1-bypassing streaming loads) and the matching vectors of all T rows of x (small, L1/L2 resident),
 // so every weight byte serves all T tokens. fp32 accumulators (T x R per lane) are summed across
 // lanes by a butterfly that leaves one value per lane group, and across the KS slices of a block

@@ -267,7 +267,6 @@ def test_graph_replay_equals_the_ungraphed_step_and_sampling_parameters_keep_the
     assert sampling_info["kernels"] == info["kernels"] + 1
 
 
-
 def test_queued_decode_steps_match_one_at_a_time_and_misuse_is_refused(tiny):
     _ck, engine, _ref = tiny
     ids = prompt_ids(60, seed=12)
@@ -301,6 +300,7 @@ def test_queued_decode_steps_match_one_at_a_time_and_misuse_is_refused(tiny):
     assert engine.decode_queued == 0 and engine.position == 0
     with pytest.raises(RuntimeError, match="no decode step is queued"):
         engine.decode_collect()
+
 
 # ---- full-width checkpoints -------------------------------------------------------------------
 def _full_width_module():
