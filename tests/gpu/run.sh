@@ -30,6 +30,8 @@
 #          patterns against a contiguous stream
 #   stream no engine build: tests/gpu/probe_stream.py with its timing half (probe_stream.cu, built
 #          here by nvcc): a persistent weight stream through the decode step's dependency points
+#   handover  no engine build: tests/gpu/probe_handover.cu (a standalone program): what one
+#          dependency point costs alone (a PDL kernel boundary, a grid-wide counter, a posted flag)
 #   timeline  build with -DLAMPO_TIMELINE=ON (no tests unless TESTS=1) + tests/gpu/timeline.py: block
 #          timestamps of the graphed 35B-A3B decode step, each launch's share of the critical path
 #          (TIMELINE_DEPTHS, default 8192)
@@ -43,7 +45,7 @@
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|full|final|profile|omit|fusions|ab|probe|stream|timeline) ;; *) echo "usage: $0 quick|full|final|profile|omit|fusions|ab|probe|stream|timeline" >&2; exit 2 ;; esac
+case "$MODE" in quick|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline) ;; *) echo "usage: $0 quick|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -63,6 +65,14 @@ T0=$(date +%s)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 
 log "mode $MODE, commit $LAMPO_COMMIT, $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
+
+if [ "$MODE" = handover ]; then  # a standalone program: built here, prints one JSON object
+  nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o "$WORK/probe_handover" tests/gpu/probe_handover.cu \
+    2>&1 | tee "$OUT/probe_handover-build.log"
+  timeout 120 "$WORK/probe_handover" > "$OUT/bench/probe-handover.json" 2> "$OUT/bench/probe-handover.err"
+  log "handover exit $?: $(cat "$OUT/bench/probe-handover.json")"
+  exit 0
+fi
 
 if [ "$MODE" = probe ] || [ "$MODE" = stream ]; then  # a standalone probe: its .cu built here, then its .py
   name=$([ "$MODE" = probe ] && echo probe_expert_reads || echo probe_stream)
