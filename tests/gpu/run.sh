@@ -124,6 +124,10 @@ build_native() {  # compile the configured build and put the module into the pac
   cmake --build "$WORK/build" -j"${JOBS:-14}" >>"$OUT/build.log" 2>&1 && cp "$WORK"/build/_native*.so app/lampo/
 }
 log "building lampo._native"
+# Always from an empty build folder: a warm machine keeps $WORK between calls, and a source file
+# that a variant patch touched in the previous call comes back with an older time stamp than the
+# objects built from the patched version, so an incremental build would keep the variant's code.
+rm -rf "$WORK/build"
 cmake -S native -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAMPO_TIMELINE=$([ "$MODE" = timeline ] && echo ON || echo OFF) \
   -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/build.log" 2>&1 \
   && build_native
