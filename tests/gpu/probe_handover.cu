@@ -81,6 +81,28 @@ __global__ void flag_kernel(unsigned* flags, int hops) {
 constexpr int THREADS = 256;
 constexpr int REPLAYS = 20;
 
+// The best of REPLAYS timings (ms) of what `launch` enqueues on `s`, each after `prepare`.
+template <class Prepare, class Launch>
+float best_ms(cudaStream_t s, Prepare&& prepare, Launch&& launch) {
+    cudaEvent_t a, b;
+    check(cudaEventCreate(&a), "event");
+    check(cudaEventCreate(&b), "event");
+    float best = 1e30f;
+    for (int r = 0; r < REPLAYS; ++r) {
+        prepare();
+        check(cudaEventRecord(a, s), "record");
+        launch();
+        check(cudaEventRecord(b, s), "record");
+        check(cudaEventSynchronize(b), "sync");
+        float ms = 0.f;
+        check(cudaEventElapsedTime(&ms, a, b), "elapsed");
+        best = std::min(best, ms);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return best;
+}
+
 // Best time per link of a graph of `n` link kernels of `grid` blocks, in microseconds.
 double chain_us(cudaStream_t s, unsigned* words, int n, int grid, bool pdl) {
     cudaGraph_t g;
@@ -100,21 +122,7 @@ double chain_us(cudaStream_t s, unsigned* words, int n, int grid, bool pdl) {
     check(cudaStreamEndCapture(s, &g), "end capture");
     cudaGraphExec_t exec;
     check(cudaGraphInstantiate(&exec, g, 0), "instantiate");
-    cudaEvent_t a, b;
-    check(cudaEventCreate(&a), "event");
-    check(cudaEventCreate(&b), "event");
-    float best = 1e30f;
-    for (int r = 0; r < REPLAYS; ++r) {
-        check(cudaEventRecord(a, s), "record");
-        check(cudaGraphLaunch(exec, s), "graph launch");
-        check(cudaEventRecord(b, s), "record");
-        check(cudaEventSynchronize(b), "sync");
-        float ms = 0.f;
-        check(cudaEventElapsedTime(&ms, a, b), "elapsed");
-        best = std::min(best, ms);
-    }
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
+    const float best = best_ms(s, [] {}, [&] { check(cudaGraphLaunch(exec, s), "graph launch"); });
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(g);
     return best * 1000.0 / n;
@@ -122,23 +130,13 @@ double chain_us(cudaStream_t s, unsigned* words, int n, int grid, bool pdl) {
 
 // Best time per phase of a cooperative launch of `kernel` over `n` phases, in microseconds.
 double resident_us(cudaStream_t s, void (*kernel)(unsigned*, int), unsigned* words, int n, int grid) {
-    float best = 1e30f;
-    cudaEvent_t a, b;
-    check(cudaEventCreate(&a), "event");
-    check(cudaEventCreate(&b), "event");
-    for (int r = 0; r < REPLAYS; ++r) {
-        check(cudaMemsetAsync(words, 0, size_t(n) * 4, s), "memset");
-        void* args[] = {&words, &n};
-        check(cudaEventRecord(a, s), "record");
-        check(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), grid, THREADS, args, 0, s), "coop launch");
-        check(cudaEventRecord(b, s), "record");
-        check(cudaEventSynchronize(b), "sync");
-        float ms = 0.f;
-        check(cudaEventElapsedTime(&ms, a, b), "elapsed");
-        best = std::min(best, ms);
-    }
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
+    void* args[] = {&words, &n};
+    const float best = best_ms(
+        s, [&] { check(cudaMemsetAsync(words, 0, size_t(n) * 4, s), "memset"); },
+        [&] {
+            check(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(kernel), grid, THREADS, args, 0, s),
+                  "coop launch");
+        });
     return best * 1000.0 / n;
 }
 
