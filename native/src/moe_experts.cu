@@ -10,8 +10,10 @@
 // - gate_up: grid (row tiles of 16, T*k slots); a warp owns four (gate, up) row pairs and dots
 //   them with h_t (read through L1), then applies silu * up. In the decode step's form
 //   (moe_experts_gate_up_select) it also makes the selection: every warp of a routed slot runs
-//   the router's warp top-k (moe_topk.cuh) on token t's logits and takes slot s's expert; one warp
-//   per token writes ids and weights for the down launch. That removes the top-k launch.
+//   the router's warp top-k (moe_topk.cuh) on token t's logits, stopping after s + 1 rounds, and
+//   takes slot s's expert, so slot 0's blocks stream after one round, slot k - 1's after k; one
+//   warp per token runs all k rounds and writes ids and weights for the down launch. That removes
+//   the top-k launch.
 // - down: grid (row tiles of 8); a warp owns one output row r and, per token, walks every slot's
 //   Wd[e][r] in a fixed order, so the weighted sum over experts needs no atomics and is
 //   deterministic. The decode step's form (moe_experts_down_add) adds the rounded row to the fp32
@@ -91,9 +93,10 @@ moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up, R
     pdl_begin();
     int expert = 0;
     if (!is_shared && routing.logits) {
-        const TopkLane sel = warp_topk(routing.logits + size_t(t) * routing.E, routing.E, k);
+        const bool writes = s == 0 && blockIdx.x == 0 && warp == 0;  // the whole selection, once per token
+        const TopkLane sel = warp_topk(routing.logits + size_t(t) * routing.E, routing.E, k, writes ? k : s + 1);
         expert = __shfl_sync(0xffffffffu, sel.id, s);
-        if (s == 0 && blockIdx.x == 0 && warp == 0) store_topk(sel, routing.ids, routing.weights, t, k);
+        if (writes) store_topk(sel, routing.ids, routing.weights, t, k);
     } else if (!is_shared) {
         expert = routing.ids[t * k + s];
     }
