@@ -16,7 +16,9 @@
 //   the top-k launch.
 // - down: grid (row tiles of 8); a warp owns one output row r and, per token, walks every slot's
 //   Wd[e][r] in a fixed order, so the weighted sum over experts needs no atomics and is
-//   deterministic. The decode step's form (moe_experts_down_add) adds the rounded row to the fp32
+//   deterministic. The token's k ids and weights are loaded once (lane j: slot j) and handed to
+//   each item by a shuffle, so a batch's weight loads all go out together instead of each waiting
+//   for an id load of its own (-0.015 ms per 35B-A3B step, docs/decode-performance.md, Round 14). The decode step's form (moe_experts_down_add) adds the rounded row to the fp32
 //   residual stream instead of storing it.
 // - shared expert (optional MoeSharedSlot, contract in ops.h): one more slot per token in both
 //   grids, with its own matrices and intermediate size Is; the first gate_up block of that slot
@@ -152,29 +154,43 @@ moe_down_gemv(const bf16* __restrict__ act, const bf16* __restrict__ down,
     const int chunks = I / 8;                                    // 16-byte chunks per routed row
     const int routed_items = k * chunks;                         // (slot, chunk) pairs per token
     const int items = routed_items + (shared.down ? shared.inter / 8 : 0);  // + the shared row
+    const int step_s = 32 / chunks, step_c = 32 % chunks;       // an item 32 further on
     const bf16* act_shared = act + size_t(T) * k * I;
     // Token 0's residual value of this row (the decode step's one token), read now, off the tail.
     const float residual_first = residual && lane == 0 ? __ldcg(residual + r) : 0.f;
     for (int t = 0; t < T; ++t) {
+        // Lane j < k holds slot j's expert and weight: one load each, then shuffles, so no weight
+        // load waits for an id load of its own.
+        const int slot_id = lane < k ? __ldg(ids + t * k + lane) : 0;
+        const float slot_w = lane < k ? __ldg(weights + t * k + lane) : 0.f;
+        const float gate_shared = shared.down ? shared.gate[t] : 0.f;
+        // This lane's items are lane, lane + 32, ...: item = s * chunks + ci, stepped without a division.
+        int s = lane / chunks, ci = lane % chunks;
         float acc = 0.f;
         for (int base = 0; base < items; base += 32 * DN_UNROLL) {
             uint4 wv[DN_UNROLL], av[DN_UNROLL];
             float wt[DN_UNROLL];
 #pragma unroll
-            for (int u = 0; u < DN_UNROLL; ++u) {
+            for (int u = 0; u < DN_UNROLL; ++u) {  // straight-line: every load of the batch goes out at once
                 const int item = base + u * 32 + lane;
-                if (item < routed_items) {
-                    const int s = item / chunks, c = (item % chunks) * 8;
-                    const int slot = t * k + s;
-                    const int e = __ldg(ids + slot);
-                    wt[u] = __ldg(weights + slot);
-                    wv[u] = ldg_u4(down + (size_t(e) * H + r) * I + c);
-                    av[u] = *reinterpret_cast<const uint4*>(act + size_t(slot) * I + c);
-                } else if (item < items) {
-                    const int c = (item - routed_items) * 8;
-                    wt[u] = shared.gate[t];
-                    wv[u] = ldg_u4(shared.down + size_t(r) * shared.inter + c);
-                    av[u] = *reinterpret_cast<const uint4*>(act_shared + size_t(t) * shared.inter + c);
+                const int e = __shfl_sync(0xffffffffu, slot_id, min(s, k - 1));
+                const float w = __shfl_sync(0xffffffffu, slot_w, min(s, k - 1));
+                const bool routed = item < routed_items;
+                const int c_shared = (item - routed_items) * 8;
+                const bf16* wp = routed ? down + (size_t(e) * H + r) * I + ci * 8
+                                        : shared.down + size_t(r) * shared.inter + c_shared;
+                const bf16* ap = routed ? act + size_t(t * k + s) * I + ci * 8
+                                        : act_shared + size_t(t) * shared.inter + c_shared;
+                wt[u] = routed ? w : gate_shared;
+                if (item < items) {
+                    wv[u] = ldg_u4(wp);
+                    av[u] = *reinterpret_cast<const uint4*>(ap);
+                }
+                s += step_s;
+                ci += step_c;
+                if (ci >= chunks) {
+                    ci -= chunks;
+                    ++s;
                 }
             }
 #pragma unroll

@@ -10,6 +10,8 @@
 #          TESTS=0 skips the tests, for a tree already tested in an earlier call)
 #          + full-size benches that fit one call (35B-A3B real depths to 262,144; 27B prefill 8,192
 #          and real depths 8,192 / 262,144; 35B-A3B decode unfolded and with every fusion, for the A/B)
+#          (FINAL_MODELS, default "35b-a3b 27b", picks the full-size benches: 35b-a3b alone for a
+#          change that only the MoE model runs)
 #   profile build (no tests unless TESTS=1) + 35B-A3B decode benches (default and
 #          LAMPO_DECODE_FUSION=all, depths 1 and 8,192 by random fill) + Nsight Compute over one un-graphed decode step (tests/gpu/kernel_profile.py)
 #   fusions build (no tests unless TESTS=1) + the 35B-A3B decode step with each LAMPO_DECODE_FUSION
@@ -180,8 +182,10 @@ full)
   bench 27b 260 --preset qwen3.6-27b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144
   bench 35b-a3b-fast-depth 60 --preset qwen3.6-35b-a3b --random-weights --prompt 8192 --depths 0,32768,131072,262144 --fast-depth ;;
 final)
-  bench 35b-a3b 150 --preset qwen3.6-35b-a3b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144 --profile-steps 3
-  bench 27b 200 --preset qwen3.6-27b --random-weights --prompt 8192 --depths 0,8192,262144 --profile-steps 3
+  case " ${FINAL_MODELS:-35b-a3b 27b} " in *" 35b-a3b "*)
+    bench 35b-a3b 150 --preset qwen3.6-35b-a3b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144 --profile-steps 3 ;; esac
+  case " ${FINAL_MODELS:-35b-a3b 27b} " in *" 27b "*)
+    bench 27b 200 --preset qwen3.6-27b --random-weights --prompt 8192 --depths 0,8192,262144 --profile-steps 3 ;; esac
   (export LAMPO_DECODE_FUSION=none; step_bench 35b-a3b-fusion-none 50)
   (export LAMPO_DECODE_FUSION=all; step_bench 35b-a3b-fusion-all 50) ;;
 profile)
