@@ -18,8 +18,9 @@
 //   Wd[e][r] in a fixed order, so the weighted sum over experts needs no atomics and is
 //   deterministic. The token's k ids and weights are loaded once (lane j: slot j) and handed to
 //   each item by a shuffle, so a batch's weight loads all go out together instead of each waiting
-//   for an id load of its own (-0.015 ms per 35B-A3B step, docs/decode-performance.md, Round 14). The decode step's form (moe_experts_down_add) adds the rounded row to the fp32
-//   residual stream instead of storing it.
+//   for an id load of its own (-0.015 ms per 35B-A3B step, docs/decode-performance.md, Round 14).
+//   The decode step's form (moe_experts_down_add) adds the rounded row to the fp32 residual
+//   stream instead of storing it.
 // - shared expert (optional MoeSharedSlot, contract in ops.h): one more slot per token in both
 //   grids, with its own matrices and intermediate size Is; the first gate_up block of that slot
 //   also computes its weight sigmoid(h_t . w_gate). A MoE FFN step is then router + 2 launches.
@@ -173,8 +174,9 @@ moe_down_gemv(const bf16* __restrict__ act, const bf16* __restrict__ down,
 #pragma unroll
             for (int u = 0; u < DN_UNROLL; ++u) {  // straight-line: every load of the batch goes out at once
                 const int item = base + u * 32 + lane;
-                const int e = __shfl_sync(0xffffffffu, slot_id, min(s, k - 1));
-                const float w = __shfl_sync(0xffffffffu, slot_w, min(s, k - 1));
+                const int holder = min(s, k - 1);  // past the routed items: any lane, unused
+                const int e = __shfl_sync(0xffffffffu, slot_id, holder);
+                const float w = __shfl_sync(0xffffffffu, slot_w, holder);
                 const bool routed = item < routed_items;
                 const int c_shared = (item - routed_items) * 8;
                 const bf16* wp = routed ? down + (size_t(e) * H + r) * I + ci * 8

@@ -182,10 +182,9 @@ full)
   bench 27b 260 --preset qwen3.6-27b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144
   bench 35b-a3b-fast-depth 60 --preset qwen3.6-35b-a3b --random-weights --prompt 8192 --depths 0,32768,131072,262144 --fast-depth ;;
 final)
-  case " ${FINAL_MODELS:-35b-a3b 27b} " in *" 35b-a3b "*)
-    bench 35b-a3b 150 --preset qwen3.6-35b-a3b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144 --profile-steps 3 ;; esac
-  case " ${FINAL_MODELS:-35b-a3b 27b} " in *" 27b "*)
-    bench 27b 200 --preset qwen3.6-27b --random-weights --prompt 8192 --depths 0,8192,262144 --profile-steps 3 ;; esac
+  final_model() { case " ${FINAL_MODELS:-35b-a3b 27b} " in *" $1 "*) return 0 ;; esac; return 1; }
+  final_model 35b-a3b && bench 35b-a3b 150 --preset qwen3.6-35b-a3b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144 --profile-steps 3
+  final_model 27b && bench 27b 200 --preset qwen3.6-27b --random-weights --prompt 8192 --depths 0,8192,262144 --profile-steps 3
   (export LAMPO_DECODE_FUSION=none; step_bench 35b-a3b-fusion-none 50)
   (export LAMPO_DECODE_FUSION=all; step_bench 35b-a3b-fusion-all 50) ;;
 profile)
