@@ -68,6 +68,16 @@ __device__ __forceinline__ void gate_up_batch(uint4 (&wv)[GU_UNROLL][2 * GU_PAIR
     }
 }
 
+// The matching vectors of h_t (read through L2: written by the previous kernel), loaded with each
+// weight batch so that a batch's dot products wait for one round trip, not one per vector.
+__device__ __forceinline__ void h_batch(uint4 (&hv)[GU_UNROLL], const bf16* hrow, int base, int H, int lane) {
+#pragma unroll
+    for (int u = 0; u < GU_UNROLL; ++u) {
+        const int c = base + (u * 32 + lane) * 8;
+        if (c < H) hv[u] = ldg_u4(hrow + c);
+    }
+}
+
 __global__ void __launch_bounds__(GU_WARPS * 32)
 moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up, Routing routing,
                  bf16* __restrict__ act, int T, int k, int H, int I, MoeSharedSlot shared) {
@@ -105,6 +115,7 @@ moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up, R
     }
     if (is_shared && blockIdx.x == 0 && warp == 0) {  // the shared slot's weight for token t
         float dot = 0.f;
+#pragma unroll 8
         for (int c = lane * 8; c < H; c += 32 * 8) dot = dot_bf16x8(ldg_u4(hrow + c), ldg_u4(shared.w_gate + c), dot);
         dot = warp_sum(dot);
         if (lane == 0) shared.gate[t] = sigmoid(dot);
@@ -115,6 +126,8 @@ moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up, R
         point_rows(gate_up + size_t(expert) * 2 * I * H);
         gate_up_batch(wv, rows, 0, H, lane);
     }
+    uint4 hv[GU_UNROLL];
+    h_batch(hv, hrow, 0, H, lane);
     bf16* out = is_shared ? act + size_t(T) * k * I + size_t(t) * rows_n : act + size_t(t * k + s) * I;
 
     float acc[2 * GU_PAIRS] = {};
@@ -123,14 +136,14 @@ moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up, R
         for (int u = 0; u < GU_UNROLL; ++u) {
             const int c = base + (u * 32 + lane) * 8;
             if (c < H) {
-                const uint4 hv = ldg_u4(hrow + c);
 #pragma unroll
-                for (int q = 0; q < 2 * GU_PAIRS; ++q) acc[q] = dot_bf16x8(wv[u][q], hv, acc[q]);
+                for (int q = 0; q < 2 * GU_PAIRS; ++q) acc[q] = dot_bf16x8(wv[u][q], hv[u], acc[q]);
             }
         }
         base += 32 * 8 * GU_UNROLL;
         if (base >= H) break;
         gate_up_batch(wv, rows, base, H, lane);
+        h_batch(hv, hrow, base, H, lane);
     }
 #pragma unroll
     for (int p = 0; p < GU_PAIRS; ++p) {
