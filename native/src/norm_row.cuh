@@ -46,14 +46,29 @@ __device__ __forceinline__ float4 norm_residual4(const float* x, const bf16* del
     return v;
 }
 
+constexpr int NORM_LOADS = 2;  // element groups per thread in flight at once (a 2,048 row: all)
+
 // inv = rsqrt(mean(r^2) + eps) over the row; if r_out is set the block also writes r there
-// (r_out may alias x: each element is read before it is written, by the same thread).
+// (r_out may alias x: each element is read before it is written, by the same thread). A thread's
+// groups are loaded NORM_LOADS at a time before any is used, so a row of up to NORM_LOADS *
+// NORM_THREADS groups costs one round trip; the sum keeps the ascending order.
 __device__ __forceinline__ float norm_row_inv(const float* x, const bf16* delta, float* r_out, int n, float eps) {
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < n / 4; i += NORM_THREADS) {
-        const float4 v = norm_residual4(x, delta, i);
-        if (r_out) reinterpret_cast<float4*>(r_out)[i] = v;
-        ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    for (int i0 = threadIdx.x; i0 < n / 4; i0 += NORM_LOADS * NORM_THREADS) {
+        float4 v[NORM_LOADS];
+#pragma unroll
+        for (int l = 0; l < NORM_LOADS; ++l) {
+            const int i = i0 + l * NORM_THREADS;
+            if (i < n / 4) v[l] = norm_residual4(x, delta, i);
+        }
+#pragma unroll
+        for (int l = 0; l < NORM_LOADS; ++l) {
+            const int i = i0 + l * NORM_THREADS;
+            if (i < n / 4) {
+                if (r_out) reinterpret_cast<float4*>(r_out)[i] = v[l];
+                ss += v[l].x * v[l].x + v[l].y * v[l].y + v[l].z * v[l].z + v[l].w * v[l].w;
+            }
+        }
     }
     return rsqrtf(norm_block_sum(ss) / float(n) + eps);
 }
