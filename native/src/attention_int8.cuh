@@ -300,32 +300,44 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
     }
     pdl_begin();
 
-    // ---- Q -> fp16 fragments: entry (((mt * 4 + i) * 2 + hh) * 2 + part) * 32 + ln holds
-    //      8 dims 64 i + 16 (ln % 4) + 8 part of row mt * 16 + hh * 8 + ln / 4
-    for (int e = threadIdx.x; e < MT * 512; e += NT) {
-        const int ln = e & 31, part = (e >> 5) & 1, hh = (e >> 6) & 1, i = (e >> 7) & 3, mt = e >> 9;
-        const int row = mt * 16 + hh * 8 + (ln >> 2);
-        uint4 val = make_uint4(0u, 0u, 0u, 0u);
-        if (row < nrows) {
-            const int t = t0 + row / p.group, qh = kvh * p.group + row % p.group;
-            const uint4 raw = *reinterpret_cast<const uint4*>(p.q + (size_t(t) * p.nq + qh) * D + 64 * i +
-                                                              16 * (ln & 3) + 8 * part);
-            const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-            uint32_t hv[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                hv[k] = pack_half2(__uint_as_float(w[k] << 16), __uint_as_float(w[k] & 0xffff0000u));
-            val = make_uint4(hv[0], hv[1], hv[2], hv[3]);
-        }
-        qfrag[e] = val;
-    }
-
+    // The prologue tiles first (they do not need Q), then Q: every thread's Q loads of a group go
+    // out before any is converted (compiled as written, the loop waited for each load in turn).
     const int prologue = max(STAGES - 1, early);  // tiles in flight before the loop
     for (int s = 0; s < prologue && s < ntiles; ++s) {
         if (s >= early) load_kv(s, s);
         load_scales(s, s);
     }
     cp_async_commit();
+
+    // ---- Q -> fp16 fragments: entry (((mt * 4 + i) * 2 + hh) * 2 + part) * 32 + ln holds
+    //      8 dims 64 i + 16 (ln % 4) + 8 part of row mt * 16 + hh * 8 + ln / 4
+    constexpr int Q_PER_THREAD = MT * 512 / NT, Q_GROUP = Q_PER_THREAD < 4 ? Q_PER_THREAD : 4;
+    static_assert(MT * 512 % NT == 0 && Q_PER_THREAD % Q_GROUP == 0, "whole groups of Q entries per thread");
+#pragma unroll
+    for (int g0 = 0; g0 < Q_PER_THREAD; g0 += Q_GROUP) {
+        uint4 raw[Q_GROUP];
+#pragma unroll
+        for (int g = 0; g < Q_GROUP; ++g) {
+            const int e = threadIdx.x + (g0 + g) * NT;
+            const int ln = e & 31, part = (e >> 5) & 1, hh = (e >> 6) & 1, i = (e >> 7) & 3, mt = e >> 9;
+            const int row = mt * 16 + hh * 8 + (ln >> 2);
+            raw[g] = make_uint4(0u, 0u, 0u, 0u);
+            if (row < nrows) {
+                const int t = t0 + row / p.group, qh = kvh * p.group + row % p.group;
+                raw[g] = *reinterpret_cast<const uint4*>(p.q + (size_t(t) * p.nq + qh) * D + 64 * i + 16 * (ln & 3) +
+                                                         8 * part);
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < Q_GROUP; ++g) {
+            const uint32_t w[4] = {raw[g].x, raw[g].y, raw[g].z, raw[g].w};
+            uint32_t hv[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                hv[k] = pack_half2(__uint_as_float(w[k] << 16), __uint_as_float(w[k] & 0xffff0000u));
+            qfrag[threadIdx.x + (g0 + g) * NT] = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+        }
+    }
 
     const int mt = warp % MT, kg = warp / MT;
     const int row0 = mt * 16 + (lane >> 2), row1 = row0 + 8;
