@@ -13,9 +13,9 @@ def ab(gpu_script):
     return gpu_script("ab_summary")
 
 
-def write_round(tmp_path: Path, build: str, rnd: int, ms1: float, ms8k: float) -> None:
+def write_round(tmp_path: Path, build: str, rnd: int, ms1: float, ms8k: float, model: str = "35b-a3b") -> None:
     report = {"decode": [{"depth": 1, "ms_per_token": ms1}, {"depth": 8192, "ms_per_token": ms8k}]}
-    (tmp_path / f"35b-a3b-{build}-r{rnd}.json").write_text(json.dumps(report))
+    (tmp_path / f"{model}-{build}-r{rnd}.json").write_text(json.dumps(report))
 
 
 def test_medians_spread_and_difference(ab, tmp_path):
@@ -49,6 +49,19 @@ def test_main_prints_names_or_table(ab, tmp_path, capsys):
     assert capsys.readouterr().out.strip() == "v"
     ab.main([str(tmp_path)])
     assert capsys.readouterr().out.count("median of 1") == 2
+
+
+def test_model_picks_its_own_runs(ab, tmp_path, capsys):
+    write_round(tmp_path, "base", 1, 2.40, 2.42)  # a 35B-A3B run in the same folder is not the 27B's
+    write_round(tmp_path, "base", 1, 13.8, 13.9, model="27b")
+    write_round(tmp_path, "no-x", 1, 13.6, 13.7, model="27b")
+    builds = ab.load_builds(tmp_path, "27b")
+    assert list(builds) == ["base", "no-x"]
+    assert builds["base"].median(8192) == pytest.approx(13.9)
+    assert ab.main([str(tmp_path), "--model", "27b", "--faster"]) == 0
+    assert capsys.readouterr().out.strip() == "no-x"
+    with pytest.raises(SystemExit, match="27b-base"):
+        ab.load_builds(tmp_path / "missing", "27b")
 
 
 def test_no_base_is_a_clear_error(ab, tmp_path):

@@ -1,12 +1,13 @@
 """Summary of a `tests/gpu/run.sh ab` call: the builds' decode steps over the repeated rounds.
 
 run.sh ab benches every build (base, then each variant) once per round, AB_REPEAT rounds, into
-BENCH_DIR/35b-a3b-<build>-r<round>.json (`lampo bench ... --depths 0,8192 --fast-depth`). This
+BENCH_DIR/<model>-<build>-r<round>.json (`lampo bench ... --depths 0,8192 --fast-depth`; model
+35b-a3b unless run.sh's AB_MODEL names another, e.g. 27b). This
 prints, per build, the median ms per token at each depth with the spread over the rounds and the
 median's difference from the base's; `--faster` prints only the names of the variants whose median
 at the deepest depth beats the base's by more than --keep-ms (the ones worth testing).
 
-    python tests/gpu/ab_summary.py BENCH_DIR [--keep-ms 0.02] [--faster]
+    python tests/gpu/ab_summary.py BENCH_DIR [--model 35b-a3b] [--keep-ms 0.02] [--faster]
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-RUN_NAME = re.compile(r"^35b-a3b-(?P<build>.+)-r(?P<round>\d+)\.json$")
 
 
 @dataclass
@@ -35,15 +35,16 @@ class Build:
         return statistics.median(self.ms[depth])
 
 
-def load_builds(bench_dir: Path) -> dict[str, Build]:
-    """Builds from the round files: base first, then the variants by name."""
+def load_builds(bench_dir: Path, model: str = "35b-a3b") -> dict[str, Build]:
+    """Builds from the round files of `model`: base first, then the variants by name."""
+    run_name = re.compile(rf"^{re.escape(model)}-(?P<build>.+)-r(?P<round>\d+)\.json$")
     runs: dict[str, list[tuple[int, dict]]] = {}
-    for path in sorted(bench_dir.glob("35b-a3b-*-r*.json")):
-        m = RUN_NAME.match(path.name)
+    for path in sorted(bench_dir.glob(f"{model}-*-r*.json")):
+        m = run_name.match(path.name)
         if m:
             runs.setdefault(m["build"], []).append((int(m["round"]), json.loads(path.read_text())))
     if "base" not in runs:
-        raise SystemExit(f"ab_summary: no base runs (35b-a3b-base-r<N>.json) in {bench_dir}")
+        raise SystemExit(f"ab_summary: no base runs ({model}-base-r<N>.json) in {bench_dir}")
     builds = {}
     for name in ["base"] + sorted(n for n in runs if n != "base"):
         ms: dict[int, list[float]] = {}
@@ -79,10 +80,11 @@ def table(builds: dict[str, Build]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("bench_dir", type=Path)
+    ap.add_argument("--model", default="35b-a3b", help="the file name prefix of the runs (run.sh's AB_MODEL)")
     ap.add_argument("--keep-ms", type=float, default=0.02)
     ap.add_argument("--faster", action="store_true", help="only the names of the variants worth testing")
     args = ap.parse_args(argv)
-    builds = load_builds(args.bench_dir)
+    builds = load_builds(args.bench_dir, args.model)
     print(" ".join(faster(builds, args.keep_ms)) if args.faster else table(builds))
     return 0
 

@@ -18,8 +18,9 @@
 #          choice (FUSION_SWEEP, default none norms gdn all)
 #   omit   build (no tests) + the 35B-A3B graphed decode step without each op family in turn
 #          (LAMPO_OMIT_OPS: what each family costs inside the graph)
-#   ab     A/B of build variants on the 35B-A3B graphed decode step (depth 1 and 8,192 by random
-#          fill): the patches of BASE_PATCH applied first, the base built (and tested with TESTS=1);
+#   ab     A/B of build variants on the graphed decode step (depth 1 and 8,192 by random fill) of
+#          the 35B-A3B, or of the model AB_MODEL names (27b): the patches of BASE_PATCH applied
+#          first, the base built (and tested with TESTS=1);
 #          each of VARIANTS (patches of native/ only) applied, built into its own module and taken
 #          back; then AB_REPEAT rounds (default 2), each benching every build in turn with its
 #          module swapped in, so a drift of the machine hits them alike. tests/gpu/ab_summary.py
@@ -163,8 +164,8 @@ bench() {  # bench NAME SECONDS ARGS...   (each bench has its own time limit; th
   timeout "$limit" $PY -m lampo.bench "$@" --json "$OUT/bench/$name.json" >"$OUT/bench/$name.txt" 2>&1
   log "bench $name exit $?"
 }
-step_bench() {  # step_bench NAME SECONDS: the 35B-A3B graphed decode step at depth 1 and 8,192 (random fill)
-  bench "$1" "$2" --preset qwen3.6-35b-a3b --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0
+step_bench() {  # step_bench NAME SECONDS [MODEL]: MODEL's (default 35b-a3b) graphed decode step at depth 1 and 8,192 (random fill)
+  bench "$1" "$2" --preset "qwen3.6-${3:-35b-a3b}" --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0
 }
 step_summary() {  # step_summary FILE TXT...: one line per step_bench output, also written to FILE
   local out=$1 f; shift
@@ -228,6 +229,7 @@ timeline)  # block timestamps of the graphed step (a LAMPO_TIMELINE build; tests
   done ;;
 ab)  # each build once into $WORK/so, then AB_REPEAT rounds that bench every build in turn
   SO_DIR="$WORK/so"; mkdir -p "$SO_DIR"; rm -f "$SO_DIR"/*.so
+  AB_MODEL=${AB_MODEL:-35b-a3b}
   MODULE=app/lampo/$(basename "$WORK"/build/_native*.so)
   keep_so() { cp "$WORK"/build/_native*.so "$SO_DIR/$1.so"; }
   use_so() { cp "$SO_DIR/$1.so" "$MODULE"; }
@@ -246,12 +248,12 @@ ab)  # each build once into $WORK/so, then AB_REPEAT rounds that bench every bui
   for r in $(seq 1 "${AB_REPEAT:-2}"); do
     for b in "${BUILDS[@]}"; do
       use_so "$b"
-      (export LAMPO_COMMIT="$LAMPO_COMMIT$([ "$b" = base ] || echo " + $b")"; step_bench "35b-a3b-$b-r$r" 60)
+      (export LAMPO_COMMIT="$LAMPO_COMMIT$([ "$b" = base ] || echo " + $b")"; step_bench "$AB_MODEL-$b-r$r" 60 "$AB_MODEL")
     done
   done
-  $PY tests/gpu/ab_summary.py "$OUT/bench" | tee "$OUT/bench/ab-summary.txt"
+  $PY tests/gpu/ab_summary.py "$OUT/bench" --model "$AB_MODEL" | tee "$OUT/bench/ab-summary.txt"
   if [ -n "${VARIANT_TESTS:-}" ]; then
-    for v in $($PY tests/gpu/ab_summary.py "$OUT/bench" --faster --keep-ms "${KEEP_MS:-0.02}"); do
+    for v in $($PY tests/gpu/ab_summary.py "$OUT/bench" --model "$AB_MODEL" --faster --keep-ms "${KEEP_MS:-0.02}"); do
       use_so "$v"
       timeout "${TEST_TIMEOUT:-240}" $PY -m pytest -m cuda $VARIANT_TESTS -q -rs -p no:cacheprovider >"$OUT/pytest-$v.log" 2>&1
       log "pytest ($v) exit $?: $(tail -1 "$OUT/pytest-$v.log")"
