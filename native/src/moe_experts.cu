@@ -8,7 +8,9 @@
 // the largest byte stream of a decode step), so both kernels are built around 16-byte weight
 // loads with several in flight per lane and read nothing but the selected rows:
 // - gate_up: grid (row tiles of 16, T*k slots); a warp owns four (gate, up) row pairs and dots
-//   them with h_t (read through L1), then applies silu * up. In the decode step's form
+//   them with h_t, then applies silu * up. h_t's vectors are loaded with each weight batch, so a
+//   batch waits for one round trip, not one per vector (-0.05 ms per 35B-A3B step,
+//   docs/decode-performance.md, Round 15). In the decode step's form
 //   (moe_experts_gate_up_select) it also makes the selection: every warp of a routed slot runs
 //   the router's warp top-k (moe_topk.cuh) on token t's logits, stopping after s + 1 rounds, and
 //   takes slot s's expert, so slot 0's blocks stream after one round, slot k - 1's after k; one
