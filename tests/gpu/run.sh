@@ -64,10 +64,16 @@ if [ -z "${LAMPO_COMMIT:-}" ]; then
   [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && LAMPO_COMMIT="$LAMPO_COMMIT+uncommitted"
 fi
 export LAMPO_COMMIT
+# The engine sources as this tree has them, independent of .git (the GPU machine's copy of .git was
+# seen pointing at an older commit than its working tree): the blob ids of native/src's files with
+# their paths, hashed. For a commit C the same id is
+#   git ls-tree -r C native/src | awk '{print $3"  "$4}' | sha1sum | cut -c1-12
+ENGINE_SOURCES=$(find native/src -type f | LC_ALL=C sort | while read -r f; do echo "$(git hash-object "$f")  $f"; done \
+  | sha1sum | cut -c1-12)
 T0=$(date +%s)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 
-log "mode $MODE, commit $LAMPO_COMMIT, $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
+log "mode $MODE, commit $LAMPO_COMMIT, engine sources $ENGINE_SOURCES, $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
 
 if [ "$MODE" = handover ]; then  # a standalone program: built here, prints one JSON object
   nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o "$WORK/probe_handover" tests/gpu/probe_handover.cu \
