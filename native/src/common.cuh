@@ -55,8 +55,8 @@ __device__ __forceinline__ float warp_max(float v) {
 // previous kernel has completed and its writes are visible. Triggering first lets a chain of
 // kernels be resident at once (as far as registers and shared memory allow), each loading its first
 // weights while the kernels ahead of it run; every one still waits for its predecessor, which waited
-// for its own, so completion stays in stream order.
-// Hence the rule: before pdl_begin() a kernel reads only
+// for its own, so completion stays in stream order. Hence the rule: before pdl_begin() a kernel
+// reads only
 // - immutable data (weights; the GEMV loads its first weight vectors into registers there), and
 // - data that no kernel of the current forward pass writes before it: the position d_pos, the KV
 //   cache rows below d_pos[0], the GDN recurrent and conv states (each written in a pass only by

@@ -109,7 +109,7 @@ moe_gate_up_gemv(const bf16* __restrict__ h, const bf16* __restrict__ gate_up, R
     int expert = 0;
     if (!is_shared && routing.logits) {
         const bool writes = s == 0 && blockIdx.x == 0 && warp == 0;  // the whole selection, once per token
-        const TopkLane sel = warp_topk(routing.logits + size_t(t) * routing.E, routing.E, k, writes ? k : s + 1);
+        const TopkLane sel = warp_topk(routing.logits + size_t(t) * routing.E, routing.E, writes ? k : s + 1);
         expert = __shfl_sync(0xffffffffu, sel.id, s);
         if (writes) store_topk(sel, routing.ids, routing.weights, t, k);
     } else if (!is_shared) {

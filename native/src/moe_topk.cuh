@@ -25,10 +25,11 @@ struct TopkLane {
     float weight;
 };
 
-// Top-k of the logits row [E] (fp32) by one warp; reads through L2 (__ldcg), as written by the
-// launch before. With rounds < k only the first `rounds` selections are made (their ids exact,
-// the weights meaningless): a warp that needs the s-th expert alone stops after s + 1 rounds.
-__device__ __forceinline__ TopkLane warp_topk(const float* __restrict__ row, int E, int k, int rounds) {
+// Top-`rounds` of the logits row [E] (fp32) by one warp; reads through L2 (__ldcg), as written by
+// the launch before. rounds = k gives the top-k; fewer rounds make only the first selections
+// (their ids exact, the weights meaningless): a warp that needs the s-th expert alone stops after
+// s + 1 rounds.
+__device__ __forceinline__ TopkLane warp_topk(const float* __restrict__ row, int E, int rounds) {
     const int lane = threadIdx.x % 32;
     uint32_t key[TOPK_PER_LANE];  // key[i]: expert lane + 32 i (0 = absent or already taken)
 #pragma unroll
@@ -81,7 +82,7 @@ __device__ __forceinline__ void store_topk(const TopkLane& sel, int32_t* __restr
 // Top-k of token t's logits [T, E] -> ids [T, k], weights [T, k].
 __device__ __forceinline__ void router_row_topk(const float* __restrict__ logits, int32_t* __restrict__ ids,
                                                 float* __restrict__ weights, int t, int E, int k) {
-    store_topk(warp_topk(logits + size_t(t) * E, E, k, k), ids, weights, t, k);
+    store_topk(warp_topk(logits + size_t(t) * E, E, k), ids, weights, t, k);
 }
 
 }  // namespace lampo

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-
 @dataclass
 class Build:
     name: str
