@@ -160,7 +160,7 @@ async def test_attach_command_reads_a_file_and_removing_the_chip_drops_it(make_a
         await wait_until(pilot, lambda: app.attachments, what="the attachment")
         assert app.attachments[0].name == "notes.md" and app.prompt.text == ""
         await pilot.click("#chips AttachmentChip")
-        await pilot.pause()
+        await wait_until(pilot, lambda: not app.attachments, what="the attachment to be dropped")
         assert not app.attachments and not app.query("#chips AttachmentChip")
         await send(pilot, app, f"/attach {tmp_path / 'missing.txt'}")
         await pilot.pause()
