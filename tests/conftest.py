@@ -27,9 +27,19 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 from lampo.models.presets import get_preset
 from lampo.models.synthetic import write_checkpoint
+
+
+# Property-based fuzzing (the hostile-input suite): derandomized, so CI runs the same examples every
+# time; `--hypothesis-profile=deep` (or HYPOTHESIS_PROFILE=deep) runs 20x more of them.
+settings.register_profile("ci", max_examples=200, deadline=None, derandomize=True, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("deep", max_examples=4000, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")
