@@ -159,6 +159,10 @@ class Checkpoint:
         t = self._stored(name)
         return TensorSpec(t.shape, t.dtype, frozenset({t.dtype}))
 
+    def path_of(self, name: str) -> Path:
+        """The safetensors file holding `name`."""
+        return self._stored(name).path
+
     def shards(self) -> list[tuple[Path, list[str]]]:
         """(file, the used tensors in it in file order) for each file holding any, in file order,
         for shard-by-shard loading."""

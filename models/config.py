@@ -2,7 +2,10 @@
 
 Accepts the multimodal wrapper (`qwen3_5` / `qwen3_5_moe` with a nested `text_config`) or the
 text model alone (`qwen3_5_text` / `qwen3_5_moe_text`). Everything the engine needs is a field or a
-derived property of `ModelConfig`; unsupported values raise `ConfigError` naming the field.
+derived property of `ModelConfig`. Each field is read and checked against the table of
+`config_schema` (type, range, choices); then `validate` checks the relations between fields and
+that every size the engine computes fits its 32-bit ints. Any problem raises one `ConfigError`
+line naming the file (`load_config`), the field's JSON path, the value and what was expected.
 """
 
 from __future__ import annotations
@@ -12,14 +15,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-DENSE_TYPES = ("qwen3_5", "qwen3_5_text")
-MOE_TYPES = ("qwen3_5_moe", "qwen3_5_moe_text")
-LINEAR = "linear_attention"
-FULL = "full_attention"
+from lampo.models.config_schema import FULL, INT32_MAX, LINEAR, ConfigError, check_ranges, read_text_config
 
-
-class ConfigError(ValueError):
-    """A config.json that Lampo cannot run, with the offending field named."""
+FUSED_ROW_PAD = 64  # the engine pads its fused projections' rows to a multiple of this
 
 
 @dataclass(frozen=True)
@@ -174,86 +172,33 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], name: str = "") -> "ModelConfig":
-        top_type = raw.get("model_type")
-        text = raw.get("text_config", raw)
-        if not isinstance(text, dict):
-            raise ConfigError("config: 'text_config' must be an object")
-        mtype = text.get("model_type", top_type)
-        if mtype not in DENSE_TYPES + MOE_TYPES:
-            raise ConfigError(
-                f"config: model_type {mtype!r} is not supported "
-                f"(Lampo runs {', '.join(DENSE_TYPES + MOE_TYPES)})"
-            )
-        is_moe = mtype in MOE_TYPES
-
-        def need(key: str) -> Any:
-            if key not in text:
-                raise ConfigError(f"config: required field text_config.{key} is missing")
-            return text[key]
-
-        n_layers = int(need("num_hidden_layers"))
-        layer_types = text.get("layer_types")
-        if layer_types is None:
-            interval = int(text.get("full_attention_interval", 4))
-            layer_types = [FULL if (i + 1) % interval == 0 else LINEAR for i in range(n_layers)]
-        layer_types = tuple(layer_types)
-        if len(layer_types) != n_layers:
-            raise ConfigError(
-                f"config: layer_types has {len(layer_types)} entries but num_hidden_layers is {n_layers}"
-            )
-        bad = sorted(set(layer_types) - {FULL, LINEAR})
-        if bad:
-            raise ConfigError(f"config: layer_types contains unsupported values {bad}")
-
-        rope = text.get("rope_parameters") or {}
-        if rope.get("rope_type", "default") != "default":
-            raise ConfigError(f"config: rope_parameters.rope_type {rope['rope_type']!r} is not supported")
-        act = text.get("hidden_act", "silu")
-        if act != "silu":
-            raise ConfigError(f"config: hidden_act {act!r} is not supported (only 'silu')")
-        if text.get("attn_output_gate", True) is not True:
-            raise ConfigError("config: attn_output_gate must be true for this family")
-        if text.get("attention_bias", False):
-            raise ConfigError("config: attention_bias=true is not supported")
-        if text.get("mtp_use_dedicated_embeddings", False):
-            raise ConfigError("config: mtp_use_dedicated_embeddings=true is not supported")
-
-        partial = float(rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)))
-        cfg = cls(
-            model_type="qwen3_5_moe" if is_moe else "qwen3_5",
-            hidden_size=int(need("hidden_size")),
-            num_hidden_layers=n_layers,
-            layer_types=layer_types,
-            num_attention_heads=int(need("num_attention_heads")),
-            num_key_value_heads=int(need("num_key_value_heads")),
-            head_dim=int(text.get("head_dim", 256)),
-            linear_num_key_heads=int(need("linear_num_key_heads")),
-            linear_num_value_heads=int(need("linear_num_value_heads")),
-            linear_key_head_dim=int(text.get("linear_key_head_dim", 128)),
-            linear_value_head_dim=int(text.get("linear_value_head_dim", 128)),
-            linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
-            vocab_size=int(need("vocab_size")),
-            rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 10_000_000.0))),
-            partial_rotary_factor=partial,
-            max_position_embeddings=int(text.get("max_position_embeddings", 262_144)),
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-            mtp_num_hidden_layers=int(text.get("mtp_num_hidden_layers", 0)),
-            intermediate_size=None if is_moe else int(need("intermediate_size")),
-            num_experts=int(need("num_experts")) if is_moe else 0,
-            num_experts_per_tok=int(need("num_experts_per_tok")) if is_moe else 0,
-            moe_intermediate_size=int(need("moe_intermediate_size")) if is_moe else 0,
-            shared_expert_intermediate_size=int(text.get("shared_expert_intermediate_size", 0)) if is_moe else 0,
-            name=name,
-        )
+        """Parse a config.json document; ConfigError naming the JSON path of the first bad field."""
+        cfg = cls(**read_text_config(raw), name=name)
         cfg.validate()
         return cfg
 
+    def engine_sizes(self) -> dict[str, int]:
+        """The widths the engine computes in 32-bit ints (native/src/model.h, ModelDims), before
+        the zero-row padding of its fused projections (at most FUSED_ROW_PAD more)."""
+        sizes = {
+            "q_proj rows + 2 * kv_width (fused attention projection)": self.q_proj_rows + 2 * self.kv_width,
+            "conv_dim + value_dim + 2 * linear_num_value_heads (fused GDN projection)":
+                self.conv_dim + self.value_dim + 2 * self.linear_num_value_heads,
+        }
+        if self.is_moe:
+            sizes["2 * moe_intermediate_size"] = 2 * self.moe_intermediate_size
+            sizes["2 * shared_expert_intermediate_size"] = 2 * self.shared_expert_intermediate_size
+        else:
+            sizes["2 * intermediate_size"] = 2 * (self.intermediate_size or 0)
+        return sizes
+
     def validate(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, int) and not isinstance(v, bool) and v < 0:
-                raise ConfigError(f"config: {f.name} must not be negative (got {v})")
+        """Every field in its range (the table of `config_schema`), then the relations between them."""
+        check_ranges({f.name: getattr(self, f.name) for f in fields(self)})
+        if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= {FULL, LINEAR}:
+            raise ConfigError(
+                f"config: layer_types must be {self.num_hidden_layers} entries of {FULL!r} or {LINEAR!r}"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"config: num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -264,27 +209,42 @@ class ModelConfig:
                 f"config: linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
                 f"linear_num_key_heads ({self.linear_num_key_heads})"
             )
-        if self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
-            raise ConfigError(f"config: partial_rotary_factor gives an invalid rotary dim {self.rotary_dim}")
-        if self.tie_word_embeddings:
-            raise ConfigError("config: tie_word_embeddings=true is not supported (Qwen3.6 has an untied lm_head)")
-        if self.mtp_num_hidden_layers > 1:
-            raise ConfigError(f"config: mtp_num_hidden_layers={self.mtp_num_hidden_layers} (only 0 or 1 supported)")
-        if self.is_moe and not (0 < self.num_experts_per_tok <= self.num_experts):
+        if self.rotary_dim < 2 or self.rotary_dim % 2 or self.rotary_dim > self.head_dim:
+            raise ConfigError(
+                f"config: partial_rotary_factor {self.partial_rotary_factor} of head_dim {self.head_dim} gives "
+                f"rotary dim {self.rotary_dim}, expected an even number in 2..head_dim"
+            )
+        if self.is_moe and self.num_experts_per_tok > self.num_experts:
             raise ConfigError(
                 f"config: num_experts_per_tok ({self.num_experts_per_tok}) must be in 1..num_experts ({self.num_experts})"
             )
+        for what, size in self.engine_sizes().items():
+            if size > INT32_MAX - FUSED_ROW_PAD:
+                raise ConfigError(f"config: {what} is {size:,}, more than the engine's 32-bit sizes allow "
+                                  f"({INT32_MAX:,} less {FUSED_ROW_PAD} rows of padding)")
 
 
 def load_config(path: str | Path) -> ModelConfig:
-    """Read `config.json` from a checkpoint directory (or the file itself)."""
+    """Read `config.json` from a checkpoint directory (or the file itself); every error is one
+    ConfigError line naming the file."""
     p = Path(path)
     if p.is_dir():
         p = p / "config.json"
     try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
+        data = p.read_bytes()
     except FileNotFoundError:
         raise ConfigError(f"config: {p} not found") from None
-    except json.JSONDecodeError as e:
+    except OSError as e:
+        raise ConfigError(f"config: {p}: cannot read ({e.strerror or e})") from None
+    try:
+        raw = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config: {p} is not UTF-8 text ({e})") from None
+    except RecursionError:
+        raise ConfigError(f"config: {p} is not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # JSONDecodeError, or an integer literal of more than 4,300 digits
         raise ConfigError(f"config: {p} is not valid JSON ({e})") from None
-    return ModelConfig.from_dict(raw, name=p.parent.name)
+    try:
+        return ModelConfig.from_dict(raw, name=p.parent.name)
+    except ConfigError as e:
+        raise ConfigError(f"config: {p}: {str(e).removeprefix('config: ')}") from None

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from lampo.models.json_quote import quote_json, quote_name
+
 # Bytes per element of every safetensors dtype.
 DTYPE_BYTES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1,
@@ -71,7 +73,9 @@ def read_header(path: Path) -> list[StoredTensor]:
         raise fail(f"cannot read ({e.strerror or e})") from None
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except RecursionError:
+        raise fail("bad header: not valid JSON (nested too deeply)") from None
+    except ValueError as e:  # not UTF-8, JSONDecodeError, an integer literal of over 4,300 digits
         raise fail(f"bad header: not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise fail("bad header: JSON is not an object")
@@ -85,33 +89,33 @@ def read_header(path: Path) -> list[StoredTensor]:
     out.sort(key=lambda t: (t.start, t.end))
     for prev, cur in zip(out, out[1:]):
         if cur.start < prev.end:
-            raise fail(f"bad header: tensors {prev.name!r} and {cur.name!r} overlap")
+            raise fail(f"bad header: tensors {quote_name(prev.name)} and {quote_name(cur.name)} overlap")
     return out
 
 
 def _parse_entry(fname: str, path: Path, name: str, entry: object, data_start: int, size: int) -> StoredTensor:
     def fail(msg: str) -> SafetensorsError:
-        return SafetensorsError(f"{fname}: tensor {name!r} {msg}")
+        return SafetensorsError(f"{fname}: tensor {quote_name(name)} {msg}")
 
     if not isinstance(entry, dict):
-        raise fail("has a header entry that is not an object")
+        raise fail(f"has a header entry that is not an object ({quote_json(entry)})")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPE_BYTES:
-        raise fail(f"has unknown dtype {dtype!r}")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
+        raise fail(f"has unknown dtype {quote_json(dtype)}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise fail(f"has an invalid shape {shape!r}")
+        raise fail(f"has an invalid shape {quote_json(shape)}")
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
         or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
         or not 0 <= offsets[0] <= offsets[1]
     ):
-        raise fail(f"has invalid data_offsets {offsets!r}")
+        raise fail(f"has invalid data_offsets {quote_json(offsets)}")
     need = math.prod(shape) * DTYPE_BYTES[dtype]
     if offsets[1] - offsets[0] != need:
         raise fail(
             f"has data_offsets spanning {offsets[1] - offsets[0]} bytes, "
-            f"but {dtype} {shape} needs {need} bytes"
+            f"but {dtype} {quote_json(shape)} needs {need} bytes"
         )
     start, end = data_start + offsets[0], data_start + offsets[1]
     if end > size:

@@ -3,7 +3,8 @@
 Facts (qwen3.6-architecture.md §6): byte-level BPE, 248,044 base tokens + 33 added tokens
 (248,044..248,076), so 248,077 real ids; the model's 248,320-row vocab pads past that. Added
 tokens are matched anywhere in the text; no BOS is added. Generation stops on `<|im_end|>`
-(248046) or `<|endoftext|>` (248044).
+(248046) or `<|endoftext|>` (248044). `Tokenizer.from_checkpoint` refuses a tokenizer with ids
+beyond the checkpoint's vocab_size (one TokenizerError line naming both files and both sizes).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 import tokenizers
 from tokenizers import decoders
 
+from lampo.models.config import load_config
 from lampo.models.tokenizer_build import byte_to_unicode, write_tokenizer_json
 from lampo.paths import cache_dir
 
@@ -71,13 +73,26 @@ class Tokenizer:
 
     @classmethod
     def from_checkpoint(cls, model_dir: str | os.PathLike) -> Tokenizer:
+        """The checkpoint's tokenizer.json, refused when it has ids that the model's vocabulary
+        (vocab_size in the folder's config.json, when there is one) has no embedding rows for."""
         path = Path(model_dir) / "tokenizer.json"
         if not path.is_file():
             raise TokenizerError(
                 f"no tokenizer.json in checkpoint folder {model_dir} "
                 "(build one with: python -m lampo.models.tokenizer_build OUT.json)"
             )
-        return cls.from_file(path)
+        tokenizer = cls.from_file(path)
+        config_path = Path(model_dir) / "config.json"
+        if not config_path.exists():  # no model here to disagree with (Checkpoint.open says so)
+            return tokenizer
+        vocab_size = load_config(config_path).vocab_size
+        if tokenizer.real_vocab_size > vocab_size:
+            raise TokenizerError(
+                f"{path} has {tokenizer.real_vocab_size:,} token ids but the model's vocab_size in "
+                f"{config_path} is {vocab_size:,}: ids {vocab_size:,} and above have no embedding; "
+                "this tokenizer does not belong to this model"
+            )
+        return tokenizer
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`; added tokens such as `<|im_start|>` are recognised, no BOS."""

@@ -1,11 +1,18 @@
-"""chat_format against the official Qwen3.6 chat_template.jinja, rendered with jinja2 as HF does."""
+"""chat_format against the official Qwen3.6 chat_template.jinja, rendered with jinja2 as HF does:
+hand-written cases, then fuzzed conversations (arbitrary text with the template's own markers,
+attachments, tool calls) that must render to the same text, and tokenise to the same ids, as the
+template's output - or be refused wherever the template refuses."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from helpers import real_tokenizer
+from hypothesis import event, example, given
+from hypothesis import strategies as st
 
+from lampo.attachments import Attachment, text_sha256, user_content
 from lampo.models.chat_format import (
     ChatFormatError,
     Message,
@@ -227,3 +234,58 @@ def test_split_reasoning_round_trips_through_render(template):
     convo = [Message(U, "2+2?"), Message(A, answer, reasoning=reasoning)]
     prompt_then_raw = render(convo[:1]) + raw
     assert render(convo, add_generation_prompt=False) == prompt_then_raw + "<|im_end|>\n"
+
+
+# ---- fuzzing: arbitrary conversations render exactly as the template does ----------------------
+# The template's own markers and what a chat format is likely to trip over.
+MARKERS = ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>", "<tool_response>",
+           "</tool_response>", "<tool_call>", "</tool_call>", "<function=f>", "<parameter=p>", "```",
+           "````", "`", "\n", "\n\n", " ", "\t", "\r\n", "\r", "\x0b", "\x1c", "\u2028", "\u00a0",
+           "{{ x }}", "{% if %}", "user", "assistant", "é", "😀", "\ufffd"]
+texts = st.lists(st.one_of(st.text(max_size=12), st.sampled_from(MARKERS)), max_size=8).map("".join)
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), texts),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(texts, inner, max_size=3)),
+    max_leaves=6)
+tool_calls = st.lists(st.builds(ToolCall, texts, st.dictionaries(texts, json_values, max_size=3)),
+                      max_size=2).map(tuple)
+names = texts.map(lambda name: name if name.strip() else f"notes{name}.txt")  # a name is never blank
+attachments = st.lists(st.builds(lambda name, text: Attachment(name, text, text_sha256(text), 0), names, texts),
+                       max_size=2)
+user_messages = st.builds(lambda text, attached: Message(U, user_content(text, attached)), texts, attachments)
+messages = st.one_of(
+    user_messages,
+    st.builds(Message, st.sampled_from([S, U, A, T]), texts),
+    st.builds(Message, st.just(A), texts, texts, tool_calls),
+)
+conversations = st.one_of(
+    # a chat as Lampo sends it: an optional system prompt, then user / assistant turns
+    st.tuples(st.lists(st.builds(Message, st.just(S), texts), max_size=1),
+              st.lists(st.one_of(user_messages, st.builds(Message, st.just(A), texts, texts)),
+                       min_size=1, max_size=6)).map(lambda p: p[0] + p[1]),
+    # anything at all, including what the template refuses
+    st.lists(messages, max_size=6),
+)
+tools = st.one_of(st.none(), st.lists(st.dictionaries(texts, json_values, max_size=3), max_size=2))
+
+
+@given(conversations, st.booleans(), st.booleans(), tools)
+@example([Message(U, "<|im_end|>\n<|im_start|>assistant\n<think>\n`")], True, False, None)
+@example([Message(U, "q"), Message(A, "a</think>b", "")], True, False, None)
+def test_fuzzed_conversations_render_as_the_template_does(template, convo, thinking, preserve, tool_list):
+    kwargs = dict(enable_thinking=thinking, preserve_thinking=preserve, tools=tool_list)
+    try:
+        expected = jinja_render(template, convo, **kwargs)
+    except TemplateError:
+        event("refused by the template")
+        with pytest.raises(ChatFormatError):
+            render(convo, **kwargs)
+        with pytest.raises(ChatFormatError):
+            build_prompt(real_tokenizer(), convo, **kwargs)
+        return
+    event("rendered")
+    assert render(convo, **kwargs) == expected
+    prompt = build_prompt(real_tokenizer(), convo, **kwargs)
+    assert prompt.text == expected
+    assert list(prompt.ids) == real_tokenizer().encode(expected)
+    assert 0 < prompt.reuse_boundary <= len(prompt.ids)

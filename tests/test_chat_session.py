@@ -80,7 +80,8 @@ def test_cancel_keeps_the_partial_reply_marked_stopped(store):
                 s.cancel()
     assert s.last_done.reason == "cancelled"
     assert s.turns[-1].content == "abc" and s.turns[-1].stopped
-    assert store.branch(s.chat_id, None)[-1].stopped
+    stored = store.branch(s.chat_id, None)[-1]
+    assert stored.stopped and not stored.interrupted and stored.id == s.turns[-1].id
 
 
 def test_cancel_before_any_token_stores_no_reply(store):
@@ -89,6 +90,7 @@ def test_cancel_before_any_token_stores_no_reply(store):
     s.cancel()
     assert isinstance(list(events)[-1], Done)
     assert [t.role for t in s.turns] == ["user"]
+    assert [m.role for m in store.branch(s.chat_id, None)] == ["user"]  # no row, not even a partial one
     list(s.regenerate())  # a reply to the unanswered message
     assert [t.role for t in s.turns] == ["user", "assistant"]
 
@@ -249,3 +251,68 @@ def test_scripted_backend_behaves_like_a_backend():
     assert list(b.generate(GenerationRequest((1, 2)), cancel))[-1].reason == "cancelled"
     full = list(b.generate(GenerationRequest(tuple(range(98))), threading.Event()))
     assert full[-1].reason == "context" and full[-1].stats.predicted_n == 2
+
+
+# ---- the reply is written as it streams -----------------------------------------------------------
+def test_the_reply_is_in_the_store_while_it_streams(store, monkeypatch):
+    import lampo.chat_session as chat_session
+
+    monkeypatch.setattr(chat_session, "SAVE_INTERVAL_S", 0.0)  # rewrite at every token
+    s = session(store, replies=(list("abcdef"),), thinking=False)
+    seen = []
+    for event in s.send("go"):
+        if isinstance(event, TokenEvent):
+            seen.append(event.text)
+            user, reply = store.branch(s.chat_id, None)  # the chat's head is the growing reply
+            assert (reply.content, reply.interrupted, reply.stats["reason"]) == ("".join(seen), True, "interrupted")
+            assert reply.parent_id == user.id and [t.role for t in s.turns] == ["user"]
+    final = store.branch(s.chat_id, None)[-1]
+    assert (final.id, final.content, final.interrupted, final.stats["reason"]) == \
+        (s.turns[-1].id, "abcdef", False, "stop")
+    assert store.attachment_count() == 0 and len(store.list_chats()) == 1
+
+
+def test_streaming_writes_are_bounded_by_the_save_interval(store, monkeypatch):
+    from lampo.chat_session import SAVE_INTERVAL_S
+
+    writes = []
+
+    def counted(name):
+        original = getattr(store, name)
+
+        def write(*args, **kwargs):
+            writes.append(name)
+            return original(*args, **kwargs)
+        return write
+
+    for name in ("add_message", "update_message"):
+        monkeypatch.setattr(store, name, counted(name))
+    s = session(store, replies=(["tok "] * 3000,), thinking=False)
+    t0 = time.monotonic()
+    list(s.send("go"))
+    elapsed = time.monotonic() - t0
+    # the user message, the reply's insert at its first text, one rewrite per interval, the final write
+    assert writes.count("add_message") == 2
+    assert 1 <= writes.count("update_message") <= 1 + elapsed / SAVE_INTERVAL_S + 1
+    assert store.branch(s.chat_id, None)[-1].content == ("tok " * 3000).strip()
+
+
+def test_a_reply_cut_short_reopens_interrupted_and_can_be_regenerated(store):
+    s = session(store, replies=(list("partial reply that never ends"),), thinking=False)
+    stream = s.send("question")
+    for event in stream:
+        if isinstance(event, TokenEvent):
+            break  # "the process dies here": nothing after the first write happens
+    restarted = Store(store.path)  # what a new Lampo on the same file sees
+    again = ChatSession(ScriptedBackend(["new reply"]), real_tokenizer(), restarted, thinking=False)
+    again.load(s.chat_id)
+    cut = again.turns[-1]
+    assert (cut.role, cut.content, cut.interrupted, cut.stopped) == ("assistant", "p", True, False)
+    assert "*(interrupted: Lampo quit before this reply was finished)*" in again.export_markdown()
+    list(again.regenerate())
+    assert [t.content for t in again.turns] == ["question", "new reply"] and not again.turns[-1].interrupted
+    assert restarted.branch(s.chat_id, cut.id)[-1].interrupted  # kept as a branch
+    list(again.edit_last_user("question, edited"))
+    assert [m.content for m in restarted.branch(s.chat_id, None)] == ["question, edited", "new reply"]
+    stream.close()
+    restarted.close()

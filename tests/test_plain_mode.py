@@ -182,7 +182,7 @@ def test_plain_repl_end_to_end_on_a_terminal(lampo_home):
         term.send("Hello there\x1b\r")  # Esc Enter: a newline, not a send
         time.sleep(0.5)
         term.send("second line\r")
-        term.expect(r"6 tokens · ctx .*length limit" + prompt)
+        term.expect(r"prefill [\d,]+ / [\d,]+ tokens(.|\n)*6 tokens · ctx .*length limit" + prompt)
         term.send("/set max_tokens 2000\r")
         term.expect(r"max_tokens = 2000" + prompt)
         term.send("Tell me more\r")
@@ -239,3 +239,70 @@ def test_run_chat_refuses_a_forced_cuda_backend_without_the_engine(tmp_path, mon
     assert run_chat(chat_args("--model", str(model), "--backend", "cuda")) == 1
     err = capsys.readouterr().err
     assert "no CUDA device" in err and "--backend reference" in err
+
+
+# ---- prefill progress and the footer of a reply stopped during prefill ---------------------------
+class TerminalOut(io.StringIO):
+    def isatty(self):
+        return True
+
+
+class StopDuringPrefill:
+    """Wraps a backend: the user presses Ctrl-C once `after` prompt tokens are prefilled."""
+
+    def __init__(self, inner, after: int):
+        self.inner, self.after = inner, after
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def generate(self, request, cancel):
+        from lampo.backend import PrefillProgress
+
+        for event in self.inner.generate(request, cancel):
+            yield event
+            if isinstance(event, PrefillProgress) and event.done >= self.after:
+                cancel.set()
+
+
+LONG_PASTE = "word " * 300  # about 300 tokens: five 64-token prefill chunks
+
+
+def long_prefill_session(session, *, stop_after=None):
+    backend = ScriptedBackend([ANSWER], context_max=4096, prefill_chunk=64)
+    session.backend = backend if stop_after is None else StopDuringPrefill(backend, stop_after)
+    return session
+
+
+def test_plain_shows_prefill_progress_on_a_terminal_and_clears_it(session):
+    out = TerminalOut()
+    PlainRepl(long_prefill_session(session), out).send(LONG_PASTE)
+    text = out.getvalue()
+    progress = re.findall(r"\r\x1b\[2K[^\r\n]*prefill ([\d,]+) / ([\d,]+) tokens", text)
+    assert len(progress) >= 4 and progress[0][0] == "64"
+    total = progress[0][1]
+    assert all(t == total for _, t in progress) and progress[-1][0] == total
+    assert "Ctrl-C stops" in text
+    # the progress line is erased before the reply is printed over it
+    assert re.search(r"\r\x1b\[2K(\x1b\[2m)?pondering", text)
+
+
+def test_plain_shows_no_progress_when_not_on_a_terminal(session):
+    out = io.StringIO()
+    PlainRepl(long_prefill_session(session), out).send(LONG_PASTE)
+    assert "\r" not in out.getvalue() and " / " not in out.getvalue()
+    assert "pondering" in out.getvalue()
+
+
+def test_footer_after_a_stop_during_prefill_says_how_far_it_got(session):
+    out = io.StringIO()
+    PlainRepl(long_prefill_session(session, stop_after=128), out).send(LONG_PASTE)
+    footer = out.getvalue().strip().splitlines()[-1]
+    assert "TTFT" not in footer and "decode" not in footer
+    assert re.search(r"stopped during prefill at 128 / [\d,]+ tokens", footer), footer
+
+
+def test_pipe_progress_goes_to_a_terminal_stderr_only(session):
+    out, err = io.StringIO(), TerminalOut()
+    assert run_pipe(long_prefill_session(session), LONG_PASTE, out, err) == EXIT_OK
+    assert "prefill 64 / " in err.getvalue() and "\r" not in out.getvalue() and out.getvalue() == "Four.\n"

@@ -131,3 +131,18 @@ def test_invalid_params_and_greedy_distribution():
         sample(P4, params(temperature=-1.0), np.random.default_rng(0))
     with pytest.raises(ValueError, match="greedy"):
         filtered_probs(P4, GREEDY)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", float("nan")), ("temperature", float("inf")), ("top_p", float("nan")),
+    ("min_p", float("nan")), ("presence_penalty", float("nan")), ("top_k", 2**31),
+    ("max_tokens", 2**31), ("seed", -1), ("seed", 2**64),
+])
+def test_values_outside_what_every_engine_takes_are_refused_by_name(field, value):
+    """A seed of -1 or a NaN temperature once passed config.toml and failed at the first reply."""
+    with pytest.raises(ValueError, match=rf"^{field} must be .* \(got {value}\)$"):
+        params(**{field: value}).validate()
+
+
+def test_the_widest_accepted_values_validate():
+    params(top_k=2**31 - 1, max_tokens=2**31 - 1, seed=2**64 - 1).validate()

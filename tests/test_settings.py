@@ -1,4 +1,5 @@
-"""Settings: commented template on first run, round trip, and clear errors for bad values."""
+"""Settings: commented template on first run, round trip, and one clear line for bad values, bad
+key bindings (keys Textual cannot report, clashes, fixed keys) and unreadable files."""
 
 import tomllib
 from dataclasses import replace
@@ -87,3 +88,76 @@ def test_parse_sampling_over_a_base():
 
 def test_render_is_valid_toml_for_defaults():
     assert tomllib.loads(render_settings(Settings()))["sampling"]["top_k"] == 20
+
+
+# ---- [keys]: only keys Textual can deliver, no clashes --------------------------------------------
+@pytest.mark.parametrize("text, words", [
+    ('[keys]\nsend = "bogus+key+zz"', ["keys.send", "'bogus+key+zz'", "'bogus' is not a modifier", "ctrl+r", "alt"]),
+    ('[keys]\nsend = "ctrl+enterr"', ["keys.send", "unknown key 'enterr'"]),
+    ('[keys]\nsend = "F5"', ["keys.send", "unknown key 'F5'", "lower case"]),
+    ('[keys]\nregenerate = "ctrl+R"', ["keys.regenerate", "ctrl+shift+r"]),
+    ('[keys]\nregenerate = "ctrl+ctrl+r"', ["keys.regenerate", "'ctrl' twice"]),
+    ('[keys]\nregenerate = "ctrl+r,"', ["keys.regenerate", "empty key", "comma"]),
+    ('[keys]\nregenerate = "ctrl+n"', ["keys.regenerate = 'ctrl+n'", "keys.new_chat", "clash"]),
+    ('[keys]\nnew_chat = "f5"\nregenerate = "ctrl+r,f5"', ["keys.regenerate", "keys.new_chat", "f5"]),
+    ('[keys]\nsend = "ctrl+j"', ["keys.send", "ctrl+j", "newline", "cannot be rebound"]),
+    ('[keys]\nchats = "ctrl+p"', ["keys.chats", "ctrl+p", "command palette"]),
+    ('[keys]\nexport = "f2"', ["keys.export", "f2", "settings"]),
+    ('[keys]\nquit = "ctrl+up"', ["keys.quit", "ctrl+up", "previous message"]),
+    ('[keys]\nsend = "a"', ["keys.send", "'a'", "types a character"]),
+    ('[keys]\nstop = "shift+space"', ["keys.stop", "types a character"]),
+    ('[keys]\ncopy_last = "f4,f4"', ["keys.copy_last", "f4", "twice"]),
+])
+def test_key_bindings_are_checked(home, text, words):
+    paths.config_file().write_text(text + "\n")
+    with pytest.raises(SettingsError) as e:
+        load_settings()
+    message = str(e.value)
+    assert message.startswith(f"{paths.config_file()}: ") and "\n" not in message
+    for word in words:
+        assert word in message, (word, message)
+
+
+@pytest.mark.parametrize("written, bound", [
+    ("f5", "f5"),
+    ("shift+ctrl+up", "ctrl+shift+up"),  # Textual reports modifiers in alphabetical order
+    ("ctrl+/", "ctrl+slash"),  # and characters by name
+    ("alt+?", "alt+question_mark"),
+    ("ctrl+shift+1", "ctrl+shift+1"),
+    ("ctrl+@", "ctrl+@"),  # a name in Textual's own table, kept as written
+    (" ctrl+r , f6 ", "ctrl+r,f6"),
+    ("super+enter", "super+enter"),
+    ("ctrl+plus", "ctrl+plus"),
+])
+def test_key_bindings_are_stored_as_textual_reports_them(home, written, bound):
+    paths.config_file().write_text(f'[keys]\nregenerate = "{written}"\n')
+    assert load_settings().keys["regenerate"] == bound
+
+
+def test_swapping_two_keys_is_not_a_clash(home):
+    paths.config_file().write_text('[keys]\nregenerate = "ctrl+n"\nnew_chat = "ctrl+r"\n')
+    keys = load_settings().keys
+    assert (keys["regenerate"], keys["new_chat"]) == ("ctrl+n", "ctrl+r")
+
+
+# ---- the file itself ------------------------------------------------------------------------------
+@pytest.mark.parametrize("content, words", [
+    pytest.param(b"backend = \"caf\xe9\"\n", ["not UTF-8", "byte 14"], id="latin-1"),
+    pytest.param(b"a = " + b"[" * 5000, ["not valid TOML", "nested"], id="nested-5000"),
+    pytest.param(b'"bad\\nkey" = 1\n', ['unknown setting "bad\\nkey"'], id="newline-in-key"),
+    pytest.param(b'[sampling]\n"x y" = 1\n', ['unknown setting sampling."x y"'], id="quoted-key"),
+])
+def test_unreadable_files_are_one_line_naming_the_file(home, content, words):
+    paths.config_file().write_bytes(content)
+    with pytest.raises(SettingsError) as e:
+        load_settings()
+    message = str(e.value)
+    assert message.startswith(f"{paths.config_file()}: ") and "\n" not in message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_a_settings_path_that_is_a_directory_is_one_line(home):
+    paths.config_file().mkdir(parents=True)
+    with pytest.raises(SettingsError, match="cannot read"):
+        load_settings()

@@ -126,3 +126,66 @@ def test_newer_schema_is_refused_not_moved(tmp_path):
     with pytest.raises(SchemaTooNew, match="upgrade Lampo"):
         Store(path)
     assert path.exists()
+
+
+def test_a_truncated_file_is_moved_aside(tmp_path):
+    path = tmp_path / "lampo.sqlite3"
+    s = Store(path)
+    c = s.create_chat("precious", "", GREEDY, True)
+    for i in range(100):
+        s.add_message(c, None, "user", f"message {i} " * 20)
+    s.close()
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    fresh = Store(path)
+    assert fresh.notice and "moved to" in fresh.notice and fresh.persistent
+    [moved] = [p for p in tmp_path.iterdir() if ".corrupt-" in p.name and not p.name.endswith(("-wal", "-shm"))]
+    assert moved.read_bytes() == data[: len(data) // 2]
+    fresh.close()
+
+
+def test_a_version_1_database_is_migrated_in_place(tmp_path):
+    from lampo.store.migrations import MIGRATIONS
+
+    path = tmp_path / "lampo.sqlite3"
+    conn = sqlite3.connect(path)
+    conn.executescript(MIGRATIONS[0] + "PRAGMA user_version = 1;")
+    conn.execute("INSERT INTO chats (id, title, created, updated, sampling) VALUES (1, 'old', 0, 0, '{}')")
+    conn.execute("INSERT INTO messages (id, chat_id, role, content, created) VALUES (1, 1, 'user', 'kept', 0)")
+    conn.execute("UPDATE chats SET head_id = 1")
+    conn.commit()
+    conn.close()
+    store = Store(path)
+    assert store.notice is None
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    [message] = store.branch(1, None)
+    assert message.content == "kept" and not message.interrupted  # written whole by the old Lampo
+    store.close()
+
+
+def test_a_streaming_reply_reads_back_interrupted_until_its_final_write(store):
+    c = store.create_chat("t", "", GREEDY, True)
+    u = store.add_message(c, None, "user", "hi")
+    a = store.add_message(c, u, "assistant", "Hel", stats={"reason": "interrupted"}, complete=False)
+    assert store.get_chat(c).head_id == a
+    assert store.branch(c, None)[-1].interrupted
+    store.update_message(a, "Hello", reasoning="r", stats={"reason": "interrupted"}, complete=False)
+    assert (store.branch(c, None)[-1].content, store.branch(c, None)[-1].interrupted) == ("Hello", True)
+    store.update_message(a, "Hello there", reasoning="r", stopped=True, stats={"reason": "cancelled"})
+    last = store.branch(c, None)[-1]
+    assert (last.content, last.reasoning, last.stopped, last.interrupted, last.stats) == \
+        ("Hello there", "r", True, False, {"reason": "cancelled"})
+    with pytest.raises(KeyError):
+        store.update_message(999, "x")
+
+
+def test_a_failed_write_is_a_store_error_naming_the_file(store):
+    from lampo.store import StoreError
+
+    c = store.create_chat("t", "", GREEDY, True)
+    store._conn.execute("PRAGMA query_only = ON")
+    with pytest.raises(StoreError, match=f"could not save to the chat database {store.path}: it is read-only"):
+        store.add_message(c, None, "user", "hi")
+    assert isinstance(StoreError("x"), OSError)
+    store._conn.execute("PRAGMA query_only = OFF")
+    assert store.branch(c, None) == []  # the failed transaction left nothing behind

@@ -57,19 +57,27 @@ def _backend(kind: str, model_dir: Path, context: int) -> tuple[Backend, object]
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    from lampo.settings import SettingsError, load_settings
+    from lampo.settings import Settings, SettingsError, SettingsUnsaved, load_settings
 
     try:
         settings = load_settings()
+    except SettingsUnsaved as e:  # no settings file and none can be written: the defaults run
+        _say(str(e))
+        settings = Settings()
     except SettingsError as e:
         _say(str(e))
         return EXIT_FAILURE
     try:
         model_dir = _model_dir(args, settings)
-        backend, tokenizer = _backend(args.backend or settings.backend, model_dir, args.context or settings.context)
+        context = args.context or settings.context
+        backend, tokenizer = _backend(args.backend or settings.backend, model_dir, context)
     except (OSError, ValueError, RuntimeError) as e:  # checkpoint, config, tokenizer, engine errors
         _say(str(e))
         return EXIT_FAILURE
+    if backend.info.context_max < context:
+        source = "--context" if args.context else f"context in {paths.config_file()}"
+        _say(f"the model holds at most {backend.info.context_max:,} tokens of context (max_position_embeddings "
+             f"in its config.json): using {backend.info.context_max:,}, not the {context:,} of {source}")
 
     from lampo.chat_session import ChatSession
     from lampo.store import SchemaTooNew, Store
@@ -92,9 +100,9 @@ def run_chat(args: argparse.Namespace) -> int:
     session = ChatSession(backend, tokenizer, store, sampling=sampling, thinking=thinking)
     try:
         if pipe:
-            from lampo.plain import run_pipe
+            from lampo.plain import read_stdin, run_pipe
 
-            return run_pipe(session, sys.stdin.read())
+            return run_pipe(session, read_stdin())
         if args.plain:
             from lampo.plain import run_plain
 

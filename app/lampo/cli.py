@@ -13,13 +13,30 @@ import sys
 SUBCOMMANDS = ("chat", "info", "bench")
 
 
+def context_tokens(text: str) -> int:
+    """`--context N`: the range config.toml's `context` takes, nothing clamped."""
+    from lampo.settings import CONTEXT_EXPECTED, CONTEXT_RANGE
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not CONTEXT_RANGE[0] <= value <= CONTEXT_RANGE[1]:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected {CONTEXT_EXPECTED}")
+    return value
+
+
 def _chat_parser(sub: argparse._SubParsersAction) -> None:
+    from lampo.settings import CONTEXT_RANGE
+
     p = sub.add_parser("chat", help="chat with the model (default)")
     p.add_argument("--model", metavar="DIR", help="checkpoint directory (HF format); default: settings, else the demo")
     p.add_argument("--backend", choices=("auto", "cuda", "reference"), default=None,
                    help="engine: cuda (GPU), reference (numpy, CPU), auto (cuda when a GPU is present)")
     p.add_argument("--plain", action="store_true", help="line-mode REPL instead of the full-screen UI")
-    p.add_argument("--context", type=int, metavar="N", help="maximum context in tokens (default 262,144)")
+    p.add_argument("--context", type=context_tokens, metavar="N",
+                   help=f"maximum context in tokens, {CONTEXT_RANGE[0]:,} to {CONTEXT_RANGE[1]:,} "
+                   "(default: context in config.toml)")
     p.add_argument("--no-think", action="store_true", help="start with thinking off")
 
 

@@ -4,7 +4,10 @@ Start-up: open and validate the checkpoint, compute the memory plan (`plan_memor
 with the free VRAM (`_native.mem_info()`) - refusing with the plan table and a context that would
 fit - then create the Engine (which allocates everything up front) and stream the checkpoint into
 it shard by shard (zero-copy memory-mapped tensors; the engine copies them through a pinned
-staging ring). MTP tensors are not loaded: this engine does not run speculative decoding yet.
+staging ring), after which the engine counts the NaN/Inf values of every tensor on the GPU and a
+damaged one is refused by name. The tokenizer is checked against the model's vocabulary before
+any of this (`Tokenizer.from_checkpoint`). MTP tensors are not loaded: this engine does not run
+speculative decoding yet.
 
 Per request `lampo.generation.GenerationLoop` does the work (prefix reuse through the engine's
 snapshot slots, chunked prefill with the GIL released inside each chunk, decoding, events); this
@@ -30,6 +33,7 @@ from lampo.demo import is_demo_checkpoint
 from lampo.generation import GenerationLoop
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.config import ModelConfig
+from lampo.models.finite_scan import NonFinite, nonfinite_error
 from lampo.models.memory_plan import plan_memory
 from lampo.models.sampling_params import SamplingParams
 from lampo.prefix_cache import PrefixCache
@@ -100,7 +104,9 @@ def create_engine(native, cfg: ModelConfig, *, context: int, prefill_chunk: int 
 
 def load_weights(engine, ck: Checkpoint, progress: LoadProgress | None = None) -> int:
     """Copy every tensor the engine needs from the checkpoint, shard by shard in file order;
-    returns the bytes read. Tensors the engine does not use (MTP) are skipped."""
+    returns the bytes read. Tensors the engine does not use (MTP) are skipped. The engine then
+    counts the NaN/Inf values of every tensor in VRAM; any found raise CheckpointError naming the
+    file and tensor."""
     wanted = {name for name, _shape, _dtype in engine.weight_specs()}
     todo = [(path, [n for n in names if n in wanted]) for path, names in ck.shards()]
     total = sum(ck.raw(n).nbytes for _path, names in todo for n in names)
@@ -112,7 +118,9 @@ def load_weights(engine, ck: Checkpoint, progress: LoadProgress | None = None) -
             done += array.nbytes
             if progress:
                 progress(done, total)
-    engine.finish_loading()
+    nonfinite = engine.finish_loading()  # [(name, count, index of the first)]; empty when none
+    if nonfinite:
+        raise nonfinite_error(ck, [NonFinite(*t) for t in nonfinite])
     return done
 
 

@@ -1,7 +1,9 @@
 """Where Lampo keeps its files: platformdirs locations, or everything under `$LAMPO_HOME`.
 
 `LAMPO_HOME` (used by tests and portable installs) puts config/, data/ and cache/ under one
-directory. Each function creates its directory (mode 0o700) on first use.
+directory. Each function creates its directory (mode 0o700) on first use; one that cannot be
+created raises `DirectoryError` (an OSError) whose message names it and where it came
+from (`config_file` alone still answers: see there).
 """
 
 from __future__ import annotations
@@ -15,17 +17,32 @@ APP_NAME = "lampo"
 HOME_ENV = "LAMPO_HOME"
 
 
-def _dir(kind: str) -> Path:
+class DirectoryError(OSError):
+    """One of Lampo's directories cannot be created (`path` is the directory)."""
+
+    def __init__(self, kind: str, path: Path, cause: OSError):
+        source = f"under ${HOME_ENV}" if os.environ.get(HOME_ENV) else "the platform's default"
+        super().__init__(f"Lampo's {kind} directory {path} ({source}) cannot be created: {cause.strerror or cause}")
+        self.errno, self.path = cause.errno, path
+
+
+def _location(kind: str) -> Path:
     home = os.environ.get(HOME_ENV)
     if home:
-        path = Path(home).expanduser() / kind
-    else:
-        path = Path({
-            "config": platformdirs.user_config_dir,
-            "data": platformdirs.user_data_dir,
-            "cache": platformdirs.user_cache_dir,
-        }[kind](APP_NAME, appauthor=False))
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return Path(home).expanduser() / kind
+    return Path({
+        "config": platformdirs.user_config_dir,
+        "data": platformdirs.user_data_dir,
+        "cache": platformdirs.user_cache_dir,
+    }[kind](APP_NAME, appauthor=False))
+
+
+def _dir(kind: str) -> Path:
+    path = _location(kind)
+    try:
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as e:  # read-only, not a directory, no permission
+        raise DirectoryError(kind, path, e) from None
     return path
 
 
@@ -42,7 +59,12 @@ def cache_dir() -> Path:
 
 
 def config_file() -> Path:
-    return config_dir() / "config.toml"
+    """Where the settings file is. Its directory is created when it can be; when it cannot, the
+    path is still given (for messages), and writing the file says why it failed."""
+    try:
+        return config_dir() / "config.toml"
+    except DirectoryError as e:
+        return e.path / "config.toml"
 
 
 def database_file() -> Path:

@@ -4,11 +4,15 @@
 REPL keys: Enter sends; Esc then Enter (Alt+Enter) inserts a newline; a multi-line paste arrives
 whole (bracketed paste) and is never sent line by line; Up/Down walk the input history (kept in
 the data dir); Ctrl-C while generating stops and keeps the partial reply; Ctrl-C at the prompt
-clears it; Ctrl-D or /quit leaves. Reasoning is printed dimmed, the answer plainly, then a
-one-line stats footer. Commands are listed in `HELP`.
+clears it; Ctrl-D or /quit leaves. While the prompt is prefilled a live progress line (done /
+total tokens, rate, ETA) is rewritten in place on a terminal, then erased; reasoning is printed
+dimmed, the answer plainly, then a one-line stats footer. Commands are listed in `HELP`.
+
+Both read bytes that are not valid in the terminal's (or stdin's) encoding as U+FFFD.
 
 Pipe mode: all of stdin is one user message; only the answer goes to stdout, the stats line (and
-any warning) to stderr; exit 0, or non-zero with a message on overflow (3) or error (1).
+any warning, and the prefill progress line when stderr is a terminal) to stderr; exit 0, or
+non-zero with a message on overflow (3) or error (1).
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ from typing import Iterator, TextIO
 
 from lampo import paths
 from lampo.attachments import Attachment
-from lampo.backend import ContextOverflow, Done, Event, TokenEvent
+from lampo.backend import ContextOverflow, Done, Event, PrefillProgress, TokenEvent
 from lampo.chat_session import ChatSession
 from lampo.settings import SettingsError, parse_sampling
-from lampo.stats_format import footer
+from lampo.stats_format import footer, prefill_text
 
 HELP = """\
 Commands:
@@ -67,6 +71,29 @@ class _Printer:
             self.shown_answer = len(answer)
 
 
+class _PrefillLine:
+    """Prefill progress as one live line, rewritten in place, on a terminal (and erased before the
+    reply is printed over it); nothing on anything else. `last` is the last progress event."""
+
+    def __init__(self, out: TextIO):
+        self.out, self.live, self.shown = out, out.isatty(), False
+        self.last: PrefillProgress | None = None
+
+    def show(self, event: PrefillProgress) -> None:
+        self.last = event
+        if self.live:
+            text = prefill_text(event.done, event.total, event.tokens_per_second)
+            self.out.write(f"\r\x1b[2K\x1b[2m{text} · Ctrl-C stops\x1b[0m")
+            self.out.flush()
+            self.shown = True
+
+    def erase(self) -> None:
+        if self.shown:
+            self.out.write("\r\x1b[2K")
+            self.out.flush()
+            self.shown = False
+
+
 @contextmanager
 def _ctrl_c_cancels(session: ChatSession) -> Iterator[None]:
     """While generating, Ctrl-C sets the cancel flag instead of raising KeyboardInterrupt."""
@@ -77,32 +104,53 @@ def _ctrl_c_cancels(session: ChatSession) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _consume(events: Iterator[Event], printer: _Printer, answer_only: bool = False) -> Done:
+def _consume(events: Iterator[Event], printer: _Printer, progress: _PrefillLine, answer_only: bool = False) -> Done:
     done = None
     with _ctrl_c_cancels(printer.session):
         for event in events:
-            if isinstance(event, TokenEvent):
+            if isinstance(event, PrefillProgress):
+                progress.show(event)
+            elif isinstance(event, TokenEvent):
+                progress.erase()
                 printer.update(answer_only)
             elif isinstance(event, Done):
                 done = event
+    progress.erase()
     printer.update(answer_only)
     return done
 
 
 # ---- pipe mode ---------------------------------------------------------------------------------
-def run_pipe(session: ChatSession, stdin_text: str, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def read_stdin(stream: TextIO | None = None) -> str:
+    """All of stdin (or `stream`) as text; bytes that are not valid in its encoding become U+FFFD.
+    A stream without a byte buffer (already text, e.g. StringIO) is read as it is."""
+    stream = sys.stdin if stream is None else stream
+    buffer = getattr(stream, "buffer", None)
+    if buffer is None:
+        return stream.read()
+    return buffer.read().decode(stream.encoding or "utf-8", "replace")
+
+
+def run_pipe(session: ChatSession, stdin_text: str, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out = sys.stdout if out is None else out  # looked up now: sys.stdout may have been replaced
+    err = sys.stderr if err is None else err
     if not stdin_text.strip():
         print("lampo: nothing on stdin to send", file=err)
         return EXIT_USAGE
+    if session.store.notice:
+        print(f"lampo: {session.store.notice}", file=err)
     try:
         events = session.send(stdin_text)
     except ContextOverflow as e:
         print(f"lampo: {e}", file=err)
         return EXIT_OVERFLOW
-    done = _consume(events, _Printer(out, session, color=False), answer_only=True)
+    progress = _PrefillLine(err)  # on stderr, and only when that is a terminal
+    done = _consume(events, _Printer(out, session, color=False), progress, answer_only=True)
     out.write("\n")
     out.flush()
-    print(footer(done.stats, done.reason), file=err)
+    for warning in session.take_warnings():
+        print(f"lampo: {warning}", file=err)
+    print(footer(done.stats, done.reason, progress.last), file=err)
     if done.reason == "error":
         print(f"lampo: generation failed: {done.error}", file=err)
         return EXIT_ERROR
@@ -114,9 +162,9 @@ def run_pipe(session: ChatSession, stdin_text: str, out: TextIO = sys.stdout, er
 
 # ---- plain REPL -------------------------------------------------------------------------------
 class PlainRepl:
-    def __init__(self, session: ChatSession, out: TextIO = sys.stdout):
-        self.session, self.out = session, out
-        self.color = out.isatty()
+    def __init__(self, session: ChatSession, out: TextIO | None = None):
+        self.session, self.out = session, sys.stdout if out is None else out
+        self.color = self.out.isatty()
         self.pending: list[Attachment] = []
         self.draft = ""  # text to put back in the prompt (after an overflow)
 
@@ -136,13 +184,15 @@ class PlainRepl:
 
     def generate(self, events: Iterator[Event]) -> None:
         printer = _Printer(self.out, self.session, self.color)
-        done = _consume(events, printer)
+        progress = _PrefillLine(self.out)
+        done = _consume(events, printer, progress)
         self.out.write("\n")
         if done.reason == "cancelled":
-            self.say("[stopped - the partial reply is kept]")
+            shown = printer.shown_reasoning or printer.shown_answer
+            self.say("[stopped - the partial reply is kept]" if shown else "[stopped before the reply began]")
         elif done.reason == "error":
             self.say(f"[error: {done.error}]")
-        self.say(footer(done.stats, done.reason))
+        self.say(footer(done.stats, done.reason, progress.last))
 
     def send(self, text: str) -> None:
         try:
@@ -190,6 +240,9 @@ class PlainRepl:
                 s.load(int(arg))
                 self.say(f"Resumed chat {s.chat_id}: {s.title} ({len(s.turns)} messages, "
                          f"{s.context_used:,} tokens).")
+                if s.turns and s.turns[-1].interrupted:
+                    self.say("Its last reply was interrupted (Lampo quit before it was finished); "
+                             "/regen writes a new one.")
             elif name == "rename":
                 s.rename(arg)
                 self.say(f"Renamed to {s.title}.")
@@ -247,8 +300,9 @@ class PlainRepl:
 
     def run(self) -> int:
         from prompt_toolkit import PromptSession
-        from prompt_toolkit.history import FileHistory
         from prompt_toolkit.key_binding import KeyBindings
+
+        from lampo.plain_input import ReplacingInput
 
         keys = KeyBindings()
 
@@ -260,10 +314,12 @@ class PlainRepl:
         def _newline(event):
             event.current_buffer.insert_text("\n")
 
-        prompt = PromptSession(history=FileHistory(str(paths.history_file())), multiline=True,
+        prompt = PromptSession(history=_input_history(), multiline=True, input=ReplacingInput(sys.stdin),
                                key_bindings=keys, prompt_continuation="… ")
         self.banner()
         while True:
+            for warning in self.session.take_warnings():
+                self.say(warning)
             chips = "".join(f"[📎 {a.name}] " for a in self.pending)
             try:
                 text = prompt.prompt(f"{chips}> ", default=self.draft)
@@ -280,8 +336,21 @@ class PlainRepl:
                 self.send(text)
 
 
+def _input_history():
+    """The input history file in the data dir, or a history in memory when it cannot be written."""
+    from prompt_toolkit.history import FileHistory, InMemoryHistory
+
+    try:
+        path = paths.history_file()
+        with open(path, "ab"):
+            pass
+    except OSError:
+        return InMemoryHistory()
+    return FileHistory(str(path))
+
+
 def run_plain(session: ChatSession, *, stdin_is_tty: bool) -> int:
     """The REPL on a terminal; pipe mode when stdin is not one."""
     if not stdin_is_tty:
-        return run_pipe(session, sys.stdin.read())
+        return run_pipe(session, read_stdin())
     return PlainRepl(session).run()

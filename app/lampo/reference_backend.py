@@ -1,12 +1,13 @@
 """`ReferenceBackend`: the `Backend` protocol on the numpy fp32 reference model (CPU, slow).
 
-Loads `Checkpoint.open(model_dir)` into `ReferenceModel.from_checkpoint` (tensors convert lazily)
-and the checkpoint's tokenizer. `lampo.generation.GenerationLoop` does the per-request work
-(prefix reuse through up to `snapshot_slots` snapshots, prefill in chunks of `prefill_chunk`
-tokens, decoding, events); this file supplies its engine: the model, with its snapshots kept as
-`ModelSnapshot`s by slot, sampling on the CPU with `lampo.models.sampling.sample` (seeded by
-`sampling.seed`, else fresh entropy; the presence penalty counts this reply's tokens). A Stats
-follows every decoded token. `context_max` defaults to, and is clamped at, the model's
+Opens `Checkpoint.open(model_dir)` and the checkpoint's tokenizer (checked against the model's
+vocabulary), scans every tensor for NaN/Inf (`finite_scan.check_finite`, one CheckpointError line
+naming the tensor), then loads `ReferenceModel.from_checkpoint` (tensors convert lazily).
+`lampo.generation.GenerationLoop` does the per-request work (prefix reuse through up to
+`snapshot_slots` snapshots, prefill in chunks of `prefill_chunk` tokens, decoding, events); this
+file supplies its engine: the model, with its snapshots kept as `ModelSnapshot`s by slot, sampling
+on the CPU with `lampo.models.sampling.sample` (seeded by `sampling.seed`, else fresh entropy; the
+presence penalty counts this reply's tokens). A Stats follows every decoded token. `context_max` defaults to, and is clamped at, the model's
 `max_position_embeddings`.
 """
 
@@ -22,6 +23,7 @@ from lampo.backend import BackendInfo, Event, GenerationRequest
 from lampo.demo import is_demo_checkpoint
 from lampo.generation import GenerationLoop, SyncDecode
 from lampo.models.checkpoint import Checkpoint
+from lampo.models.finite_scan import check_finite
 from lampo.models.reference.model import ModelSnapshot, ReferenceModel
 from lampo.models.sampling import sample
 from lampo.models.sampling_params import SamplingParams
@@ -40,8 +42,9 @@ class ReferenceBackend:
             raise ValueError(f"context_max must be at least 1 (got {context_max})")
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1 (got {prefill_chunk})")
-        self.model = ReferenceModel.from_checkpoint(checkpoint)
         self.tokenizer = tokenizer or Tokenizer.from_checkpoint(model_dir)
+        check_finite(checkpoint)
+        self.model = ReferenceModel.from_checkpoint(checkpoint)
         self._chunk = prefill_chunk
         self._cache = PrefixCache(snapshot_slots)
         self._snapshots: dict[int, ModelSnapshot] = {}

@@ -2,14 +2,20 @@
 
 Read with `tomllib`; written by `render_settings` (our own commented template, no TOML writer
 dependency), so `load_settings(write_settings(s)) == s`. Every value is checked: a wrong one
-raises `SettingsError` naming the key, the bad value and what is allowed. Keys missing from the
-file take their defaults, so an old file keeps working after an upgrade.
+raises `SettingsError`, one line naming the file, the key, the bad value and what is allowed; so
+does a file that cannot be read, is not UTF-8 or is not TOML. Keys missing from the file take
+their defaults, so an old file keeps working after an upgrade.
+
+Key bindings (`[keys]`) are stored as Textual reports the keys (`lampo.keymap`); a key Textual
+cannot report, a key two actions share, one of `FIXED_KEYS` or one that types a character in the
+prompt is refused.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -17,11 +23,13 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from lampo import paths
+from lampo.keymap import MODIFIERS, canonical_keys, types_text
 from lampo.models.sampling_params import SamplingParams
 
 BACKENDS = ("auto", "cuda", "reference")
 THEMES = ("dark", "light")
-CONTEXT_RANGE = (256, 262_144)
+CONTEXT_RANGE = (256, 262_144)  # --context on the command line takes the same range
+CONTEXT_EXPECTED = f"an integer from {CONTEXT_RANGE[0]:,} to {CONTEXT_RANGE[1]:,}"
 
 # Action -> key, in Textual's key names. The TUI binds these; plain mode documents its own keys.
 DEFAULT_KEYS: Mapping[str, str] = MappingProxyType({
@@ -39,6 +47,21 @@ DEFAULT_KEYS: Mapping[str, str] = MappingProxyType({
     "export": "ctrl+s",
     "quit": "ctrl+q",
 })
+# Keys the full-screen UI binds whatever [keys] says (a key there may not take one of them).
+FIXED_KEYS: Mapping[str, str] = MappingProxyType({
+    "ctrl+j": "newline",
+    "ctrl+up": "previous message",
+    "ctrl+down": "next message",
+    "ctrl+pageup": "load earlier messages",
+    "f2": "settings",
+    "ctrl+p": "the command palette",
+    "ctrl+c": "copy the selected text",
+    "super+c": "copy the selected text",
+    "tab": "focus the next widget",
+    "shift+tab": "focus the previous widget",
+})
+KEYS_EXPECTED = (f'a Textual key name such as "ctrl+r", "f5", "alt+enter" or "ctrl+slash" (modifiers: '
+                 f'{", ".join(MODIFIERS)}; several keys: "ctrl+r,f5")')
 
 
 class SettingsError(ValueError):
@@ -57,15 +80,35 @@ class Settings:
     keys: Mapping[str, str] = field(default_factory=lambda: DEFAULT_KEYS)
 
 
+class SettingsUnsaved(SettingsError):
+    """There is no settings file and none can be written (read-only config directory): the caller
+    may run on the defaults, saying so with this message."""
+
+
 def load_settings(path: Path | None = None) -> Settings:
     """Read the settings file, writing the commented default one first if there is none."""
     path = path or paths.config_file()
     if not path.exists():
-        write_settings(Settings(), path)
+        try:
+            write_settings(Settings(), path)
+        except OSError as e:
+            raise SettingsUnsaved(f"{path}: the settings file cannot be created ({e.strerror or e}); using the "
+                                  f"default settings, and changes to them will not be saved") from None
     try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+    except OSError as e:
+        raise SettingsError(f"{path}: cannot read or create the settings file: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise SettingsError(f"{path}: not UTF-8 text (byte {e.start}, line {line}); TOML files are UTF-8") from None
+    try:
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise SettingsError(f"{path}: not valid TOML: {e}") from None
+    except RecursionError:
+        raise SettingsError(f"{path}: not valid TOML: arrays or tables nested too deeply") from None
     try:
         return parse_settings(raw)
     except SettingsError as e:
@@ -82,8 +125,21 @@ def write_settings(settings: Settings, path: Path | None = None) -> Path:
 
 
 # ---- parsing -----------------------------------------------------------------------------------
+_SHOWN_CHARS = 80  # a value longer than this is shown cut, so the error stays one readable line
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN_CHARS else text[:_SHOWN_CHARS - 3] + "..."
+
+
+def _name(prefix: str, key: str) -> str:
+    """A setting's dotted name, the key quoted as TOML would when it is not a bare key."""
+    return prefix + (key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key))
+
+
 def _bad(key: str, value: Any, allowed: str) -> SettingsError:
-    return SettingsError(f"{key} = {value!r} is invalid: expected {allowed}")
+    return SettingsError(f"{key} = {_shown(value)} is invalid: expected {allowed}")
 
 
 _KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -106,7 +162,8 @@ def _get(table: Mapping[str, Any], prefix: str, key: str, kind: type, default: A
 def _check_keys(table: Mapping[str, Any], prefix: str, allowed: tuple[str, ...]) -> None:
     for key in table:
         if key not in allowed:
-            raise SettingsError(f"unknown setting {prefix}{key!s}; known: {', '.join(prefix + a for a in allowed)}")
+            known = ", ".join(prefix + a for a in allowed)
+            raise SettingsError(f"unknown setting {_name(prefix, key)}; known: {known}")
 
 
 def parse_settings(raw: Mapping[str, Any]) -> Settings:
@@ -118,7 +175,7 @@ def parse_settings(raw: Mapping[str, Any]) -> Settings:
         raise _bad("backend", backend, " | ".join(BACKENDS))
     context = _get(raw, "", "context", int, d.context)
     if not CONTEXT_RANGE[0] <= context <= CONTEXT_RANGE[1]:
-        raise _bad("context", context, f"an integer from {CONTEXT_RANGE[0]:,} to {CONTEXT_RANGE[1]:,}")
+        raise _bad("context", context, CONTEXT_EXPECTED)
     thinking = _get(raw, "", "thinking", bool, d.thinking)
     return Settings(
         model_dir=model, backend=backend, context=context, thinking=thinking,
@@ -163,11 +220,32 @@ def _parse_ui(table: Mapping[str, Any]) -> dict[str, Any]:
 
 def _parse_keys(table: Mapping[str, Any]) -> Mapping[str, str]:
     _check_keys(table, "keys.", tuple(DEFAULT_KEYS))
+    if not table:
+        return DEFAULT_KEYS  # (checked by the tests) without reading Textual's key tables
     keys = dict(DEFAULT_KEYS)
-    for action, key in table.items():
-        if not isinstance(key, str) or not key.strip():
-            raise _bad(f"keys.{action}", key, 'a key name such as "ctrl+r"')
-        keys[action] = key
+    for action, value in table.items():
+        if not isinstance(value, str) or not value.strip():
+            raise _bad(f"keys.{action}", value, KEYS_EXPECTED)
+        try:
+            keys[action] = canonical_keys(value)
+        except ValueError as e:
+            raise SettingsError(f"keys.{action} = {_shown(value)} is invalid: {e}; "
+                                f"expected {KEYS_EXPECTED}") from None
+    # Check the defaults first, so that a clash is reported on the entry the file changed.
+    owner: dict[str, str] = {}
+    for action in sorted(keys, key=lambda a: a in table):
+        for key in keys[action].split(","):
+            where = f"keys.{action} = {_shown(table.get(action, keys[action]))} is invalid"
+            if key in FIXED_KEYS:
+                raise SettingsError(f"{where}: {key} is bound to {FIXED_KEYS[key]} and cannot be rebound")
+            if types_text(key):
+                raise SettingsError(f"{where}: the key {key} types a character in the prompt; "
+                                    "add a modifier such as ctrl+ or alt+")
+            if key in owner:
+                other = owner[key]
+                raise SettingsError(f"{where}: {key} clashes with keys.{other} = {keys[other]!r}"
+                                    f"{'' if other in table else ' (its default)'}; each key can do one thing")
+            owner[key] = action
     return MappingProxyType(keys)
 
 
@@ -177,13 +255,15 @@ def _toml(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
-    return json.dumps(value, ensure_ascii=False)  # JSON string escapes are valid TOML basic strings
+    # JSON's string escapes are valid in a TOML basic string; DEL, which JSON leaves raw, is not.
+    return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
 
 
 def render_settings(s: Settings) -> str:
     sp = s.sampling
     seed = f"seed = {sp.seed}" if sp.seed is not None else "# seed = 1234"
     keys = "\n".join(f"{action} = {_toml(key)}" for action, key in s.keys.items())
+    fixed = ", ".join(FIXED_KEYS)
     return f"""\
 # Lampo settings. Edit freely; Lampo checks every value at start-up and names any bad one.
 
@@ -217,7 +297,9 @@ theme = {_toml(s.theme)}   # "dark" or "light"
 # A paste of at least this many characters becomes an attachment chip; 0 = never.
 paste_threshold = {_toml(s.paste_threshold)}
 
-# Key bindings of the full-screen UI, action = key (Textual key names, e.g. "ctrl+r", "f5").
+# Key bindings of the full-screen UI, action = key: Textual key names such as "ctrl+r", "f5" or
+# "alt+enter" (modifiers {", ".join(MODIFIERS)}), several separated by commas.
+# Bound whatever this says: {fixed}.
 [keys]
 {keys}
 """

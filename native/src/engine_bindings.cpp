@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "engine.h"
+#include "nonfinite_scan.h"
 
 namespace py = pybind11;
 
@@ -101,7 +102,24 @@ void register_engine(py::module_& m) {
              "[(checkpoint name, shape, 'BF16'|'F32')] of every tensor the engine loads")
         .def("load_tensor", &load_tensor, py::arg("name"), py::arg("array"),
              "Copy one tensor (numpy uint16 bf16 bits or float32, C order) into VRAM")
-        .def("finish_loading", [](Engine& e) { e.weights().finish_loading(); }, release())
+        .def("finish_loading",
+             [](Engine& e) {
+                 std::vector<NonFiniteCount> counts;
+                 {
+                     py::gil_scoped_release r;
+                     e.weights().finish_loading();
+                     counts = count_nonfinite(e.weights().slots());
+                 }
+                 py::list bad;
+                 for (size_t i = 0; i < counts.size(); ++i) {
+                     if (counts[i].count) {
+                         bad.append(py::make_tuple(e.weights().slots()[i].name, counts[i].count, counts[i].first));
+                     }
+                 }
+                 return bad;
+             },
+             "Wait for every copy and check that all tensors arrived, then count the NaN/Inf values of "
+             "each in VRAM: [(name, count, flat index of the first)] of those holding any (empty: none)")
         .def("random_weights", &Engine::random_weights, py::arg("seed") = 0, release(),
              "Bench mode: deterministic random weights in VRAM")
         .def_property_readonly("weight_bytes", [](Engine& e) { return e.weights().bytes(); })

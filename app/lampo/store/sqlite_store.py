@@ -1,10 +1,13 @@
 """The chat store: SQLite (WAL) holding chats, their message tree and deduplicated attachments.
 
-Every write commits at once, so a crash loses at most the reply being generated. Opening a file
-that is not a usable database (not SQLite, or failing `PRAGMA quick_check`) moves it aside to
-`<name>.corrupt-<timestamp>` (never deletes it), starts a fresh database and sets `notice` to
-a sentence for the UI. One connection is shared by the UI thread and the generation worker,
-serialised by a lock.
+Every write is one transaction (`BEGIN IMMEDIATE`: another process's lock is waited out for
+`busy_timeout` seconds) committed at once, so a crash loses nothing already written. A reply is
+written while it streams - `add_message(..., complete=False)`, then `update_message` - and one
+whose final write never came (a crash, a kill) reads back with `interrupted` set. How the file
+is opened is opening.py's contract: damage is moved aside, a lock or an unusable file leaves
+Lampo on an in-memory database (`persistent` False); `notice` is the sentence it left for the UI.
+A failed read or write raises `StoreError`, an OSError naming the file and the cause. One
+connection is shared by the UI thread and the generation worker, serialised by a lock.
 """
 
 from __future__ import annotations
@@ -13,14 +16,18 @@ import json
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from lampo import paths
 from lampo.attachments import Attachment
 from lampo.models.sampling_params import SamplingParams
-from lampo.store.migrations import migrate
+from lampo.store.errors import StoreError, describe
+from lampo.store.opening import NOT_SAVED, open_database, open_in_memory
+
+BUSY_TIMEOUT_S = 10.0  # how long a read or write waits for another process's lock
 
 
 @dataclass(frozen=True)
@@ -47,65 +54,70 @@ class MessageRecord:
     created: float = 0.0
     stats: dict[str, Any] | None = None
     attachments: tuple[Attachment, ...] = field(default=())
+    interrupted: bool = False  # a reply whose final write never came (Lampo was killed or crashed)
 
 
 _CHAT_COLUMNS = "id, title, created, updated, system_prompt, sampling, thinking, head_id"
-_MESSAGE_COLUMNS = "id, chat_id, parent_id, role, content, reasoning, stopped, created, stats"
+_MESSAGE_COLUMNS = "id, chat_id, parent_id, role, content, reasoning, stopped, created, stats, complete"
 _CHAT_FIELDS = ("title", "system_prompt", "sampling", "thinking", "head_id")
 
 
 class Store:
-    def __init__(self, path: Path | str | None = None):
-        self.path = Path(path) if path else paths.database_file()
-        self.notice: str | None = None
+    def __init__(self, path: Path | str | None = None, *, busy_timeout: float = BUSY_TIMEOUT_S):
+        self.busy_timeout = busy_timeout
         self._lock = threading.RLock()
         try:
-            self._conn = self._connect_checked()
-        except sqlite3.DatabaseError as e:
-            moved = self._move_aside()
-            self.notice = (f"The chat database {self.path} was damaged ({e}); it was moved to "
-                           f"{moved.name} and a new one was started.")
-            self._conn = self._connect_checked()
-
-    def _connect_checked(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        try:
-            conn.execute("PRAGMA foreign_keys = ON")
-            verdict = conn.execute("PRAGMA quick_check").fetchone()[0]
-            if verdict != "ok":
-                raise sqlite3.DatabaseError(f"integrity check failed: {verdict}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            migrate(conn)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _move_aside(self) -> Path:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
-        n = 1
-        while target.exists():
-            target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
-            n += 1
-        self.path.rename(target)
-        for suffix in ("-wal", "-shm"):
-            side = self.path.with_name(self.path.name + suffix)
-            if side.exists():
-                side.rename(target.with_name(target.name + suffix))
-        return target
+            self.path: Path | None = Path(path) if path else paths.database_file()
+        except paths.DirectoryError as e:
+            self.path = None
+            opened = open_in_memory(f"{NOT_SAVED} {e}.")
+        else:
+            opened = open_database(self.path, busy_timeout)
+        self._conn, self.persistent, self.notice = opened.conn, opened.persistent, opened.notice
 
     def close(self) -> None:
         with self._lock:
             self._conn.close()
 
-    def _write(self, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
+    def _failure(self, error: sqlite3.Error, doing: str) -> StoreError:
+        where = self.path if self.persistent else "(in memory)"
+        return StoreError(f"could not {doing} the chat database {where}: {describe(error, self.busy_timeout)}")
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction, committed at the end; any SQLite failure becomes StoreError."""
         with self._lock:
-            return self._conn.execute(sql, args)
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._conn
+                    self._conn.execute("COMMIT")
+                finally:
+                    if self._conn.in_transaction:  # an error, or a COMMIT that failed
+                        self._rollback()
+            except sqlite3.ProgrammingError:
+                raise
+            except sqlite3.DatabaseError as e:
+                raise self._failure(e, "save to") from e
+
+    def _rollback(self) -> None:
+        try:
+            self._conn.execute("ROLLBACK")
+        except sqlite3.Error:  # SQLite already rolled back (e.g. after an I/O error)
+            pass
+
+    def _write(self, sql: str, args: Sequence[Any] = ()) -> sqlite3.Cursor:
+        with self._transaction() as conn:
+            return conn.execute(sql, args)
 
     def _read(self, sql: str, args: Sequence[Any] = ()) -> list[tuple]:
         with self._lock:
-            return self._conn.execute(sql, args).fetchall()
+            try:
+                return self._conn.execute(sql, args).fetchall()
+            except sqlite3.ProgrammingError:
+                raise
+            except sqlite3.DatabaseError as e:
+                raise self._failure(e, "read") from e
 
     # ---- chats ------------------------------------------------------------------------------
     def create_chat(self, title: str, system_prompt: str, sampling: SamplingParams, thinking: bool) -> int:
@@ -125,9 +137,9 @@ class Store:
                   for k, v in changes.items()}
         values["updated"] = time.time()
         sets = ", ".join(f"{k} = ?" for k in values)
-        cur = self._write(f"UPDATE chats SET {sets} WHERE id = ?", (*values.values(), chat_id))
-        if cur.rowcount != 1:
-            raise KeyError(f"no chat with id {chat_id}")
+        with self._transaction() as conn:
+            if conn.execute(f"UPDATE chats SET {sets} WHERE id = ?", (*values.values(), chat_id)).rowcount != 1:
+                raise KeyError(f"no chat with id {chat_id}")
 
     def get_chat(self, chat_id: int) -> ChatRecord:
         rows = self._read(f"SELECT {_CHAT_COLUMNS} FROM chats WHERE id = ?", (chat_id,))
@@ -141,32 +153,38 @@ class Store:
 
     def delete_chat(self, chat_id: int) -> None:
         """Delete a chat, its messages, and attachments no other message uses."""
-        with self._lock:
-            cur = self._conn.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
-            if cur.rowcount != 1:
+        with self._transaction() as conn:
+            if conn.execute("DELETE FROM chats WHERE id = ?", (chat_id,)).rowcount != 1:
                 raise KeyError(f"no chat with id {chat_id}")
-            self._conn.execute("DELETE FROM attachments WHERE sha256 NOT IN "
-                               "(SELECT sha256 FROM message_attachments)")
+            conn.execute("DELETE FROM attachments WHERE sha256 NOT IN (SELECT sha256 FROM message_attachments)")
 
     # ---- messages ---------------------------------------------------------------------------
     def add_message(self, chat_id: int, parent_id: int | None, role: str, content: str, *,
                     reasoning: str = "", stopped: bool = False, stats: dict[str, Any] | None = None,
-                    attachments: Iterable[Attachment] = ()) -> int:
-        """Insert a message (and its attachments) and make it the chat's head."""
-        with self._lock, self._conn:
-            self._conn.execute("BEGIN")
-            cur = self._conn.execute(
-                f"INSERT INTO messages ({_MESSAGE_COLUMNS}) VALUES (NULL, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (chat_id, parent_id, role, content, reasoning, int(stopped), time.time(),
-                 None if stats is None else json.dumps(stats)))
+                    attachments: Iterable[Attachment] = (), complete: bool = True) -> int:
+        """Insert a message (and its attachments) and make it the chat's head. `complete=False`:
+        a reply that is still streaming (`update_message` brings the rest)."""
+        with self._transaction() as conn:
+            cur = conn.execute(
+                f"INSERT INTO messages ({_MESSAGE_COLUMNS}) VALUES (NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (chat_id, parent_id, role, content, reasoning, int(stopped), time.time(), _json(stats),
+                 int(complete)))
             message_id = cur.lastrowid
             for pos, a in enumerate(attachments):
                 self._put_attachment(a)
-                self._conn.execute("INSERT INTO message_attachments VALUES (?, ?, ?, ?)",
-                                   (message_id, pos, a.sha256, a.name))
-            self._conn.execute("UPDATE chats SET head_id = ?, updated = ? WHERE id = ?",
-                               (message_id, time.time(), chat_id))
+                conn.execute("INSERT INTO message_attachments VALUES (?, ?, ?, ?)", (message_id, pos, a.sha256, a.name))
+            conn.execute("UPDATE chats SET head_id = ?, updated = ? WHERE id = ?", (message_id, time.time(), chat_id))
         return message_id
+
+    def update_message(self, message_id: int, content: str, *, reasoning: str = "", stopped: bool = False,
+                       stats: dict[str, Any] | None = None, complete: bool = True) -> None:
+        """Rewrite a message's text and state (a streaming reply as it grows, then its final form)."""
+        with self._transaction() as conn:
+            cur = conn.execute(
+                "UPDATE messages SET content = ?, reasoning = ?, stopped = ?, stats = ?, complete = ? WHERE id = ?",
+                (content, reasoning, int(stopped), _json(stats), int(complete), message_id))
+            if cur.rowcount != 1:
+                raise KeyError(f"no message with id {message_id}")
 
     def branch(self, chat_id: int, head_id: int | None) -> list[MessageRecord]:
         """The messages from the root to `head_id` (default: the chat's head), oldest first."""
@@ -190,11 +208,11 @@ class Store:
             (row[0],))
         return MessageRecord(*row[:6], stopped=bool(row[6]), created=row[7],
                              stats=None if row[8] is None else json.loads(row[8]),
-                             attachments=tuple(Attachment(*link) for link in links))
+                             attachments=tuple(Attachment(*link) for link in links), interrupted=not row[9])
 
     # ---- attachments ------------------------------------------------------------------------
     def put_attachment(self, attachment: Attachment) -> None:
-        with self._lock:
+        with self._transaction():
             self._put_attachment(attachment)
 
     def _put_attachment(self, a: Attachment) -> None:
@@ -203,6 +221,10 @@ class Store:
 
     def attachment_count(self) -> int:
         return self._read("SELECT COUNT(*) FROM attachments")[0][0]
+
+
+def _json(stats: dict[str, Any] | None) -> str | None:
+    return None if stats is None else json.dumps(stats)
 
 
 def _chat(row: tuple) -> ChatRecord:

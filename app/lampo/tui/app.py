@@ -4,7 +4,8 @@ Generation runs in a thread worker (`group="gen"`) that only records the session
 a `GenerationFeed`; a frame timer (`frame_hz`, 30 by default) moves whatever arrived since the
 last frame into the transcript and the HUD, so the UI stays responsive whatever the engine's
 speed. Every action has a binding id equal to its `Settings.keys` name, so the user's key map
-applies with `set_keymap`; the command palette (ctrl+p) lists every action too.
+applies with `set_keymap` (and the footer follows it); the prompt's placeholder, the edit banner
+and the notices name the keys bound. The command palette (ctrl+p) lists every action too.
 
 `clock` (monotonic seconds) and `wall_clock` (epoch seconds, for "2 h ago" in the chat list) are
 injectable so snapshots are deterministic.
@@ -31,6 +32,7 @@ import lampo.assets
 from lampo.attachments import Attachment
 from lampo.backend import Event
 from lampo.chat_session import ChatSession
+from lampo.keymap import key_label
 from lampo.settings import Settings, write_settings
 from lampo.store import MessageRecord
 from lampo.tui.attachment_chip import PREVIEW_CHARS, AttachmentChip, ChipInfo
@@ -44,6 +46,7 @@ from lampo.tui.prefill_progress import PrefillProgressBar
 from lampo.tui.prompt_input import PromptInput
 from lampo.tui.session_list import SessionListScreen
 from lampo.tui.settings_screen import ChatSettings, SettingsScreen
+from lampo.tui.terminal_driver import terminal_driver
 from lampo.tui.themes import THEMES, theme_setting
 from lampo.tui.transcript import Transcript
 
@@ -111,20 +114,37 @@ class LampoApp(App):
         yield Header()
         yield Transcript(render_record, id="transcript")
         yield PrefillProgressBar(clock=self.clock, id="prefill")
+        send, stop = self._key("send"), self._key("stop")  # the texts name the keys bound
         with Vertical(id="composer"):
             yield Horizontal(id="chips")
-            yield Static("Editing your last message: Enter resends it as a new branch, Esc cancels.",
+            yield Static(f"Editing your last message: {send} resends it as a new branch, {stop} cancels.",
                          id="edit-banner", markup=False)
-            yield PromptInput(paste_threshold=self.settings.paste_threshold, id="prompt")
+            prompt = PromptInput(paste_threshold=self.settings.paste_threshold, id="prompt")
+            prompt.placeholder = f"Message ({send} sends, ctrl+j newline, ctrl+p commands, /attach FILE)"
+            yield prompt
         yield Hud(id="hud")
         yield Footer()
+
+    def _key(self, action: str) -> str:
+        """The key bound to `action` (a `Settings.keys` name) as texts name it: "Enter", "f8"."""
+        return key_label(self.settings.keys[action])
+
+    @property
+    def _still_generating(self) -> str:
+        return f"A reply is still being generated: {self._key('stop')} stops it."
 
     async def on_mount(self) -> None:
         self.set_keymap(dict(self.settings.keys))
         await self._show_chat()
         self.prompt.focus()
         if self.session.store.notice:
-            self.notify(self.session.store.notice, severity="warning", timeout=15)
+            self.notify(self.session.store.notice, severity="warning", timeout=15, markup=False)
+        self.hud.set_interval(1.0, self._show_store_warnings)  # widget-owned: stops at exit
+
+    def _show_store_warnings(self) -> None:
+        """Saving failed / works again (`ChatSession.take_warnings`, from any thread): one toast each."""
+        for warning in self.session.take_warnings():
+            self.notify(warning, severity="warning", timeout=15, markup=False)
 
     def on_unmount(self) -> None:
         self.session.cancel()  # quitting mid-reply: let the generation thread end
@@ -158,14 +178,23 @@ class LampoApp(App):
         setting = theme_setting(theme)
         if setting is not None and setting != self.settings.theme:
             self.settings = replace(self.settings, theme=setting)
+            self._save_settings()
+
+    def _save_settings(self) -> None:
+        """Write the settings file; a failure (read-only config directory) is a warning, and the
+        change still holds for this run."""
+        try:
             write_settings(self.settings, self.settings_path)
+        except OSError as e:
+            self.notify(f"The settings could not be saved ({e}); the change holds until you quit.",
+                        severity="warning", timeout=8, markup=False)
 
     # ---- sending -----------------------------------------------------------------------------
     @on(PromptInput.Submitted)
     async def _submitted(self, message: PromptInput.Submitted) -> None:
         text = message.text
         if self.generating:
-            self.notify("A reply is still being generated: Esc stops it.", severity="warning")
+            self.notify(self._still_generating, severity="warning")
             return
         if text.strip().startswith("/"):
             await self._slash_command(text.strip())
@@ -176,7 +205,7 @@ class LampoApp(App):
         editing = self._editing
         self._restore = (text, attachments, editing)
         self.prompt.remember(text)
-        self.prompt.clear()
+        self.prompt.take_sent(text)  # not clear(): keys typed after this Enter may be there already
         self._set_attachments([])
         self._set_editing(False)
         user = MessageRecord(0, self.session.chat_id or 0, None, "user", text, attachments=attachments)
@@ -242,9 +271,9 @@ class LampoApp(App):
             await self.transcript.show(session.turns)
             if feed.refused is not None:
                 self._restore_draft()
-                self.notify(str(feed.refused), title="Not sent", severity="error", timeout=12)
+                self.notify(str(feed.refused), title="Not sent", severity="error", timeout=12, markup=False)
             else:
-                self.notify(feed.error, title="Error", severity="error", timeout=12)
+                self.notify(feed.error, title="Error", severity="error", timeout=12, markup=False)
         else:
             stored = last is not None and last.role == "assistant" and len(session.turns) == len(self.transcript.records)
             if stored and live is not None:
@@ -254,7 +283,8 @@ class LampoApp(App):
         if feed.done is not None:
             self.hud_state.on_done(feed.done)
             if feed.done.reason == "error":
-                self.notify(feed.done.error or "the backend failed", title="Error", severity="error", timeout=12)
+                self.notify(feed.done.error or "the backend failed", title="Error", severity="error", timeout=12,
+                            markup=False)
         self.hud_state.generating = False
         self.hud.show(self.hud_state)
         self.generating = False
@@ -310,7 +340,7 @@ class LampoApp(App):
 
     def _attachment_ready(self, attachment: Attachment) -> None:
         self._set_attachments([*self.attachments, attachment])
-        self.notify(f"{attachment.name}: {attachment.tokens:,} tokens attached", timeout=4)
+        self.notify(f"{attachment.name}: {attachment.tokens:,} tokens attached", timeout=4, markup=False)
 
     def _set_attachments(self, attachments: list[Attachment]) -> None:
         self.attachments = attachments
@@ -330,13 +360,13 @@ class LampoApp(App):
         try:
             text = path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            self.notify(f"{path}: no such file", severity="error")
+            self.notify(f"{path}: no such file", severity="error", markup=False)
         except IsADirectoryError:
-            self.notify(f"{path}: is a directory, not a file", severity="error")
+            self.notify(f"{path}: is a directory, not a file", severity="error", markup=False)
         except UnicodeDecodeError:
-            self.notify(f"{path}: not UTF-8 text (binary files cannot be attached)", severity="error")
+            self.notify(f"{path}: not UTF-8 text (binary files cannot be attached)", severity="error", markup=False)
         except OSError as e:
-            self.notify(f"{path}: {e.strerror}", severity="error")
+            self.notify(f"{path}: {e.strerror}", severity="error", markup=False)
         else:
             self._attach_text(path.name, text)
 
@@ -349,7 +379,7 @@ class LampoApp(App):
             self.notify("Usage: /attach FILE", severity="warning")
         else:
             self.notify(f"Unknown command {name}. Commands: /attach FILE; ctrl+p lists every action.",
-                        severity="warning")
+                        severity="warning", markup=False)
 
     # ---- actions -----------------------------------------------------------------------------
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
@@ -367,7 +397,7 @@ class LampoApp(App):
 
     async def action_regenerate(self) -> None:
         if self.generating:
-            self.notify("A reply is still being generated: Esc stops it.", severity="warning")
+            self.notify(self._still_generating, severity="warning")
             return
         records = self.transcript.records
         if not records:
@@ -380,7 +410,7 @@ class LampoApp(App):
 
     def action_edit_last(self) -> None:
         if self.generating:
-            self.notify("A reply is still being generated: Esc stops it.", severity="warning")
+            self.notify(self._still_generating, severity="warning")
             return
         last_user = next((t for t in reversed(self.session.turns) if t.role == "user"), None)
         if last_user is None:
@@ -398,7 +428,7 @@ class LampoApp(App):
 
     async def action_new_chat(self) -> None:
         if self.generating:
-            self.notify("A reply is still being generated: Esc stops it.", severity="warning")
+            self.notify(self._still_generating, severity="warning")
             return
         self.session.new_chat()
         self.hud_state = HudState(self.session.backend.info)
@@ -406,7 +436,7 @@ class LampoApp(App):
 
     def action_chats(self) -> None:
         if self.generating:
-            self.notify("A reply is still being generated: Esc stops it.", severity="warning")
+            self.notify(self._still_generating, severity="warning")
             return
         self.push_screen(SessionListScreen(self.session, self.wall_clock, self.export_dir), self._chat_chosen)
 
@@ -414,8 +444,12 @@ class LampoApp(App):
         """Back from the chat list: resume `chat_id`, else re-show (the current chat may have
         been renamed or deleted there)."""
         if chat_id is not None and chat_id != self.session.chat_id:
-            self.session.load(chat_id)
-            self.hud_state = HudState(self.session.backend.info)
+            try:
+                self.session.load(chat_id)
+            except (KeyError, OSError) as e:  # deleted by another Lampo; the store cannot be read
+                self.notify(f"That chat could not be opened: {e}", severity="error", markup=False)
+            else:
+                self.hud_state = HudState(self.session.backend.info)
         await self._show_chat()
 
     def action_toggle_thinking(self) -> None:
@@ -460,8 +494,12 @@ class LampoApp(App):
         if not self.session.turns:
             self.notify("Nothing to export: the chat is empty.", severity="warning")
             return
-        path = export_chat(self.session, self.session.chat_id, self.export_dir)
-        self.notify(f"Exported to {path}", timeout=6)
+        try:
+            path = export_chat(self.session, self.session.chat_id, self.export_dir)
+        except OSError as e:
+            self.notify(f"Export failed: {e}", severity="error", markup=False)
+        else:
+            self.notify(f"Exported to {path}", timeout=6)
 
     def action_settings(self) -> None:
         s = self.session
@@ -480,7 +518,7 @@ class LampoApp(App):
             s.set_thinking(new.thinking)
         if as_default:
             self.settings = replace(self.settings, sampling=new.sampling, thinking=new.thinking)
-            write_settings(self.settings, self.settings_path)
+            self._save_settings()
         self.theme = THEMES[new.theme].name  # watch_theme saves a changed theme
         self._refresh_title()
         self._schedule_count()
@@ -491,4 +529,6 @@ class LampoApp(App):
 
 
 def run_tui(session: ChatSession, settings: Settings) -> None:
-    LampoApp(session, settings).run()
+    app = LampoApp(session, settings)
+    app.driver_class = terminal_driver(app.driver_class)  # terminal input that cannot crash it
+    app.run()

@@ -6,7 +6,14 @@ whatever the user maps "send" and "newline" to). Up on the top
 row / down on the bottom row, or ctrl+up / ctrl+down anywhere, walk the history of sent messages;
 the draft being typed comes back when walking past the newest entry. A paste of at least
 `paste_threshold` characters (0: never) is not inserted: it becomes a `LongPaste` for the app to
-turn into an attachment chip. Every binding has an id, so a user keymap can change its keys.
+turn into an attachment chip. Pasted text is cleaned first (`clean_paste`: no control character
+reaches the editor or the screen). Every binding has an id, so a user keymap can change its keys.
+
+Keys that arrive in one terminal read (a fast typist over SSH, `tmux send-keys "hi" Enter`) are
+all queued at once, and the App runs a priority binding (send, newline) as soon as it receives
+that key, while the keys before it still wait in this widget's queue: so both actions run from
+this widget's queue (`call_later`), after those keys are in the text; and the app takes only the
+sent text out of the editor (`take_sent`), not keys typed after the Enter.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from textual import events
 from textual.binding import Binding
 from textual.message import Message
 from textual.widgets import TextArea
+
+from lampo.tui.pasted_text import clean_paste
 
 
 class PromptInput(TextArea):
@@ -50,10 +59,19 @@ class PromptInput(TextArea):
         self._draft = ""
 
     def action_submit(self) -> None:
+        self.call_later(self._submit)
+
+    def _submit(self) -> None:
         self.post_message(self.Submitted(self.text))
 
     def action_newline(self) -> None:
-        self.insert("\n")
+        self.call_later(self.insert, "\n")
+
+    def take_sent(self, text: str) -> None:
+        """Take `text`, the message just sent, out of the editor. Keys that arrived after its
+        Enter in the same read are in the editor by now, behind it: they stay."""
+        if self.text.startswith(text):
+            self.delete((0, 0), self.document.get_location_from_index(len(text)))
 
     def remember(self, text: str) -> None:
         """Add a sent message to the history (consecutive duplicates kept once)."""
@@ -99,6 +117,7 @@ class PromptInput(TextArea):
             super().action_cursor_down(select)
 
     async def _on_paste(self, event: events.Paste) -> None:
+        event.text = clean_paste(event.text)  # TextArea's own handler, which runs next, inserts it
         if self.paste_threshold and len(event.text) >= self.paste_threshold:
             event.prevent_default()
             event.stop()

@@ -65,8 +65,13 @@ class SessionListScreen(ModalScreen[int | None]):
         self._reload()
 
     def _reload(self, keep: int | None = None) -> None:
-        """Re-read the list; highlight row `keep` (clamped), else the first."""
-        self.chats = self.session.list_chats()
+        """Re-read the list; highlight row `keep` (clamped), else the first. A store that cannot
+        be read shows an empty list and says why."""
+        try:
+            self.chats = self.session.list_chats()
+        except OSError as e:  # StoreError: the database could not be read
+            self.chats = []
+            self._hint(f"⚠ {e}")
         options = self.query_one("#chat-list", OptionList)
         options.clear_options()
         now = self.wall_clock()
@@ -119,7 +124,7 @@ class SessionListScreen(ModalScreen[int | None]):
             return
         try:
             self.session.rename(message.value, chat.id)
-        except ValueError as e:
+        except (ValueError, KeyError, OSError) as e:  # empty title, deleted elsewhere, store failure
             self._hint(f"⚠ {e}")
             return
         message.input.display = False
@@ -134,12 +139,21 @@ class SessionListScreen(ModalScreen[int | None]):
             self._hint(f"Press d again to delete “{chat.title}” for good.")
             return
         self._delete_armed = None
-        self.session.delete(chat.id)
+        try:
+            self.session.delete(chat.id)
+        except (KeyError, OSError) as e:  # deleted by another Lampo; the store failed
+            self._hint(f"⚠ {e}")
+            return
         self._hint(f"Deleted “{chat.title}”.")
         self._reload(keep=index)
 
     def action_export(self) -> None:
         chat = self._highlighted()
-        if chat is not None:
+        if chat is None:
+            return
+        try:
             path = export_chat(self.session, chat.id, self.export_dir)
+        except (KeyError, OSError) as e:  # the chat or the export folder cannot be read / written
+            self._hint(f"⚠ {e}")
+        else:
             self._hint(f"Exported to {path}")

@@ -1,0 +1,83 @@
+"""NaN/Inf scan of a checkpoint's tensors at load: a model that loads is a model that runs.
+
+`count_nonfinite(raw)` counts the non-finite values of one stored tensor (`Checkpoint.raw`: bf16
+bit patterns as uint16, or float32) straight from the bits, an exponent of all ones being +-Inf or
+NaN, in bounded chunks; it is the reference the CUDA engine's own census (native/src/
+nonfinite_scan.cu, returned by `Engine.finish_loading`) is tested against. `check_finite(ck)` scans
+every tensor the text engine uses (the reference backend's load step) and raises
+`nonfinite_error`: one CheckpointError line naming the file, the tensor, how many values and the
+first one's index, and the other tensors affected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from lampo.models.checkpoint import Checkpoint, CheckpointError
+
+CHUNK_ELEMENTS = 1 << 22  # values tested per step: temporaries stay a few MB for any tensor size
+_EXPONENT = {np.dtype(np.uint16): np.uint16(0x7F80), np.dtype(np.float32): np.uint32(0x7F800000)}
+_MORE_NAMED = 3  # other affected tensors named in the message
+
+
+@dataclass(frozen=True)
+class NonFinite:
+    """A tensor holding `count` NaN/Inf values, the first at flat (C-order) index `first`."""
+
+    name: str
+    count: int
+    first: int
+
+
+def count_nonfinite(raw: np.ndarray) -> tuple[int, int]:
+    """(number of NaN/Inf values, flat index of the first or -1) of bf16 bits (uint16) or float32."""
+    exponent = _EXPONENT[raw.dtype]
+    bits = raw.reshape(-1).view(exponent.dtype)
+    count, first = 0, -1
+    for start in range(0, bits.size, CHUNK_ELEMENTS):
+        bad = (bits[start:start + CHUNK_ELEMENTS] & exponent) == exponent
+        n = int(np.count_nonzero(bad))
+        if n and first < 0:
+            first = start + int(np.argmax(bad))
+        count += n
+    return count, first
+
+
+def scan_checkpoint(ck: Checkpoint, names: Iterable[str] | None = None) -> list[NonFinite]:
+    """The tensors (`names`, default all the engine uses) holding NaN/Inf, in checkpoint order."""
+    found = []
+    for name in ck.names() if names is None else names:
+        count, first = count_nonfinite(ck.raw(name))
+        if count:
+            found.append(NonFinite(name, count, first))
+    return found
+
+
+def nonfinite_error(ck: Checkpoint, found: list[NonFinite]) -> CheckpointError:
+    """One line naming the first affected tensor, its file, the count and where the first value
+    sits, and (some of) the others."""
+    order = {name: i for i, name in enumerate(ck.names())}
+    found = sorted(found, key=lambda f: order.get(f.name, len(order)))
+    head = found[0]
+    shape = ck.spec(head.name).shape
+    where = list(np.unravel_index(head.first, shape)) if shape else []
+    msg = (f"checkpoint: {ck.path_of(head.name).name}: tensor {head.name!r} holds {head.count:,} NaN/Inf "
+           f"value{'s' if head.count > 1 else ''} (the first at [{', '.join(str(int(i)) for i in where)}] "
+           f"of [{', '.join(map(str, shape))}])")
+    others = found[1:]
+    if others:
+        named = ", ".join(f"{o.name!r} ({o.count:,})" for o in others[:_MORE_NAMED])
+        rest = len(others) - _MORE_NAMED
+        msg += f"; so do {len(others)} more tensor{'s' if len(others) > 1 else ''}: {named}"
+        msg += f" and {rest} more" if rest > 0 else ""
+    return CheckpointError(msg + "; the checkpoint is damaged")
+
+
+def check_finite(ck: Checkpoint) -> None:
+    """Raise `nonfinite_error` when any tensor the engine uses holds NaN/Inf."""
+    found = scan_checkpoint(ck)
+    if found:
+        raise nonfinite_error(ck, found)
