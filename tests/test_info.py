@@ -35,7 +35,8 @@ def test_main(capsys):
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys):
-    for argv in (["no-such-model"], ["tiny-moe", "--context", "0"], [str(tmp_path)]):
+    for argv in (["no-such-model"], ["tiny-moe", "--context", "0"], ["tiny-moe", "--context", "9999999"],
+                 [str(tmp_path)]):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith("lampo info: ") and "\n" not in err

@@ -3,16 +3,14 @@
 
 import io
 import os
-import pty
 import re
-import select
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 from helpers import real_tokenizer, seed_lampo_home, tokenizer_json
+from helpers.pty_terminal import PtyTerminal
 from helpers.scripted_backend import ScriptedBackend
 
 from lampo.chat_session import ChatSession
@@ -117,82 +115,42 @@ def test_pipe_end_to_end(lampo_home):
     assert over.returncode == EXIT_OVERFLOW and "too many" in over.stderr and over.stdout == ""
 
 
-ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[()][0-9A-Za-z]|\x1b[=>]|[\r\x08]")
-
-
-class Terminal:
-    """A child process on a pseudo-terminal (its controlling tty, so Ctrl-C is a real SIGINT)."""
-
-    def __init__(self, argv, env):
-        self.pid, self.fd = pty.fork()
-        if self.pid == 0:
-            os.execvpe(argv[0], argv, env)
-        self.seen = ""
-
-    def expect(self, pattern, timeout=120.0):
-        deadline = time.monotonic() + timeout
-        while not re.search(pattern, ANSI.sub("", self.seen)):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"timed out waiting for {pattern!r}; screen:\n{ANSI.sub('', self.seen)[-2000:]}")
-            ready, _, _ = select.select([self.fd], [], [], left)
-            if ready:
-                try:
-                    self.seen += os.read(self.fd, 65536).decode("utf-8", "replace")
-                except OSError:  # the child closed the terminal
-                    raise AssertionError(f"exited while waiting for {pattern!r}:\n{ANSI.sub('', self.seen)[-2000:]}")
-        screen, self.seen = ANSI.sub("", self.seen), ""
-        return screen
-
-    def send(self, text):
-        os.write(self.fd, text.encode())
-
-    def wait(self, timeout=30.0):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.pid = None
-                os.close(self.fd)
-                return os.waitstatus_to_exitcode(status)
-            try:
-                select.select([self.fd], [], [], 0.1) and os.read(self.fd, 65536)
-            except OSError:
-                pass
-        raise AssertionError("the REPL did not exit")
-
-    def kill(self):
-        """End the child if it is still running (after a failed test)."""
-        if self.pid is not None:
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
-            os.close(self.fd)
-
-
 @pytest.mark.slow
 def test_plain_repl_end_to_end_on_a_terminal(lampo_home):
-    term = Terminal([*LAMPO, "--plain"], lampo_env(lampo_home))
+    term = PtyTerminal([*LAMPO, "--plain"], lampo_env(lampo_home))
     prompt = r"(.|\n)*\n> ?$"  # typing before the prompt is back would go through the cooked tty
+    seen = 0
+
+    def expect(pattern: str) -> str:
+        """Wait for `pattern` in what came since the last expect (each ends at an idle prompt)."""
+        nonlocal seen
+        term.wait_for_text(pattern, since=seen)
+        screen, seen = term.text(seen), term.mark()
+        return screen
+
+    def send(text: str) -> None:
+        term.write(text.encode())
+
     try:
-        assert "DEMO" in term.expect(r"Ctrl-D quits" + prompt)
-        term.send("/help\r")
-        term.expect(r"Commands:(.|\n)*/quit" + prompt)
-        term.send("/think off\r")
-        term.expect(r"Thinking off\." + prompt)
-        term.send("Hello there\x1b\r")  # Esc Enter: a newline, not a send
+        assert "DEMO" in expect(r"Ctrl-D quits" + prompt)
+        send("/help\r")
+        expect(r"Commands:(.|\n)*/quit" + prompt)
+        send("/think off\r")
+        expect(r"Thinking off\." + prompt)
+        send("Hello there\x1b\r")  # Esc Enter: a newline, not a send
         time.sleep(0.5)
-        term.send("second line\r")
-        term.expect(r"prefill [\d,]+ / [\d,]+ tokens(.|\n)*6 tokens · ctx .*length limit" + prompt)
-        term.send("/set max_tokens 2000\r")
-        term.expect(r"max_tokens = 2000" + prompt)
-        term.send("Tell me more\r")
+        send("second line\r")
+        expect(r"prefill [\d,]+ / [\d,]+ tokens(.|\n)*6 tokens · ctx .*length limit" + prompt)
+        send("/set max_tokens 2000\r")
+        expect(r"max_tokens = 2000" + prompt)
+        send("Tell me more\r")
         time.sleep(2.0)  # the reply (2,000 tokens, 20+ s) is streaming
-        term.send("\x03")  # Ctrl-C stops the reply, keeps it, and returns to the prompt
-        term.expect(r"\[stopped - the partial reply is kept\](.|\n)*stopped" + prompt)
-        term.send("/chats\r")
-        term.expect(r"\*\s+\d+\s+Hello there second line" + prompt)
-        term.send("/quit\r")
-        assert term.wait() == 0
+        send("\x03")  # Ctrl-C stops the reply, keeps it, and returns to the prompt
+        expect(r"\[stopped - the partial reply is kept\](.|\n)*stopped" + prompt)
+        send("/chats\r")
+        expect(r"\*\s+\d+\s+Hello there second line" + prompt)
+        send("/quit\r")
+        assert term.wait_exit() == 0
     finally:
         term.kill()
     db = Store(lampo_home / "data" / "lampo.sqlite3")

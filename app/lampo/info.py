@@ -10,6 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from lampo.cli import context_tokens
 from lampo.models.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint, CheckpointError
 from lampo.models.config import ConfigError, ModelConfig, load_config
 from lampo.models.memory_plan import format_plans_table, plan_memory
@@ -78,14 +79,18 @@ def describe(model: str | Path, context: int = DEFAULT_CONTEXT) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="lampo info", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="lampo info", description=__doc__.splitlines()[0], exit_on_error=False)
     p.add_argument("model", help=f"checkpoint directory, config.json, or preset ({', '.join(PRESETS)})")
-    p.add_argument("--context", type=int, default=DEFAULT_CONTEXT, metavar="N",
-                   help=f"context length for the memory plan (default {DEFAULT_CONTEXT:,})")
+    p.add_argument("--context", type=context_tokens, default=DEFAULT_CONTEXT, metavar="N",
+                   help=f"context length for the memory plan, in the range --context of `lampo chat` takes "
+                   f"(default {DEFAULT_CONTEXT:,})")
     try:
         args = p.parse_args(argv)
     except SystemExit as e:
         return int(e.code or 0)
+    except argparse.ArgumentError as e:  # a bad --context: one line, like every other error here
+        print(f"lampo info: {e}", file=sys.stderr)
+        return 2
     try:
         print(describe(args.model, args.context))
     except (ConfigError, CheckpointError, ValueError) as e:

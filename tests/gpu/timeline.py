@@ -199,7 +199,7 @@ def main() -> int:
     print(format_report(summary, rows[0][:args.show], step_us, plain_ms, layers))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"preset": args.preset, "layers": cfg.num_hidden_layers, "depth": w.depths[0],
+            json.dump({"preset": args.preset, "num_layers": cfg.num_hidden_layers, "depth": w.depths[0],
                        "steps": args.steps, "events": n_events, "plain_step_ms": plain_ms,
                        "instrumented_step_us": step_us, "summary": summary, "layers": layers, "steps_rows": rows,
                        "launches": [asdict(x) for x in steps[0]]}, f, indent=1)

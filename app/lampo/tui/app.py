@@ -113,7 +113,7 @@ class LampoApp(App):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Transcript(render_record, id="transcript")
-        yield PrefillProgressBar(clock=self.clock, id="prefill")
+        yield PrefillProgressBar(clock=self.clock, stop_key=self._key("stop"), id="prefill")
         send, stop = self._key("send"), self._key("stop")  # the texts name the keys bound
         with Vertical(id="composer"):
             yield Horizontal(id="chips")

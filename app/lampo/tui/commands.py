@@ -14,7 +14,7 @@ from lampo.tui.message_view import code_blocks
 ACTIONS: tuple[tuple[str, str, str], ...] = (
     ("Stop generating", "stop", "Stop the reply being generated; the partial reply is kept"),
     ("Regenerate last reply", "regenerate", "Generate a new reply to your last message (the old one stays as a branch)"),
-    ("Edit last message", "edit_last", "Put your last message back in the editor; Enter resends it"),
+    ("Edit last message", "edit_last", "Put your last message back in the editor, to change and resend it"),
     ("New chat", "new_chat", "Start an empty chat"),
     ("Chats…", "chats", "List saved chats: resume, rename, delete, export"),
     ("Toggle thinking", "toggle_thinking", "Let the model think before answering, or not (this chat)"),

@@ -65,8 +65,13 @@ class MarkdownView(Static):
         self.text = text
 
     def on_mount(self) -> None:
-        self.watch(self.app, "theme", self._render_text)
+        self._render_text(self.app.current_theme)
+        # Not `watch(app, "theme")`: the app would keep every view ever mounted (and all it
+        # rendered) until the theme next changes. A subscription ends with the view.
+        self.app.theme_changed_signal.subscribe(self, self._render_text)
 
-    def _render_text(self) -> None:
-        theme = self.app.current_theme
+    def on_unmount(self) -> None:
+        self.app.theme_changed_signal.unsubscribe(self)
+
+    def _render_text(self, theme: Theme) -> None:
         self.update(ThemedMarkdown(self.text, rich_markdown_theme(theme), CODE_THEMES[theme.dark]))

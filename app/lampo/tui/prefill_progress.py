@@ -15,22 +15,19 @@ from textual.containers import Horizontal
 from textual.widgets import ProgressBar, Static
 
 from lampo.backend import PrefillProgress
+from lampo.stats_format import prefill_text
 
 
-def prefill_label(done: int, total: int, rate: float) -> str:
-    """`12,288 / 51,200 tokens · 2,310 tok/s · ETA 17 s · Esc cancels`."""
-    parts = [f"prefill {done:,} / {total:,} tokens"]
-    if rate > 0:
-        parts.append(f"{rate:,.0f} tok/s")
-        parts.append(f"ETA {(total - done) / rate:,.0f} s")
-    parts.append("Esc cancels")
-    return " · ".join(parts)
+def prefill_label(done: int, total: int, rate: float, stop_key: str = "Esc") -> str:
+    """`prefill 12,288 / 51,200 tokens · 2,310 tok/s · ETA 17 s · Esc cancels`."""
+    return f"{prefill_text(done, total, rate)} · {stop_key} cancels"
 
 
 class PrefillProgressBar(Horizontal):
-    def __init__(self, *, clock: Callable[[], float] = time.monotonic, id: str | None = None):
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, stop_key: str = "Esc",
+                 id: str | None = None):
         super().__init__(id=id)
-        self._clock = clock
+        self._clock, self._stop_key = clock, stop_key
         self._first: tuple[float, int] | None = None  # (time, done) of the first event
 
     def compose(self) -> ComposeResult:
@@ -47,7 +44,7 @@ class PrefillProgressBar(Horizontal):
             rate = (event.done - done0) / (now - t0)
         self.add_class("-active")
         self.query_one(ProgressBar).update(total=max(event.total, 1), progress=event.done)
-        self.query_one("#prefill-label", Static).update(prefill_label(event.done, event.total, rate))
+        self.query_one("#prefill-label", Static).update(prefill_label(event.done, event.total, rate, self._stop_key))
 
     def hide(self) -> None:
         self._first = None
