@@ -57,6 +57,10 @@ class FakeEngine:
     def finish_loading(self):
         self.calls.append(("finish_loading",))
 
+    def nonfinite_census(self):
+        self.calls.append(("nonfinite_census",))
+        return []
+
     @property
     def position(self) -> int:
         return len(self.history)
@@ -190,7 +194,7 @@ def test_load_weights_walks_the_shards_and_skips_mtp(tiny_dense_dir):
     assert engine.loaded == expected and not any(name.startswith("mtp.") for name in engine.loaded)
     assert set(engine.loaded) == {name for name, _s, _d in engine.weight_specs()}
     assert seen[-1] == (n, n) and all(a[0] < b[0] for a, b in zip(seen, seen[1:]))
-    assert engine.calls[-1] == ("finish_loading",)
+    assert engine.calls[-2:] == [("finish_loading",), ("nonfinite_census",)]
 
 
 # ---- generation -------------------------------------------------------------------------------

@@ -155,6 +155,9 @@ class CudaTarget:
             self.engine.random_weights(seed)
             self.source = "random weights filled in VRAM (no checkpoint file)"
             self.load = {"bytes": self.engine.weight_bytes, "seconds": time.perf_counter() - t0}
+            t0 = time.perf_counter()  # the NaN/Inf census a checkpoint load ends with, timed alone
+            found = self.engine.nonfinite_census()
+            self.load["census"] = {"seconds": time.perf_counter() - t0, "tensors_with_nonfinite": len(found)}
         self.engine.set_sampling(0.0, 0, 1.0, 0.0, 0.0, seed)  # greedy
 
     @property
@@ -333,6 +336,10 @@ def format_report(r: dict) -> str:
         lines[-1] += f", copy bandwidth {dev['copy_bandwidth'] / 1e12:.2f} TB/s (read + written)"
     if dev.get("vram_total"):
         lines.append(f"VRAM used: {_gib(dev['vram_used'])} of {_gib(dev['vram_total'])}")
+    census = r["load"].get("census")
+    if census:
+        lines.append(f"NaN/Inf census of the weights in VRAM: {census['seconds'] * 1e3:,.1f} ms "
+                     f"({_gib(r['load']['bytes'])}; {census['tensors_with_nonfinite']} tensors with any)")
     if r.get("launches_per_token"):
         lines.append(f"launches per decode step: {r['launches_per_token']['kernels']} kernels "
                      f"({r['launches_per_token']['nodes']} graph nodes)")

@@ -118,7 +118,8 @@ def load_weights(engine, ck: Checkpoint, progress: LoadProgress | None = None) -
             done += array.nbytes
             if progress:
                 progress(done, total)
-    nonfinite = engine.finish_loading()  # [(name, count, index of the first)]; empty when none
+    engine.finish_loading()
+    nonfinite = engine.nonfinite_census()  # [(name, count, index of the first)]; empty when none
     if nonfinite:
         raise nonfinite_error(ck, [NonFinite(*t) for t in nonfinite])
     return done

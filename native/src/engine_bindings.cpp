@@ -102,12 +102,13 @@ void register_engine(py::module_& m) {
              "[(checkpoint name, shape, 'BF16'|'F32')] of every tensor the engine loads")
         .def("load_tensor", &load_tensor, py::arg("name"), py::arg("array"),
              "Copy one tensor (numpy uint16 bf16 bits or float32, C order) into VRAM")
-        .def("finish_loading",
+        .def("finish_loading", [](Engine& e) { e.weights().finish_loading(); }, release(),
+             "Wait for every copy and check that all tensors arrived")
+        .def("nonfinite_census",
              [](Engine& e) {
                  std::vector<NonFiniteCount> counts;
                  {
                      py::gil_scoped_release r;
-                     e.weights().finish_loading();
                      counts = count_nonfinite(e.weights().slots());
                  }
                  py::list bad;
@@ -118,8 +119,8 @@ void register_engine(py::module_& m) {
                  }
                  return bad;
              },
-             "Wait for every copy and check that all tensors arrived, then count the NaN/Inf values of "
-             "each in VRAM: [(name, count, flat index of the first)] of those holding any (empty: none)")
+             "Count the NaN/Inf values of every tensor in VRAM (after finish_loading or random_weights): "
+             "[(name, count, flat index of the first)] of those holding any (empty: none)")
         .def("random_weights", &Engine::random_weights, py::arg("seed") = 0, release(),
              "Bench mode: deterministic random weights in VRAM")
         .def_property_readonly("weight_bytes", [](Engine& e) { return e.weights().bytes(); })

@@ -1,5 +1,5 @@
 """The engine's NaN/Inf census of the weights in VRAM (native/src/nonfinite_scan.cu, returned by
-`Engine.finish_loading`) against the numpy reference (`lampo.models.finite_scan`): tiny checkpoints
+`Engine.nonfinite_census`) against the numpy reference (`lampo.models.finite_scan`): tiny checkpoints
 with non-finite values planted in chosen tensors (parts of fused blocks, single values in the middle
 and at the end of the big embedding and LM head, F32 tensors in F32 and in BF16 slots) must be
 reported with exactly those tensors, counts and first indices; a clean checkpoint reports nothing.
@@ -78,7 +78,8 @@ def engine_census(model_dir: Path) -> dict[str, tuple[int, int]]:
         for name in names:
             if name in wanted:
                 engine.load_tensor(name, ck.raw(name))
-    return {name: (count, first) for name, count, first in engine.finish_loading()}
+    engine.finish_loading()
+    return {name: (count, first) for name, count, first in engine.nonfinite_census()}
 
 
 def test_clean_checkpoint_reports_nothing(clean: Path):
