@@ -135,34 +135,24 @@ def _write_shard(f: BinaryIO, names: list[str], specs: dict[str, TensorSpec], se
             f.write(_encode(block, specs[name].dtype).data)
 
 
-def _resolve_tokenizer(tokenizer: Path | str | bool | None) -> Path | None:
-    if tokenizer is True:
-        from lampo.models.tokenizer import default_tokenizer_path
-
-        return Path(default_tokenizer_path())
-    if tokenizer in (None, False):
-        return None
-    return Path(tokenizer)
-
-
 def write_checkpoint(
     out_dir: Path | str,
     cfg: ModelConfig,
     seed: int = 0,
     shard_mb: float = 2048,
     with_mtp: bool = True,
-    tokenizer: Path | str | bool | None = None,
+    tokenizer: Path | str | None = None,
     vector_dtype: str = BF16,
 ) -> Path:
     """Write a synthetic checkpoint of `cfg` into `out_dir` (created; earlier model files there are
     replaced) and return its path. `shard_mb`: shard size limit in MB (10^6 bytes). `tokenizer`: a
-    tokenizer.json to copy in (True: the default Qwen3.6 one). `vector_dtype`: BF16 or F32 for
+    tokenizer.json to copy in. `vector_dtype`: BF16 or F32 for
     the 1-D tensors that may be either (real checkpoints differ)."""
     if vector_dtype not in (BF16, F32):
         raise ValueError(f"synthetic: vector_dtype must be {BF16!r} or {F32!r}, got {vector_dtype!r}")
     if shard_mb <= 0:
         raise ValueError(f"synthetic: shard_mb must be positive, got {shard_mb}")
-    tok = _resolve_tokenizer(tokenizer)
+    tok = None if tokenizer is None else Path(tokenizer)
     if tok is not None and not tok.is_file():
         raise FileNotFoundError(f"tokenizer file {tok} not found")
     out = Path(out_dir)

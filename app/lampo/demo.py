@@ -44,7 +44,7 @@ def ensure_demo_checkpoint() -> Path:
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{DEMO_DIR_NAME}.tmp-", dir=target.parent))
     try:
-        write_checkpoint(tmp, get_preset(DEMO_PRESET), seed=DEMO_SEED, tokenizer=True)
+        write_checkpoint(tmp, get_preset(DEMO_PRESET), seed=DEMO_SEED, tokenizer=paths.tokenizer_file())
         (tmp / MARKER).write_text(MARKER_TEXT, encoding="utf-8")
         if target.exists() and not is_demo_checkpoint(target):  # an unmarked leftover
             shutil.rmtree(target)

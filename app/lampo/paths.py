@@ -71,6 +71,13 @@ def database_file() -> Path:
     return data_dir() / "lampo.sqlite3"
 
 
+def tokenizer_file() -> Path:
+    """The Qwen3.6 tokenizer.json in the cache folder, built there on first use (a few seconds)."""
+    from lampo.models.tokenizer import ensure_tokenizer_json
+
+    return ensure_tokenizer_json(cache_dir() / "tokenizer" / "qwen3.6-tokenizer.json")
+
+
 def history_file() -> Path:
     """prompt_toolkit input history of plain mode."""
     return data_dir() / "plain_history"

@@ -11,9 +11,9 @@ TOKENIZER_CACHE = Path("tokenizer") / "qwen3.6-tokenizer.json"  # under a cache 
 @functools.cache
 def tokenizer_json() -> Path:
     """The built Qwen3.6 tokenizer.json (built once per machine into Lampo's cache)."""
-    from lampo.models.tokenizer import default_tokenizer_path
+    from lampo import paths
 
-    return default_tokenizer_path()
+    return paths.tokenizer_file()
 
 
 @functools.cache
