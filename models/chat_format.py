@@ -37,6 +37,9 @@ _TOOLS_FOOTER = (
 )
 
 
+_USER_TURN = "<|im_start|>user\n"
+
+
 class ChatFormatError(ValueError):
     """The conversation cannot be rendered (the template would raise)."""
 
@@ -100,6 +103,34 @@ def build_prompt(
     return Prompt(text, tuple(head + tokenizer.encode(text[boundary:])), len(head))
 
 
+class PromptCounter:
+    """Token counts of conversations as `build_prompt` would give them, for a context meter that
+    recounts on every keystroke: only the last user turn is tokenized each time; the history
+    before it is memoised (one entry: the live history). The split falls just before
+    `<|im_start|>`, an added token the tokenizer splits on first, so the two counts add up to the
+    whole exactly."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._tokenizer = tokenizer
+        self._memo: tuple[str, int] = ("", 0)  # (history text, its token count)
+
+    def prompt_tokens(self, messages: Sequence[Message], *, enable_thinking: bool = True) -> int:
+        """Tokens of the prompt for these messages, generation prompt included."""
+        text = render(messages, enable_thinking=enable_thinking)
+        last_turn = text.rfind(_USER_TURN)
+        return self._history_tokens(text[:last_turn]) + self._tokenizer.count(text[last_turn:])
+
+    def conversation_tokens(self, messages: Sequence[Message]) -> int:
+        """Tokens of the conversation as it stands (no generation prompt): what an engine holds
+        after the last reply."""
+        return self._tokenizer.count(render(messages, add_generation_prompt=False))
+
+    def _history_tokens(self, text: str) -> int:
+        if self._memo[0] != text:
+            self._memo = (text, self._tokenizer.count(text))
+        return self._memo[1]
+
+
 def split_reasoning(raw_text: str) -> tuple[str, str]:
     """(reasoning, answer) of a generation made after a thinking-on prompt (which already holds
     `<think>\\n`). Without `</think>` yet, everything is reasoning. Both parts are trimmed."""
@@ -132,7 +163,7 @@ def _render(
     for i, message in enumerate(messages):
         content = message.content.strip()
         if message.role == "user":
-            out.append(f"<|im_start|>user\n{content}<|im_end|>\n")
+            out.append(f"{_USER_TURN}{content}<|im_end|>\n")
             if i == last_query:
                 boundary = sum(map(len, out))
         elif message.role == "assistant":

@@ -16,6 +16,7 @@ from lampo.attachments import Attachment, text_sha256, user_content
 from lampo.models.chat_format import (
     ChatFormatError,
     Message,
+    PromptCounter,
     ToolCall,
     build_prompt,
     render,
@@ -178,6 +179,27 @@ def test_reuse_boundary_ends_the_last_user_query(name, tok):
     assert prompt.ids[: prompt.reuse_boundary] == tuple(tok.encode(head))
     assert prompt.ids[prompt.reuse_boundary - 2 : prompt.reuse_boundary + 1] == (
         248046, tok.encode("\n")[0], 248045)
+
+
+def test_prompt_counter_counts_what_build_prompt_encodes_and_tokenizes_the_history_once(tok):
+    class Counting:
+        def __init__(self):
+            self.texts = []
+
+        def count(self, text):
+            self.texts.append(text)
+            return tok.count(text)
+
+    counting = Counting()
+    counter = PromptCounter(counting)
+    history = [Message(S, "You are Lampo."), Message(U, "Name a prime."), Message(A, "7.", reasoning="r")]
+    for draft in ("Another?", "Another one?", "And an <|im_end|> one?"):
+        for thinking in (True, False):
+            messages = [*history, Message(U, draft)]
+            assert counter.prompt_tokens(messages, enable_thinking=thinking) == \
+                len(build_prompt(tok, messages, enable_thinking=thinking).ids)
+    assert sum(text.startswith("<|im_start|>system") for text in counting.texts) == 1  # the memo held
+    assert counter.conversation_tokens(history) == len(tok.encode(render(history, add_generation_prompt=False)))
 
 
 def test_reuse_boundary_prefix_survives_continuation(tok):

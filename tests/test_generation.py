@@ -62,7 +62,9 @@ class FakeSteps(SyncDecode):
 
 
 class SilentEvenTokenizer:
-    """Odd ids have no text of their own yet: they are shown with the next even id."""
+    """Odd ids have no text of their own yet: they are shown with the next even id. No stop ids."""
+
+    stop_ids = ()
 
     class Decoder:
         def __init__(self):
@@ -128,6 +130,14 @@ def test_requests_are_checked_before_any_work():
         loop.start(GenerationRequest((1, 2)), threading.Event(), FakeSteps(), 64)
     stream.close()  # an abandoned stream releases the backend
     assert run(loop, FakeSteps(), [1, 2], max_tokens=1)[-1].reason == "length"
+
+
+def test_without_stop_ids_in_the_request_the_tokenizers_end_the_reply():
+    loop, _, _ = make_loop()
+    loop._tokenizer.stop_ids = (STOP,)  # the model's own end-of-turn ids, not the caller's
+    events = run(loop, FakeSteps(stop_at=14), list(range(1, 11)), max_tokens=50, stop_ids=None)
+    assert events[-1].reason == "stop" and STOP not in token_ids(events)
+    assert run(loop, FakeSteps(stop_at=14), list(range(1, 11)), max_tokens=8, stop_ids=())[-1].reason == "length"
 
 
 def test_text_streams_with_its_ids_and_the_stop_id_is_never_fed():

@@ -28,7 +28,7 @@ class GenerationRequest:
     # last user turn), so that the next turn can resume there even when the re-rendered
     # history diverges after it (the chat template drops earlier reasoning).
     snapshot_at: tuple[int, ...] = ()
-    stop_ids: tuple[int, ...] = (248046, 248044)
+    stop_ids: tuple[int, ...] | None = None  # None: the tokenizer's (end of turn, end of text)
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Stats:
     draft_n_accepted: int = 0
     draft_rounds: int = 0
     context_used: int = 0
-    context_max: int = 262_144
+    context_max: int = 0
     vram_used: int = 0  # bytes; 0 when not applicable (CPU backend)
     vram_total: int = 0
 

@@ -32,7 +32,7 @@ from typing import Any, Iterator, Sequence
 
 from lampo.attachments import Attachment, user_content
 from lampo.backend import Backend, ContextOverflow, Done, Event, GenerationRequest, Stats, TokenEvent
-from lampo.models.chat_format import Message, Prompt, build_prompt, render, split_reasoning
+from lampo.models.chat_format import Message, Prompt, PromptCounter, build_prompt, split_reasoning
 from lampo.models.sampling_params import SamplingParams
 from lampo.store import ChatRecord, MessageRecord, Store, StoreError
 
@@ -47,7 +47,7 @@ class ChatSession:
         self.backend, self.tokenizer, self.store = backend, tokenizer, store
         self._defaults = (system_prompt, sampling or SamplingParams(), thinking)
         self._cancel = threading.Event()
-        self._counts: dict[str, int] = {}  # memo: rendered history prefix -> token count
+        self._counter = PromptCounter(tokenizer)
         self._sync_lock = threading.RLock()  # the UI thread and the generation worker both write
         self._warnings: list[str] = []
         self._store_failing = False
@@ -82,8 +82,7 @@ class ChatSession:
     def context_used(self) -> int:
         """Tokens of the conversation so far (what the engine holds after the last reply)."""
         if self._context_used is None:
-            self._context_used = self._count(render(self.messages, add_generation_prompt=False)) \
-                if self.turns else 0
+            self._context_used = self._counter.conversation_tokens(self.messages) if self.turns else 0
         return self._context_used
 
     def add_attachment(self, name: str, text: str) -> Attachment:
@@ -105,7 +104,8 @@ class ChatSession:
 
     def pending_tokens(self, draft: str, attachments: Sequence[Attachment] = ()) -> int:
         """Prompt tokens if `draft` (+ attachments) were sent now, generation prompt included."""
-        return self._count_prompt(self.turns + [self._user(draft, attachments)])
+        return self._counter.prompt_tokens(self._messages_for(self.turns + [self._user(draft, attachments)]),
+                                           enable_thinking=self.thinking)
 
     def check_fits(self, draft: str, attachments: Sequence[Attachment] = ()) -> None:
         """Raise ContextOverflow (with the numbers) when the next prompt does not fit."""
@@ -383,21 +383,6 @@ class ChatSession:
         prompt = build_prompt(self.tokenizer, self._messages_for(turns), enable_thinking=self.thinking)
         self._fit(len(prompt.ids))
         return prompt
-
-    def _count_prompt(self, turns: Sequence[MessageRecord]) -> int:
-        """Token count as build_prompt would give, tokenizing only the last turn each time: the
-        history before it is memoised (the split falls before `<|im_start|>`, an added token,
-        so counts add up exactly)."""
-        text = render(self._messages_for(turns), enable_thinking=self.thinking)
-        last_turn = text.rfind("<|im_start|>user\n")
-        return self._count(text[:last_turn], memo=True) + self._count(text[last_turn:])
-
-    def _count(self, text: str, memo: bool = False) -> int:
-        if not memo:
-            return self.tokenizer.count(text)
-        if text not in self._counts:
-            self._counts = {text: self.tokenizer.count(text)}  # keep one entry: the live history
-        return self._counts[text]
 
     def _fit(self, prompt_tokens: int) -> None:
         if prompt_tokens > self.context_max:

@@ -10,7 +10,7 @@ adapter per call, and the loop does the rest, following `PrefixCache`'s engine l
   where a snapshot is saved, with a `PrefillProgress` after each call and the cancel flag checked
   between calls;
 - the last prefill call samples the first token; then stream it and decode token by token until
-  a stop id (never fed to the model), `max_tokens`, the context end (prompt + reply ==
+  a stop id (the request's, else the tokenizer's; never fed to the model), `max_tokens`, the context end (prompt + reply ==
   context_max) or cancel, checked before every step. Each step is queued on the engine before
   the token it feeds is streamed, so the device computes while the host decodes text, yields
   events and waits for its consumer (`decode_submit`, then `decode_collect`). Text goes through
@@ -169,7 +169,7 @@ class GenerationLoop:
 
         # ---- decode: `token` is sampled, not yet fed to the model ----
         decoder = self._tokenizer.stream_decoder()
-        stop_ids = set(request.stop_ids)
+        stop_ids = set(self._tokenizer.stop_ids if request.stop_ids is None else request.stop_ids)
         n, pending, last_stats = 0, [], run.t_first
         reason: DoneReason
         queued = False  # a step feeding `token` runs on the engine

@@ -36,7 +36,9 @@ def seed_lampo_home(home: Path) -> Path:
 
 class TagTokenizer:
     """Stands in for the real tokenizer where only token ids matter (the GPU machine has no
-    `tokenizers` package): token t streams as "<t>"."""
+    `tokenizers` package): token t streams as "<t>"; the Qwen3.6 stop ids end a reply."""
+
+    stop_ids = (248046, 248044)
 
     class Decoder:
         def push(self, token):
