@@ -26,6 +26,7 @@ def test_fresh_database_is_migrated_and_in_wal_mode(store):
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert store.notice is None
     conn.close()
+    assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL: commits survive power loss
 
 
 def test_chat_crud_and_ordering(store):

@@ -1,7 +1,7 @@
 """Opening the chat database so that only real damage is set aside and nothing stops the chat.
 
 `open_database(path, busy_timeout)` returns an `Opened`: a connection (autocommit, WAL,
-`synchronous=NORMAL`, foreign keys on, migrated, proven writable), whether it is the file
+`synchronous=FULL`, foreign keys on, migrated, proven writable), whether it is the file
 (`persistent`) or an in-memory stand-in, and `notice` (a sentence for every front end, or None).
 By what SQLite reports:
 - a lock held by another process past the busy timeout: in memory; the notice names the file and
@@ -91,7 +91,7 @@ def _open_file(path: Path, busy_timeout: float) -> sqlite3.Connection:
         if verdict:
             raise _Damaged(verdict)
         _use_wal(conn, busy_timeout)
-        conn.execute("PRAGMA synchronous = NORMAL")  # WAL: a commit survives a crash of Lampo
+        conn.execute("PRAGMA synchronous = FULL")  # WAL synced at every commit: it survives power loss too
         migrate(conn)
         _prove_writable(conn)
     except BaseException:
