@@ -178,7 +178,7 @@ class ModelConfig:
         return cfg
 
     def engine_sizes(self) -> dict[str, int]:
-        """The widths the engine computes in 32-bit ints (native/src/model.h, ModelDims), before
+        """The widths the engine computes in 32-bit ints (native/src/engine/model.h, ModelDims), before
         the zero-row padding of its fused projections (at most FUSED_ROW_PAD more)."""
         sizes = {
             "q_proj rows + 2 * kv_width (fused attention projection)": self.q_proj_rows + 2 * self.kv_width,

@@ -2,8 +2,8 @@
 
 `count_nonfinite(raw)` counts the non-finite values of one stored tensor (`Checkpoint.raw`: bf16
 bit patterns as uint16, or float32) straight from the bits, an exponent of all ones being +-Inf or
-NaN, in bounded chunks; it is the reference the CUDA engine's own census (native/src/
-nonfinite_scan.cu, returned by `Engine.nonfinite_census`) is tested against. `check_finite(ck)` scans
+NaN, in bounded chunks; it is the reference the CUDA engine's own census
+(native/src/weights/nonfinite_scan.cu, returned by `Engine.nonfinite_census`) is tested against. `check_finite(ck)` scans
 every tensor the text engine uses (the reference backend's load step) and raises
 `nonfinite_error`: one CheckpointError line naming the file, the tensor, how many values and the
 first one's index, and the other tensors affected.

@@ -162,7 +162,7 @@ def fresh_generation(prompt, n):
 
 # ---- setup ------------------------------------------------------------------------------------
 def test_native_dims_has_exactly_the_fields_the_binding_reads():
-    src = (Path(__file__).parents[1] / "native/src/engine_bindings.cpp").read_text()
+    src = (Path(__file__).parents[1] / "native/src/bindings/engine_bindings.cpp").read_text()
     body = src[src.index("ModelDims dims_from_dict"):src.index("void load_tensor")]
     read = set(re.findall(r'\b(?:i|get)\("(\w+)"\)', body))
     dims = native_dims(get_preset("qwen3.6-35b-a3b"))

@@ -61,7 +61,7 @@ def load_native():
 
 
 def native_dims(cfg: ModelConfig) -> dict:
-    """`cfg` as the field names of the engine's ModelDims (native/src/model.h)."""
+    """`cfg` as the field names of the engine's ModelDims (native/src/engine/model.h)."""
     return {
         "hidden": cfg.hidden_size,
         "layer_types": list(cfg.layer_types),

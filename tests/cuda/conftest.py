@@ -1,6 +1,8 @@
 """GPU tests: every item under tests/cuda/ is marked `cuda` (deselected by default through
 `addopts = -m 'not cuda'`) and skipped unless the `lampo._native` extension imports and sees a
-CUDA device. Run them on the GPU machine with `python -m pytest -m cuda tests/cuda`.
+CUDA device. The per-op tests (the `ops` fixture) also need `lampo._native_ops`, the op-test
+bindings, which only a build configured with -DLAMPO_OP_TESTS=ON has (tests/gpu/run.sh builds it).
+Run them on the GPU machine with `python -m pytest -m cuda tests/cuda`.
 """
 
 from __future__ import annotations
@@ -37,7 +39,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def ops():
-    """The per-op test bindings, `lampo._native.ops`."""
-    from lampo import _native
-
-    return _native.ops
+    """The per-op test bindings, `lampo._native_ops` (skips the test when that module is not built)."""
+    try:
+        from lampo import _native_ops
+    except ImportError as e:
+        pytest.skip(f"lampo._native_ops is not built (configure native/ with -DLAMPO_OP_TESTS=ON): {e}")
+    return _native_ops

@@ -1,4 +1,4 @@
-"""The engine's NaN/Inf census of the weights in VRAM (native/src/nonfinite_scan.cu, returned by
+"""The engine's NaN/Inf census of the weights in VRAM (native/src/weights/nonfinite_scan.cu, returned by
 `Engine.nonfinite_census`) against the numpy reference (`lampo.models.finite_scan`): tiny checkpoints
 with non-finite values planted in chosen tensors (parts of fused blocks, single values in the middle
 and at the end of the big embedding and LM head, F32 tensors in F32 and in BF16 slots) must be

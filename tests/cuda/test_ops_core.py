@@ -1,4 +1,4 @@
-"""Core CUDA kernels (lampo._native.ops) against the numpy reference (lampo.models.reference).
+"""Core CUDA kernels (lampo._native_ops) against the numpy reference (lampo.models.reference).
 
 Tolerances: bf16 outputs |got - ref| <= 1e-2 * (|ref| + rms(ref)) (bf16 rounding is 2^-9);
 fp32 outputs of the matrix kernels 1e-5 * (|ref| + rms(ref)); gathers, residual adds and the INT8

@@ -1,8 +1,8 @@
-"""GPU tests of the Gated DeltaNet and MoE kernels (lampo._native.ops) against the numpy reference.
+"""GPU tests of the Gated DeltaNet and MoE kernels (lampo._native_ops) against the numpy reference.
 
 Oracles: `lampo.models.reference.gated_deltanet` (conv, gates, l2norm, token-serial delta rule),
 `.norms.gated_rmsnorm`, `.ffn` (router, swiglu, moe_block), evaluated in fp32 on the same
-bf16-rounded inputs the kernels see (`ops` is the conftest fixture `lampo._native.ops`). The
+bf16-rounded inputs the kernels see (`ops` is the conftest fixture `lampo._native_ops`). The
 bindings poison every output and workspace (NaN / -1) before each launch, so anything a kernel
 fails to write fails the comparison.
 

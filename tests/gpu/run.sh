@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# tests/gpu/run.sh MODE - on the GPU machine, from the repository root: build lampo._native (all
-# sources), run the cuda-marked tests, then the benchmarks; logs, JSON and a summary go to $OUT.
+# tests/gpu/run.sh MODE - on the GPU machine, from the repository root: build lampo._native and the
+# op-test module lampo._native_ops (all sources, -DLAMPO_OP_TESTS=ON), run the cuda-marked tests,
+# then the benchmarks; logs, JSON and a summary go to $OUT.
 #
 #   (every mode but quick/full packs its outputs into $OUT/results.tgz: the device returns <= 8 files)
 #   quick  build + pytest -m cuda + short benches: tiny-moe, and the full-width 35B-A3B / 27B shapes
@@ -21,9 +22,9 @@
 #   ab     A/B of build variants on the graphed decode step (depth 1 and 8,192 by random fill) of
 #          the 35B-A3B, or of the model AB_MODEL names (27b): the patches of BASE_PATCH applied
 #          first, the base built (and tested with TESTS=1);
-#          each of VARIANTS (patches of native/ only) applied, built into its own module and taken
+#          each of VARIANTS (patches of native/ only) applied, built into its own modules and taken
 #          back; then AB_REPEAT rounds (default 2), each benching every build in turn with its
-#          module swapped in, so a drift of the machine hits them alike. tests/gpu/ab_summary.py
+#          modules swapped in, so a drift of the machine hits them alike. tests/gpu/ab_summary.py
 #          gives each build's medians; a variant whose median at 8,192 beats the base's by more than
 #          KEEP_MS (default 0.02 ms) runs VARIANT_TESTS (pytest paths, if set).
 #          A patch name is a file .gpu/NAME.patch (git apply); NAME+NAME applies several. E.g.
@@ -129,15 +130,16 @@ if [ "$MODE" = ab ] && [ -n "${BASE_PATCH:-}" ]; then
   export LAMPO_COMMIT="$LAMPO_COMMIT + $BASE_PATCH"
 fi
 
-build_native() {  # compile the configured build and put the module into the package
+build_native() {  # compile the configured build and put both modules (_native, _native_ops) into the package
   cmake --build "$WORK/build" -j"${JOBS:-14}" >>"$OUT/build.log" 2>&1 && cp "$WORK"/build/_native*.so app/lampo/
 }
-log "building lampo._native"
+log "building lampo._native and lampo._native_ops"
 # Always from an empty build folder: a warm machine keeps $WORK between calls, and a source file
 # that a variant patch touched in the previous call comes back with an older time stamp than the
 # objects built from the patched version, so an incremental build would keep the variant's code.
 rm -rf "$WORK/build"
-cmake -S native -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAMPO_TIMELINE=$([ "$MODE" = timeline ] && echo ON || echo OFF) \
+cmake -S native -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAMPO_OP_TESTS=ON \
+  -DLAMPO_TIMELINE=$([ "$MODE" = timeline ] && echo ON || echo OFF) \
   -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/build.log" 2>&1 \
   && build_native
 if [ $? -ne 0 ]; then
@@ -233,12 +235,11 @@ timeline)  # block timestamps of the graphed step (a LAMPO_TIMELINE build; tests
       >"$OUT/bench/timeline-35b-a3b-$depth.txt" 2>&1
     log "timeline depth $depth exit $?"
   done ;;
-ab)  # each build once into $WORK/so, then AB_REPEAT rounds that bench every build in turn
-  SO_DIR="$WORK/so"; mkdir -p "$SO_DIR"; rm -f "$SO_DIR"/*.so
+ab)  # each build once into $WORK/so/BUILD/ (both modules), then AB_REPEAT rounds that bench every build in turn
+  SO_DIR="$WORK/so"; rm -rf "$SO_DIR"; mkdir -p "$SO_DIR"
   AB_MODEL=${AB_MODEL:-35b-a3b}
-  MODULE=app/lampo/$(basename "$WORK"/build/_native*.so)
-  keep_so() { cp "$WORK"/build/_native*.so "$SO_DIR/$1.so"; }
-  use_so() { cp "$SO_DIR/$1.so" "$MODULE"; }
+  keep_so() { mkdir -p "$SO_DIR/$1" && cp "$WORK"/build/_native*.so "$SO_DIR/$1/"; }
+  use_so() { cp "$SO_DIR/$1"/_native*.so app/lampo/; }
   native_only() {  # a variant is swapped in as a module only, so its patches may change native/ alone
     local p; for p in ${1//+/ }; do
       grep '^+++ b/' ".gpu/$p.patch" | grep -qv '^+++ b/native/' && return 1

@@ -2,7 +2,7 @@
 
 Every decode-step kernel of a LAMPO_TIMELINE build records, per block, when it reached pdl_begin
 (resident, waiting) and when its wait returned (the kernel before it had completed); the MoE gate_up
-also records when its experts were known (native/src/timeline.h). From those marks, per launch:
+also records when its experts were known (native/src/diagnostics/timeline.h). From those marks, per launch:
 
   head start   first block released - first block resident (how early the launch was resident)
   critical     next launch released - this launch released: this kernel's share of the step's

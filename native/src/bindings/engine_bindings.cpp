@@ -1,0 +1,213 @@
+// engine_bindings.cpp - lampo._native.Engine and the device helpers (mem_info, copy bandwidth).
+// Long calls release the GIL; numpy inputs are read while the GIL is still held.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "engine/engine.h"
+#include "weights/nonfinite_scan.h"
+
+namespace py = pybind11;
+
+namespace lampo {
+namespace {
+
+// The Python side passes a dict with ModelDims' field names (lampo.cuda_backend.native_dims).
+ModelDims dims_from_dict(const py::dict& c) {
+    auto get = [&](const char* key) -> py::handle {
+        if (!c.contains(key)) throw std::invalid_argument(std::string("model dims: missing '") + key + "'");
+        return c[key];
+    };
+    auto i = [&](const char* key) { return get(key).cast<int>(); };
+    ModelDims d;
+    d.hidden = i("hidden");
+    for (const auto& t : get("layer_types").cast<std::vector<std::string>>()) {
+        if (t == "linear_attention") {
+            d.mixers.push_back(MixerKind::GatedDeltaNet);
+        } else if (t == "full_attention") {
+            d.mixers.push_back(MixerKind::GatedAttention);
+        } else {
+            throw std::invalid_argument("model dims: unknown layer type '" + t + "'");
+        }
+    }
+    d.n_q_heads = i("n_q_heads");
+    d.n_kv_heads = i("n_kv_heads");
+    d.head_dim = i("head_dim");
+    d.rotary_dim = i("rotary_dim");
+    d.rope_theta = get("rope_theta").cast<float>();
+    d.gdn_k_heads = i("gdn_k_heads");
+    d.gdn_v_heads = i("gdn_v_heads");
+    d.gdn_k_dim = i("gdn_k_dim");
+    d.gdn_v_dim = i("gdn_v_dim");
+    d.conv_kernel = i("conv_kernel");
+    d.moe = get("moe").cast<bool>();
+    d.ffn_inter = i("ffn_inter");
+    d.n_experts = i("n_experts");
+    d.top_k = i("top_k");
+    d.expert_inter = i("expert_inter");
+    d.shared_inter = i("shared_inter");
+    d.vocab = i("vocab");
+    d.vocab_real = i("vocab_real");
+    d.eps = get("eps").cast<float>();
+    return d;
+}
+
+void load_tensor(Engine& e, const std::string& name, const py::array& a) {
+    DType dtype;
+    if (a.dtype().is(py::dtype::of<uint16_t>())) {
+        dtype = DType::BF16;  // bf16 travels as its uint16 bit pattern
+    } else if (a.dtype().is(py::dtype::of<float>())) {
+        dtype = DType::F32;
+    } else {
+        throw std::invalid_argument("load_tensor: '" + name + "' has numpy dtype " +
+                                    py::str(a.dtype()).cast<std::string>() +
+                                    "; expected uint16 (bf16 bits) or float32");
+    }
+    if (!(a.flags() & py::array::c_style)) {
+        throw std::invalid_argument("load_tensor: '" + name + "' is not C-contiguous");
+    }
+    std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
+    const void* data = a.data();
+    py::gil_scoped_release release;  // `a` stays alive: the caller holds a reference
+    e.weights().load(name, data, dtype, shape);
+}
+
+int prefill(Engine& e, const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& ids,
+            bool sample) {
+    if (ids.ndim() != 1) throw std::invalid_argument("prefill: ids must be a 1-D array");
+    std::vector<int32_t> v(ids.data(), ids.data() + ids.size());
+    py::gil_scoped_release release;
+    return e.prefill(v.data(), int(v.size()), sample);
+}
+
+}  // namespace
+
+void register_engine(py::module_& m) {
+    using release = py::call_guard<py::gil_scoped_release>;
+    py::class_<Engine>(m, "Engine", "One model in VRAM and one conversation's state (engine.h)")
+        .def(py::init([](const py::dict& dims, int max_context, int prefill_chunk, int snapshot_slots) {
+                 return std::make_unique<Engine>(dims_from_dict(dims),
+                                                 EngineOptions{max_context, prefill_chunk, snapshot_slots});
+             }),
+             py::arg("dims"), py::arg("max_context") = 262144, py::arg("prefill_chunk") = 2048,
+             py::arg("snapshot_slots") = 4)
+        .def("weight_specs",
+             [](Engine& e) {
+                 py::list out;
+                 for (const TensorSlot& s : e.weights().slots()) {
+                     out.append(py::make_tuple(s.name, py::tuple(py::cast(s.shape)), dtype_name(s.dtype)));
+                 }
+                 return out;
+             },
+             "[(checkpoint name, shape, 'BF16'|'F32')] of every tensor the engine loads")
+        .def("load_tensor", &load_tensor, py::arg("name"), py::arg("array"),
+             "Copy one tensor (numpy uint16 bf16 bits or float32, C order) into VRAM")
+        .def("finish_loading", [](Engine& e) { e.weights().finish_loading(); }, release(),
+             "Wait for every copy and check that all tensors arrived")
+        .def("nonfinite_census",
+             [](Engine& e) {
+                 std::vector<NonFiniteCount> counts;
+                 {
+                     py::gil_scoped_release r;
+                     counts = count_nonfinite(e.weights().slots());
+                 }
+                 py::list bad;
+                 for (size_t i = 0; i < counts.size(); ++i) {
+                     if (counts[i].count) {
+                         bad.append(py::make_tuple(e.weights().slots()[i].name, counts[i].count, counts[i].first));
+                     }
+                 }
+                 return bad;
+             },
+             "Count the NaN/Inf values of every tensor in VRAM (after finish_loading or random_weights): "
+             "[(name, count, flat index of the first)] of those holding any (empty: none)")
+        .def("random_weights", &Engine::random_weights, py::arg("seed") = 0, release(),
+             "Bench mode: deterministic random weights in VRAM")
+        .def_property_readonly("weight_bytes", [](Engine& e) { return e.weights().bytes(); })
+        .def_property_readonly("loaded_bytes", [](Engine& e) { return e.weights().loaded_bytes(); })
+        .def_property_readonly("state_bytes", &Engine::state_bytes)
+        .def_property_readonly("workspace_bytes", &Engine::workspace_bytes)
+        .def_property_readonly("position", &Engine::position)
+        .def_property_readonly("max_context", [](Engine& e) { return e.options().max_context; })
+        .def_property_readonly("prefill_chunk", [](Engine& e) { return e.options().prefill_chunk; })
+        .def_property_readonly("snapshot_slots", [](Engine& e) { return e.options().snapshot_slots; })
+        .def_property_readonly("vocab", [](Engine& e) { return e.dims().vocab; })
+        .def("reset", &Engine::reset, release())
+        .def("snapshot", &Engine::snapshot, py::arg("slot"), release())
+        .def("restore", &Engine::restore, py::arg("slot"), release())
+        .def("snapshot_position", &Engine::snapshot_position, py::arg("slot"))
+        .def("set_sampling",
+             [](Engine& e, float temperature, int top_k, float top_p, float min_p,
+                float presence_penalty, uint64_t seed) {
+                 e.set_sampling(SamplingConfig{temperature, top_k, top_p, min_p, presence_penalty, seed});
+             },
+             py::arg("temperature"), py::arg("top_k"), py::arg("top_p"), py::arg("min_p"),
+             py::arg("presence_penalty"), py::arg("seed"))
+        .def("begin_generation", &Engine::begin_generation, release())
+        .def("prefill", &prefill, py::arg("ids"), py::arg("sample"),
+             "Run one chunk at the current position; returns the sampled next id, or -1")
+        .def("decode", &Engine::decode, py::arg("token") = -1, release(),
+             "One graph-replayed decode step; returns the sampled next id")
+        .def("decode_submit", &Engine::decode_submit, py::arg("token") = -1, release(),
+             "Queue one decode step (at most 2 queued); its sample is returned by decode_collect")
+        .def("decode_collect", &Engine::decode_collect, release(),
+             "Wait for the oldest queued decode step; returns its sampled id")
+        .def_property_readonly("decode_queued", &Engine::decode_queued)
+        .def("logits",
+             [](Engine& e) {
+                 std::vector<float> v;
+                 {
+                     py::gil_scoped_release r;
+                     v = e.logits();
+                 }
+                 py::array_t<float> out(v.size());
+                 std::copy(v.begin(), v.end(), out.mutable_data());
+                 return out;
+             })
+        .def("decode_graph_info",
+             [](Engine& e) {
+                 DecodeGraphInfo g;
+                 {
+                     py::gil_scoped_release r;
+                     g = e.decode_graph_info();
+                 }
+                 py::dict d;
+                 d["nodes"] = g.nodes;
+                 d["kernels"] = g.kernels;
+                 return d;
+             })
+        .def("profile_decode",
+             [](Engine& e, int steps, int token) {
+                 std::vector<std::pair<std::string, double>> r;
+                 {
+                     py::gil_scoped_release rel;
+                     r = e.profile_decode(steps, token);
+                 }
+                 py::dict d;
+                 for (const auto& [k, v] : r) d[py::str(k)] = v;
+                 return d;
+             },
+             py::arg("steps"), py::arg("token") = -1,
+             "Un-graphed decode steps timed per op family: {family: mean ms per step}")
+        .def("fill_state_random", &Engine::fill_state_random, py::arg("depth"), py::arg("seed") = 0,
+             release())
+        .def("healthy", &Engine::healthy, release())
+        .def("synchronize", &Engine::synchronize, release());
+
+    m.def("mem_info", &mem_info, "(free, total) device memory in bytes");
+    m.def("device_info", [] {
+        const DeviceInfo i = device_info();
+        py::dict d;
+        d["name"] = i.name;
+        d["sm_count"] = i.sm_count;
+        d["compute_capability"] = std::to_string(i.cc_major) + "." + std::to_string(i.cc_minor);
+        d["memory"] = i.memory;
+        return d;
+    }, "Name, SM count, compute capability and memory of the current device");
+    m.def("measure_copy_bandwidth", &measure_copy_bandwidth, py::arg("bytes") = size_t(1) << 30,
+          py::arg("iters") = 10, py::call_guard<py::gil_scoped_release>(),
+          "Device-to-device copy bandwidth in bytes/s (read + written)");
+    m.def("reset_device", &reset_device, "Destroy the CUDA context (after a sticky error)");
+}
+
+}  // namespace lampo

@@ -1,0 +1,154 @@
+// engine.h - one model resident in VRAM plus one conversation's state.
+//
+// The Engine owns the weights (WeightStore), the INT8 KV cache of every attention layer, the
+// Gated DeltaNet recurrent (fp32) and conv (bf16) states of every GDN layer, a fixed number of
+// snapshot slots for those states, the activation workspace for one prefill chunk, and the
+// device-side inputs of a step (token ids, position, sampled token, presence-penalty set, RNG
+// step). Everything is allocated in the constructor; an allocation that fails throws CudaError
+// naming what and how much.
+//
+// Prefill runs a chunk of up to `prefill_chunk` tokens (the caller drives the chunks) and samples
+// the next token from the last row only. Decode is one CUDA graph, captured once and replayed per
+// token: embedding of the device-resident token -> layers -> LM head -> on-GPU sampling, which
+// writes the next token where the next replay reads it, then the position advances on the device.
+// The host only reads back the sampled id. Sampling parameters are baked into the graph's kernel
+// arguments; changing them re-captures and applies cudaGraphExecUpdate (no re-instantiation).
+//
+// Snapshots copy only the GDN states (and remember the position): KV rows below a snapshot's
+// position are never rewritten while it is valid (the caller's PrefixCache enforces that).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "engine/model.h"
+#include "weights/weights.h"
+
+namespace lampo {
+
+struct EngineOptions {
+    int max_context = 262144;
+    int prefill_chunk = 2048;
+    int snapshot_slots = 4;
+};
+
+struct DecodeGraphInfo {
+    int nodes = 0;    // all nodes of the captured decode step
+    int kernels = 0;  // kernel nodes among them (launches per decoded token)
+};
+
+class Engine {
+public:
+    Engine(const ModelDims& dims, const EngineOptions& options);
+    ~Engine();
+    Engine(const Engine&) = delete;
+    Engine& operator=(const Engine&) = delete;
+
+    const ModelDims& dims() const { return dims_; }
+    const EngineOptions& options() const { return opt_; }
+    WeightStore& weights() { return *weights_; }
+    void random_weights(uint64_t seed) { weights_->fill_random(seed, stream_); }
+    size_t state_bytes() const;
+    size_t workspace_bytes() const { return workspace_mem_.bytes(); }
+
+    // ---- conversation state ----
+    int position() const { return pos_; }
+    void reset();                      // empty conversation (GDN states zeroed, position 0; queued
+                                       // decode steps are waited for and dropped)
+    void snapshot(int slot);           // GDN states + position -> slot
+    void restore(int slot);            // slot -> GDN states + position
+    int snapshot_position(int slot) const;
+
+    // ---- sampling ----
+    void set_sampling(const SamplingConfig& cfg);
+    void begin_generation();           // clears the presence-penalty set and the RNG step
+
+    // ---- compute ----
+    // Runs `n` (1..prefill_chunk) tokens at the current position. With `sample`, the LM head runs
+    // on the last row and the sampled next token is returned; otherwise returns -1.
+    int prefill(const int32_t* ids, int n, bool sample);
+    // One decode step (graph replay): feeds `token` (or, when token < 0, the token sampled by the
+    // previous step) and returns the next sampled token.
+    int decode(int token);
+    // The same step in two halves, so the host can keep a step queued on the GPU while it handles
+    // the previous token: decode_submit queues one step (feeding `token`, or the last sample when
+    // token < 0; a queued step's sample is fed by the step after it) and an asynchronous copy of
+    // its sample; decode_collect waits for the oldest queued step and returns its sample. At most
+    // DECODE_QUEUE steps are queued; every other call needs an empty queue.
+    static constexpr int DECODE_QUEUE = 2;
+    void decode_submit(int token);
+    int decode_collect();
+    int decode_queued() const { return queued_; }
+    std::vector<float> logits();       // fp32 logits [V] of the last row of the last call
+    DecodeGraphInfo decode_graph_info();
+    // Runs `steps` decode steps un-graphed with events around each op family (the first feeds
+    // `token`, or the last sampled one when token < 0); returns mean ms per step for each family
+    // and "step_total". Advances the conversation like decode.
+    std::vector<std::pair<std::string, double>> profile_decode(int steps, int token);
+    // Bench --fast-depth: random KV cache contents and GDN states, position set to `depth`.
+    void fill_state_random(int depth, uint64_t seed);
+    // False when the CUDA context has a sticky error (then the process must reset the device).
+    bool healthy();
+    void synchronize();
+
+private:
+    ModelDims dims_;
+    EngineOptions opt_;
+    cudaStream_t stream_ = nullptr;
+    std::unique_ptr<WeightStore> weights_;
+    std::vector<DeviceMemory> kv_mem_;
+    DeviceMemory gdn_mem_, snapshot_mem_, workspace_mem_, io_mem_;
+    size_t gdn_state_bytes_ = 0;
+    ModelState state_;
+    Workspace ws_;
+    // device step inputs/outputs (inside io_mem_)
+    int32_t* d_ids_ = nullptr;
+    int32_t* d_pos_ = nullptr;
+    int32_t* d_tok_ = nullptr;
+    int32_t* d_step_ = nullptr;
+    uint8_t* d_seen_ = nullptr;
+    // pinned host mirrors
+    int32_t* h_io_ = nullptr;  // [prefill_chunk ids | pos | token in | DECODE_QUEUE tokens out]
+    cudaEvent_t token_ready_[DECODE_QUEUE] = {};
+
+    int pos_ = 0;       // the position once every queued decode step has run
+    int queued_ = 0;    // decode steps submitted and not yet collected
+    int oldest_ = 0;    // the out slot of the oldest queued step
+    std::vector<int> slot_pos_;
+    SamplingConfig sampling_{};
+    SamplingConfig graph_sampling_{};
+    cudaGraph_t graph_ = nullptr;
+    cudaGraphExec_t graph_exec_ = nullptr;
+    DecodeGraphInfo graph_info_;
+
+    void decode_body(OpTimer* timer);
+    void sample(OpTimer* timer);
+    cudaGraph_t capture_decode();
+    void ensure_decode_graph();
+    void write_position();
+    void check_slot(int slot) const;
+    void require_weights() const;
+    int32_t* token_out(int slot) const;  // pinned word of out slot `slot` (h_io_)
+    void copy_token_out(int slot);        // the last sample -> that word, then token_ready_[slot]
+    int read_token();                     // the last sample, copied through slot 0 and waited for
+    void require_idle(const char* op) const;  // no decode step queued
+    void feed_token(int token);  // token >= 0: the next step's input (else the last sampled id)
+};
+
+struct DeviceInfo {
+    std::string name;
+    int sm_count = 0;
+    int cc_major = 0, cc_minor = 0;
+    size_t memory = 0;
+};
+DeviceInfo device_info();
+// Device memory (free, total) in bytes.
+std::pair<size_t, size_t> mem_info();
+// Device-to-device copy bandwidth in bytes/s, counting bytes read + written.
+double measure_copy_bandwidth(size_t bytes, int iters);
+// Destroys the process's CUDA context (after a sticky error, once no Engine is alive).
+void reset_device();
+
+}  // namespace lampo

@@ -1,0 +1,514 @@
+// model_forward.cu - the layer loop, top to bottom:
+//
+//   embedding -> for each layer: pre-norm, mixer (Gated DeltaNet or gated attention), residual add
+//   + post-norm, FFN (SwiGLU or MoE), residual add + next pre-norm -> final norm -> LM head.
+//
+// The residual stream is fp32 [T, H]; `add_rmsnorm` fuses each residual add with the norm that
+// follows it, except in the decode step (T = 1, DecodeFusion::Norms), where each block's input
+// projection builds its normed row from the residual itself and each output projection adds into
+// the residual: no norm launches between the blocks (input_projection / output_projection).
+// T <= GEMV_MAX_T (decode, verify windows) takes the GEMV / recurrent / flash-decoding
+// paths that read positions from device memory (graph-capturable); larger T (prefill chunks) takes
+// the GEMM / chunked GDN / flash prefill / grouped-MoE paths. Every launch is checked with its op
+// name, so a failure surfaces as CudaError("<op>: ...").
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels/common.cuh"
+#include "engine/model.h"
+
+namespace lampo {
+
+// ---- ModelDims -----------------------------------------------------------------------------
+int ModelDims::count(MixerKind k) const {
+    int n = 0;
+    for (MixerKind m : mixers) n += (m == k);
+    return n;
+}
+
+void ModelDims::validate() const {
+    auto need = [](bool ok, const std::string& what) {
+        if (!ok) throw std::invalid_argument("model config: " + what);
+    };
+    need(hidden > 0 && hidden % 64 == 0, "hidden_size must be a positive multiple of 64");
+    need(!mixers.empty(), "num_hidden_layers must be positive");
+    need(vocab > 0 && vocab_real > 0 && vocab_real <= vocab, "vocab sizes are inconsistent");
+    if (count(MixerKind::GatedAttention)) {
+        need(n_q_heads > 0 && n_kv_heads > 0 && n_q_heads % n_kv_heads == 0,
+             "num_attention_heads must be a positive multiple of num_key_value_heads");
+        need(head_dim > 0 && head_dim % KV_GROUP == 0, "head_dim must be a multiple of 64");
+        need(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= head_dim, "bad rotary dim");
+    }
+    if (count(MixerKind::GatedDeltaNet)) {
+        need(gdn_k_heads > 0 && gdn_v_heads % gdn_k_heads == 0,
+             "linear_num_value_heads must be a multiple of linear_num_key_heads");
+        need(gdn_k_dim > 0 && gdn_v_dim > 0 && conv_kernel >= 2, "bad Gated DeltaNet dims");
+    }
+    if (moe) {
+        need(n_experts > 0 && top_k > 0 && top_k <= n_experts && expert_inter > 0 && shared_inter > 0,
+             "MoE sizes (num_experts, num_experts_per_tok, moe/shared intermediate) must be positive");
+    } else {
+        need(ffn_inter > 0, "intermediate_size must be positive");
+    }
+}
+
+// ---- workspace -----------------------------------------------------------------------------
+size_t WorkspaceLayout::total() const {
+    size_t t = 0;
+    for (const auto& b : buffers) t += (b.second + 255) / 256 * 256;
+    return t;
+}
+
+WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx) {
+    const size_t T = size_t(max_tokens), H = size_t(d.hidden), b16 = 2;
+    const bool attn = d.count(MixerKind::GatedAttention) > 0;
+    const bool gdn = d.count(MixerKind::GatedDeltaNet) > 0;
+    const size_t fused_w = std::max(attn ? size_t(d.attn_qkv_rows()) : 0, gdn ? size_t(d.gdn_in_rows()) : 0);
+    const size_t proj_w = std::max(fused_w, size_t(2 * (d.moe ? d.shared_inter : d.ffn_inter)));
+    const size_t mixed_w = std::max(size_t(d.attn_width()), size_t(d.gdn_value_width()));
+    const size_t act_rows = std::max(T * size_t(d.moe ? d.shared_inter : d.ffn_inter),
+                                     d.moe ? size_t(MOE_DECODE_MAX_T) * (size_t(d.top_k) * d.expert_inter +
+                                                                          d.shared_inter) : 0);
+    const int k = d.moe ? d.top_k : 0;
+    WorkspaceLayout l;
+    l.buffers = {
+        {"residual", T * H * 4},
+        {"normed", T * H * b16},
+        {"fused", T > 1 ? T * fused_w * b16 : 0},
+        {"proj", T * proj_w * b16},
+        {"q", T * d.attn_width() * b16},
+        {"gate", T * d.attn_width() * b16},
+        {"mixed", T * mixed_w * b16},
+        {"conv_out", T * d.conv_channels() * b16},
+        {"gdn_o", T * d.gdn_value_width() * b16},
+        {"act", act_rows * b16},
+        {"delta", T * H * b16},
+        {"routed", d.moe ? T * H * b16 : 0},
+        {"shared", d.moe ? T * H * b16 : 0},
+        {"router_logits", d.moe ? T * d.n_experts * 4 : 0},
+        {"gdn_counters", gdn ? size_t(d.gdn_k_heads) * 4 : 0},
+        {"expert_ids", T * k * 4},
+        {"expert_weights", T * k * 4},
+        {"shared_gate", d.moe ? T * 4 : 0},
+        {"gdn_chunked", gdn ? gdn_chunked_workspace_bytes(max_tokens, d.gdn_v_heads, d.gdn_k_dim,
+                                                          d.gdn_v_dim) : 0},
+        {"moe_prefill", d.moe ? moe_prefill_workspace_bytes(max_tokens, d.top_k, d.hidden,
+                                                            d.expert_inter, d.n_experts) : 0},
+        {"attn_partial", attn ? attn_decode_partial_floats(GEMV_MAX_T, d.n_q_heads, d.head_dim,
+                                                           max_ctx) * 4 : 0},
+        {"logits", size_t(d.vocab) * 4},
+        {"sampling_scratch", sampling_scratch_bytes(d.vocab)},
+    };
+    return l;
+}
+
+Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void* base) {
+    const WorkspaceLayout l = workspace_layout(d, max_tokens, max_ctx);
+    char* p = static_cast<char*>(base);
+    std::vector<void*> ptr;
+    for (const auto& b : l.buffers) {
+        ptr.push_back(b.second ? p : nullptr);
+        p += (b.second + 255) / 256 * 256;
+    }
+    Workspace ws;
+    ws.max_tokens = max_tokens;
+    size_t i = 0;
+    ws.residual = static_cast<float*>(ptr[i++]);
+    ws.normed = static_cast<bf16*>(ptr[i++]);
+    ws.fused = static_cast<bf16*>(ptr[i++]);
+    ws.proj = static_cast<bf16*>(ptr[i++]);
+    ws.q = static_cast<bf16*>(ptr[i++]);
+    ws.gate = static_cast<bf16*>(ptr[i++]);
+    ws.mixed = static_cast<bf16*>(ptr[i++]);
+    ws.conv_out = static_cast<bf16*>(ptr[i++]);
+    ws.gdn_o = static_cast<bf16*>(ptr[i++]);
+    ws.act = static_cast<bf16*>(ptr[i++]);
+    ws.delta = static_cast<bf16*>(ptr[i++]);
+    ws.routed = static_cast<bf16*>(ptr[i++]);
+    ws.shared = static_cast<bf16*>(ptr[i++]);
+    ws.router_logits = static_cast<float*>(ptr[i++]);
+    ws.gdn_counters = static_cast<unsigned*>(ptr[i++]);
+    ws.expert_ids = static_cast<int32_t*>(ptr[i++]);
+    ws.expert_weights = static_cast<float*>(ptr[i++]);
+    ws.shared_gate = static_cast<float*>(ptr[i++]);
+    ws.gdn_chunked = ptr[i++];
+    ws.moe_prefill = ptr[i++];
+    ws.attn_partial = static_cast<float*>(ptr[i++]);
+    ws.logits = static_cast<float*>(ptr[i++]);
+    ws.sampling_scratch = ptr[i++];
+    return ws;
+}
+
+// ---- profiling -----------------------------------------------------------------------------
+const char* op_family_name(OpFamily f) {
+    static const char* names[] = {"embedding", "norms", "attention_prep", "attention",
+                                  "gdn_conv", "gdn_rule", "gated_norm", "projections",
+                                  "activations", "moe_router", "moe_experts", "lm_head",
+                                  "sampling"};
+    return names[int(f)];
+}
+
+OpTimer::~OpTimer() {
+    for (cudaEvent_t e : pool_) cudaEventDestroy(e);
+}
+
+cudaEvent_t OpTimer::next_event() {
+    if (used_ == pool_.size()) {
+        cudaEvent_t e;
+        LAMPO_CUDA_CHECK(cudaEventCreate(&e));
+        pool_.push_back(e);
+    }
+    return pool_[used_++];
+}
+
+void OpTimer::begin(OpFamily f) {
+    marks_.emplace_back(f, used_);
+    LAMPO_CUDA_CHECK(cudaEventRecord(next_event(), stream_));
+}
+
+void OpTimer::end() { LAMPO_CUDA_CHECK(cudaEventRecord(next_event(), stream_)); }
+
+void OpTimer::collect() {
+    LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (const auto& [family, start] : marks_) {
+        float ms = 0.f;
+        LAMPO_CUDA_CHECK(cudaEventElapsedTime(&ms, pool_[start], pool_[start + 1]));
+        total_ms_[size_t(family)] += ms;
+    }
+    marks_.clear();
+    used_ = 0;
+}
+
+// ---- the loop ------------------------------------------------------------------------------
+namespace {
+
+// Everything one forward call needs, so the sub-blocks below read like the model's math.
+struct Ctx {
+    const ModelDims& d;
+    const Workspace& ws;
+    const ForwardStep& step;
+    cudaStream_t st;
+    OpTimer* timer;
+
+    // Runs one op (any launcher call), times it under `family` and checks its launch.
+    template <class F>
+    void op(OpFamily family, const char* name, F&& launch) const {
+        if (op_family_omitted(family)) return;
+        if constexpr (timeline_built()) timeline_note_op(name);
+        if (timer) timer->begin(family);
+        launch();
+        LAMPO_CHECK_LAUNCH(name);
+        if (timer) timer->end();
+    }
+    bool small() const { return step.T <= GEMV_MAX_T; }
+    bool small_moe() const { return step.T <= MOE_DECODE_MAX_T; }
+    // The decode step with its norms and residual adds folded into the projections.
+    bool folded() const { return step.T == 1 && decode_fusion_enabled(DecodeFusion::Norms); }
+};
+
+// A block's input projection y = W @ normed input: reads ws.normed, or, folded, builds the normed
+// row from the residual stream itself.
+void input_projection(const Ctx& c, const Linear& W, const bf16* norm_w, bf16* y, const char* name) {
+    if (c.folded()) {
+        c.op(OpFamily::Projections, name,
+             [&] { linear_forward_normed(W, {c.ws.residual, norm_w, c.d.eps}, y, c.st); });
+    } else {
+        c.op(OpFamily::Projections, name, [&] { linear_forward(W, c.ws.normed, y, c.step.T, c.st); });
+    }
+}
+
+// A block's output projection: into ws.delta (the next add_rmsnorm adds it), or, folded, straight
+// into the residual stream.
+void output_projection(const Ctx& c, const Linear& W, const bf16* x, const char* name) {
+    if (c.folded()) {
+        c.op(OpFamily::Projections, name, [&] { linear_forward_add_residual(W, x, c.ws.residual, c.st); });
+    } else {
+        c.op(OpFamily::Projections, name, [&] { linear_forward(W, x, c.ws.delta, c.step.T, c.st); });
+    }
+}
+
+// A fused projection whose output is used as separate parts (its rows: the parts, then zero
+// padding). Part i of T rows ends up contiguous as [T, width_i] at proj + T * (sum of the widths
+// before it). With T == 1 that is exactly one row of the fused product, so one GEMV over the fused
+// matrix writes every part in place; for T > 1 one product writes ws.fused [T, padded rows] and a
+// strided copy per part gathers its columns. The input is the block's normed input (norm_w).
+template <size_t N>
+std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std::array<int, N>& widths,
+                                   const bf16* norm_w, const char* name) {
+    std::array<bf16*, N> out{};
+    const int T = c.step.T;
+    int row = 0;
+    for (size_t i = 0; i < N; ++i) {
+        out[i] = c.ws.proj + size_t(T) * row;
+        row += widths[i];
+    }
+    if (row > fused.out) throw std::logic_error(std::string(name) + ": parts exceed the fused rows");
+    if (T == 1) {
+        input_projection(c, fused, norm_w, c.ws.proj, name);
+        return out;
+    }
+    c.op(OpFamily::Projections, name, [&] { linear_forward(fused, c.ws.normed, c.ws.fused, T, c.st); });
+    row = 0;
+    for (size_t i = 0; i < N; ++i) {
+        c.op(OpFamily::Projections, "split fused projection", [&] {
+            LAMPO_CUDA_CHECK(cudaMemcpy2DAsync(out[i], size_t(widths[i]) * 2, c.ws.fused + row,
+                                               size_t(fused.out) * 2, size_t(widths[i]) * 2, T,
+                                               cudaMemcpyDeviceToDevice, c.st));
+        });
+        row += widths[i];
+    }
+    return out;
+}
+
+// Gated full attention: fused q|k|v projection, q/k norm + partial RoPE with the INT8 KV append
+// in the same launch, causal attention over the cache times sigmoid(gate), output projection.
+void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCacheLayer& kv,
+                     int max_ctx, const bf16* norm_w) {
+    const ModelDims& d = c.d;
+    const Workspace& ws = c.ws;
+    const int T = c.step.T;
+    const auto parts = project_parts<3>(c, w.qkv, {d.q_rows(), d.kv_width(), d.kv_width()},
+                                        norm_w, "attention qkv projection");
+    const bf16 *qg = parts[0], *k_raw = parts[1], *v = parts[2];
+    c.op(OpFamily::AttentionPrep, "attn_prep", [&] {
+        const KvAppendTarget append{v, kv.k, kv.v, kv.k_scale, kv.v_scale, max_ctx};
+        attn_prep(qg, k_raw, w.q_norm, w.k_norm, c.step.d_pos, ws.q, ws.gate, nullptr, T, d.n_q_heads,
+                  d.n_kv_heads, d.head_dim, d.rotary_dim, d.rope_theta, d.eps, c.st, &append);
+    });
+    if (c.small()) {
+        c.op(OpFamily::Attention, "attn_decode_int8", [&] {
+            attn_decode_int8(ws.q, ws.gate, kv.k, kv.v, kv.k_scale, kv.v_scale, c.step.d_pos,
+                             ws.mixed, ws.attn_partial, T, d.n_q_heads, d.n_kv_heads, d.head_dim,
+                             max_ctx, c.st);
+        });
+    } else {
+        c.op(OpFamily::Attention, "attn_prefill_int8", [&] {
+            attn_prefill_int8(ws.q, ws.gate, kv.k, kv.v, kv.k_scale, kv.v_scale, c.step.pos0,
+                              ws.mixed, T, d.n_q_heads, d.n_kv_heads, d.head_dim, max_ctx, c.st);
+        });
+    }
+    output_projection(c, w.o, ws.mixed, "attention o_proj");
+}
+
+// Gated DeltaNet: fused qkv|z|b|a projection, causal conv + SiLU on qkv, the gated delta rule
+// (recurrent for few tokens, chunked WY form for prefill), gated RMSNorm with z, out proj. A
+// decode step (T = 1) on sm_90+ runs the first three as one gdn_decode_fused launch (LAMPO_DECODE_FUSION=0:
+// three launches).
+void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStateLayer& s, const bf16* norm_w) {
+    const ModelDims& d = c.d;
+    const Workspace& ws = c.ws;
+    const int T = c.step.T, C = d.conv_channels(), Hv = d.gdn_v_heads;
+    const auto parts = project_parts<4>(c, w.in_proj, {C, d.gdn_value_width(), Hv, Hv},
+                                        norm_w, "gdn in projection");
+    const bf16 *qkv = parts[0], *z = parts[1], *b = parts[2], *a = parts[3];
+    if (T == 1 && decode_fusion_enabled(DecodeFusion::Gdn) && gdn_decode_fused_available()) {
+        c.op(OpFamily::GdnRule, "gdn_decode_fused", [&] {  // conv + rule + gated norm in one launch
+            gdn_decode_fused(qkv, w.conv, s.conv, a, b, w.A_log, w.dt_bias, s.recurrent, z, w.norm, ws.mixed,
+                             ws.gdn_counters, d.gdn_k_heads, Hv, d.gdn_k_dim, d.gdn_v_dim, d.conv_kernel, d.eps,
+                             c.st);
+        });
+        output_projection(c, w.out, ws.mixed, "gdn out_proj");
+        return;
+    }
+    c.op(OpFamily::GdnConv, "causal_conv1d_silu",
+         [&] { causal_conv1d_silu(qkv, w.conv, s.conv, ws.conv_out, T, C, d.conv_kernel, c.st); });
+    if (c.small()) {
+        c.op(OpFamily::GdnRule, "gated_delta_rule_recurrent", [&] {
+            gated_delta_rule_recurrent(ws.conv_out, a, b, w.A_log, w.dt_bias, s.recurrent, ws.gdn_o,
+                                       nullptr, T, d.gdn_k_heads, Hv, d.gdn_k_dim, d.gdn_v_dim, c.st);
+        });
+    } else {
+        c.op(OpFamily::GdnRule, "gated_delta_rule_chunked", [&] {
+            gated_delta_rule_chunked(ws.conv_out, a, b, w.A_log, w.dt_bias, s.recurrent, ws.gdn_o,
+                                     ws.gdn_chunked, T, d.gdn_k_heads, Hv, d.gdn_k_dim,
+                                     d.gdn_v_dim, c.st);
+        });
+    }
+    c.op(OpFamily::GatedNorm, "gated_rmsnorm",
+         [&] { gated_rmsnorm(ws.gdn_o, z, w.norm, ws.mixed, T, Hv, d.gdn_v_dim, d.eps, c.st); });
+    output_projection(c, w.out, ws.mixed, "gdn out_proj");
+}
+
+// SwiGLU: down(silu(gate(h)) * up(h)).
+void dense_ffn(const Ctx& c, const DenseFfnWeights& w, const bf16* norm_w) {
+    input_projection(c, w.gate_up, norm_w, c.ws.proj, "ffn gate_up");
+    c.op(OpFamily::Activations, "silu_mul", [&] { silu_mul(c.ws.proj, c.ws.act, c.step.T, c.d.ffn_inter, c.st); });
+    output_projection(c, w.down, c.ws.act, "ffn down");
+}
+
+// The shared expert as the (k+1)-th slot of the decode-time MoE kernels (BF16 weights only).
+MoeSharedSlot decode_shared_slot(const Ctx& c, const MoeFfnWeights& w) {
+    if (w.shared_gate_up.format != WeightFormat::BF16 || w.shared_down.format != WeightFormat::BF16)
+        throw std::logic_error("moe decode: the shared-expert slot reads BF16 weights only");
+    MoeSharedSlot shared;
+    shared.gate_up = static_cast<const bf16*>(w.shared_gate_up.data);
+    shared.down = static_cast<const bf16*>(w.shared_down.data);
+    shared.w_gate = w.shared_gate;
+    shared.gate = c.ws.shared_gate;
+    shared.inter = c.d.shared_inter;
+    return shared;
+}
+
+// Sparse MoE: router top-k, then for few tokens the selected experts plus the shared expert as
+// one more slot of the same two GEMV launches (their gated sum lands in ws.delta); for a prefill
+// chunk the grouped GEMMs for the routed experts, the shared expert's own projections and
+// moe_shared_combine. Folded (decode): router logits from the residual stream (which also leaves
+// the normed row in ws.normed), gate_up selecting its experts from the logits, down adding into
+// the residual: three launches.
+void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
+    const ModelDims& d = c.d;
+    const Workspace& ws = c.ws;
+    const int T = c.step.T, H = d.hidden, k = d.top_k, I = d.expert_inter;
+    if (c.folded()) {
+        const Linear router{WeightFormat::BF16, w.router, d.n_experts, H};
+        const MoeSharedSlot shared = decode_shared_slot(c, w);
+        c.op(OpFamily::MoeRouter, "moe router logits", [&] {
+            linear_forward_normed_f32(router, {ws.residual, norm_w, d.eps, ws.normed}, ws.router_logits, c.st);
+        });
+        c.op(OpFamily::MoeExperts, "moe_experts_gate_up_select", [&] {
+            moe_experts_gate_up_select(ws.normed, ws.router_logits, d.n_experts, w.experts_gate_up, ws.expert_ids,
+                                       ws.expert_weights, ws.act, 1, k, H, I, c.st, &shared);
+        });
+        c.op(OpFamily::MoeExperts, "moe_experts_down_add", [&] {
+            moe_experts_down_add(ws.act, w.experts_down, ws.expert_ids, ws.expert_weights, ws.residual, 1, k, H, I,
+                                 c.st, &shared);
+        });
+        return;
+    }
+    c.op(OpFamily::MoeRouter, "moe_router_topk", [&] {
+        moe_router_topk(ws.normed, w.router, ws.router_logits, ws.expert_ids, ws.expert_weights, T,
+                        H, d.n_experts, k, c.st);
+    });
+    if (c.small_moe()) {
+        const MoeSharedSlot shared = decode_shared_slot(c, w);
+        c.op(OpFamily::MoeExperts, "moe_experts_gate_up", [&] {
+            moe_experts_gate_up(ws.normed, w.experts_gate_up, ws.expert_ids, ws.act, T, k, H, I, c.st,
+                                &shared);
+        });
+        c.op(OpFamily::MoeExperts, "moe_experts_down", [&] {
+            moe_experts_down(ws.act, w.experts_down, ws.expert_ids, ws.expert_weights, ws.delta, T,
+                             k, H, I, c.st, &shared);
+        });
+        return;
+    }
+    c.op(OpFamily::MoeExperts, "moe_experts_prefill", [&] {
+        moe_experts_prefill(ws.normed, w.experts_gate_up, w.experts_down, ws.expert_ids,
+                            ws.expert_weights, ws.routed, ws.moe_prefill, T, k, H, I, d.n_experts,
+                            c.st);
+    });
+    c.op(OpFamily::Projections, "shared expert gate_up",
+         [&] { linear_forward(w.shared_gate_up, ws.normed, ws.proj, T, c.st); });
+    c.op(OpFamily::Activations, "silu_mul",
+         [&] { silu_mul(ws.proj, ws.act, T, d.shared_inter, c.st); });
+    c.op(OpFamily::Projections, "shared expert down",
+         [&] { linear_forward(w.shared_down, ws.act, ws.shared, T, c.st); });
+    c.op(OpFamily::Activations, "moe_shared_combine", [&] {
+        moe_shared_combine(ws.routed, ws.shared, ws.normed, w.shared_gate, ws.delta, T, H, c.st);
+    });
+}
+
+// Bit i set for each names[i] in the comma-separated value of environment variable `var`
+// (unset: 0); an unknown name throws, naming the variable.
+unsigned env_name_mask(const char* var, const std::vector<std::string>& names) {
+    const char* env = std::getenv(var);
+    const std::string list = env ? env : "";
+    unsigned m = 0;
+    for (size_t start = 0; start < list.size();) {
+        size_t end = list.find(',', start);
+        if (end == std::string::npos) end = list.size();
+        const std::string name = list.substr(start, end - start);
+        const auto it = std::find(names.begin(), names.end(), name);
+        if (it == names.end())
+            throw std::invalid_argument(std::string(var) + ": unknown name '" + name + "'");
+        m |= 1u << (it - names.begin());
+        start = end + 1;
+    }
+    return m;
+}
+
+}  // namespace
+
+bool op_family_omitted(OpFamily f) {
+    static const unsigned mask = [] {
+        std::vector<std::string> names;
+        for (int i = 0; i < int(OpFamily::Count); ++i) names.push_back(op_family_name(OpFamily(i)));
+        const unsigned m = env_name_mask("LAMPO_OMIT_OPS", names);
+        if (m >> int(OpFamily::Embedding) & 1u)  // it opens every pass (pdl_begin_pass, common.cuh)
+            throw std::invalid_argument("LAMPO_OMIT_OPS: the embedding cannot be omitted: the kernels after it "
+                                        "read the previous pass's states before their PDL wait");
+        return m;
+    }();
+    return mask >> int(f) & 1u;
+}
+
+bool decode_fusion_enabled(DecodeFusion f) {
+    static const unsigned mask = [] {
+        auto bit = [](DecodeFusion g) { return 1u << int(g); };
+        const char* env = std::getenv("LAMPO_DECODE_FUSION");
+        const std::string v = env ? env : "";
+        if (v == "0" || v == "none") return 0u;
+        if (v.empty() || v == "1" || v == "all") return bit(DecodeFusion::Norms) | bit(DecodeFusion::Gdn);
+        return env_name_mask("LAMPO_DECODE_FUSION", {"norms", "gdn"});  // enum order
+    }();
+    return mask >> int(f) & 1u;
+}
+
+void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& s,
+                   const Workspace& ws, const ForwardStep& step, cudaStream_t stream,
+                   OpTimer* timer) {
+    if (step.T < 1 || step.T > ws.max_tokens) {
+        throw std::invalid_argument("model_forward: " + std::to_string(step.T) +
+                                    " tokens do not fit the workspace of " +
+                                    std::to_string(ws.max_tokens));
+    }
+    const Ctx c{d, ws, step, stream, timer};
+    const int T = step.T, H = d.hidden, L = d.n_layers();
+    if constexpr (timeline_built()) timeline_forward_begin(T);
+    struct OpsDone {  // launches after the forward pass (the sampler) are the engine's
+        ~OpsDone() { if constexpr (timeline_built()) timeline_note_op("engine"); }
+    } ops_done;
+
+    const bool folded = c.folded();  // else each block's input is ws.normed, written by a norm launch
+    c.op(OpFamily::Embedding, "embedding_gather",
+         [&] { embedding_gather(w.embed, step.d_ids, ws.residual, T, H, stream); });
+    if (!folded)
+        c.op(OpFamily::Norms, "rmsnorm",
+             [&] { rmsnorm(ws.residual, w.layers[0].input_norm, ws.normed, T, H, d.eps, stream); });
+
+    for (int l = 0; l < L; ++l) {
+        const LayerWeights& lw = w.layers[l];
+        if (d.mixers[l] == MixerKind::GatedAttention) {
+            gated_attention(c, lw.attn, s.kv[l], s.max_ctx, lw.input_norm);
+        } else {
+            gated_deltanet(c, lw.gdn, s.gdn[l], lw.input_norm);
+        }
+        const bf16* next_norm = l + 1 < L ? w.layers[l + 1].input_norm : w.final_norm;
+        if (!folded)
+            c.op(OpFamily::Norms, "add_rmsnorm", [&] {
+                add_rmsnorm(ws.residual, ws.delta, lw.post_norm, ws.normed, T, H, d.eps, stream);
+            });
+
+        if (d.moe) {
+            moe_ffn(c, lw.moe, lw.post_norm);
+        } else {
+            dense_ffn(c, lw.dense, lw.post_norm);
+        }
+        if (!folded)
+            c.op(OpFamily::Norms, "add_rmsnorm", [&] {
+                add_rmsnorm(ws.residual, ws.delta, next_norm, ws.normed, T, H, d.eps, stream);
+            });
+    }
+
+    if (step.logits && folded)
+        c.op(OpFamily::Norms, "rmsnorm", [&] { rmsnorm(ws.residual, w.final_norm, ws.normed, 1, H, d.eps, stream); });
+    if (step.logits) {
+        const bf16* last = ws.normed + size_t(T - 1) * H;
+        c.op(OpFamily::LmHead, "lm_head",
+             [&] { linear_forward_f32(w.lm_head, last, ws.logits, 1, stream); });
+    }
+}
+
+}  // namespace lampo

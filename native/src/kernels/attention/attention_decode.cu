@@ -1,0 +1,142 @@
+// attention_decode.cu - flash-decoding over the INT8 KV cache for Tq <= 8 query rows (decode and
+// speculative verify); contract in ops.h (attn_decode_int8).
+//
+// The grid is fixed (nsplit x nkv blocks, nsplit = min(#SMs, max_ctx / 64, 256)) so the call can be
+// graph-captured; each block reads the live length L = d_pos[0] + Tq from device memory and takes
+// keys [s * chunk, (s + 1) * chunk), chunk = max(64, ceil(L / nsplit) rounded up to 64); blocks past
+// L exit at once. A block runs the shared tensor-core core (attention_int8.cuh) for all Tq x group
+// query rows of its KV head, writing the unnormalised output, max and sum of its split. The combine
+// kernel (one block per (token, query head) and 32 dims, 16 warps sharing the splits) merges the
+// live splits and applies the sigmoid output gate. Needs head dim 256 and Tq * (nq / nkv) <= 64.
+#include <algorithm>
+
+#include "kernels/attention/attention_int8.cuh"
+#include "kernels/launch_utils.cuh"
+
+namespace lampo {
+namespace {
+
+constexpr int COMBINE_WARPS = 16;     // each warp sums every 16th split for 32 dims
+constexpr int COMBINE_PER_WARP = 16;  // splits per warp, their outputs held in registers
+constexpr int COMBINE_MAX_SPLITS = COMBINE_WARPS * COMBINE_PER_WARP;  // <= the block's threads
+
+int decode_splits(int max_ctx) {
+    return std::max(1, std::min({sm_count(), ceil_div(max_ctx, attn::KEYS), COMBINE_MAX_SPLITS}));
+}
+
+// Block (row = t * nq + query head, 32 dims): the live length is known before the PDL wait (d_pos
+// is fixed for the forward pass, common.cuh), and every load goes out at once after it (thread s:
+// split s's max and sum; warp w: the outputs of splits w, w + 16, ...; warp 0 the gate); split
+// weights w_s = exp2(m_s - M) in shared memory, warp w accumulates its splits in ascending order,
+// then the warps' sums are added and normalised.
+__global__ void __launch_bounds__(COMBINE_WARPS * 32)
+attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                           const bf16* __restrict__ gate, const int32_t* __restrict__ d_pos, bf16* __restrict__ out,
+                           int Tq, int nq, int nsplit) {
+    __shared__ float weight[COMBINE_MAX_SPLITS];
+    __shared__ float acc_w[COMBINE_WARPS][32];
+    __shared__ float red[COMBINE_WARPS];
+    __shared__ float M, l_total;
+    const int row = blockIdx.x;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int d = blockIdx.y * 32 + lane;
+    const int L = __ldcg(d_pos) + Tq;  // fixed for the forward pass (common.cuh): read before the wait
+    const int chunk = attn::split_chunk(L, nsplit);
+    const int live = (L + chunk - 1) / chunk;
+    const size_t rows = size_t(Tq) * nq;
+    const size_t idx = size_t(row) * attn::D + d;
+    pdl_begin();
+    const float g = warp == 0 ? sigmoid(__bfloat162float(gate[idx])) : 0.0f;  // with the other loads
+
+    float2 ml = make_float2(-INFINITY, 0.0f);  // a split that saw no key: m = -inf -> weight 0
+    if (threadIdx.x < live) ml = *reinterpret_cast<const float2*>(part_ml + (threadIdx.x * rows + row) * 2);
+    float o[COMBINE_PER_WARP];
+#pragma unroll
+    for (int j = 0; j < COMBINE_PER_WARP; ++j) {
+        const int s = warp + j * COMBINE_WARPS;
+        o[j] = s < live ? part_o[(s * rows + row) * attn::D + d] : 0.0f;
+    }
+
+    const float m = warp_max(ml.x);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float mm = -INFINITY;
+        for (int w = 0; w < COMBINE_WARPS; ++w) mm = fmaxf(mm, red[w]);
+        M = mm;
+    }
+    __syncthreads();
+    float l = 0.0f;
+    if (threadIdx.x < live) {
+        const float w = exp2f(ml.x - M);
+        weight[threadIdx.x] = w;
+        l = w * ml.y;
+    }
+    l = warp_sum(l);
+    __syncthreads();
+    if (lane == 0) red[warp] = l;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int w = 0; w < COMBINE_WARPS; ++w) t += red[w];
+        l_total = t;
+    }
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < COMBINE_PER_WARP; ++j) {
+        const int s = warp + j * COMBINE_WARPS;
+        if (s < live) acc += weight[s] * o[j];
+    }
+    acc_w[warp][lane] = acc;
+    __syncthreads();
+    if (warp == 0) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < COMBINE_WARPS; ++w) sum += acc_w[w][lane];
+        out[idx] = __float2bfloat16(sum / l_total * g);
+    }
+}
+
+template <int MT, int KG>
+void launch_decode(const attn::Params& p, cudaStream_t stream) {
+    auto kernel = attn::attn_int8_kernel<MT, KG, false>;
+    const size_t smem = attn::smem_bytes(MT, KG);
+    allow_dynamic_smem(kernel, smem, "attn_decode_int8");
+    launch_pdl("attn_int8_kernel", kernel, dim3(p.nsplit, p.nkv), MT * KG * 32, smem, stream, p);
+}
+
+}  // namespace
+
+size_t attn_decode_partial_floats(int Tq, int nq, int D, int max_ctx) {
+    return size_t(decode_splits(max_ctx)) * Tq * nq * (D + 2);
+}
+
+void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, const int8_t* v_cache,
+                      const half* k_scale, const half* v_scale, const int32_t* d_pos, bf16* out, float* partial,
+                      int Tq, int nq, int nkv, int D, int max_ctx, cudaStream_t stream) {
+    const char* op = "attn_decode_int8";
+    require(D == attn::D, op, "head dim must be 256 (the Qwen3.5/3.6 family), got " + std::to_string(D));
+    require(nkv > 0 && nq % nkv == 0, op, "nq must be a multiple of nkv");
+    require(Tq >= 1 && Tq <= 8, op, "Tq must be 1..8, got " + std::to_string(Tq));
+    require(Tq * (nq / nkv) <= attn::MAX_ROWS, op, "Tq * (nq / nkv) must be <= 64");
+    require(max_ctx > 0, op, "max_ctx must be positive");
+    attn::Params p{};
+    p.q = q; p.gate = gate; p.k_cache = k_cache; p.v_cache = v_cache; p.k_scale = k_scale; p.v_scale = v_scale;
+    p.nq = nq; p.nkv = nkv; p.group = nq / nkv; p.max_ctx = max_ctx; p.T = Tq;
+    p.d_pos = d_pos;
+    p.nsplit = decode_splits(max_ctx);
+    p.part_o = partial;
+    p.part_ml = partial + size_t(p.nsplit) * Tq * nq * D;
+    const int mt = ceil_div(Tq * p.group, 16);
+    switch (mt) {
+        case 1: launch_decode<1, 4>(p, stream); break;
+        case 2: launch_decode<2, 2>(p, stream); break;
+        case 3: launch_decode<3, 1>(p, stream); break;
+        default: launch_decode<4, 1>(p, stream); break;
+    }
+    LAMPO_CHECK_LAUNCH(op);
+    launch_pdl("attn_decode_combine_kernel", attn_decode_combine_kernel, dim3(Tq * nq, attn::D / 32),
+               COMBINE_WARPS * 32, 0, stream, p.part_o, p.part_ml, gate, d_pos, out, Tq, nq, p.nsplit);
+}
+
+}  // namespace lampo

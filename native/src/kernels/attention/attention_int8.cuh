@@ -1,0 +1,435 @@
+// attention_int8.cuh - the flash-attention core shared by attention_decode.cu (split over the key
+// axis, partial results combined afterwards) and attention_prefill.cu (one block per token tile,
+// final output). Private to those two files.
+//
+// A block serves one KV head and up to 64 query rows; row rho is (token t0 + rho / group,
+// query head kvh * group + rho % group), so all query heads of a GQA group share every K/V read.
+// Row rho at position pos(rho) sees keys [0, pos(rho)] intersected with the block's key range.
+//
+// Pipeline: K/V INT8 rows and their fp16 scales stream through shared memory in tiles of 64 keys
+// (cp.async, 2 stages). Warp w owns M-tile w % MT (16 rows) and key quarter/half w / MT of each
+// tile (KG key groups), keeping its own online softmax (max, sum, 16x256 fp32 output accumulator).
+// Tensor cores do both products (mma.m16n8k16, fp16 inputs, fp32 accumulation):
+//  - Q K^T: the head dim is the reduction axis, so it may be permuted freely as long as Q and K
+//    agree. Lane (r = lane/4, c = lane%4) reads 16 contiguous INT8 bytes of key r (dims
+//    64i + 16c .. +16, i = 0..3, all inside scale group i) which are four k-steps of its B
+//    fragment; the Q fragments are pre-permuted the same way in shared memory (fp16).
+//  - P V: keys are the reduction axis and P comes straight from the Q K^T accumulators (the usual
+//    FA2 register reuse). The output dim is permuted instead: n-tile j, column n holds dim
+//    128 (j / 16) + 16 n + j % 16, so lane (r, c) reads 16 contiguous bytes of each of its keys.
+//  INT8 -> fp16 is exact (magic-number trick, 0x6400 | (q ^ 0x80) = 1152 + q), then one fp16
+//  multiply by the scale (single rounding); p in [0, 1] as fp16. Softmax is in fp32, base 2.
+// At the end the KG warps of an M-tile merge (max, sum, output) through shared memory.
+// Decode blocks read d_pos and issue the INT8 rows of their leading tiles (up to STAGES) that hold
+// only keys of earlier forward passes before the PDL wait (the rule in common.cuh).
+#pragma once
+
+#include <cfloat>
+
+#include "kernels/common.cuh"
+#include "kernels/mma_sync.cuh"
+#include "kernels/ops.h"
+
+namespace lampo {
+namespace attn {
+
+constexpr int D = 256;                 // head dim of the Qwen3.5/3.6 family (checked by the launchers)
+constexpr int KEYS = 64;               // keys per pipeline stage
+constexpr int MAX_ROWS = 64;           // query rows per block
+constexpr int GROUPS = D / KV_GROUP;   // scale groups per row (4)
+constexpr int STAGE_BYTES = 2 * KEYS * D + 2 * KEYS * GROUPS * 2;
+// Pipeline stages. Two keep a decode block at 75.5 KiB: with three (107 KiB) the kernels queued
+// behind it in the decode step found no room beside its blocks (35B-A3B step 2.371 vs 2.326 ms at
+// 8,192; docs/decode-performance.md, Round 10), and prefill fits two blocks per SM.
+constexpr int STAGES = 2;
+static_assert(STAGES == 2, "the loop waits for every copy in flight (cp_async_wait<0>) and the prologue commits once");
+constexpr int QFRAG_BYTES = 16 * D * 2;  // one M-tile of fp16 Q fragments
+constexpr int MERGE_STRIDE = 268;        // floats per merged row: D + D/32 skew, bank-conflict free
+constexpr float SCALE_LOG2 = 0.0625f * 1.4426950408889634f;  // 1/sqrt(D) * log2(e)
+
+struct Params {
+    const bf16* q;     // [T, nq, D]
+    const bf16* gate;  // [T, nq * D]
+    const int8_t* k_cache;
+    const int8_t* v_cache;
+    const half* k_scale;
+    const half* v_scale;
+    int nq, nkv, group, max_ctx;
+    int T;       // query tokens in q
+    // decode: the key axis [0, d_pos[0] + T) is cut into nsplit chunks (split_chunk)
+    const int32_t* d_pos;
+    int nsplit;
+    float* part_o;   // [nsplit, T, nq, D]   unnormalised output relative to the split's max
+    float* part_ml;  // [nsplit, T, nq, 2]   (max in log2 units, sum of exp2)
+    // prefill: rows at positions pos0 + t, block b serves tokens [b * tile_tokens, ...)
+    int pos0;
+    int tile_tokens;
+    bf16* out;  // [T, nq * D]
+};
+
+// Keys per decode split for a live length L: a multiple of KEYS, at least KEYS (splits of at least
+// 2 or 4 tiles were measured no faster: docs/decode-performance.md, Round 11).
+__host__ __device__ inline int split_chunk(int L, int nsplit) {
+    const int per = (L + nsplit - 1) / nsplit;
+    const int rounded = (per + KEYS - 1) / KEYS * KEYS;
+    return rounded > KEYS ? rounded : KEYS;
+}
+
+__host__ __device__ constexpr int merge_bytes(int mt, int kg) {
+    return kg * mt * 16 * (MERGE_STRIDE + 2) * 4;
+}
+
+__host__ inline size_t smem_bytes(int mt, int kg) {
+    const int pipeline = STAGES * STAGE_BYTES;
+    const int merge = merge_bytes(mt, kg);
+    return size_t(mt) * QFRAG_BYTES + size_t(pipeline > merge ? pipeline : merge);
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    return __byte_perm(a, b, sel);
+}
+
+// Two INT8 values (bytes 0,1 of `u` when sel = 0x4140, bytes 2,3 when 0x4342; `u` already XOR
+// 0x80 per byte) -> fp16x2 of q * scale.
+__device__ __forceinline__ uint32_t dequant2(uint32_t u, uint32_t sel, __half2 scale) {
+    const uint32_t magic = prmt(u, 0x64646464u, sel);
+    __half2 v = __hsub2(*reinterpret_cast<const __half2*>(&magic), __half2half2(__ushort_as_half(0x6480)));
+    v = __hmul2(v, scale);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// Shared-memory layout of one pipeline stage (byte offsets).
+struct Stage {
+    uint8_t* base;
+    __device__ int8_t* k() const { return reinterpret_cast<int8_t*>(base); }
+    __device__ int8_t* v() const { return reinterpret_cast<int8_t*>(base + KEYS * D); }
+    __device__ half* k_scale() const { return reinterpret_cast<half*>(base + 2 * KEYS * D); }
+    __device__ half* v_scale() const { return reinterpret_cast<half*>(base + 2 * KEYS * D + KEYS * GROUPS * 2); }
+};
+// 16-byte chunk ch of key row `key` is stored at chunk ch ^ swizzle (conflict-free fragment reads).
+__device__ __forceinline__ int k_swizzle(int key) { return (key & 1) << 2; }
+__device__ __forceinline__ int v_swizzle(int key) { return ((key >> 1) & 3) << 1; }
+
+// Online-softmax state of one warp: rows r and r + 8 of its M-tile.
+struct WarpState {
+    float o[32][4];
+    float m[2];
+    float l[2];
+};
+
+// One step of 16 keys (stage rows kb .. kb + 15, global key index key0 + kb ...) for one warp.
+__device__ __forceinline__ void attend16(WarpState& s, const Stage& st, const uint4* __restrict__ qw, int kb,
+                                         int key0, int lim0, int lim1, int lane) {
+    const int r = lane >> 2, c = lane & 3;
+    float sc[2][4] = {};
+    // ---- S = Q K^T over the 256 head dims (four 16-byte chunks per lane, four k-steps each)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint4 qa = qw[((i * 2 + 0) * 2 + 0) * 32 + lane];
+        const uint4 qb = qw[((i * 2 + 0) * 2 + 1) * 32 + lane];
+        const uint4 qc = qw[((i * 2 + 1) * 2 + 0) * 32 + lane];
+        const uint4 qd = qw[((i * 2 + 1) * 2 + 1) * 32 + lane];
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+            const int key = kb + 8 * nt + r;
+            const uint4 kw = *reinterpret_cast<const uint4*>(st.k() + key * D + (((4 * i + c) ^ k_swizzle(key)) * 16));
+            const __half2 ks = __half2half2(st.k_scale()[key * GROUPS + i]);
+            const uint32_t w[4] = {kw.x ^ 0x80808080u, kw.y ^ 0x80808080u, kw.z ^ 0x80808080u, kw.w ^ 0x80808080u};
+            const uint32_t a0[4] = {qa.x, qc.x, qa.y, qc.y};
+            const uint32_t a1[4] = {qa.z, qc.z, qa.w, qc.w};
+            const uint32_t a2[4] = {qb.x, qd.x, qb.y, qd.y};
+            const uint32_t a3[4] = {qb.z, qd.z, qb.w, qd.w};
+            mma_f16_16816(sc[nt], a0, dequant2(w[0], 0x4140, ks), dequant2(w[0], 0x4342, ks));
+            mma_f16_16816(sc[nt], a1, dequant2(w[1], 0x4140, ks), dequant2(w[1], 0x4342, ks));
+            mma_f16_16816(sc[nt], a2, dequant2(w[2], 0x4140, ks), dequant2(w[2], 0x4342, ks));
+            mma_f16_16816(sc[nt], a3, dequant2(w[3], 0x4140, ks), dequant2(w[3], 0x4342, ks));
+        }
+    }
+    // ---- online softmax (log2 domain); accumulator element e: row r (+8 for e >= 2), key 2c + e%2
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int key = key0 + kb + 8 * nt + 2 * c + (e & 1);
+            const float v = sc[nt][e] * SCALE_LOG2;
+            sc[nt][e] = key <= (e < 2 ? lim0 : lim1) ? v : -INFINITY;
+            mx[e >> 1] = fmaxf(mx[e >> 1], sc[nt][e]);
+        }
+    }
+    float alpha[2], base[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        const float m_new = fmaxf(s.m[h], mx[h]);
+        base[h] = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[h] = exp2f(s.m[h] - base[h]);
+        s.m[h] = m_new;
+        s.l[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            sc[nt][e] = exp2f(sc[nt][e] - base[e >> 1]);
+            s.l[e >> 1] += sc[nt][e];
+        }
+    }
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // the max moved for some row
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            s.o[j][0] *= alpha[0]; s.o[j][1] *= alpha[0];
+            s.o[j][2] *= alpha[1]; s.o[j][3] *= alpha[1];
+        }
+    }
+    const uint32_t pa[4] = {pack_half2(sc[0][0], sc[0][1]), pack_half2(sc[0][2], sc[0][3]),
+                            pack_half2(sc[1][0], sc[1][1]), pack_half2(sc[1][2], sc[1][3])};
+    // ---- O += P V: lane reads keys kb + 2c, +1, +8, +9, 16 bytes at dims 128 h + 16 r
+    const int k0 = kb + 2 * c;
+    const int swz = v_swizzle(k0);  // the same for the four keys
+    const half* vs = st.v_scale();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int off = ((8 * h + r) ^ swz) * 16;
+        const uint4 A0 = *reinterpret_cast<const uint4*>(st.v() + (k0 + 0) * D + off);
+        const uint4 A1 = *reinterpret_cast<const uint4*>(st.v() + (k0 + 1) * D + off);
+        const uint4 A2 = *reinterpret_cast<const uint4*>(st.v() + (k0 + 8) * D + off);
+        const uint4 A3 = *reinterpret_cast<const uint4*>(st.v() + (k0 + 9) * D + off);
+        const int g = 2 * h + (r >> 2);
+        const __half2 s01 = __halves2half2(vs[(k0 + 0) * GROUPS + g], vs[(k0 + 1) * GROUPS + g]);
+        const __half2 s89 = __halves2half2(vs[(k0 + 8) * GROUPS + g], vs[(k0 + 9) * GROUPS + g]);
+        const uint32_t w0[4] = {A0.x, A0.y, A0.z, A0.w};
+        const uint32_t w1[4] = {A1.x, A1.y, A1.z, A1.w};
+        const uint32_t w2[4] = {A2.x, A2.y, A2.z, A2.w};
+        const uint32_t w3[4] = {A3.x, A3.y, A3.z, A3.w};
+#pragma unroll
+        for (int wi = 0; wi < 4; ++wi) {
+            // interleave the two keys of each B register: [k0 b0, k1 b0, k0 b1, k1 b1], ...
+            const uint32_t t01[2] = {prmt(w0[wi], w1[wi], 0x5140) ^ 0x80808080u, prmt(w0[wi], w1[wi], 0x7362) ^ 0x80808080u};
+            const uint32_t t89[2] = {prmt(w2[wi], w3[wi], 0x5140) ^ 0x80808080u, prmt(w2[wi], w3[wi], 0x7362) ^ 0x80808080u};
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const uint32_t sel = (e & 1) ? 0x4342 : 0x4140;
+                mma_f16_16816(s.o[16 * h + 4 * wi + e], pa, dequant2(t01[e >> 1], sel, s01),
+                              dequant2(t89[e >> 1], sel, s89));
+            }
+        }
+    }
+}
+
+template <int MT, int KG, bool PREFILL>
+__global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p) {
+    constexpr int NT = MT * KG * 32;
+    extern __shared__ __align__(16) uint8_t smem[];
+    uint4* qfrag = reinterpret_cast<uint4*>(smem);
+    uint8_t* pipe = smem + MT * QFRAG_BYTES;
+    const int kvh = blockIdx.y;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+    int t0, ntok, kbeg, kend, pos_first, split = 0;
+    if (PREFILL) {
+        const int tile = gridDim.x - 1 - blockIdx.x;  // longest key ranges first
+        t0 = tile * p.tile_tokens;
+        ntok = min(p.tile_tokens, p.T - t0);
+        pos_first = p.pos0 + t0;
+        kbeg = 0;
+        kend = pos_first + ntok;
+    } else {  // d_pos and the keys below it come from earlier forward passes (common.cuh)
+        const int p0 = __ldcg(p.d_pos);
+        const int L = p0 + p.T;
+        const int chunk = split_chunk(L, p.nsplit);
+        split = blockIdx.x;
+        kbeg = split * chunk;
+        if (kbeg >= L) return;
+        kend = min(L, kbeg + chunk);
+        t0 = 0;
+        ntok = p.T;
+        pos_first = p0;
+    }
+    const int nrows = ntok * p.group;
+
+    // ---- K/V tile loader (cp.async, zero-fill beyond kend): the INT8 rows, then their scales
+    const size_t head_row0 = size_t(kvh) * p.max_ctx;
+    auto load_kv = [&](int tile, int slot) {
+        const int key0 = kbeg + tile * KEYS;
+        const Stage st{pipe + slot * STAGE_BYTES};
+        for (int e = threadIdx.x; e < 2 * KEYS * 16; e += NT) {
+            const bool is_v = e >= KEYS * 16;
+            const int key = (e >> 4) & (KEYS - 1), ch = e & 15;
+            const bool valid = key0 + key < kend;
+            const size_t row = head_row0 + (valid ? key0 + key : 0);
+            const int8_t* src = (is_v ? p.v_cache : p.k_cache) + row * D + ch * 16;
+            int8_t* dst = (is_v ? st.v() : st.k()) + key * D + ((ch ^ (is_v ? v_swizzle(key) : k_swizzle(key))) * 16);
+            cp_async_16(dst, src, valid);
+        }
+    };
+    auto load_scales = [&](int tile, int slot) {
+        const int key0 = kbeg + tile * KEYS;
+        const Stage st{pipe + slot * STAGE_BYTES};
+        for (int e = threadIdx.x; e < 2 * KEYS; e += NT) {
+            const bool is_v = e >= KEYS;
+            const int key = e & (KEYS - 1);
+            const bool valid = key0 + key < kend;
+            const size_t row = head_row0 + (valid ? key0 + key : 0);
+            cp_async_8((is_v ? st.v_scale() : st.k_scale()) + key * GROUPS,
+                       (is_v ? p.v_scale : p.k_scale) + row * GROUPS, valid);
+        }
+    };
+
+    // Decode: the split's leading tiles (up to STAGES) that hold no key this pass appends (>=
+    // pos_first) stream in before the wait (cp.async.cg, through L2) and their scale lines are
+    // warmed in L2 (the scales' 8-byte copies go through L1, so they wait for the wait).
+    const int ntiles = (kend - kbeg + KEYS - 1) / KEYS;
+    int early = 0;
+    if (!PREFILL)
+        while (early < STAGES && early < ntiles && min(kbeg + (early + 1) * KEYS, kend) <= pos_first) ++early;
+    if (early > 0) {
+        for (int s = 0; s < early; ++s) load_kv(s, s);
+        const int lines = early * KEYS * GROUPS * 2 / 128 + 1;  // 128-byte lines a scale run touches
+        for (int e = threadIdx.x; e < 2 * lines; e += NT) {
+            const int key = min(kbeg + (e % lines) * (128 / (GROUPS * 2)), kend - 1);
+            const half* sc = (e < lines ? p.k_scale : p.v_scale) + (head_row0 + key) * GROUPS;
+            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(sc));
+        }
+    }
+    pdl_begin();
+
+    // The prologue tiles first (they do not need Q), then Q: every thread's Q loads of a group go
+    // out before any is converted (compiled as written, the loop waited for each load in turn).
+    const int prologue = max(STAGES - 1, early);  // tiles in flight before the loop
+    for (int s = 0; s < prologue && s < ntiles; ++s) {
+        if (s >= early) load_kv(s, s);
+        load_scales(s, s);
+    }
+    cp_async_commit();
+
+    // ---- Q -> fp16 fragments: entry (((mt * 4 + i) * 2 + hh) * 2 + part) * 32 + ln holds
+    //      8 dims 64 i + 16 (ln % 4) + 8 part of row mt * 16 + hh * 8 + ln / 4
+    constexpr int Q_PER_THREAD = MT * 512 / NT, Q_GROUP = Q_PER_THREAD < 4 ? Q_PER_THREAD : 4;
+    static_assert(MT * 512 % NT == 0 && Q_PER_THREAD % Q_GROUP == 0, "whole groups of Q entries per thread");
+#pragma unroll
+    for (int g0 = 0; g0 < Q_PER_THREAD; g0 += Q_GROUP) {
+        uint4 raw[Q_GROUP];
+#pragma unroll
+        for (int g = 0; g < Q_GROUP; ++g) {
+            const int e = threadIdx.x + (g0 + g) * NT;
+            const int ln = e & 31, part = (e >> 5) & 1, hh = (e >> 6) & 1, i = (e >> 7) & 3, mt = e >> 9;
+            const int row = mt * 16 + hh * 8 + (ln >> 2);
+            raw[g] = make_uint4(0u, 0u, 0u, 0u);
+            if (row < nrows) {
+                const int t = t0 + row / p.group, qh = kvh * p.group + row % p.group;
+                raw[g] = *reinterpret_cast<const uint4*>(p.q + (size_t(t) * p.nq + qh) * D + 64 * i + 16 * (ln & 3) +
+                                                         8 * part);
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < Q_GROUP; ++g) {
+            const uint32_t w[4] = {raw[g].x, raw[g].y, raw[g].z, raw[g].w};
+            uint32_t hv[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                hv[k] = pack_half2(__uint_as_float(w[k] << 16), __uint_as_float(w[k] & 0xffff0000u));
+            qfrag[threadIdx.x + (g0 + g) * NT] = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+        }
+    }
+
+    const int mt = warp % MT, kg = warp / MT;
+    const int row0 = mt * 16 + (lane >> 2), row1 = row0 + 8;
+    const int lim0 = row0 < nrows ? min(pos_first + row0 / p.group, kend - 1) : -1;
+    const int lim1 = row1 < nrows ? min(pos_first + row1 / p.group, kend - 1) : -1;
+    const int warp_lim = __reduce_max_sync(0xffffffffu, max(lim0, lim1));
+    const uint4* qw = qfrag + mt * 512;
+
+    WarpState s;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) s.o[j][0] = s.o[j][1] = s.o[j][2] = s.o[j][3] = 0.0f;
+    s.m[0] = s.m[1] = -INFINITY;
+    s.l[0] = s.l[1] = 0.0f;
+
+    for (int it = 0; it < ntiles; ++it) {
+        cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        const int next = it + STAGES - 1;
+        if (next >= prologue && next < ntiles) {
+            load_kv(next, next % STAGES);
+            load_scales(next, next % STAGES);
+        }
+        cp_async_commit();
+        const Stage st{pipe + (it % STAGES) * STAGE_BYTES};
+        const int key0 = kbeg + it * KEYS;
+#pragma unroll 1
+        for (int sub = 0; sub < 4 / KG; ++sub) {
+            const int kb = kg * (KEYS / KG) + sub * 16;
+            if (key0 + kb > warp_lim) break;  // causal: nothing visible from here on for this warp
+            attend16(s, st, qw, kb, key0, lim0, lim1, lane);
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+
+    // ---- merge the KG key groups of each M-tile, then write
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 1);
+        s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 2);
+    }
+    float* mo = reinterpret_cast<float*>(pipe);        // [KG][MT*16][MERGE_STRIDE]
+    float* mml = mo + KG * MT * 16 * MERGE_STRIDE;     // [KG][MT*16][2]
+    const int c = lane & 3;
+    {
+        float* o0 = mo + (kg * MT * 16 + row0) * MERGE_STRIDE;
+        float* o1 = mo + (kg * MT * 16 + row1) * MERGE_STRIDE;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int d = 128 * (j >> 4) + 16 * (2 * c + e) + (j & 15);
+                o0[d + (d >> 5)] = s.o[j][e];
+                o1[d + (d >> 5)] = s.o[j][2 + e];
+            }
+        }
+        if (c == 0) {
+            mml[(kg * MT * 16 + row0) * 2] = s.m[0];
+            mml[(kg * MT * 16 + row0) * 2 + 1] = s.l[0];
+            mml[(kg * MT * 16 + row1) * 2] = s.m[1];
+            mml[(kg * MT * 16 + row1) * 2 + 1] = s.l[1];
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < nrows * D; e += NT) {
+        const int row = e / D, d = e % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < KG; ++k) M = fmaxf(M, mml[(k * MT * 16 + row) * 2]);
+        float acc = 0.0f, l = 0.0f;
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int k = 0; k < KG; ++k) {
+                const float w = exp2f(mml[(k * MT * 16 + row) * 2] - M);
+                acc += w * mo[(k * MT * 16 + row) * MERGE_STRIDE + d + (d >> 5)];
+                l += w * mml[(k * MT * 16 + row) * 2 + 1];
+            }
+        }
+        const int t = t0 + row / p.group, qh = kvh * p.group + row % p.group;
+        const size_t idx = (size_t(t) * p.nq + qh) * D + d;
+        if (PREFILL) {
+            p.out[idx] = __float2bfloat16(acc / l * sigmoid(__bfloat162float(p.gate[idx])));
+        } else {
+            const size_t prow = (size_t(split) * p.T + t) * p.nq + qh;
+            p.part_o[prow * D + d] = acc;
+            if (d == 0) {
+                p.part_ml[prow * 2] = M;
+                p.part_ml[prow * 2 + 1] = l;
+            }
+        }
+    }
+}
+
+}  // namespace attn
+}  // namespace lampo

@@ -1,0 +1,310 @@
+// gated_delta_rule_recurrent.cu - the Gated DeltaNet token loop (decode, speculative verify).
+//
+//   qkv [T, 2*Hk*128 + Hv*128] bf16 (post-conv q | k | v) ; a, b [T, Hv] bf16 ;
+//   A_log, dt_bias [Hv] fp32 ; state [Hv, 128, 128] fp32, S[j][i][m] (i: key dim, m: value dim)
+//   per token t and V head j (QK head j / (Hv/Hk)):
+//     g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)
+//     q = l2norm(q) / sqrt(128), k = l2norm(k)
+//     S = exp(g) S ; e = v - S^T k ; S += k (beta e)^T ; o = S^T q      -> o [T, Hv, 128] bf16
+//   snapshots (optional): the state after token t at snapshots + t * Hv*128*128.
+//
+// The state is pure bandwidth (64 KiB per head read and written once per call), and its columns
+// m evolve independently, so each block owns a 128 x 16 column slice of one head (Hv*8 blocks)
+// and keeps it in registers for all T tokens: thread (rg, cg) holds rows rg + 32n (n < 4) of 4
+// columns as float4 (coalesced 16-byte loads). Both reductions of a token come from one pass over
+// the decayed state, using S_new^T q = exp(g) S^T q + beta e (k.q):
+//     kS = S^T k, qS = S^T q (old S) ; e = v - exp(g) kS ; o = exp(g) qS + beta e (k.q)
+#include <cooperative_groups.h>
+
+#include "kernels/common.cuh"
+#include "kernels/launch_utils.cuh"
+#include "kernels/gdn/gdn_common.cuh"
+#include "kernels/gdn_moe_vec.cuh"
+#include "kernels/ops.h"
+
+namespace lampo {
+namespace {
+
+constexpr int REC_COLS = 16;                 // state columns per block
+constexpr int REC_THREADS = 128;             // 32 row groups x 4 column groups
+constexpr int REC_WARPS = REC_THREADS / 32;
+constexpr int REC_ROWS = GDN_D / 32;         // rows per thread
+
+// One token of the delta rule for the block's 128 x 16 slice of head j, state S in registers.
+// Thread tid brings q[tid], k[tid] (raw, before the l2 norms) and v[m0 .. m0+3] of its column group;
+// the return value is o[m0 .. m0+3] (meaningful in every thread; row group 0 stores it).
+__device__ __forceinline__ float4 rec_token(float4 (&S)[REC_ROWS], float qv, float kv, float4 v,
+                                            float a, float b, float a_log, float dtb) {
+    __shared__ float q_s[GDN_D], k_s[GDN_D];
+    __shared__ float norm_part[REC_WARPS][3];
+    __shared__ float dot_part[REC_WARPS][4][8];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int cg = tid & 3, rg = tid >> 2;
+    const float inv_sqrt_d = rsqrtf(float(GDN_D));
+
+    const float sq = warp_sum(qv * qv), sk = warp_sum(kv * kv), sqk = warp_sum(qv * kv);
+    if (lane == 0) {
+        norm_part[warp][0] = sq;
+        norm_part[warp][1] = sk;
+        norm_part[warp][2] = sqk;
+    }
+    __syncthreads();
+    float tq = 0.f, tk = 0.f, tqk = 0.f;
+#pragma unroll
+    for (int w = 0; w < REC_WARPS; ++w) {
+        tq += norm_part[w][0];
+        tk += norm_part[w][1];
+        tqk += norm_part[w][2];
+    }
+    const float rq = rsqrtf(tq + GDN_L2_EPS) * inv_sqrt_d, rk = rsqrtf(tk + GDN_L2_EPS);
+    q_s[tid] = qv * rq;
+    k_s[tid] = kv * rk;
+    const float kq = tqk * rq * rk;
+    float g, beta;
+    gdn_gates(a, b, a_log, dtb, g, beta);
+    const float decay = expf(g);
+    __syncthreads();
+
+    // Partial S^T k and S^T q over this thread's rows, then over all 32 row groups.
+    float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int n = 0; n < REC_ROWS; ++n) {
+        const float kk = k_s[rg + 32 * n], qq = q_s[rg + 32 * n];
+        part[0] = fmaf(kk, S[n].x, part[0]);
+        part[1] = fmaf(kk, S[n].y, part[1]);
+        part[2] = fmaf(kk, S[n].z, part[2]);
+        part[3] = fmaf(kk, S[n].w, part[3]);
+        part[4] = fmaf(qq, S[n].x, part[4]);
+        part[5] = fmaf(qq, S[n].y, part[5]);
+        part[6] = fmaf(qq, S[n].z, part[6]);
+        part[7] = fmaf(qq, S[n].w, part[7]);
+    }
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) part[p] += __shfl_xor_sync(0xffffffffu, part[p], off);
+    }
+    if (lane < 4) {
+#pragma unroll
+        for (int p = 0; p < 8; ++p) dot_part[warp][cg][p] = part[p];
+    }
+    __syncthreads();
+    float tot[8];
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {
+        tot[p] = 0.f;
+#pragma unroll
+        for (int w = 0; w < REC_WARPS; ++w) tot[p] += dot_part[w][cg][p];
+    }
+
+    float4 be;  // beta * e
+    be.x = beta * (v.x - decay * tot[0]);
+    be.y = beta * (v.y - decay * tot[1]);
+    be.z = beta * (v.z - decay * tot[2]);
+    be.w = beta * (v.w - decay * tot[3]);
+    const float4 out = make_float4(fmaf(decay, tot[4], be.x * kq), fmaf(decay, tot[5], be.y * kq),
+                                   fmaf(decay, tot[6], be.z * kq), fmaf(decay, tot[7], be.w * kq));
+#pragma unroll
+    for (int n = 0; n < REC_ROWS; ++n) {
+        const float kk = k_s[rg + 32 * n];
+        S[n].x = fmaf(decay, S[n].x, kk * be.x);
+        S[n].y = fmaf(decay, S[n].y, kk * be.y);
+        S[n].z = fmaf(decay, S[n].z, kk * be.z);
+        S[n].w = fmaf(decay, S[n].w, kk * be.w);
+    }
+    return out;
+}
+
+// Through L2 (__ldcg): the fused decode step reads the state before its PDL wait (common.cuh).
+__device__ __forceinline__ void load_slice(float4 (&S)[REC_ROWS], const float* Sj, int rg, int m0) {
+#pragma unroll
+    for (int n = 0; n < REC_ROWS; ++n)
+        S[n] = __ldcg(reinterpret_cast<const float4*>(Sj + size_t(rg + 32 * n) * GDN_D + m0));
+}
+
+__device__ __forceinline__ void store_slice(const float4 (&S)[REC_ROWS], float* Sj, int rg, int m0) {
+#pragma unroll
+    for (int n = 0; n < REC_ROWS; ++n)
+        *reinterpret_cast<float4*>(Sj + size_t(rg + 32 * n) * GDN_D + m0) = S[n];
+}
+
+__global__ void __launch_bounds__(REC_THREADS)
+gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
+                     const bf16* __restrict__ b, const float* __restrict__ A_log,
+                     const float* __restrict__ dt_bias, float* __restrict__ state,
+                     bf16* __restrict__ o, float* __restrict__ snapshots, int T, int Hk, int Hv) {
+    pdl_begin();
+    const int tid = threadIdx.x;
+    const int cg = tid & 3, rg = tid >> 2;
+    const int j = blockIdx.y, hk = j / (Hv / Hk);
+    const int m0 = blockIdx.x * REC_COLS + cg * 4;
+    const int width = gdn_qkv_width(Hk, Hv);
+    const size_t head_elems = size_t(GDN_D) * GDN_D;
+
+    float4 S[REC_ROWS];
+    load_slice(S, state + j * head_elems, rg, m0);
+    const float a_log = A_log[j], dtb = dt_bias[j];
+    for (int t = 0; t < T; ++t) {
+        const bf16* row = qkv + size_t(t) * width;
+        const float qv = __bfloat162float(row[hk * GDN_D + tid]);
+        const float kv = __bfloat162float(row[Hk * GDN_D + hk * GDN_D + tid]);
+        const float4 v = load_bf16x4(row + 2 * Hk * GDN_D + j * GDN_D + m0);
+        const float4 out = rec_token(S, qv, kv, v, __bfloat162float(a[size_t(t) * Hv + j]),
+                                     __bfloat162float(b[size_t(t) * Hv + j]), a_log, dtb);
+        if (rg == 0) store_bf16x4(o + (size_t(t) * Hv + j) * GDN_D + m0, out);
+        if (snapshots) store_slice(S, snapshots + size_t(t) * Hv * head_elems + j * head_elems, rg, m0);
+    }
+    store_slice(S, state + j * head_elems, rg, m0);
+}
+
+// The decode step (T = 1) of a Gated DeltaNet layer in one launch, grid (8, Hv) as above, the 8
+// blocks of V head j one thread block cluster (sm_90+):
+// 1. before the wait, the constants: conv weights of the block's channels (thread tid: q and k
+//    channel tid of K head hk; threads 0..15 also the block's 16 v channels), A_log, dt_bias, and
+//    in rank 0's first warp the norm weight; and the states, which only this kernel writes in a
+//    forward pass (the rule in common.cuh): the state slice and the conv states of those channels.
+//    After it, every load at once: the conv inputs, a, b, and (rank 0, first warp) z.
+// 2. conv + SiLU. The block's v channels' conv state is read only here, so it is updated at once;
+//    the q/k conv state is shared by the 8 * Hv/Hk blocks of the K group: each takes a ticket on
+//    counters[hk] after reading it, and the last one writes the new q/k state (at the end, so the
+//    ticket's round trip overlaps the delta rule).
+// 3. the delta rule step of gdn_recurrent_kernel (rec_token).
+// 4. each block puts its bf16 o slice into rank 0's shared memory; after the cluster barrier rank
+//    0's first warp runs the gated RMSNorm of head j with z -> y.
+// Numbers identical to causal_conv1d_silu -> gated_delta_rule_recurrent -> gated_rmsnorm.
+constexpr int FUSED_CLUSTER = GDN_D / REC_COLS;
+
+template <int K>
+__device__ __forceinline__ void load_conv_w(const bf16* __restrict__ conv_w, int c, float (&w)[K]) {
+#pragma unroll
+    for (int q = 0; q < K; ++q) w[q] = __bfloat162float(conv_w[size_t(c) * K + q]);
+}
+
+template <int K>
+__global__ void __launch_bounds__(REC_THREADS)
+gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ conv_w, bf16* conv_state,
+                        const bf16* __restrict__ a, const bf16* __restrict__ b,
+                        const float* __restrict__ A_log, const float* __restrict__ dt_bias,
+                        float* __restrict__ state, const bf16* __restrict__ z,
+                        const bf16* __restrict__ norm_w, bf16* __restrict__ y, unsigned* counters,
+                        int Hk, int Hv, float eps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __shared__ float v_s[REC_COLS];
+    __shared__ __align__(8) bf16 o_row[GDN_D];  // rank 0: head j's o, gathered from the cluster
+    __shared__ bool last;
+    const int tid = threadIdx.x;
+    const int cg = tid & 3, rg = tid >> 2;
+    const int j = blockIdx.y, hk = j / (Hv / Hk);
+    const int m0 = blockIdx.x * REC_COLS + cg * 4;
+    const bool norm_lane = blockIdx.x == 0 && tid < 32;  // rank 0's first warp: channels 4 tid .. 4 tid + 3
+    const size_t head_elems = size_t(GDN_D) * GDN_D;
+    const int cq = hk * GDN_D + tid, ck = (Hk + hk) * GDN_D + tid;
+    const int cv = 2 * Hk * GDN_D + j * GDN_D + blockIdx.x * REC_COLS + tid;  // tid < REC_COLS
+
+    // 1. constants and states, then (after the wait) every input.
+    float wq[K], wk[K], wv[K];
+    load_conv_w<K>(conv_w, cq, wq);
+    load_conv_w<K>(conv_w, ck, wk);
+    if (tid < REC_COLS) load_conv_w<K>(conv_w, cv, wv);
+    const float a_log = A_log[j], dtb = dt_bias[j];
+    const float4 nw = norm_lane ? load_bf16x4(norm_w + tid * 4) : float4{};
+    float4 S[REC_ROWS];
+    load_slice(S, state + j * head_elems, rg, m0);
+    auto load_hist = [&](int c, float (&hist)[K - 1]) {
+#pragma unroll
+        for (int q = 0; q < K - 1; ++q) hist[q] = __bfloat162float(__ldcg(conv_state + size_t(c) * (K - 1) + q));
+    };
+    auto write_hist = [&](int c, const float (&hist)[K - 1], float xc) {  // shift in x
+#pragma unroll
+        for (int q = 0; q < K - 2; ++q) conv_state[size_t(c) * (K - 1) + q] = __float2bfloat16_rn(hist[q + 1]);
+        conv_state[size_t(c) * (K - 1) + K - 2] = __float2bfloat16_rn(xc);
+    };
+    float hq[K - 1], hkk[K - 1], hv[K - 1];
+    load_hist(cq, hq);
+    load_hist(ck, hkk);
+    if (tid < REC_COLS) load_hist(cv, hv);
+    pdl_begin();
+    const float xq = __bfloat162float(x[cq]), xk = __bfloat162float(x[ck]);
+    const float av = __bfloat162float(a[j]), bv = __bfloat162float(b[j]);
+    const float4 zv = norm_lane ? load_bf16x4(z + size_t(j) * GDN_D + tid * 4) : float4{};
+
+    // 2. conv + SiLU (conv_out is bf16 in the three-launch path).
+    const float qv = round_to_bf16(conv_silu_step<K>(wq, hq, xq));
+    const float kv = round_to_bf16(conv_silu_step<K>(wk, hkk, xk));
+    if (tid < REC_COLS) {
+        const float xv = __bfloat162float(x[cv]);
+        v_s[tid] = round_to_bf16(conv_silu_step<K>(wv, hv, xv));
+        write_hist(cv, hv, xv);
+    }
+    __syncthreads();  // v_s is complete and every q/k conv state read of this block is done
+    unsigned ticket = 0;
+    if (tid == 0) {
+        __threadfence();
+        ticket = atomicAdd(counters + hk, 1u);
+    }
+
+    // 3. the delta rule step.
+    const float4 v = make_float4(v_s[cg * 4], v_s[cg * 4 + 1], v_s[cg * 4 + 2], v_s[cg * 4 + 3]);
+    const float4 out = rec_token(S, qv, kv, v, av, bv, a_log, dtb);
+    store_slice(S, state + j * head_elems, rg, m0);
+
+    // 4. o -> rank 0 ; the gated RMSNorm there.
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    if (rg == 0) store_bf16x4(cluster.map_shared_rank(o_row, 0) + m0, out);
+    cluster.sync();
+    if (norm_lane) {
+        const float4 o4 = load_bf16x4(o_row + tid * 4);
+        const float r = gated_rms_scale(sumsq4(o4), GDN_D, eps);
+        store_bf16x4(y + size_t(j) * GDN_D + tid * 4, gated_norm4(o4, r, zv, nw));
+    }
+
+    // The q/k conv state, by the K group's last block.
+    if (tid == 0) last = ticket == gridDim.x * (Hv / Hk) - 1;
+    __syncthreads();
+    if (last) {
+        write_hist(cq, hq, xq);
+        write_hist(ck, hkk, xk);
+        if (tid == 0) counters[hk] = 0;
+    }
+#else
+    __trap();  // gdn_decode_fused launches it on sm_90+ only
+#endif
+}
+
+}  // namespace
+
+void gated_delta_rule_recurrent(const bf16* qkv, const bf16* a, const bf16* b, const float* A_log,
+                                const float* dt_bias, float* state, bf16* o, float* snapshots,
+                                int T, int Hk, int Hv, int dk, int dv, cudaStream_t stream) {
+    gdn_check_dims("gated_delta_rule_recurrent", T, Hk, Hv, dk, dv);
+    launch_pdl("gdn_recurrent_kernel", gdn_recurrent_kernel, dim3(GDN_D / REC_COLS, Hv), REC_THREADS, 0,
+               stream, qkv, a, b, A_log, dt_bias, state, o, snapshots, T, Hk, Hv);
+}
+
+bool gdn_decode_fused_available() { return sm90_or_newer(); }
+
+void gdn_decode_fused(const bf16* qkv, const bf16* conv_w, bf16* conv_state, const bf16* a, const bf16* b,
+                      const float* A_log, const float* dt_bias, float* state, const bf16* z, const bf16* norm_w,
+                      bf16* y, unsigned* counters, int Hk, int Hv, int dk, int dv, int K, float eps,
+                      cudaStream_t stream) {
+    const char* op = "gdn_decode_fused";
+    gdn_check_dims(op, 1, Hk, Hv, dk, dv);
+    if (!counters) throw std::invalid_argument(std::string(op) + ": needs Hk zeroed counters");
+    if (!gdn_decode_fused_available())
+        throw std::invalid_argument(std::string(op) + ": needs thread block clusters (sm_90 or newer)");
+    const dim3 grid(FUSED_CLUSTER, Hv);
+    auto launch = [&](auto kernel) {
+        launch_pdl_clusters(op, FUSED_CLUSTER, kernel, grid, REC_THREADS, 0, stream, qkv, conv_w, conv_state, a,
+                            b, A_log, dt_bias, state, z, norm_w, y, counters, Hk, Hv, eps);
+    };
+    switch (K) {
+        case 2: launch(gdn_decode_fused_kernel<2>); break;
+        case 3: launch(gdn_decode_fused_kernel<3>); break;
+        case 4: launch(gdn_decode_fused_kernel<4>); break;
+        default:
+            throw std::invalid_argument(std::string(op) + ": conv kernel size K must be 2, 3 or 4, got " +
+                                        std::to_string(K));
+    }
+}
+
+}  // namespace lampo

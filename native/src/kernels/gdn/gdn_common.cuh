@@ -1,0 +1,72 @@
+// gdn_common.cuh - constants, argument checks and the gate formula shared by the Gated DeltaNet
+// kernels (include from .cu files only).
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/common.cuh"
+#include "kernels/gdn_moe_vec.cuh"
+
+namespace lampo {
+
+constexpr int GDN_D = 128;          // dk = dv = 128 in every Qwen3.5/3.6 checkpoint
+constexpr float GDN_L2_EPS = 1e-6f;  // l2norm(x) = x * rsqrt(sum(x^2) + eps)
+
+// Width of one row of the post-conv qkv activation: q (Hk*dk) | k (Hk*dk) | v (Hv*dv).
+__host__ __device__ inline int gdn_qkv_width(int Hk, int Hv) { return 2 * Hk * GDN_D + Hv * GDN_D; }
+
+inline void gdn_check_dims(const char* op, int T, int Hk, int Hv, int dk, int dv) {
+    if (dk != GDN_D || dv != GDN_D)
+        throw std::invalid_argument(std::string(op) + ": dk and dv must be 128, got dk=" +
+                                    std::to_string(dk) + " dv=" + std::to_string(dv));
+    if (T < 1) throw std::invalid_argument(std::string(op) + ": T must be >= 1, got " + std::to_string(T));
+    if (Hk < 1 || Hv < Hk || Hv % Hk != 0)
+        throw std::invalid_argument(std::string(op) + ": Hv must be a positive multiple of Hk, got Hk=" +
+                                    std::to_string(Hk) + " Hv=" + std::to_string(Hv));
+}
+
+// Per token and V head: g = -exp(A_log) * softplus(a + dt_bias) (<= 0), beta = sigmoid(b).
+__device__ __forceinline__ void gdn_gates(float a, float b, float A_log, float dt_bias, float& g,
+                                          float& beta) {
+    g = -expf(A_log) * softplus(a + dt_bias);
+    beta = sigmoid(b);
+}
+
+// One step of the causal conv + SiLU of one channel: silu(w[K-1] x + sum_j w[j] hist[j]), hist the
+// K-1 previous inputs (oldest first). The summation order of conv1d_silu_kernel (bit-identical).
+template <int K>
+__device__ __forceinline__ float conv_silu_step(const float (&w)[K], const float (&hist)[K - 1], float x) {
+    float acc = w[K - 1] * x;
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j) acc = fmaf(w[j], hist[j], acc);
+    return silu(acc);
+}
+
+// The gated RMSNorm's arithmetic, shared by gated_rmsnorm.cu and the fused decode step so that
+// both give the same bits: a lane's sum of squares over 4 channels, the row scale from the warp's
+// sums, and y for 4 channels: y = bf16(w * bf16(o * r) * silu(z)), r = rsqrt(mean(o^2) + eps).
+__device__ __forceinline__ float sumsq4(float4 v) { return v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w; }
+
+__device__ __forceinline__ float gated_rms_scale(float lane_ss, int dv, float eps) {
+    return rsqrtf(warp_sum(lane_ss) / float(dv) + eps);
+}
+
+__device__ __forceinline__ float4 gated_norm4(float4 v, float r, float4 g, float4 wv) {
+    return make_float4(wv.x * round_to_bf16(v.x * r) * silu(g.x), wv.y * round_to_bf16(v.y * r) * silu(g.y),
+                       wv.z * round_to_bf16(v.z * r) * silu(g.z), wv.w * round_to_bf16(v.w * r) * silu(g.w));
+}
+
+// Gated RMSNorm of one dv-row by one warp (each lane owns groups of 4 channels).
+__device__ __forceinline__ void gated_rmsnorm_row(const __nv_bfloat16* __restrict__ o, const __nv_bfloat16* __restrict__ z,
+                                                  const __nv_bfloat16* __restrict__ w, __nv_bfloat16* __restrict__ y, int dv,
+                                                  float eps) {
+    const int lane = threadIdx.x % 32;
+    float ss = 0.f;
+    for (int c = lane * 4; c < dv; c += 128) ss += sumsq4(load_bf16x4(o + c));
+    const float r = gated_rms_scale(ss, dv, eps);
+    for (int c = lane * 4; c < dv; c += 128)
+        store_bf16x4(y + c, gated_norm4(load_bf16x4(o + c), r, load_bf16x4(z + c), load_bf16x4(w + c)));
+}
+
+}  // namespace lampo

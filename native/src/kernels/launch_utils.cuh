@@ -1,0 +1,95 @@
+// launch_utils.cuh - host-side helpers shared by the core launchers: argument checks that raise a
+// clear error naming the op (std::invalid_argument, ValueError in Python) and device queries
+// (SM count, opt-in shared memory) that are cheap and legal while a stream is being captured, and
+// the programmatic-dependent-launch wrapper every decode-step kernel goes out through.
+#pragma once
+
+#include <cstdlib>
+#include <stdexcept>
+#include <utility>
+#include <string>
+#include <cuda_runtime.h>
+
+#include "kernels/common.cuh"
+
+namespace lampo {
+
+inline void require(bool ok, const char* op, const std::string& what) {
+    if (!ok) throw std::invalid_argument(std::string(op) + ": " + what);
+}
+
+inline int device_attribute(cudaDeviceAttr attr) {
+    int dev = 0, value = 0;
+    LAMPO_CUDA_CHECK(cudaGetDevice(&dev));
+    LAMPO_CUDA_CHECK(cudaDeviceGetAttribute(&value, attr, dev));
+    return value;
+}
+
+inline int sm_count() { return device_attribute(cudaDevAttrMultiProcessorCount); }
+inline size_t smem_optin_bytes() {
+    return size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+}
+
+// Allow a kernel to use `bytes` of dynamic shared memory (needed above 48 KiB).
+template <class Kernel>
+inline void allow_dynamic_smem(Kernel kernel, size_t bytes, const char* op) {
+    require(bytes <= smem_optin_bytes(), op,
+            "needs " + std::to_string(bytes) + " bytes of shared memory per block, the device allows " +
+                std::to_string(smem_optin_bytes()));
+    LAMPO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+// Whether the device is sm_90 or newer (programmatic dependent launch, thread block clusters).
+// Decided once per process, like everything the launchers ask per launch.
+inline bool sm90_or_newer() {
+    static const bool yes = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+    return yes;
+}
+
+// Whether kernels go out with programmatic dependent launch: on sm_90+ unless the environment
+// sets LAMPO_PDL=0 (for A/B measurements). Decided once per process.
+inline bool pdl_enabled() {
+    static const bool on = [] {
+        const char* env = std::getenv("LAMPO_PDL");
+        if (env && std::string(env) == "0") return false;
+        return sm90_or_newer();
+    }();
+    return on;
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream serialization: the
+// kernel may begin launching while the previous kernel of the stream still runs, and must call
+// pdl_begin() (common.cuh) before touching memory. The edge survives stream capture into a CUDA
+// graph (CUDA >= 12.3). cluster_x > 1 groups the blocks into thread block clusters of cluster_x
+// along x (sm_90+; grid.x a multiple of it). Launch failures raise CudaError naming `op`.
+template <class... Params, class... Args>
+inline void launch_pdl_clusters(const char* op, unsigned cluster_x, void (*kernel)(Params...), dim3 grid,
+                                dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (pdl_enabled()) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_x > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n++].val.clusterDim = {cluster_x, 1, 1};
+    }
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = n;
+    if constexpr (timeline_built()) timeline_note_launch(op);
+    cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), op, __FILE__, __LINE__);
+}
+
+template <class... Params, class... Args>
+inline void launch_pdl(const char* op, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args&&... args) {
+    launch_pdl_clusters(op, 1, kernel, grid, block, smem, stream, std::forward<Args>(args)...);
+}
+
+}  // namespace lampo

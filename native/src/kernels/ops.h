@@ -1,0 +1,223 @@
+// ops.h - the contract between Lampo's CUDA kernels and the layer loop.
+//
+// Every op family lives in its own .cu file (named after the family) whose header comment states
+// shapes, dtypes and the formula; each launcher below is checked against the numpy reference by a
+// `cuda`-marked test through the `lampo._native_ops` bindings (op_tests/).
+//
+// Conventions
+// - bf16 is __nv_bfloat16; activations are row-major [T, width] bf16 unless stated; the residual
+//   stream is fp32 [T, H] (more accurate than the bf16 HF stream; the fp32 reference is the oracle).
+// - Weights are HF layout [out, in] (row-major, `in` contiguous) behind the `Linear` seam.
+// - Launchers are asynchronous on `stream`, never synchronise, never allocate, and are safe to
+//   capture in a CUDA graph. Values that change from one decode step to the next (positions,
+//   lengths, token ids) are read from DEVICE memory (pointers named d_*), so a captured graph
+//   replays correctly for every step.
+// - Launch errors are raised by the caller with LAMPO_CHECK_LAUNCH("op name") (common.cuh).
+// - The kernels of the decode path go out through launch_pdl (launch_utils.cuh, programmatic
+//   dependent launch on sm_90+) and begin with pdl_begin() (common.cuh): a kernel may start
+//   launching while its predecessor in the stream still runs, but waits for it before touching
+//   memory, so stream order keeps its usual meaning for every caller.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/linear.h"
+
+namespace lampo {
+
+using bf16 = __nv_bfloat16;
+
+// ---- embedding.cu ------------------------------------------------------------------------
+// out[t, :] = table[ids[t], :]                       table [V, H] bf16, ids [T] int32 (device)
+void embedding_gather(const bf16* table, const int32_t* d_ids, float* out_residual, int T, int H,
+                      cudaStream_t stream);
+
+// ---- rmsnorm.cu ---------------------------------------------------------------------------
+// Zero-centred RMSNorm: y = bf16(x * rsqrt(mean(x^2) + eps) * (1 + w)), statistics in fp32.
+// x [rows, n] fp32 or bf16 ; w [n] bf16 ; y [rows, n] bf16.  Used for layer norms (n = H) and
+// per-head q/k norms are done inside attn_prep.
+void rmsnorm(const float* x, const bf16* w, bf16* y, int rows, int n, float eps, cudaStream_t stream);
+// residual[t] += delta[t] (fp32 add of a bf16 delta), then y[t] = rmsnorm(residual[t]) as above.
+// Fuses the residual add of one sub-block with the pre-norm of the next.
+void add_rmsnorm(float* residual, const bf16* delta, const bf16* w, bf16* y, int rows, int n,
+                 float eps, cudaStream_t stream);
+// residual[t] += delta[t] without a norm (used for the last add before the final norm).
+void residual_add(float* residual, const bf16* delta, int rows, int n, cudaStream_t stream);
+
+// ---- attention_prep.cu ---------------------------------------------------------------------
+// INT8 KV cache, one fp16 scale per group of 64 values (symmetric, scale = max|x|/127, q =
+// clip(rint(x / scale), -127, 127); bit-exact with kv_int8.quantize_int8_g64):
+//   cache  [nkv, max_ctx, D] int8 ; scales [nkv, max_ctx, D/64] fp16
+constexpr int KV_GROUP = 64;
+struct KvAppendTarget {
+    const bf16* v = nullptr;       // [T, nkv, D] the new value rows
+    int8_t* k_cache = nullptr;
+    int8_t* v_cache = nullptr;
+    half* k_scale = nullptr;
+    half* v_scale = nullptr;
+    int max_ctx = 0;               // rows at positions >= max_ctx are not written
+};
+// Gated attention input prep for T tokens at positions d_pos[0] + t:
+//   qg [T, nq*2*D]: per head h, rows [h*2D, h*2D+D) are the query, [h*2D+D, h*2D+2D) the gate.
+//   q   = rope(rmsnorm1p(query_h, q_norm_w))  -> q_out [T, nq, D] bf16
+//   gate = gate_h                             -> gate_out [T, nq*D] bf16 (not normed, not roped)
+//   k   = rope(rmsnorm1p(k_raw_h, k_norm_w))  -> k_out [T, nkv, D] bf16 (k_raw [T, nkv*D]; optional
+//         when `append` is given)
+// rope: NeoX half-split over the first rotary_dim dims, inv_freq[i] = theta^(-2i/rotary_dim),
+//   angle = pos * inv_freq[i] in fp32; dims >= rotary_dim untouched.
+// With `append`: the bf16 k rows and append->v are quantized into the INT8 cache at rows
+// d_pos[0] + t of every kv head (D a multiple of 64).
+void attn_prep(const bf16* qg, const bf16* k_raw, const bf16* q_norm_w, const bf16* k_norm_w,
+               const int32_t* d_pos, bf16* q_out, bf16* gate_out, bf16* k_out, int T, int nq,
+               int nkv, int D, int rotary_dim, float theta, float eps, cudaStream_t stream,
+               const KvAppendTarget* append = nullptr);
+
+// ---- attention_decode.cu -------------------------------------------------------------------
+// Flash-decoding over the INT8 cache for Tq <= 8 query rows at positions d_pos[0] + t (row t sees
+// cache rows [0, d_pos[0] + t], i.e. causal inside the window; the window's own K/V rows must
+// already be appended). q [Tq, nq, D] bf16 -> out [Tq, nq*D] bf16, multiplied by sigmoid(gate)
+// (gate [Tq, nq*D] bf16). Scale 1/sqrt(D), softmax in fp32. Query head h reads kv head h/(nq/nkv).
+// The sequence is split across SMs; `partial` is scratch of attn_decode_partial_floats() floats.
+size_t attn_decode_partial_floats(int Tq, int nq, int D, int max_ctx);
+void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, const int8_t* v_cache,
+                      const half* k_scale, const half* v_scale, const int32_t* d_pos, bf16* out,
+                      float* partial, int Tq, int nq, int nkv, int D, int max_ctx,
+                      cudaStream_t stream);
+
+// ---- attention_prefill.cu ------------------------------------------------------------------
+// Flash-style causal attention for a prefill chunk of T rows at positions pos0 .. pos0+T-1 over
+// cache rows [0, pos0 + t] (the chunk's rows already appended). Same I/O and gating as decode;
+// no score matrix is materialised. pos0 is a host int (prefill is not graph-captured).
+void attn_prefill_int8(const bf16* q, const bf16* gate, const int8_t* k_cache,
+                       const int8_t* v_cache, const half* k_scale, const half* v_scale, int pos0,
+                       bf16* out, int T, int nq, int nkv, int D, int max_ctx, cudaStream_t stream);
+
+// ---- conv1d.cu -----------------------------------------------------------------------------
+// Causal depthwise conv (kernel K, no bias) + SiLU over T tokens, continuing from `state`:
+//   x [T, C] bf16 pre-conv ; w [C, K] bf16 ; state [C, K-1] bf16 (oldest column first)
+//   y[t, c] = silu(sum_j w[c, j] * xin[c, t - (K-1) + j]),  xin = state || x
+//   afterwards state = last K-1 columns of xin. T = 1 is the decode step.
+void causal_conv1d_silu(const bf16* x, const bf16* w, bf16* state, bf16* y, int T, int C, int K,
+                        cudaStream_t stream);
+
+// ---- gated_delta_rule_recurrent.cu, gated_delta_rule_chunked.cu -----------------------------
+// Gated DeltaNet core over T tokens, continuing from `state` [Hv, dk, dv] fp32 (S[j][i][m]).
+//   qkv [T, 2*Hk*dk + Hv*dv] bf16 (post-conv: q | k | v) ; a, b [T, Hv] bf16 ;
+//   A_log, dt_bias [Hv] fp32.  Per token t and V head j (QK head j / (Hv/Hk)):
+//   g = -exp(A_log) * softplus(a + dt_bias); beta = sigmoid(b)     (fp32)
+//   q = l2norm(q) / sqrt(dk); k = l2norm(k)                        (eps 1e-6 inside rsqrt)
+//   S = exp(g) S; e = v - S^T k; S += k (beta e)^T; o = S^T q       -> o [T, Hv, dv] bf16
+// recurrent: the token loop (decode, T small). If `snapshots` is non-null, the state after
+//   token t is also written to snapshots + t * Hv*dk*dv (speculative verify).
+// chunked: the WY form with chunk 64 (prefill), numerically the same function.
+void gated_delta_rule_recurrent(const bf16* qkv, const bf16* a, const bf16* b, const float* A_log,
+                                const float* dt_bias, float* state, bf16* o, float* snapshots,
+                                int T, int Hk, int Hv, int dk, int dv, cudaStream_t stream);
+// Gated DeltaNet decode step (T = 1) in one launch: causal conv + SiLU of the pre-conv row
+// qkv [1, 2*Hk*128 + Hv*128] (conv_w [C, K], conv_state [C, K-1] updated), the gated delta rule
+// (state [Hv, 128, 128] updated), and the gated RMSNorm with z [Hv*128], norm_w [128] -> y [Hv*128].
+// The same numbers as causal_conv1d_silu, gated_delta_rule_recurrent and gated_rmsnorm in
+// sequence. counters: Hk unsigned, 0 before the call and 0 again after it. K in {2, 3, 4};
+// dk = dv = 128. Needs thread block clusters: gdn_decode_fused_available() (sm_90+).
+bool gdn_decode_fused_available();
+void gdn_decode_fused(const bf16* qkv, const bf16* conv_w, bf16* conv_state, const bf16* a, const bf16* b,
+                      const float* A_log, const float* dt_bias, float* state, const bf16* z, const bf16* norm_w,
+                      bf16* y, unsigned* counters, int Hk, int Hv, int dk, int dv, int K, float eps,
+                      cudaStream_t stream);
+size_t gdn_chunked_workspace_bytes(int T, int Hv, int dk, int dv);
+void gated_delta_rule_chunked(const bf16* qkv, const bf16* a, const bf16* b, const float* A_log,
+                              const float* dt_bias, float* state, bf16* o, void* workspace, int T,
+                              int Hk, int Hv, int dk, int dv, cudaStream_t stream);
+
+// ---- gated_rmsnorm.cu ----------------------------------------------------------------------
+// Per V head: y = w * bf16(rmsnorm(o)) * silu(z)  (plain w, no +1), fp32 math.
+//   o [T, Hv, dv] bf16 ; z [T, Hv*dv] bf16 ; w [dv] bf16 -> y [T, Hv*dv] bf16
+void gated_rmsnorm(const bf16* o, const bf16* z, const bf16* w, bf16* y, int T, int Hv, int dv,
+                   float eps, cudaStream_t stream);
+
+// ---- activation.cu -------------------------------------------------------------------------
+// SwiGLU activation: gu [T, 2I] (gate | up) -> y [T, I] = silu(gate) * up
+void silu_mul(const bf16* gu, bf16* y, int T, int I, cudaStream_t stream);
+// Attention output gate for the prefill path when not fused: y = x * sigmoid(gate), [T, n].
+void sigmoid_gate_mul(const bf16* x, const bf16* gate, bf16* y, int T, int n, cudaStream_t stream);
+
+// ---- moe_router.cu, moe_experts.cu, moe_prefill.cu, moe_shared_combine.cu -------------------
+// Limits: E <= 512, k <= 16, H a multiple of 64, I a multiple of 64.
+// Router: logits = h @ Wr^T in fp32 (h [T, H] bf16, Wr [E, H] bf16); p = softmax(logits);
+//   top-k (ties -> lower id), weights renormalised to sum 1 -> ids [T, k] int32, w [T, k] fp32.
+//   `logits` [T, E] fp32 is caller-provided scratch (the logits are left there): the GEMV is
+//   spread over many blocks, and the top-k launch that follows reads it.
+//   Two launches (logits, then top-k).
+void moe_router_topk(const bf16* h, const bf16* w_router, float* logits, int32_t* ids,
+                     float* weights, int T, int H, int E, int k, cudaStream_t stream);
+// Routed experts for few tokens (decode / verify, T <= MOE_DECODE_MAX_T), two launches:
+//   act[t, s, :]  = silu(h_t @ Wg[e]^T) * (h_t @ Wu[e]^T), e = ids[t, s]
+//                   gate_up [E, 2I, H] bf16 (rows 0..I-1 gate, I..2I-1 up) -> act [T, k, I] bf16
+//   out[t, :]     = sum_s w[t, s] * (act[t, s] @ Wd[e]^T)   down [E, H, I] bf16 -> out [T, H] bf16
+// With `shared` (optional; nullptr: routed experts only, the caller adds the shared expert through
+// moe_shared_combine) the shared expert rides along as a (k+1)-th slot of both launches:
+//   gate_up also writes act_s[t, :] = silu(h_t @ Sg^T) * (h_t @ Su^T) at act + T*k*I (act is then
+//           [T, k, I] followed by [T, Is]) and shared->gate[t] = sigmoid(h_t . w_gate);
+//   down    adds shared->gate[t] * (act_s[t] @ Sd^T) to the same fp32 sum before the one rounding,
+//   so out = the whole MoE block (moe_shared_combine is not needed). Is a multiple of 64.
+constexpr int MOE_DECODE_MAX_T = 8;
+struct MoeSharedSlot {
+    const bf16* gate_up = nullptr;  // [2 Is, H] bf16 (rows 0..Is-1 gate, Is..2Is-1 up)
+    const bf16* down = nullptr;     // [H, Is] bf16
+    const bf16* w_gate = nullptr;   // [H] bf16
+    float* gate = nullptr;          // [T] fp32 scratch: written by gate_up, read by down
+    int inter = 0;                  // Is
+};
+void moe_experts_gate_up(const bf16* h, const bf16* gate_up, const int32_t* ids, bf16* act, int T,
+                         int k, int H, int I, cudaStream_t stream,
+                         const MoeSharedSlot* shared = nullptr);
+void moe_experts_down(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
+                      bf16* out, int T, int k, int H, int I, cudaStream_t stream,
+                      const MoeSharedSlot* shared = nullptr);
+// The decode step's forms (the top-k launch and the residual add folded in):
+//   gate_up_select: the same act, with the experts selected inside the launch from the router
+//     logits [T, E] fp32 exactly as moe_router_topk does; ids [T, k] and weights [T, k] written.
+//   down_add: residual[t, :] += float(out[t, :]) instead of storing out (residual [T, H] fp32).
+void moe_experts_gate_up_select(const bf16* h, const float* logits, int E, const bf16* gate_up,
+                                int32_t* ids, float* weights, bf16* act, int T, int k, int H, int I,
+                                cudaStream_t stream, const MoeSharedSlot* shared = nullptr);
+void moe_experts_down_add(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
+                          float* residual, int T, int k, int H, int I, cudaStream_t stream,
+                          const MoeSharedSlot* shared = nullptr);
+// Routed experts for a prefill chunk (T large): tokens grouped by expert, one grouped GEMM per
+// projection. workspace of moe_prefill_workspace_bytes(). Same function as the two above.
+size_t moe_prefill_workspace_bytes(int T, int k, int H, int I, int E);
+void moe_experts_prefill(const bf16* h, const bf16* gate_up, const bf16* down, const int32_t* ids,
+                         const float* weights, bf16* out, void* workspace, int T, int k, int H,
+                         int I, int E, cudaStream_t stream);
+// out[t] = routed[t] + sigmoid(h_t . w_gate) * shared[t]      (w_gate [H] bf16; all [T, H] bf16)
+void moe_shared_combine(const bf16* routed, const bf16* shared, const bf16* h, const bf16* w_gate,
+                        bf16* out, int T, int H, cudaStream_t stream);
+
+// ---- sampling.cu ---------------------------------------------------------------------------
+// On-GPU sampling of one token from logits [V] fp32 (ids >= v_real are masked to -inf first).
+// Order: presence penalty (logit -= penalty for every id with seen[id] != 0), temperature,
+// top-k, top-p, min-p, then a draw from a counter-based RNG keyed by (seed, d_step[0]).
+// temperature <= 0 -> argmax (ties -> lower id), one launch. Writes the id to d_out[0] and sets
+// seen[id] = 1 and d_step[0] += 1. `scratch` holds sampling_scratch_bytes(V), zeroed once before
+// the first call (the greedy launch leaves its counters at 0 again); logits 16-byte aligned.
+struct SamplingConfig {
+    float temperature;
+    int top_k;
+    float top_p;
+    float min_p;
+    float presence_penalty;
+    uint64_t seed;
+};
+size_t sampling_scratch_bytes(int V);
+void sample_token(const float* logits, int V, int v_real, const SamplingConfig& cfg,
+                  uint8_t* seen, int32_t* d_step, int32_t* d_out, void* scratch,
+                  cudaStream_t stream);
+// Row-wise argmax of logits [T, V] (ids >= v_real masked) -> d_out [T] (speculative verify).
+void argmax_rows(const float* logits, int T, int V, int v_real, int32_t* d_out, cudaStream_t stream);
+
+}  // namespace lampo

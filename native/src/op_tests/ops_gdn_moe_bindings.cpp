@@ -1,0 +1,409 @@
+// ops_gdn_moe_bindings.cpp - lampo._native_ops entry points for the Gated DeltaNet and MoE
+// kernels, on numpy arrays (bf16 as uint16 bit patterns, fp32 as float32, ids as int32), for the
+// cuda-marked tests: each call uploads its inputs, runs the launcher once on the default stream
+// and downloads the outputs (in-place state arguments come back as new arrays). Outputs and
+// workspaces start poisoned (all bytes 0xFF: NaN for bf16/fp32, -1 for ids), so a value the
+// kernel forgot to write, or a workspace read before it was written, shows up in the result.
+//
+// Timing: every function takes `repeat` (default 0). With repeat = N > 0 the launcher is re-run
+// N more times on the same device buffers (after the outputs were downloaded), each run after
+// evicting L2 with a 256 MiB memset, and the mean time per run in ms (CUDA events) is appended
+// to the returned tuple (run_op). Argument checks and run_op: op_helpers.h.
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include "kernels/ops.h"
+#include "op_tests/op_helpers.h"
+
+namespace lampo {
+namespace {
+
+py::tuple conv1d_op(const Arr<uint16_t>& x, const Arr<uint16_t>& w, const Arr<uint16_t>& state, int repeat) {
+    const char* op = "causal_conv1d_silu";
+    check_ndim(op, "x", x, 2);
+    check_ndim(op, "w", w, 2);
+    const int T = int(x.shape(0)), C = int(x.shape(1)), K = int(w.shape(1));
+    check_shape(op, "w", w, {C, K});
+    check_shape(op, "state", state, {C, K - 1});
+    DeviceBuffer dx = upload(x), dw = upload(w), ds = upload(state), dy = poisoned(size_t(T) * C * 2);
+    return run_op(op, repeat,
+                  [&] { causal_conv1d_silu(dx.as<bf16>(), dw.as<bf16>(), ds.as<bf16>(), dy.as<bf16>(), T, C, K, 0); },
+                  [&](py::list& out) {
+                      out.append(download<uint16_t>(dy, {T, C}));
+                      out.append(download<uint16_t>(ds, {C, K - 1}));
+                  });
+}
+
+struct GdnInputs {
+    int T, Hk, Hv;
+    DeviceBuffer qkv, a, b, A_log, dt_bias, state, o;
+};
+
+GdnInputs gdn_inputs(const char* op, const Arr<uint16_t>& qkv, const Arr<uint16_t>& a,
+                     const Arr<uint16_t>& b, const Arr<float>& A_log, const Arr<float>& dt_bias,
+                     const Arr<float>& state, int Hk) {
+    check_ndim(op, "qkv", qkv, 2);
+    check_ndim(op, "a", a, 2);
+    const int T = int(qkv.shape(0)), Hv = int(a.shape(1)), D = 128;
+    require(Hk >= 1, op, "Hk must be >= 1");
+    check_shape(op, "qkv", qkv, {T, 2 * Hk * D + Hv * D});
+    check_shape(op, "a", a, {T, Hv});
+    check_shape(op, "b", b, {T, Hv});
+    check_shape(op, "A_log", A_log, {Hv});
+    check_shape(op, "dt_bias", dt_bias, {Hv});
+    check_shape(op, "state", state, {Hv, D, D});
+    return GdnInputs{T, Hk, Hv, upload(qkv), upload(a), upload(b), upload(A_log), upload(dt_bias),
+                     upload(state), poisoned(size_t(T) * Hv * D * 2)};
+}
+
+py::tuple gdn_recurrent_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& a, const Arr<uint16_t>& b,
+                           const Arr<float>& A_log, const Arr<float>& dt_bias, const Arr<float>& state,
+                           int Hk, bool snapshots, int repeat) {
+    const char* op = "gated_delta_rule_recurrent";
+    GdnInputs g = gdn_inputs(op, qkv, a, b, A_log, dt_bias, state, Hk);
+    const size_t head = size_t(128) * 128;
+    DeviceBuffer snaps = poisoned(snapshots ? size_t(g.T) * g.Hv * head * sizeof(float) : 0);
+    return run_op(op, repeat,
+                  [&] {
+                      gated_delta_rule_recurrent(g.qkv.as<bf16>(), g.a.as<bf16>(), g.b.as<bf16>(),
+                                                 g.A_log.as<float>(), g.dt_bias.as<float>(),
+                                                 g.state.as<float>(), g.o.as<bf16>(),
+                                                 snapshots ? snaps.as<float>() : nullptr, g.T, g.Hk,
+                                                 g.Hv, 128, 128, 0);
+                  },
+                  [&](py::list& out) {
+                      out.append(download<uint16_t>(g.o, {g.T, g.Hv, 128}));
+                      out.append(download<float>(g.state, {g.Hv, 128, 128}));
+                      if (snapshots)
+                          out.append(download<float>(snaps, {g.T, g.Hv, 128, 128}));
+                      else
+                          out.append(py::none());
+                  });
+}
+
+py::tuple gdn_decode_fused_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& conv_w,
+                              const Arr<uint16_t>& conv_state, const Arr<uint16_t>& a, const Arr<uint16_t>& b,
+                              const Arr<float>& A_log, const Arr<float>& dt_bias, const Arr<float>& state,
+                              const Arr<uint16_t>& z, const Arr<uint16_t>& norm_w, int Hk, float eps, int repeat) {
+    const char* op = "gdn_decode_fused";
+    GdnInputs g = gdn_inputs(op, qkv, a, b, A_log, dt_bias, state, Hk);
+    require(g.T == 1, op, "one token only (T = 1), got T=" + std::to_string(g.T));
+    check_ndim(op, "conv_w", conv_w, 2);
+    const int C = int(qkv.shape(1)), K = int(conv_w.shape(1)), D = 128;
+    check_shape(op, "conv_w", conv_w, {C, K});
+    check_shape(op, "conv_state", conv_state, {C, K - 1});
+    check_shape(op, "z", z, {1, g.Hv * D});
+    check_shape(op, "norm_w", norm_w, {D});
+    DeviceBuffer d_cw = upload(conv_w), d_cs = upload(conv_state), d_z = upload(z), d_nw = upload(norm_w);
+    DeviceBuffer d_y = poisoned(size_t(g.Hv) * D * 2), counters = filled(size_t(Hk) * 4, 0);
+    return run_op(op, repeat,
+                  [&] {
+                      gdn_decode_fused(g.qkv.as<bf16>(), d_cw.as<bf16>(), d_cs.as<bf16>(), g.a.as<bf16>(),
+                                       g.b.as<bf16>(), g.A_log.as<float>(), g.dt_bias.as<float>(),
+                                       g.state.as<float>(), d_z.as<bf16>(), d_nw.as<bf16>(), d_y.as<bf16>(),
+                                       counters.as<unsigned>(), Hk, g.Hv, D, D, K, eps, 0);
+                  },
+                  [&](py::list& out) {
+                      std::vector<unsigned> left(static_cast<size_t>(Hk));
+                      LAMPO_CUDA_CHECK(cudaMemcpy(left.data(), counters.get(), counters.bytes(), cudaMemcpyDeviceToHost));
+                      for (unsigned v : left)
+                          if (v != 0)
+                              throw std::runtime_error(std::string(op) + ": a block counter was left at " +
+                                                       std::to_string(v) + " (must return to 0)");
+                      out.append(download<uint16_t>(d_y, {1, g.Hv * D}));
+                      out.append(download<uint16_t>(d_cs, {C, K - 1}));
+                      out.append(download<float>(g.state, {g.Hv, D, D}));
+                  });
+}
+
+py::tuple gdn_chunked_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& a, const Arr<uint16_t>& b,
+                         const Arr<float>& A_log, const Arr<float>& dt_bias, const Arr<float>& state,
+                         int Hk, int repeat) {
+    const char* op = "gated_delta_rule_chunked";
+    GdnInputs g = gdn_inputs(op, qkv, a, b, A_log, dt_bias, state, Hk);
+    DeviceBuffer ws = poisoned(gdn_chunked_workspace_bytes(g.T, g.Hv, 128, 128));
+    return run_op(op, repeat,
+                  [&] {
+                      gated_delta_rule_chunked(g.qkv.as<bf16>(), g.a.as<bf16>(), g.b.as<bf16>(),
+                                               g.A_log.as<float>(), g.dt_bias.as<float>(),
+                                               g.state.as<float>(), g.o.as<bf16>(), ws.get(), g.T,
+                                               g.Hk, g.Hv, 128, 128, 0);
+                  },
+                  [&](py::list& out) {
+                      out.append(download<uint16_t>(g.o, {g.T, g.Hv, 128}));
+                      out.append(download<float>(g.state, {g.Hv, 128, 128}));
+                  });
+}
+
+py::object gated_rmsnorm_op(const Arr<uint16_t>& o, const Arr<uint16_t>& z, const Arr<uint16_t>& w,
+                            float eps, int repeat) {
+    const char* op = "gated_rmsnorm";
+    check_ndim(op, "o", o, 3);
+    const int T = int(o.shape(0)), Hv = int(o.shape(1)), dv = int(o.shape(2));
+    check_shape(op, "z", z, {T, Hv * dv});
+    check_shape(op, "w", w, {dv});
+    DeviceBuffer d_o = upload(o), d_z = upload(z), d_w = upload(w), d_y = poisoned(size_t(T) * Hv * dv * 2);
+    return single_or_tuple(run_op(
+        op, repeat,
+        [&] { gated_rmsnorm(d_o.as<bf16>(), d_z.as<bf16>(), d_w.as<bf16>(), d_y.as<bf16>(), T, Hv, dv, eps, 0); },
+        [&](py::list& out) { out.append(download<uint16_t>(d_y, {T, Hv * dv})); }));
+}
+
+py::tuple router_op(const Arr<uint16_t>& h, const Arr<uint16_t>& w_router, int k, int repeat) {
+    const char* op = "moe_router_topk";
+    check_ndim(op, "h", h, 2);
+    check_ndim(op, "w_router", w_router, 2);
+    const int T = int(h.shape(0)), H = int(h.shape(1)), E = int(w_router.shape(0));
+    check_shape(op, "w_router", w_router, {E, H});
+    DeviceBuffer d_h = upload(h), d_w = upload(w_router);
+    DeviceBuffer logits = poisoned(size_t(T) * E * 4), ids = poisoned(size_t(T) * k * 4),
+                 weights = poisoned(size_t(T) * k * 4);
+    return run_op(op, repeat,
+                  [&] {
+                      moe_router_topk(d_h.as<bf16>(), d_w.as<bf16>(), logits.as<float>(),
+                                      ids.as<int32_t>(), weights.as<float>(), T, H, E, k, 0);
+                  },
+                  [&](py::list& out) {
+                      out.append(download<int32_t>(ids, {T, k}));
+                      out.append(download<float>(weights, {T, k}));
+                      out.append(download<float>(logits, {T, E}));
+                  });
+}
+
+py::object gate_up_op(const Arr<uint16_t>& h, const Arr<uint16_t>& gate_up, const Arr<int32_t>& ids,
+                      int repeat) {
+    const char* op = "moe_experts_gate_up";
+    check_ndim(op, "h", h, 2);
+    check_ndim(op, "gate_up", gate_up, 3);
+    check_ndim(op, "ids", ids, 2);
+    const int T = int(h.shape(0)), H = int(h.shape(1)), E = int(gate_up.shape(0));
+    const int I = int(gate_up.shape(1)) / 2, k = int(ids.shape(1));
+    check_shape(op, "gate_up", gate_up, {E, 2 * I, H});
+    check_shape(op, "ids", ids, {T, k});
+    check_ids_below(op, ids, E);
+    DeviceBuffer d_h = upload(h), d_w = upload(gate_up), d_ids = upload(ids), act = poisoned(size_t(T) * k * I * 2);
+    return single_or_tuple(run_op(
+        op, repeat,
+        [&] { moe_experts_gate_up(d_h.as<bf16>(), d_w.as<bf16>(), d_ids.as<int32_t>(), act.as<bf16>(), T, k, H, I, 0); },
+        [&](py::list& out) { out.append(download<uint16_t>(act, {T, k, I})); }));
+}
+
+py::object down_op(const Arr<uint16_t>& act, const Arr<uint16_t>& down, const Arr<int32_t>& ids,
+                   const Arr<float>& weights, int repeat) {
+    const char* op = "moe_experts_down";
+    check_ndim(op, "act", act, 3);
+    check_ndim(op, "down", down, 3);
+    const int T = int(act.shape(0)), k = int(act.shape(1)), I = int(act.shape(2));
+    const int E = int(down.shape(0)), H = int(down.shape(1));
+    check_shape(op, "down", down, {E, H, I});
+    check_shape(op, "ids", ids, {T, k});
+    check_shape(op, "weights", weights, {T, k});
+    check_ids_below(op, ids, E);
+    DeviceBuffer d_act = upload(act), d_w = upload(down), d_ids = upload(ids), d_wt = upload(weights);
+    DeviceBuffer d_out = poisoned(size_t(T) * H * 2);
+    return single_or_tuple(run_op(
+        op, repeat,
+        [&] {
+            moe_experts_down(d_act.as<bf16>(), d_w.as<bf16>(), d_ids.as<int32_t>(), d_wt.as<float>(),
+                             d_out.as<bf16>(), T, k, H, I, 0);
+        },
+        [&](py::list& out) { out.append(download<uint16_t>(d_out, {T, H})); }));
+}
+
+// The routed experts' arguments of a whole-FFN call (h [T,H], gate_up [E,2I,H], down [E,H,I],
+// ids and weights [T,k]), checked; returns T, H, E, I, k.
+struct ExpertDims {
+    int T, H, E, I, k;
+};
+
+ExpertDims check_expert_args(const char* op, const Arr<uint16_t>& h, const Arr<uint16_t>& gate_up,
+                             const Arr<uint16_t>& down, const Arr<int32_t>& ids, const Arr<float>& weights) {
+    check_ndim(op, "h", h, 2);
+    check_ndim(op, "gate_up", gate_up, 3);
+    check_ndim(op, "ids", ids, 2);
+    const int T = int(h.shape(0)), H = int(h.shape(1)), E = int(gate_up.shape(0));
+    const int I = int(gate_up.shape(1)) / 2, k = int(ids.shape(1));
+    check_shape(op, "gate_up", gate_up, {E, 2 * I, H});
+    check_shape(op, "down", down, {E, H, I});
+    check_shape(op, "ids", ids, {T, k});
+    check_shape(op, "weights", weights, {T, k});
+    check_ids_below(op, ids, E);
+    return {T, H, E, I, k};
+}
+
+py::object prefill_op(const Arr<uint16_t>& h, const Arr<uint16_t>& gate_up, const Arr<uint16_t>& down,
+                      const Arr<int32_t>& ids, const Arr<float>& weights, int repeat) {
+    const char* op = "moe_experts_prefill";
+    const ExpertDims dims = check_expert_args(op, h, gate_up, down, ids, weights);
+    const int T = dims.T, H = dims.H, E = dims.E, I = dims.I, k = dims.k;
+    DeviceBuffer d_h = upload(h), d_gu = upload(gate_up), d_dn = upload(down), d_ids = upload(ids);
+    DeviceBuffer d_wt = upload(weights), d_out = poisoned(size_t(T) * H * 2);
+    DeviceBuffer ws = poisoned(moe_prefill_workspace_bytes(T, k, H, I, E));
+    return single_or_tuple(run_op(
+        op, repeat,
+        [&] {
+            moe_experts_prefill(d_h.as<bf16>(), d_gu.as<bf16>(), d_dn.as<bf16>(), d_ids.as<int32_t>(),
+                                d_wt.as<float>(), d_out.as<bf16>(), ws.get(), T, k, H, I, E, 0);
+        },
+        [&](py::list& out) { out.append(download<uint16_t>(d_out, {T, H})); }));
+}
+
+// The shared expert's buffers for the decode launches' (k+1)-th slot (MoeSharedSlot in ops.h).
+struct SharedSlotBuffers {
+    DeviceBuffer gate_up, down, w_gate, gate;
+    MoeSharedSlot slot;
+};
+
+SharedSlotBuffers upload_shared_slot(const char* op, int T, int H, const Arr<uint16_t>& shared_gate_up,
+                                     const Arr<uint16_t>& shared_down, const Arr<uint16_t>& w_gate) {
+    check_ndim(op, "shared_down", shared_down, 2);
+    const int Is = int(shared_down.shape(1));
+    check_shape(op, "shared_gate_up", shared_gate_up, {2 * Is, H});
+    check_shape(op, "shared_down", shared_down, {H, Is});
+    require(w_gate.size() == H, op,
+            "w_gate must hold H = " + std::to_string(H) + " values ([H] or [1, H]), got shape " +
+                shape_str(shape_of(w_gate)));
+    SharedSlotBuffers b{upload(shared_gate_up), upload(shared_down), upload(w_gate), poisoned(size_t(T) * 4), {}};
+    b.slot.gate_up = b.gate_up.as<bf16>();
+    b.slot.down = b.down.as<bf16>();
+    b.slot.w_gate = b.w_gate.as<bf16>();
+    b.slot.gate = b.gate.as<float>();
+    b.slot.inter = Is;
+    return b;
+}
+
+// Both decode launches with the shared expert as the (k+1)-th slot.
+py::tuple experts_decode_shared_op(const Arr<uint16_t>& h, const Arr<uint16_t>& gate_up,
+                                   const Arr<uint16_t>& down, const Arr<int32_t>& ids,
+                                   const Arr<float>& weights, const Arr<uint16_t>& shared_gate_up,
+                                   const Arr<uint16_t>& shared_down, const Arr<uint16_t>& w_gate,
+                                   int repeat) {
+    const char* op = "moe_experts_decode_shared";
+    const ExpertDims dims = check_expert_args(op, h, gate_up, down, ids, weights);
+    const int T = dims.T, H = dims.H, I = dims.I, k = dims.k;
+    SharedSlotBuffers sh = upload_shared_slot(op, T, H, shared_gate_up, shared_down, w_gate);
+    DeviceBuffer d_h = upload(h), d_gu = upload(gate_up), d_dn = upload(down), d_ids = upload(ids);
+    DeviceBuffer d_wt = upload(weights);
+    DeviceBuffer act = poisoned((size_t(T) * k * I + size_t(T) * sh.slot.inter) * 2), d_out = poisoned(size_t(T) * H * 2);
+    return run_op(
+        op, repeat,
+        [&] {
+            moe_experts_gate_up(d_h.as<bf16>(), d_gu.as<bf16>(), d_ids.as<int32_t>(), act.as<bf16>(), T, k, H,
+                                I, 0, &sh.slot);
+            moe_experts_down(act.as<bf16>(), d_dn.as<bf16>(), d_ids.as<int32_t>(), d_wt.as<float>(),
+                             d_out.as<bf16>(), T, k, H, I, 0, &sh.slot);
+        },
+        [&](py::list& out) {
+            out.append(download<uint16_t>(d_out, {T, H}));
+            out.append(download<float>(sh.gate, {T}));
+        });
+}
+
+// The decode step's MoE launches (gate_up selecting its experts from the router logits, down
+// adding into the residual), with the shared slot. Returns (ids [T,k], weights [T,k],
+// residual + MoE block [T,H]) (+ ms; with repeat the residual keeps accumulating).
+py::tuple experts_decode_select_op(const Arr<uint16_t>& h, const Arr<float>& logits, const Arr<uint16_t>& gate_up,
+                                   const Arr<uint16_t>& down, const Arr<uint16_t>& shared_gate_up,
+                                   const Arr<uint16_t>& shared_down, const Arr<uint16_t>& w_gate,
+                                   const Arr<float>& residual, int k, int repeat) {
+    const char* op = "moe_experts_decode_select";
+    check_ndim(op, "h", h, 2);
+    check_ndim(op, "logits", logits, 2);
+    check_ndim(op, "gate_up", gate_up, 3);
+    const int T = int(h.shape(0)), H = int(h.shape(1)), E = int(gate_up.shape(0));
+    const int I = int(gate_up.shape(1)) / 2;
+    check_shape(op, "logits", logits, {T, E});
+    check_shape(op, "gate_up", gate_up, {E, 2 * I, H});
+    check_shape(op, "down", down, {E, H, I});
+    check_shape(op, "residual", residual, {T, H});
+    SharedSlotBuffers sh = upload_shared_slot(op, T, H, shared_gate_up, shared_down, w_gate);
+    DeviceBuffer d_h = upload(h), d_lg = upload(logits), d_gu = upload(gate_up), d_dn = upload(down);
+    DeviceBuffer d_res = upload(residual), d_ids = poisoned(size_t(T) * k * 4), d_wt = poisoned(size_t(T) * k * 4);
+    DeviceBuffer act = poisoned((size_t(T) * k * I + size_t(T) * sh.slot.inter) * 2);
+    return run_op(
+        op, repeat,
+        [&] {
+            moe_experts_gate_up_select(d_h.as<bf16>(), d_lg.as<float>(), E, d_gu.as<bf16>(), d_ids.as<int32_t>(),
+                                       d_wt.as<float>(), act.as<bf16>(), T, k, H, I, 0, &sh.slot);
+            moe_experts_down_add(act.as<bf16>(), d_dn.as<bf16>(), d_ids.as<int32_t>(), d_wt.as<float>(),
+                                 d_res.as<float>(), T, k, H, I, 0, &sh.slot);
+        },
+        [&](py::list& out) {
+            out.append(download<int32_t>(d_ids, {T, k}));
+            out.append(download<float>(d_wt, {T, k}));
+            out.append(download<float>(d_res, {T, H}));
+        });
+}
+
+py::object shared_combine_op(const Arr<uint16_t>& routed, const Arr<uint16_t>& shared,
+                             const Arr<uint16_t>& h, const Arr<uint16_t>& w_gate, int repeat) {
+    const char* op = "moe_shared_combine";
+    check_ndim(op, "h", h, 2);
+    const int T = int(h.shape(0)), H = int(h.shape(1));
+    check_shape(op, "routed", routed, {T, H});
+    check_shape(op, "shared", shared, {T, H});
+    require(w_gate.size() == H, op,
+            "w_gate must hold H = " + std::to_string(H) + " values ([H] or [1, H]), got shape " +
+                shape_str(shape_of(w_gate)));
+    DeviceBuffer d_r = upload(routed), d_s = upload(shared), d_h = upload(h), d_g = upload(w_gate);
+    DeviceBuffer d_out = poisoned(size_t(T) * H * 2);
+    return single_or_tuple(run_op(
+        op, repeat,
+        [&] {
+            moe_shared_combine(d_r.as<bf16>(), d_s.as<bf16>(), d_h.as<bf16>(), d_g.as<bf16>(),
+                               d_out.as<bf16>(), T, H, 0);
+        },
+        [&](py::list& out) { out.append(download<uint16_t>(d_out, {T, H})); }));
+}
+
+}  // namespace
+
+void register_gdn_moe_ops(py::module_& ops) {
+    using py::arg;
+    ops.def("causal_conv1d_silu", &conv1d_op, arg("x"), arg("w"), arg("state"), arg("repeat") = 0,
+            "x [T,C], w [C,K], state [C,K-1] (bf16 bits) -> (y [T,C], new_state [C,K-1])");
+    ops.def("gated_delta_rule_recurrent", &gdn_recurrent_op, arg("qkv"), arg("a"), arg("b"),
+            arg("A_log"), arg("dt_bias"), arg("state"), arg("Hk"), arg("snapshots") = false,
+            arg("repeat") = 0,
+            "qkv [T, 2*Hk*128 + Hv*128], a, b [T,Hv] (bf16 bits), A_log, dt_bias [Hv], state "
+            "[Hv,128,128] f32 -> (o [T,Hv,128] bf16 bits, new_state, snapshots [T,Hv,128,128] or None)");
+    ops.def("gated_delta_rule_chunked", &gdn_chunked_op, arg("qkv"), arg("a"), arg("b"), arg("A_log"),
+            arg("dt_bias"), arg("state"), arg("Hk"), arg("repeat") = 0,
+            "same inputs as gated_delta_rule_recurrent -> (o, new_state)");
+    ops.def("gdn_decode_fused", &gdn_decode_fused_op, arg("qkv"), arg("conv_w"), arg("conv_state"), arg("a"),
+            arg("b"), arg("A_log"), arg("dt_bias"), arg("state"), arg("z"), arg("norm_w"), arg("Hk"),
+            arg("eps") = 1e-6f, arg("repeat") = 0,
+            "one GDN decode step: pre-conv qkv [1, 2*Hk*128 + Hv*128], conv_w [C,K], conv_state [C,K-1], "
+            "a, b [1,Hv], z [1,Hv*128], norm_w [128] (bf16 bits), A_log, dt_bias [Hv], state [Hv,128,128] f32 "
+            "-> (y [1,Hv*128] = gated_rmsnorm(rule(conv(qkv)), z), new conv_state, new state)");
+    ops.def("gated_rmsnorm", &gated_rmsnorm_op, arg("o"), arg("z"), arg("w"), arg("eps") = 1e-6f,
+            arg("repeat") = 0, "o [T,Hv,dv], z [T,Hv*dv], w [dv] (bf16 bits) -> y [T,Hv*dv]");
+    ops.def("moe_router_topk", &router_op, arg("h"), arg("w_router"), arg("k"), arg("repeat") = 0,
+            "h [T,H], w_router [E,H] (bf16 bits) -> (ids [T,k] int32, weights [T,k], logits [T,E])");
+    ops.def("moe_experts_gate_up", &gate_up_op, arg("h"), arg("gate_up"), arg("ids"), arg("repeat") = 0,
+            "h [T,H], gate_up [E,2I,H] (bf16 bits), ids [T,k] int32 -> act [T,k,I]");
+    ops.def("moe_experts_down", &down_op, arg("act"), arg("down"), arg("ids"), arg("weights"),
+            arg("repeat") = 0, "act [T,k,I], down [E,H,I] (bf16 bits), ids, weights [T,k] -> out [T,H]");
+    ops.def("moe_experts_prefill", &prefill_op, arg("h"), arg("gate_up"), arg("down"), arg("ids"),
+            arg("weights"), arg("repeat") = 0,
+            "h [T,H], gate_up [E,2I,H], down [E,H,I] (bf16 bits), ids, weights [T,k] -> out [T,H]");
+    ops.def("moe_experts_decode_shared", &experts_decode_shared_op, arg("h"), arg("gate_up"), arg("down"),
+            arg("ids"), arg("weights"), arg("shared_gate_up"), arg("shared_down"), arg("w_gate"),
+            arg("repeat") = 0,
+            "h [T,H], gate_up [E,2I,H], down [E,H,I], shared_gate_up [2Is,H], shared_down [H,Is], w_gate [H] "
+            "(bf16 bits), ids, weights [T,k] -> (out [T,H] = routed + sigmoid(h.w_gate) * shared, gate [T])");
+    ops.def("moe_experts_decode_select", &experts_decode_select_op, arg("h"), arg("logits"), arg("gate_up"),
+            arg("down"), arg("shared_gate_up"), arg("shared_down"), arg("w_gate"), arg("residual"), arg("k"),
+            arg("repeat") = 0,
+            "the decode step's MoE launches: experts selected from logits [T,E] f32, the block added into "
+            "residual [T,H] f32 -> (ids [T,k], weights [T,k], residual + block)");
+    ops.def("moe_shared_combine", &shared_combine_op, arg("routed"), arg("shared"), arg("h"),
+            arg("w_gate"), arg("repeat") = 0,
+            "routed, shared, h [T,H], w_gate [H] (bf16 bits) -> routed + sigmoid(h.w_gate) * shared");
+}
+
+}  // namespace lampo

@@ -1,0 +1,141 @@
+// weights.h - device memory ownership and the device weight store.
+//
+// The WeightStore plans every tensor the text model needs from the config (checkpoint names,
+// shapes, dtypes), allocates them up front (fused where the layer loop wants one product:
+// attention q|k|v, Gated DeltaNet qkv|z|b|a, dense gate|up, shared-expert gate|up; the first two
+// padded with zero rows, see ModelDims::padded_rows), then receives
+// checkpoint tensors one by one from host memory (typically a memory-mapped safetensors file) and
+// copies them into place through a double-buffered pinned staging ring, so reading the next piece
+// from disk overlaps the PCIe copy of the previous one. MTP tensors are not part of the plan (the
+// engine does not run MTP yet).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/model.h"
+
+namespace lampo {
+
+// One cudaMalloc'ed block; a failed allocation throws CudaError naming `what` and the size.
+class DeviceMemory {
+public:
+    DeviceMemory() = default;
+    DeviceMemory(size_t bytes, const std::string& what);
+    ~DeviceMemory();
+    DeviceMemory(const DeviceMemory&) = delete;
+    DeviceMemory& operator=(const DeviceMemory&) = delete;
+    DeviceMemory(DeviceMemory&& o) noexcept;
+    DeviceMemory& operator=(DeviceMemory&& o) noexcept;
+    void* get() const { return ptr_; }
+    template <class T> T* as() const { return static_cast<T*>(ptr_); }
+    size_t bytes() const { return bytes_; }
+
+private:
+    void* ptr_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// "12.50 GiB" / "3.00 MiB" for error messages.
+std::string format_bytes(size_t bytes);
+
+enum class DType : int { BF16 = 0, F32 = 1 };
+const char* dtype_name(DType t);
+
+// How `fill_random` initialises a tensor (bench mode), mimicking the scale of trained weights.
+enum class FillKind : int {
+    Matrix,      // U(+-sqrt(3/fan_in)): std 1/sqrt(fan_in)
+    Embedding,   // U(+-0.05)
+    NormOffset,  // zero-centred norm weight (used as 1 + w): U(-0.1, 0.1)
+    NormPlain,   // plain norm weight: U(0.9, 1.1)
+    Conv,        // U(+-0.5)
+    ALog,        // log of U(1, 16), approximated by U(0, log 16)
+    DtBias,      // U(-0.5, 0.5)
+};
+
+struct TensorSlot {
+    std::string name;             // checkpoint name, e.g. model.language_model.layers.0.mlp.gate_proj.weight
+    std::vector<int64_t> shape;
+    DType dtype;                  // dtype in VRAM (checkpoint bf16/f32 is converted on load)
+    FillKind fill;
+    int fan_in;                   // for FillKind::Matrix
+    void* device;                 // where the tensor lives (inside a possibly fused block)
+    size_t numel() const;
+    size_t bytes() const { return numel() * (dtype == DType::BF16 ? 2 : 4); }
+};
+
+// Double-buffered pinned host staging for host -> device copies on its own stream.
+class StagingRing {
+public:
+    static constexpr size_t kPieceBytes = size_t(64) << 20;
+    StagingRing();
+    ~StagingRing();
+    StagingRing(const StagingRing&) = delete;
+    StagingRing& operator=(const StagingRing&) = delete;
+    // Copies `bytes` to `dst` (device); `fill(pinned, offset, n)` writes output bytes
+    // [offset, offset + n) into the pinned piece (a memcpy, or a dtype conversion).
+    template <class Fill>
+    void copy(void* dst, size_t bytes, Fill&& fill);
+    void wait();  // all copies issued so far have landed
+
+private:
+    void* pinned_[2] = {nullptr, nullptr};
+    cudaEvent_t done_[2] = {nullptr, nullptr};
+    bool busy_[2] = {false, false};
+    int next_ = 0;
+    cudaStream_t stream_ = nullptr;
+};
+
+class WeightStore {
+public:
+    explicit WeightStore(const ModelDims& dims);
+    const std::vector<TensorSlot>& slots() const { return slots_; }
+    bool has(const std::string& name) const { return index_.count(name) > 0; }
+    // Copy one checkpoint tensor from host memory into place. `data` holds the elements (dtype
+    // `dtype`, C order) of a tensor of `shape`, which must match the slot; bf16 <-> f32 converted.
+    void load(const std::string& name, const void* data, DType dtype,
+              const std::vector<int64_t>& shape);
+    // Waits for every copy and frees the staging buffers; throws naming the tensors never loaded.
+    void finish_loading();
+    // Bench mode: every tensor filled with deterministic random values in VRAM.
+    void fill_random(uint64_t seed, cudaStream_t stream);
+    bool ready() const { return ready_; }  // every tensor loaded (or randomly filled)
+    const ModelWeights& model() const { return model_; }
+    size_t bytes() const { return bytes_; }
+    size_t loaded_bytes() const { return loaded_bytes_; }
+
+private:
+    ModelDims dims_;
+    std::vector<DeviceMemory> blocks_;
+    std::vector<TensorSlot> slots_;
+    std::vector<bool> loaded_;
+    std::unordered_map<std::string, size_t> index_;
+    ModelWeights model_;
+    std::unique_ptr<StagingRing> staging_;  // exists while loading (pinned host memory)
+    size_t bytes_ = 0, loaded_bytes_ = 0;
+    bool ready_ = false;
+
+    void* block(const std::string& what, size_t bytes);
+    void* add(const std::string& name, std::vector<int64_t> shape, DType dtype, FillKind fill,
+              int fan_in, void* device);
+    void* add_own(const std::string& name, std::vector<int64_t> shape, DType dtype, FillKind fill,
+                  int fan_in = 0);
+    // Allocates one block holding the row-concatenation of `parts` ([rows_i, in] bf16 matrices),
+    // followed by zero rows up to `rows_total`, and returns it as a Linear.
+    Linear add_fused(const std::string& what, const std::vector<std::pair<std::string, int>>& parts,
+                     int in, int rows_total);
+    Linear add_linear(const std::string& name, int out, int in);
+};
+
+// ---- fill_random.cu (bench only) -----------------------------------------------------------
+// Deterministic uniform values in [lo, hi] from a counter-based hash of (seed, index).
+void fill_uniform_bf16(bf16* dst, size_t n, float lo, float hi, uint64_t seed, cudaStream_t stream);
+void fill_uniform_f32(float* dst, size_t n, float lo, float hi, uint64_t seed, cudaStream_t stream);
+void fill_uniform_f16(half* dst, size_t n, float lo, float hi, uint64_t seed, cudaStream_t stream);
+void fill_uniform_int8(int8_t* dst, size_t n, uint64_t seed, cudaStream_t stream);
+
+}  // namespace lampo
