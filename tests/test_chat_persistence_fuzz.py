@@ -13,7 +13,7 @@ from helpers.scripted_backend import ScriptedBackend
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lampo.backend import TokenEvent
+from lampo.engine.protocol import TokenEvent
 from lampo.chat_session import ChatSession
 from lampo.store import Store
 

@@ -9,7 +9,7 @@ from helpers import real_tokenizer
 from helpers.scripted_backend import ScriptedBackend
 
 from lampo.attachments import user_content
-from lampo.backend import ContextOverflow, Done, PrefillProgress, TokenEvent
+from lampo.engine.protocol import ContextOverflow, Done, PrefillProgress, TokenEvent
 from lampo.chat_session import ChatSession
 from lampo.models.chat_format import build_prompt
 from lampo.models.sampling_params import GREEDY, SamplingParams
@@ -234,7 +234,7 @@ def test_generation_in_a_worker_thread_can_be_cancelled_from_another(store):
 
 
 def test_scripted_backend_behaves_like_a_backend():
-    from lampo.backend import Backend, GenerationRequest, Stats
+    from lampo.engine.protocol import Backend, GenerationRequest, Stats
 
     b = ScriptedBackend([list("abcdef")], context_max=100, prefill_chunk=10)
     assert isinstance(b, Backend)

@@ -5,7 +5,7 @@ from helpers import seed_lampo_home
 
 from lampo import demo
 from lampo.models.checkpoint import Checkpoint
-from lampo.reference_backend import ReferenceBackend
+from lampo.engine.reference import ReferenceBackend
 
 
 @pytest.fixture

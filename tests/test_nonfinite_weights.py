@@ -16,14 +16,14 @@ from hypothesis.extra import numpy as hnp
 
 from helpers import TagTokenizer
 from helpers.nonfinite import BF16_INF, BF16_NAN, BF16_NEG_INF, F32_NAN, plant
-from lampo.cuda_backend import CudaBackend
+from lampo.engine.cuda import CudaBackend
 from lampo.models import finite_scan
 from lampo.models.bf16 import from_bf16
 from lampo.models.checkpoint import Checkpoint, CheckpointError
 from lampo.models.finite_scan import count_nonfinite, scan_checkpoint
 from lampo.models.presets import get_preset
 from lampo.models.synthetic import write_checkpoint
-from lampo.reference_backend import ReferenceBackend
+from lampo.engine.reference import ReferenceBackend
 
 MICRO = replace(get_preset("tiny-dense"), vocab_size=512, name="micro-dense")
 LM_HEAD = "lm_head.weight"

@@ -183,7 +183,7 @@ def test_run_chat_reports_bad_settings_and_missing_models(tmp_path, monkeypatch,
 
 
 def test_run_chat_refuses_a_forced_cuda_backend_without_the_engine(tmp_path, monkeypatch, capsys):
-    import lampo.cuda_backend as cuda_backend
+    import lampo.engine.cuda as cuda_backend
     from lampo.chat_entry import run_chat
 
     def unavailable():
@@ -215,7 +215,7 @@ class StopDuringPrefill:
         return getattr(self.inner, name)
 
     def generate(self, request, cancel):
-        from lampo.backend import PrefillProgress
+        from lampo.engine.protocol import PrefillProgress
 
         for event in self.inner.generate(request, cancel):
             yield event

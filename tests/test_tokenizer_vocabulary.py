@@ -13,11 +13,11 @@ import pytest
 
 from helpers import tokenizer_json
 from helpers.nonfinite import BF16_NAN, plant
-from lampo.cuda_backend import CudaBackend
+from lampo.engine.cuda import CudaBackend
 from lampo.models.presets import get_preset
 from lampo.models.synthetic import write_checkpoint
 from lampo.models.tokenizer import REAL_VOCAB_SIZE, Tokenizer, TokenizerError
-from lampo.reference_backend import ReferenceBackend
+from lampo.engine.reference import ReferenceBackend
 
 SMALL = replace(get_preset("tiny-dense"), vocab_size=32_768, name="small-vocab")
 

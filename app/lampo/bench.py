@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lampo.engine.picker import native_for
 from lampo.models.config import ModelConfig
 from lampo.models.memory_plan import gdn_state_bytes, kv_bytes_per_token_per_layer
 from lampo.models.params import count_params
@@ -140,7 +141,7 @@ class CudaTarget:
     kind = "cuda"
 
     def __init__(self, native, cfg: ModelConfig, w: Workload, model_dir: Path | None, seed: int):
-        from lampo.cuda_backend import create_engine, load_weights
+        from lampo.engine.cuda import create_engine, load_weights
         from lampo.models.checkpoint import Checkpoint
 
         self.native, self.cfg = native, cfg
@@ -169,7 +170,7 @@ class CudaTarget:
         self.engine.begin_generation()
 
     def prefill(self, ids: np.ndarray, chunk: int) -> int:
-        from lampo.generation import chunk_ends
+        from lampo.engine.loop import chunk_ends
 
         pos, start, token = 0, self.engine.position, -1
         for end in chunk_ends(start, start + len(ids), chunk):
@@ -388,23 +389,9 @@ def resolve_model(args) -> tuple[ModelConfig, Path | None]:
     return cfg, model_dir
 
 
-def pick_native(backend: str):
-    """The native module for the CUDA backend, or None for the reference."""
-    if backend == "reference":
-        return None
-    from lampo.cuda_backend import EngineUnavailable, load_native
-
-    try:
-        return load_native()
-    except EngineUnavailable:
-        if backend == "cuda":
-            raise
-        return None
-
-
 def run(args: argparse.Namespace, argv: list[str]) -> dict:
     cfg, model_dir = resolve_model(args)
-    native = pick_native(args.backend)
+    native = native_for(args.backend)
     w = plan_workload(args, cfg, cuda=native is not None)
     target = (CudaTarget(native, cfg, w, model_dir, args.seed) if native is not None
               else ReferenceTarget(cfg, model_dir, args.seed))

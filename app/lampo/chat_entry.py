@@ -13,8 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from lampo import paths
-from lampo.backend import Backend
 from lampo.demo import DEMO_MAX_TOKENS, demo_dir, ensure_demo_checkpoint, is_demo_checkpoint
+from lampo.engine.protocol import Backend
 
 EXIT_FAILURE = 1
 
@@ -37,23 +37,11 @@ def _model_dir(args: argparse.Namespace, settings) -> Path:
 
 def _backend(kind: str, model_dir: Path, context: int) -> tuple[Backend, object]:
     """(backend, tokenizer) for kind auto|cuda|reference."""
+    from lampo.engine.picker import open_backend
     from lampo.models.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_checkpoint(model_dir)
-    if kind in ("auto", "cuda"):
-        from lampo.cuda_backend import CudaBackend, EngineUnavailable, load_native
-
-        try:
-            native = load_native()
-        except EngineUnavailable as e:
-            if kind == "cuda":
-                raise EngineUnavailable(f"{e}; run with --backend reference for the CPU engine") from None
-            _say(f"{e}: using the reference backend (numpy on the CPU)")
-        else:
-            return CudaBackend(model_dir, context_max=context, native=native, tokenizer=tokenizer), tokenizer
-    from lampo.reference_backend import ReferenceBackend
-
-    return ReferenceBackend(model_dir, context_max=context, tokenizer=tokenizer), tokenizer
+    return open_backend(kind, model_dir, context_max=context, tokenizer=tokenizer, say=_say), tokenizer
 
 
 def run_chat(args: argparse.Namespace) -> int:

@@ -31,7 +31,7 @@ from dataclasses import asdict, replace
 from typing import Any, Iterator, Sequence
 
 from lampo.attachments import Attachment, user_content
-from lampo.backend import Backend, ContextOverflow, Done, Event, GenerationRequest, Stats, TokenEvent
+from lampo.engine.protocol import Backend, ContextOverflow, Done, Event, GenerationRequest, Stats, TokenEvent
 from lampo.models.chat_format import Message, Prompt, PromptCounter, build_prompt, split_reasoning
 from lampo.models.sampling_params import SamplingParams
 from lampo.store import ChatRecord, MessageRecord, Store, StoreError

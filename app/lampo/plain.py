@@ -27,7 +27,7 @@ from typing import Iterator, TextIO
 
 from lampo import paths
 from lampo.attachments import Attachment
-from lampo.backend import ContextOverflow, Done, Event, PrefillProgress, TokenEvent
+from lampo.engine.protocol import ContextOverflow, Done, Event, PrefillProgress, TokenEvent
 from lampo.chat_session import ChatSession
 from lampo.settings import SettingsError, parse_sampling
 from lampo.stats_format import footer, prefill_text

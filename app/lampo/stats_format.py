@@ -15,7 +15,7 @@ the prefill got instead, from the last `PrefillProgress` when the caller passes 
 
 from __future__ import annotations
 
-from lampo.backend import PrefillProgress, Stats
+from lampo.engine.protocol import PrefillProgress, Stats
 
 REASON_TEXT = {"length": "length limit", "cancelled": "stopped", "context": "context full", "error": "error",
                "interrupted": "interrupted"}

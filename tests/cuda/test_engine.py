@@ -38,8 +38,8 @@ import numpy as np
 import pytest
 
 from helpers import TagTokenizer
-from lampo.backend import Done, GenerationRequest
-from lampo.cuda_backend import CudaBackend, load_weights, native_dims
+from lampo.engine.protocol import Done, GenerationRequest
+from lampo.engine.cuda import CudaBackend, load_weights, native_dims
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.presets import get_preset
 from lampo.models.reference import ffn

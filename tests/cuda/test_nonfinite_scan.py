@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from helpers.nonfinite import BF16_INF, BF16_NAN, BF16_NEG_INF, F32_INF, F32_NAN, plant
-from lampo.cuda_backend import load_weights, native_dims
+from lampo.engine.cuda import load_weights, native_dims
 from lampo.models.checkpoint import Checkpoint, CheckpointError
 from lampo.models.finite_scan import scan_checkpoint
 from lampo.models.presets import get_preset

@@ -155,7 +155,7 @@ def format_report(summary: list[dict], first_rows: list[dict], step_us: float, p
 
 def main() -> int:
     from lampo import bench
-    from lampo.cuda_backend import load_native
+    from lampo.engine.cuda import load_native
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="qwen3.6-35b-a3b")

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Iterator
 
-from lampo.backend import BackendInfo, Done, Event, GenerationRequest, Stats, TokenEvent
+from lampo.engine.protocol import BackendInfo, Done, Event, GenerationRequest, Stats, TokenEvent
 
 _REASONING = ("The user wants a demonstration, so I will explain the idea in prose first, then give a short "
               "list of points and a code example, and keep the tone practical. ")

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Iterator, Sequence
 
-from lampo.backend import (
+from lampo.engine.protocol import (
     BackendInfo,
     ContextOverflow,
     Done,

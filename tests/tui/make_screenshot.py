@@ -23,7 +23,7 @@ async def shoot(out: Path) -> None:
     from lampo.demo import ensure_demo_checkpoint
     from lampo.models.sampling_params import SamplingParams
     from lampo.models.tokenizer import Tokenizer
-    from lampo.reference_backend import ReferenceBackend
+    from lampo.engine.reference import ReferenceBackend
     from lampo.settings import Settings
     from lampo.store import Store
     from lampo.tui.app import LampoApp

@@ -10,7 +10,7 @@ from textual.events import Paste
 from tui_helpers import wait_idle, wait_until
 
 from lampo.models.sampling_params import SamplingParams
-from lampo.reference_backend import ReferenceBackend
+from lampo.engine.reference import ReferenceBackend
 from lampo.tui.attachment_chip import AttachmentChip
 from lampo.tui.hud import hud_cells
 from lampo.tui.message_view import AssistantMessage, UserMessage

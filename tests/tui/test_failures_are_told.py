@@ -7,7 +7,7 @@ from __future__ import annotations
 from helpers.scripted_backend import ScriptedBackend
 from tui_helpers import wait_idle, wait_until
 
-from lampo.backend import Done, Stats
+from lampo.engine.protocol import Done, Stats
 from lampo.tui.session_list import SessionListScreen
 
 SIZE = (100, 32)

@@ -12,7 +12,7 @@ from helpers.scripted_backend import ScriptedBackend
 from textual.app import App
 from tui_helpers import FIXED_WALL_CLOCK, SteadyClockBackend, wait_idle, wait_until
 
-from lampo.backend import BackendInfo, Done, Stats
+from lampo.engine.protocol import BackendInfo, Done, Stats
 from lampo.tui.app import STYLESHEET
 from lampo.tui.hud import Hud
 from lampo.tui.hud_state import HudState

@@ -9,7 +9,7 @@ import pytest
 from textual.app import App
 from textual.containers import VerticalScroll
 
-from lampo.backend import BackendInfo, ContextOverflow, Done, PrefillProgress, Stats, TokenEvent
+from lampo.engine.protocol import BackendInfo, ContextOverflow, Done, PrefillProgress, Stats, TokenEvent
 from lampo.settings import SettingsError
 from lampo.tui.app import STYLESHEET
 from lampo.tui.context_bar import context_bar

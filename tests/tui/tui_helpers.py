@@ -48,7 +48,7 @@ class GatedBackend:
             self._allowance.release()
 
     def generate(self, request, cancel):
-        from lampo.backend import TokenEvent
+        from lampo.engine.protocol import TokenEvent
 
         events = self.inner.generate(request, cancel)
 
@@ -101,7 +101,7 @@ class SteadyClockBackend:
     def generate(self, request, cancel):
         import dataclasses
 
-        from lampo.backend import Done, Stats
+        from lampo.engine.protocol import Done, Stats
 
         events = self.inner.generate(request, cancel)  # may refuse at once, like any backend
 

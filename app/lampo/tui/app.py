@@ -30,7 +30,7 @@ from textual.worker import get_current_worker
 
 import lampo.assets
 from lampo.attachments import Attachment
-from lampo.backend import Event
+from lampo.engine.protocol import Event
 from lampo.chat_session import ChatSession
 from lampo.keymap import key_label
 from lampo.settings import Settings, write_settings

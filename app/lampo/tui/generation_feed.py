@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from lampo.backend import ContextOverflow, Done, Event, PrefillProgress, Stats, TokenEvent
+from lampo.engine.protocol import ContextOverflow, Done, Event, PrefillProgress, Stats, TokenEvent
 
 
 @dataclass

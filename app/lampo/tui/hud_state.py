@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from lampo.backend import BackendInfo, Done, Stats
+from lampo.engine.protocol import BackendInfo, Done, Stats
 
 SAMPLE_MS = 250.0
 SPARK_SAMPLES = 16

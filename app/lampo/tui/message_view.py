@@ -21,7 +21,7 @@ from textual.reactive import reactive
 from textual.widgets import Static
 from textual.widgets.markdown import MarkdownFence
 
-from lampo.backend import Stats
+from lampo.engine.protocol import Stats
 from lampo.stats_format import footer
 from lampo.tui.attachment_chip import AttachmentChip, ChipInfo
 from lampo.tui.markdown_view import MarkdownView

@@ -14,7 +14,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal
 from textual.widgets import ProgressBar, Static
 
-from lampo.backend import PrefillProgress
+from lampo.engine.protocol import PrefillProgress
 from lampo.stats_format import prefill_text
 
 

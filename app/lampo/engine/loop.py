@@ -29,8 +29,8 @@ import time
 from collections import deque
 from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
-from lampo.backend import ContextOverflow, Done, DoneReason, Event, GenerationRequest, PrefillProgress, Stats, TokenEvent
-from lampo.prefix_cache import PrefixCache
+from lampo.engine.protocol import ContextOverflow, Done, DoneReason, Event, GenerationRequest, PrefillProgress, Stats, TokenEvent
+from lampo.engine.prefix_cache import PrefixCache
 
 LIVE_WINDOW_S = 0.5  # live tok/s is measured over this trailing window
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from helpers import real_tokenizer
 
-from lampo.backend import Backend, ContextOverflow, Done, GenerationRequest, PrefillProgress, Stats, TokenEvent
+from lampo.engine.protocol import Backend, ContextOverflow, Done, GenerationRequest, PrefillProgress, Stats, TokenEvent
 from lampo.chat_session import ChatSession
 from lampo.models.sampling_params import GREEDY, SamplingParams
-from lampo.reference_backend import ReferenceBackend
+from lampo.engine.reference import ReferenceBackend
 from lampo.store import Store
 
 NO_STOP = ()

@@ -14,8 +14,8 @@ import pytest
 
 from helpers import TagTokenizer
 from lampo import bench
-from lampo.backend import ContextOverflow, Done, GenerationRequest, PrefillProgress, TokenEvent
-from lampo.cuda_backend import CudaBackend, EngineUnavailable, create_engine, load_weights, native_dims
+from lampo.engine.protocol import ContextOverflow, Done, GenerationRequest, PrefillProgress, TokenEvent
+from lampo.engine.cuda import CudaBackend, EngineUnavailable, create_engine, load_weights, native_dims
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.presets import get_preset
 from lampo.models.sampling_params import GREEDY

@@ -3,7 +3,7 @@
 Opens `Checkpoint.open(model_dir)` and the checkpoint's tokenizer (checked against the model's
 vocabulary), scans every tensor for NaN/Inf (`finite_scan.check_finite`, one CheckpointError line
 naming the tensor), then loads `ReferenceModel.from_checkpoint` (tensors convert lazily).
-`lampo.generation.GenerationLoop` does the per-request work (prefix reuse through up to
+`lampo.engine.loop.GenerationLoop` does the per-request work (prefix reuse through up to
 `snapshot_slots` snapshots, prefill in chunks of `prefill_chunk` tokens, decoding, events); this
 file supplies its engine: the model, with its snapshots kept as `ModelSnapshot`s by slot, sampling
 on the CPU with `lampo.models.sampling.sample` (seeded by `sampling.seed`, else fresh entropy; the
@@ -19,16 +19,16 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from lampo.backend import BackendInfo, Event, GenerationRequest
+from lampo.engine.protocol import BackendInfo, Event, GenerationRequest
 from lampo.demo import is_demo_checkpoint
-from lampo.generation import GenerationLoop, SyncDecode
+from lampo.engine.loop import GenerationLoop, SyncDecode
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.finite_scan import check_finite
 from lampo.models.reference.model import ModelSnapshot, ReferenceModel
 from lampo.models.sampling import sample
 from lampo.models.sampling_params import SamplingParams
 from lampo.models.tokenizer import Tokenizer
-from lampo.prefix_cache import PrefixCache
+from lampo.engine.prefix_cache import PrefixCache
 
 
 class ReferenceBackend:

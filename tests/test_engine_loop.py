@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from lampo.backend import ContextOverflow, Done, GenerationRequest, PrefillProgress, Stats, TokenEvent
-from lampo.generation import GenerationLoop, SyncDecode, chunk_ends
+from lampo.engine.protocol import ContextOverflow, Done, GenerationRequest, PrefillProgress, Stats, TokenEvent
+from lampo.engine.loop import GenerationLoop, SyncDecode, chunk_ends
 from lampo.models.sampling_params import GREEDY, SamplingParams
-from lampo.prefix_cache import PrefixCache
+from lampo.engine.prefix_cache import PrefixCache
 
 STOP = 99
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from lampo.prefix_cache import PrefixCache, Resume
+from lampo.engine.prefix_cache import PrefixCache, Resume
 
 
 def run(cache: PrefixCache, prompt, snapshot_at=(), generated=()):

@@ -9,7 +9,7 @@ damaged one is refused by name. The tokenizer is checked against the model's voc
 any of this (`Tokenizer.from_checkpoint`). MTP tensors are not loaded: this engine does not run
 speculative decoding yet.
 
-Per request `lampo.generation.GenerationLoop` does the work (prefix reuse through the engine's
+Per request `lampo.engine.loop.GenerationLoop` does the work (prefix reuse through the engine's
 snapshot slots, chunked prefill with the GIL released inside each chunk, decoding, events); this
 file supplies its engine: sampling runs on the GPU (the last prefill chunk samples the first
 token, each decode step is one CUDA graph replay that feeds the previous sample and samples the
@@ -28,15 +28,15 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from lampo.backend import BackendInfo, Event, GenerationRequest
+from lampo.engine.protocol import BackendInfo, Event, GenerationRequest
 from lampo.demo import is_demo_checkpoint
-from lampo.generation import GenerationLoop
+from lampo.engine.loop import GenerationLoop
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.config import ModelConfig
 from lampo.models.finite_scan import NonFinite, nonfinite_error
 from lampo.models.memory_plan import plan_memory
 from lampo.models.sampling_params import SamplingParams
-from lampo.prefix_cache import PrefixCache
+from lampo.engine.prefix_cache import PrefixCache
 
 DEFAULT_PREFILL_CHUNK = 2048
 DEFAULT_SNAPSHOT_SLOTS = 4

@@ -1,0 +1,45 @@
+"""Which engine runs a model: the one picker behind `lampo chat` and `lampo bench`.
+
+`native_for(kind)` is the `lampo._native` module for kind "cuda" or "auto" when the CUDA
+extension imports and sees a GPU, else None (the numpy reference engine). "cuda" without a usable
+engine raises `EngineUnavailable` saying how to run on the CPU instead; "auto" falls back and
+tells `say` why. `open_backend` builds the `Backend` for a checkpoint on the engine picked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from lampo.engine.protocol import Backend
+
+KINDS = ("auto", "cuda", "reference")
+
+
+def native_for(kind: str, say: Callable[[str], None] | None = None):
+    if kind not in KINDS:
+        raise ValueError(f"backend {kind!r} is not one of {', '.join(KINDS)}")
+    if kind == "reference":
+        return None
+    from lampo.engine.cuda import EngineUnavailable, load_native
+
+    try:
+        return load_native()
+    except EngineUnavailable as e:
+        if kind == "cuda":
+            raise EngineUnavailable(f"{e}; run with --backend reference for the CPU engine") from None
+        if say is not None:
+            say(f"{e}: using the reference backend (numpy on the CPU)")
+        return None
+
+
+def open_backend(kind: str, model_dir: Path, *, context_max: int, tokenizer,
+                 say: Callable[[str], None] | None = None) -> Backend:
+    native = native_for(kind, say)
+    if native is not None:
+        from lampo.engine.cuda import CudaBackend
+
+        return CudaBackend(model_dir, context_max=context_max, native=native, tokenizer=tokenizer)
+    from lampo.engine.reference import ReferenceBackend
+
+    return ReferenceBackend(model_dir, context_max=context_max, tokenizer=tokenizer)
