@@ -33,15 +33,17 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
+from lampo.engine.loop import chunk_ends
 from lampo.engine.picker import native_for
 from lampo.models.config import ModelConfig
 from lampo.models.memory_plan import gdn_state_bytes, kv_bytes_per_token_per_layer
 from lampo.models.params import count_params
+from lampo.models.sampling_params import GREEDY
 
 CUDA_DEFAULTS = dict(prompt="8192,65536", depths="0,8192,65536,262144", decode_tokens=128)
 CPU_DEFAULTS = dict(prompt="64", depths="0,64", decode_tokens=8)
@@ -135,55 +137,75 @@ def plan_workload(args: argparse.Namespace, cfg: ModelConfig, cuda: bool) -> Wor
 
 
 # ---- targets: what is being measured --------------------------------------------------------
-class CudaTarget:
-    """The CUDA engine, driven chunk by chunk exactly like CudaBackend."""
+class Target:
+    """An engine under measurement, driven through the same `EngineSteps` adapter as the chat
+    (greedy), so the bench times the chat's own calls. Subclasses make the adapter and add what
+    only their engine can do (random depth fill, launch counts, the per-op profile)."""
 
+    kind = ""
+
+    def __init__(self, cfg: ModelConfig, steps, source: str, load: dict):
+        self.cfg, self.steps, self.source, self.load = cfg, steps, source, load
+        self.position = 0
+        self._next = -1  # the last sampled token, fed by the next decode step
+
+    def reset(self) -> None:
+        self.steps.reset()
+        self.steps.begin()
+        self.position = 0
+
+    def prefill(self, ids: np.ndarray) -> int:
+        start = self.position
+        for end in chunk_ends(start, start + len(ids), self.steps.chunk):
+            self._next = self.steps.prefill(ids[self.position - start:end - start], end == start + len(ids))
+            self.position = end
+        return self._next
+
+    def decode(self, n: int) -> None:
+        for _ in range(n):
+            self.steps.decode_submit(self._next)
+            self._next = self.steps.decode_collect()
+            self.position += 1
+
+    def fill_depth(self, depth: int, seed: int) -> None:
+        raise ValueError("--fast-depth needs the CUDA engine")
+
+    def device(self) -> dict:
+        return {"name": "CPU (numpy reference)"}
+
+    def launches(self) -> dict:
+        return {}
+
+    def profile(self, steps: int) -> dict[str, float]:
+        return {}
+
+
+class CudaTarget(Target):
     kind = "cuda"
 
     def __init__(self, native, cfg: ModelConfig, w: Workload, model_dir: Path | None, seed: int):
-        from lampo.engine.cuda import create_engine, load_weights
+        from lampo.engine.cuda import NativeSteps, create_engine, load_weights
         from lampo.models.checkpoint import Checkpoint
 
-        self.native, self.cfg = native, cfg
+        self.native = native
         self.engine = create_engine(native, cfg, context=w.context, prefill_chunk=w.chunk, snapshot_slots=0)
         t0 = time.perf_counter()
         if model_dir is not None:
             with Checkpoint.open(model_dir, include_mtp=False) as ck:
                 n = load_weights(self.engine, ck)
-            self.source = f"checkpoint {model_dir}"
-            self.load = {"bytes": n, "seconds": time.perf_counter() - t0}
+            source, load = f"checkpoint {model_dir}", {"bytes": n, "seconds": time.perf_counter() - t0}
         else:
             self.engine.random_weights(seed)
-            self.source = "random weights filled in VRAM (no checkpoint file)"
-            self.load = {"bytes": self.engine.weight_bytes, "seconds": time.perf_counter() - t0}
+            source = "random weights filled in VRAM (no checkpoint file)"
+            load = {"bytes": self.engine.weight_bytes, "seconds": time.perf_counter() - t0}
             t0 = time.perf_counter()  # the NaN/Inf census a checkpoint load ends with, timed alone
             found = self.engine.nonfinite_census()
-            self.load["census"] = {"seconds": time.perf_counter() - t0, "tensors_with_nonfinite": len(found)}
-        self.engine.set_sampling(0.0, 0, 1.0, 0.0, 0.0, seed)  # greedy
-
-    @property
-    def position(self) -> int:
-        return self.engine.position
-
-    def reset(self) -> None:
-        self.engine.reset()
-        self.engine.begin_generation()
-
-    def prefill(self, ids: np.ndarray, chunk: int) -> int:
-        from lampo.engine.loop import chunk_ends
-
-        pos, start, token = 0, self.engine.position, -1
-        for end in chunk_ends(start, start + len(ids), chunk):
-            token = self.engine.prefill(ids[pos:end - start], end == start + len(ids))
-            pos = end - start
-        return token
-
-    def decode(self, n: int) -> None:
-        for _ in range(n):
-            self.engine.decode(-1)
+            load["census"] = {"seconds": time.perf_counter() - t0, "tensors_with_nonfinite": len(found)}
+        super().__init__(cfg, NativeSteps(self.engine, native, replace(GREEDY, seed=seed)), source, load)
 
     def fill_depth(self, depth: int, seed: int) -> None:
         self.engine.fill_state_random(depth, seed)
+        self.position = depth
 
     def device(self) -> dict:
         info = self.native.device_info()
@@ -199,58 +221,30 @@ class CudaTarget:
         return dict(self.engine.profile_decode(steps))
 
 
-class ReferenceTarget:
+class ReferenceTarget(Target):
     """The numpy reference model (CPU)."""
 
     kind = "reference"
 
-    def __init__(self, cfg: ModelConfig, model_dir: Path | None, seed: int):
+    def __init__(self, cfg: ModelConfig, model_dir: Path | None, seed: int, chunk: int):
+        from lampo.engine.reference import ReferenceSteps
         from lampo.models.reference.model import ReferenceModel
 
         t0 = time.perf_counter()
         if model_dir is not None:
             from lampo.models.checkpoint import Checkpoint
 
-            self.model = ReferenceModel.from_checkpoint(Checkpoint.open(model_dir))
-            self.source = f"checkpoint {model_dir}"
+            model = ReferenceModel.from_checkpoint(Checkpoint.open(model_dir))
+            source = f"checkpoint {model_dir}"
         else:
             from lampo.models.synthetic import synthetic_tensor
             from lampo.models.tensor_specs import expected_tensors
 
             specs = expected_tensors(cfg, include_mtp=False)
-            self.model = ReferenceModel(cfg, {n: synthetic_tensor(n, s, seed) for n, s in specs.items()})
-            self.source = "random weights generated in memory (no checkpoint file)"
-        self.cfg = cfg
-        self.load = {"bytes": 0, "seconds": time.perf_counter() - t0}
-        self._next = 0
-
-    @property
-    def position(self) -> int:
-        return self.model.position
-
-    def reset(self) -> None:
-        self.model.reset()
-
-    def prefill(self, ids: np.ndarray, chunk: int) -> int:
-        logits = self.model.prefill(ids, chunk_size=chunk, last_only=True)
-        self._next = int(np.argmax(logits))
-        return self._next
-
-    def decode(self, n: int) -> None:
-        for _ in range(n):
-            self._next = int(np.argmax(self.model.decode(self._next)))
-
-    def fill_depth(self, depth: int, seed: int) -> None:
-        raise ValueError("--fast-depth needs the CUDA engine")
-
-    def device(self) -> dict:
-        return {"name": "CPU (numpy reference)"}
-
-    def launches(self) -> dict:
-        return {}
-
-    def profile(self, steps: int) -> dict[str, float]:
-        return {}
+            model = ReferenceModel(cfg, {n: synthetic_tensor(n, s, seed) for n, s in specs.items()})
+            source = "random weights generated in memory (no checkpoint file)"
+        steps = ReferenceSteps(model, {}, replace(GREEDY, seed=seed), chunk)
+        super().__init__(cfg, steps, source, {"bytes": 0, "seconds": time.perf_counter() - t0})
 
 
 # ---- measurements ---------------------------------------------------------------------------
@@ -274,7 +268,7 @@ def measure_prefill(target, length: int, w: Workload, rng) -> dict:
     ids = random_ids(target.cfg, length, rng)
     target.reset()
     t0 = time.perf_counter()
-    target.prefill(ids, w.chunk)
+    target.prefill(ids)
     seconds = time.perf_counter() - t0
     return {"tokens": length, "seconds": seconds, "tokens_per_second": length / seconds,
             "ttft_ms": seconds * 1000.0}
@@ -285,13 +279,13 @@ def reach_depth(target, depth: int, w: Workload, rng, seed: int) -> str:
     if w.fast_depth and depth > 0:
         target.reset()
         target.fill_depth(depth - 1, seed)
-        target.prefill(random_ids(target.cfg, 1, rng), w.chunk)
+        target.prefill(random_ids(target.cfg, 1, rng))
         return "random fill"
     if target.position > max(depth - 1, 0) or depth == 0:
         target.reset()
     todo = max(depth, 1) - target.position
     if todo > 0:
-        target.prefill(random_ids(target.cfg, todo, rng), w.chunk)
+        target.prefill(random_ids(target.cfg, todo, rng))
     return "prefill"
 
 
@@ -394,10 +388,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     native = native_for(args.backend)
     w = plan_workload(args, cfg, cuda=native is not None)
     target = (CudaTarget(native, cfg, w, model_dir, args.seed) if native is not None
-              else ReferenceTarget(cfg, model_dir, args.seed))
+              else ReferenceTarget(cfg, model_dir, args.seed, w.chunk))
     device = target.device()
     rng = np.random.default_rng(args.seed)
-    target.prefill(random_ids(cfg, min(w.chunk, max(w.prompts)), rng), w.chunk)  # warm-up
+    target.prefill(random_ids(cfg, min(w.chunk, max(w.prompts)), rng))  # warm-up
     prefill = [measure_prefill(target, p, w, rng) for p in w.prompts]
     decode = [measure_decode(target, d, w, rng, device.get("copy_bandwidth"), args.seed) for d in w.depths]
     return {

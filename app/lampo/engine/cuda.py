@@ -162,7 +162,7 @@ class CudaBackend:
     def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[Event]:
         if self._engine is None:
             raise RuntimeError("generate: the backend is closed")
-        return self._loop.start(request, cancel, _NativeSteps(self._engine, self._native, request.sampling),
+        return self._loop.start(request, cancel, NativeSteps(self._engine, self._native, request.sampling),
                                 self._info.context_max)
 
     def reset(self) -> None:
@@ -183,7 +183,7 @@ class CudaBackend:
         self._engine = self._build_engine()
 
 
-class _NativeSteps:
+class NativeSteps:
     """The native engine as one call's `EngineSteps`; it samples on the GPU with the request's
     settings, set at `begin`."""
 

@@ -57,7 +57,7 @@ class ReferenceBackend:
         return self._info
 
     def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[Event]:
-        steps = _ReferenceSteps(self.model, self._snapshots, request.sampling, self._chunk)
+        steps = ReferenceSteps(self.model, self._snapshots, request.sampling, self._chunk)
         return self._loop.start(request, cancel, steps, self._info.context_max)
 
     def reset(self) -> None:
@@ -71,7 +71,7 @@ class ReferenceBackend:
         self._snapshots.clear()
 
 
-class _ReferenceSteps(SyncDecode):
+class ReferenceSteps(SyncDecode):
     """The reference model as one call's `EngineSteps`: CPU sampling with an rng seeded at
     `begin` and the ids of this reply so far (presence penalty)."""
 
