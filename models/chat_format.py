@@ -131,9 +131,12 @@ class PromptCounter:
         return self._memo[1]
 
 
-def split_reasoning(raw_text: str) -> tuple[str, str]:
-    """(reasoning, answer) of a generation made after a thinking-on prompt (which already holds
-    `<think>\\n`). Without `</think>` yet, everything is reasoning. Both parts are trimmed."""
+def split_reasoning(raw_text: str, thinking: bool = True) -> tuple[str, str]:
+    """(reasoning, answer) of a generation. After a thinking-on prompt (which already holds
+    `<think>\\n`) everything before `</think>` is reasoning, and without `</think>` yet, everything
+    is; after a thinking-off prompt it is all answer. Both parts are trimmed."""
+    if not thinking:
+        return "", raw_text.strip()
     reasoning, closed, answer = raw_text.partition("</think>")
     reasoning = reasoning.split("<think>")[-1]
     return reasoning.strip(), (answer.strip() if closed else "")

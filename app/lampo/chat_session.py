@@ -113,9 +113,7 @@ class ChatSession:
 
     def reply_parts(self) -> tuple[str, str]:
         """(reasoning, answer) of `reply_raw`, the reply being generated or the last one."""
-        if not self._reply_thinking:
-            return "", self.reply_raw.strip()
-        return split_reasoning(self.reply_raw)
+        return split_reasoning(self.reply_raw, self._reply_thinking)
 
     # ---- generation ---------------------------------------------------------------------------
     def send(self, text: str, attachments: Sequence[Attachment] = ()) -> Iterator[Event]:

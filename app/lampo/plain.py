@@ -27,8 +27,9 @@ from typing import Iterator, TextIO
 
 from lampo import paths
 from lampo.attachments import Attachment
-from lampo.engine.protocol import ContextOverflow, Done, Event, PrefillProgress, TokenEvent
 from lampo.chat_session import ChatSession
+from lampo.engine.protocol import ContextOverflow, Done, Event, PrefillProgress, TokenEvent
+from lampo.models.chat_format import split_reasoning
 from lampo.settings import SettingsError, parse_sampling
 from lampo.stats_format import footer, prefill_text
 
@@ -49,18 +50,25 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_OVERFLOW = 0, 1, 2, 3
 
 
 class _Printer:
-    """Writes a streaming reply: reasoning dimmed (on a terminal), then the answer."""
+    """Writes a streaming reply from its events' text: reasoning dimmed (on a terminal), then the
+    answer (split the way the chat format does, by the prompt's thinking switch)."""
 
     def __init__(self, out: TextIO, session: ChatSession, color: bool):
         self.out, self.session, self.color = out, session, color
+        self.thinking = session.thinking
         self.shown_reasoning = self.shown_answer = 0
+        self._pieces: list[str] = []
 
     def _write(self, text: str, dim: bool = False) -> None:
         self.out.write(f"\x1b[2m{text}\x1b[0m" if dim and self.color and text else text)
         self.out.flush()
 
-    def update(self, answer_only: bool = False) -> None:
-        reasoning, answer = self.session.reply_parts()
+    def parts(self) -> tuple[str, str]:
+        return split_reasoning("".join(self._pieces), self.thinking)
+
+    def update(self, text: str, answer_only: bool = False) -> None:
+        self._pieces.append(text)
+        reasoning, answer = self.parts()
         if not answer_only and len(reasoning) > self.shown_reasoning:
             self._write(reasoning[self.shown_reasoning:], dim=True)
             self.shown_reasoning = len(reasoning)
@@ -112,11 +120,10 @@ def _consume(events: Iterator[Event], printer: _Printer, progress: _PrefillLine,
                 progress.show(event)
             elif isinstance(event, TokenEvent):
                 progress.erase()
-                printer.update(answer_only)
+                printer.update(event.text, answer_only)
             elif isinstance(event, Done):
                 done = event
     progress.erase()
-    printer.update(answer_only)
     return done
 
 
@@ -145,7 +152,8 @@ def run_pipe(session: ChatSession, stdin_text: str, out: TextIO | None = None, e
         print(f"lampo: {e}", file=err)
         return EXIT_OVERFLOW
     progress = _PrefillLine(err)  # on stderr, and only when that is a terminal
-    done = _consume(events, _Printer(out, session, color=False), progress, answer_only=True)
+    printer = _Printer(out, session, color=False)
+    done = _consume(events, printer, progress, answer_only=True)
     out.write("\n")
     out.flush()
     for warning in session.take_warnings():
@@ -154,7 +162,7 @@ def run_pipe(session: ChatSession, stdin_text: str, out: TextIO | None = None, e
     if done.reason == "error":
         print(f"lampo: generation failed: {done.error}", file=err)
         return EXIT_ERROR
-    if session.thinking and not session.reply_parts()[1]:
+    if session.thinking and not printer.parts()[1]:
         print("lampo: the reply ended while still thinking, so there is no answer "
               "(raise max_tokens, or use --no-think)", file=err)
     return EXIT_OK

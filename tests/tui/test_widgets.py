@@ -129,6 +129,15 @@ def test_generation_feed_records_events_and_refusals():
     assert failed.error == "RuntimeError: engine fell over" and failed.tokens == 1 and failed.finished
 
 
+def test_generation_feed_carries_the_reply_text_split_by_the_thinking_switch():
+    events = [TokenEvent("weighing it", (1,)), TokenEvent(" up</think>\n\nYes", (2, 3)), TokenEvent(".", (4,))]
+    thinking, plain = GenerationFeed(thinking=True), GenerationFeed(thinking=False)
+    thinking.consume(lambda: iter(events))
+    plain.consume(lambda: iter(events))
+    assert thinking.parts() == ("weighing it up", "Yes.")
+    assert plain.parts() == ("", "weighing it up</think>\n\nYes.")
+
+
 def test_generation_feed_is_filled_from_another_thread():
     feed = GenerationFeed()
     worker = threading.Thread(target=feed.consume, args=(lambda: (TokenEvent("t", (i,)) for i in range(500)),))

@@ -222,7 +222,7 @@ class LampoApp(App):
         self._live = AssistantMessage(streaming=True)
         await self.transcript.append(None, self._live)
         self.transcript.anchor()
-        self._feed = GenerationFeed()
+        self._feed = GenerationFeed(thinking=self.session.thinking)
         self.generating = True
         self.displayed_tokens = 0
         self.hud_state.begin_reply()
@@ -248,7 +248,7 @@ class LampoApp(App):
         if feed.stats is not None:
             self.hud_state.on_stats(feed.stats)
         if live is not None and not finished:
-            reasoning, answer = self.session.reply_parts()
+            reasoning, answer = feed.parts()
             await live.show_partial(reasoning, answer)
             self.displayed_tokens = tokens
             self.transcript.park_later()
