@@ -208,19 +208,20 @@ class LampoApp(App):
         self.prompt.take_sent(text)  # not clear(): keys typed after this Enter may be there already
         self._set_attachments([])
         self._set_editing(False)
+        # Shown at once: the message being sent, after the turns it follows (the session takes it
+        # in the worker, which may refuse it; then `_finish` shows the session's turns again).
         user = MessageRecord(0, self.session.chat_id or 0, None, "user", text, attachments=attachments)
+        turns = self.session.turns
         if editing:
-            last_user = max(i for i, r in enumerate(self.transcript.records) if r is not None and r.role == "user")
-            await self.transcript.truncate(last_user)
-            await self._begin(lambda: self.session.edit_last_user(text, attachments), user)
+            last_user = max(i for i, t in enumerate(turns) if t.role == "user")
+            await self._begin(lambda: self.session.edit_last_user(text, attachments), [*turns[:last_user], user])
         else:
-            await self._begin(lambda: self.session.send(text, attachments), user)
+            await self._begin(lambda: self.session.send(text, attachments), [*turns, user])
 
-    async def _begin(self, start: Callable[[], Iterable[Event]], user: MessageRecord | None) -> None:
-        if user is not None:
-            await self.transcript.append(user)
+    async def _begin(self, start: Callable[[], Iterable[Event]], shown: list[MessageRecord]) -> None:
+        """Show `shown` and a live reply view, then run `start` (the session's generation) in the worker."""
         self._live = AssistantMessage(streaming=True)
-        await self.transcript.append(None, self._live)
+        await self.transcript.update(shown, self._live)
         self.transcript.anchor()
         self._feed = GenerationFeed(thinking=self.session.thinking)
         self.generating = True
@@ -267,19 +268,16 @@ class LampoApp(App):
         self._live = None
         self.query_one("#prefill", PrefillProgressBar).hide()
         last = session.turns[-1] if session.turns else None
+        if feed.done is not None and live is not None and last is not None and last.role == "assistant":
+            await live.finish(last.reasoning, last.content, reply_footer(last.stats))  # the stored reply
+            self.displayed_tokens = feed.tokens
+        await self.transcript.update(session.turns)  # drops the live view when nothing was stored
         if feed.done is None:  # refused, or failed before the backend could finish the reply
-            await self.transcript.show(session.turns)
             if feed.refused is not None:
                 self._restore_draft()
                 self.notify(str(feed.refused), title="Not sent", severity="error", timeout=12, markup=False)
             else:
                 self.notify(feed.error, title="Error", severity="error", timeout=12, markup=False)
-        else:
-            stored = last is not None and last.role == "assistant" and len(session.turns) == len(self.transcript.records)
-            if stored and live is not None:
-                await live.finish(last.reasoning, last.content, reply_footer(last.stats))
-                self.displayed_tokens = feed.tokens
-            await self.transcript.sync(session.turns)  # drops the live view of an empty cancelled reply
         if feed.done is not None:
             self.hud_state.on_done(feed.done)
             if feed.done.reason == "error":
@@ -399,14 +397,12 @@ class LampoApp(App):
         if self.generating:
             self.notify(self._still_generating, severity="warning")
             return
-        records = self.transcript.records
-        if not records:
+        turns = self.session.turns
+        if not turns:
             self.notify("Nothing to regenerate: the chat is empty.", severity="warning")
             return
-        if records[-1].role == "assistant":
-            await self.transcript.truncate(len(records) - 1)
         self._restore = None
-        await self._begin(self.session.regenerate, None)
+        await self._begin(self.session.regenerate, turns[:-1] if turns[-1].role == "assistant" else list(turns))
 
     def action_edit_last(self) -> None:
         if self.generating:

@@ -82,7 +82,26 @@ class Transcript(VerticalScroll):
         self.anchor()
         self.park_later()
 
-    async def append(self, record: Record, widget: Widget | None = None) -> Widget:
+    async def update(self, records: Sequence[Record], live: Widget | None = None) -> None:
+        """Show the conversation `records`, then `live` (the view of a reply being generated) if
+        given. What is shown already and still matches is kept and adopts its new record; the
+        rest is removed and the remaining records are appended. A live view shown where
+        `records` now holds an assistant message is that reply finished: it is adopted as the
+        message's view (the caller has finished it)."""
+        keep = 0
+        for shown, record in zip(self.records, records):
+            if not (shown is None and live is None and record.role == "assistant" or _same_view(shown, record)):
+                break
+            keep += 1
+        self.records[:keep] = records[:keep]
+        if keep < len(self.records):
+            await self._truncate(keep)
+        for record in records[keep:]:
+            await self._append(record)
+        if live is not None:
+            await self._append(None, live)
+
+    async def _append(self, record: Record, widget: Widget | None = None) -> Widget:
         """Add a message at the bottom (`widget` if given, e.g. a live reply, else rendered)."""
         if self.later_count:  # scrolled far up: back to the newest messages first
             await self.show(self.records)
@@ -98,7 +117,7 @@ class Transcript(VerticalScroll):
         self.park_later()
         return widget
 
-    async def truncate(self, count: int) -> None:
+    async def _truncate(self, count: int) -> None:
         """Keep only the first `count` messages."""
         if count < self._first:
             await self.show(self.records[:count])
@@ -108,15 +127,6 @@ class Transcript(VerticalScroll):
         del self.records[count:]
         self._last = min(self._last, count)
         self._refresh_labels()
-
-    async def sync(self, records: Sequence[Record]) -> None:
-        """Adopt `records` as the stored form of what is shown (e.g. a finished live reply);
-        messages beyond them are removed. The shown messages must already match."""
-        if len(records) < len(self.records):
-            await self.truncate(len(records))
-        if len(records) != len(self.records):
-            raise ValueError(f"transcript shows {len(self.records)} messages, cannot adopt {len(records)}")
-        self.records = list(records)
 
     async def load_earlier(self) -> int:
         """Mount up to `page` earlier messages above the first shown one; returns how many."""
@@ -217,3 +227,12 @@ class Transcript(VerticalScroll):
                 await widget.unpark()
         if plan.more or part_plan.more:
             self.park_later()
+
+
+def _same_view(shown: Record | None, record: Record) -> bool:
+    """Whether the message shown as `shown` looks like `record` (a stored copy of what was shown,
+    e.g. the message just sent, now with its database id)."""
+    return shown is not None and all(getattr(shown, name) == getattr(record, name) for name in _VIEW_FIELDS)
+
+
+_VIEW_FIELDS = ("role", "content", "reasoning", "attachments", "stopped", "interrupted", "stats")
