@@ -135,10 +135,8 @@ def test_overflow_is_refused_before_anything_changes(store):
     turns = list(s.turns)
     long_text = "word " * 400
     with pytest.raises(ContextOverflow) as e:
-        s.check_fits(long_text)
-    assert e.value.prompt_tokens == s.pending_tokens(long_text) > 300 and "300" in str(e.value)
-    with pytest.raises(ContextOverflow):
         s.send(long_text)
+    assert e.value.prompt_tokens == s.pending_tokens(long_text) > 300 and "300" in str(e.value)
     assert s.turns == turns and len(s.backend.requests) == 1
     assert len(store.branch(s.chat_id, None)) == 2
 

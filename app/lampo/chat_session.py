@@ -4,9 +4,9 @@ It owns the active conversation: `turns` (the messages of the active branch, roo
 chat's system prompt, sampling and thinking switch, and persists everything to the `Store` as it
 happens (the chat row is created at the first send, so empty chats leave no trace).
 
-Generation (`send`, `regenerate`, `edit_last_user`) validates eagerly - a prompt that does not fit
-raises `ContextOverflow` at call time, before anything changes - and returns an iterator of the
-backend's events, meant to be consumed in a worker thread. While it runs, `reply_raw` holds the
+Generation (`send`, `regenerate`, `edit_last_user`) validates eagerly - the backend refuses a
+prompt that does not fit (`ContextOverflow`) at call time, before anything changes - and returns
+an iterator of the backend's events, meant to be consumed in a worker thread. While it runs, `reply_raw` holds the
 text generated so far and `reply_parts()` its (reasoning, answer) split. The reply is written to
 the store as it grows: its row is inserted at the first generated text (and becomes the chat's
 head), then rewritten at most every SAVE_INTERVAL_S seconds, so a crash or kill loses at most
@@ -31,8 +31,8 @@ from dataclasses import asdict, replace
 from typing import Any, Iterator, Sequence
 
 from lampo.attachments import Attachment, user_content
-from lampo.engine.protocol import Backend, ContextOverflow, Done, Event, GenerationRequest, Stats, TokenEvent
-from lampo.models.chat_format import Message, Prompt, PromptCounter, build_prompt, split_reasoning
+from lampo.engine.protocol import Backend, Done, Event, GenerationRequest, Stats, TokenEvent
+from lampo.models.chat_format import Message, PromptCounter, build_prompt, split_reasoning
 from lampo.models.sampling_params import SamplingParams
 from lampo.store import ChatRecord, MessageRecord, Store, StoreError
 
@@ -107,10 +107,6 @@ class ChatSession:
         return self._counter.prompt_tokens(self._messages_for(self.turns + [self._user(draft, attachments)]),
                                            enable_thinking=self.thinking)
 
-    def check_fits(self, draft: str, attachments: Sequence[Attachment] = ()) -> None:
-        """Raise ContextOverflow (with the numbers) when the next prompt does not fit."""
-        self._fit(self.pending_tokens(draft, attachments))
-
     def reply_parts(self) -> tuple[str, str]:
         """(reasoning, answer) of `reply_raw`, the reply being generated or the last one."""
         return split_reasoning(self.reply_raw, self._reply_thinking)
@@ -121,21 +117,21 @@ class ChatSession:
         if not text.strip() and not attachments:
             raise ValueError("nothing to send: the message is empty")
         user = self._user(text, attachments)
-        prompt = self._prompt(self.turns + [user])
+        events = self._start(self.turns + [user])
         if self.chat_id is None and self.title == NEW_CHAT_TITLE:
             self.title = _title_from(text, attachments)
         self._append(user)
-        return self._generate(prompt)
+        return self._stream(events)
 
     def regenerate(self) -> Iterator[Event]:
         """Generate a new reply to the last user message (the old reply stays as a branch)."""
         if not self.turns:
             raise ValueError("nothing to regenerate: the chat is empty")
         user_index = len(self.turns) - (2 if self.turns[-1].role == "assistant" else 1)
-        prompt = self._prompt(self.turns[: user_index + 1])
+        events = self._start(self.turns[: user_index + 1])
         self._truncate(user_index + 1)
         self._save_chat("head_id")
-        return self._generate(prompt)
+        return self._stream(events)
 
     def edit_last_user(self, text: str, attachments: Sequence[Attachment] | None = None) -> Iterator[Event]:
         """Replace the last user message (as a new branch) and generate a reply to it.
@@ -148,10 +144,10 @@ class ChatSession:
         if not text.strip() and not attachments:
             raise ValueError("nothing to send: the message is empty")
         user = self._user(text, attachments)
-        prompt = self._prompt(self.turns[:index] + [user])
+        events = self._start(self.turns[:index] + [user])
         self._truncate(index)
         self._append(user)
-        return self._generate(prompt)
+        return self._stream(events)
 
     @property
     def reply_raw(self) -> str:
@@ -162,14 +158,18 @@ class ChatSession:
         """Stop the running generation (the partial reply is kept)."""
         self._cancel.set()
 
-    def _generate(self, prompt: Prompt) -> Iterator[Event]:
+    def _start(self, turns: Sequence[MessageRecord]) -> Iterator[Event]:
+        """The backend's reply to `turns`. The backend refuses a prompt that does not fit the
+        context (ContextOverflow, with the numbers) before it does anything, and before anything
+        here changes: the callers change the conversation only once this returned."""
+        prompt = build_prompt(self.tokenizer, self._messages_for(turns), enable_thinking=self.thinking)
+        request = GenerationRequest(prompt.ids, self.sampling, snapshot_at=(prompt.reuse_boundary,))
         self._cancel.clear()
+        events = self.backend.generate(request, self._cancel)
         self._reply_pieces, self.last_done, self._context_used = [], None, None
         self._reply_thinking = self.thinking
         self._live_id, self._last_save = None, float("-inf")
-        request = GenerationRequest(prompt.ids, self.sampling, snapshot_at=(prompt.reuse_boundary,))
-        events = self.backend.generate(request, self._cancel)
-        return self._stream(events)
+        return events
 
     def _stream(self, events: Iterator[Event]) -> Iterator[Event]:
         done: Done | None = None
@@ -376,15 +376,6 @@ class ChatSession:
     def _messages_for(self, turns: Sequence[MessageRecord]) -> list[Message]:
         system = [Message("system", self.system_prompt)] if self.system_prompt.strip() else []
         return system + [_as_message(t) for t in turns]
-
-    def _prompt(self, turns: Sequence[MessageRecord]) -> Prompt:
-        prompt = build_prompt(self.tokenizer, self._messages_for(turns), enable_thinking=self.thinking)
-        self._fit(len(prompt.ids))
-        return prompt
-
-    def _fit(self, prompt_tokens: int) -> None:
-        if prompt_tokens > self.context_max:
-            raise ContextOverflow(prompt_tokens, self.sampling.max_tokens, self.context_max)
 
 
 def _stats_dict(reason: str, stats: Stats, error: str = "") -> dict[str, Any]:
