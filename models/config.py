@@ -2,7 +2,8 @@
 
 Accepts the multimodal wrapper (`qwen3_5` / `qwen3_5_moe` with a nested `text_config`) or the
 text model alone (`qwen3_5_text` / `qwen3_5_moe_text`). Everything the engine needs is a field or a
-derived property of `ModelConfig`. Each field is read and checked against the table of
+derived property of `ModelConfig`; the CUDA engine takes the object itself and reads them by these
+names (native/src/bindings/engine_bindings.cpp). Each field is read and checked against the table of
 `config_schema` (type, range, choices); then `validate` checks the relations between fields and
 that every size the engine computes fits its 32-bit ints. Any problem raises one `ConfigError`
 line naming the file (`load_config`), the field's JSON path, the value and what was expected.
@@ -15,7 +16,15 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from lampo.models.config_schema import FULL, INT32_MAX, LINEAR, ConfigError, check_ranges, read_text_config
+from lampo.models.config_schema import (
+    FAMILY_CONTEXT_MAX,
+    FULL,
+    INT32_MAX,
+    LINEAR,
+    ConfigError,
+    check_ranges,
+    read_text_config,
+)
 
 FUSED_ROW_PAD = 64  # the engine pads its fused projections' rows to a multiple of this
 
@@ -38,7 +47,7 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10_000_000.0
     partial_rotary_factor: float = 0.25
-    max_position_embeddings: int = 262_144
+    max_position_embeddings: int = FAMILY_CONTEXT_MAX
     tie_word_embeddings: bool = False
     mtp_num_hidden_layers: int = 0
     # dense FFN

@@ -26,6 +26,7 @@ INT32_MAX = 2**31 - 1
 FLOAT32_MAX = 3.4028234663852886e38  # the engine keeps rope_theta and rms_norm_eps as float32
 FLOAT32_TINY = 1.1754943508222875e-38  # the smallest normal float32
 MAX_LAYERS = 10_000
+FAMILY_CONTEXT_MAX = 262_144  # the family's max_position_embeddings, for a config.json without one
 REQUIRED = object()
 _TOP = "/"  # a path beginning with this is read from the document root, not from text_config
 
@@ -130,7 +131,7 @@ FIELDS: dict[str, Field] = {
                         FLOAT32_MAX),
     "partial_rotary_factor": Field(float, ("rope_parameters.partial_rotary_factor", "partial_rotary_factor"),
                                    0.25, FLOAT32_TINY, 1.0),
-    "max_position_embeddings": _size(default=262_144),
+    "max_position_embeddings": _size(default=FAMILY_CONTEXT_MAX),
     "tie_word_embeddings": Field(bool, (_TOP + "tie_word_embeddings", "tie_word_embeddings"), False,
                                  choices=(False,), why="Qwen3.6 has an untied lm_head"),
     "mtp_num_hidden_layers": _size(lo=0, hi=1, default=0),

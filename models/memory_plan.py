@@ -107,7 +107,7 @@ def _fmt(n: float) -> str:
 @dataclass(frozen=True)
 class MemoryPlan:
     model: str
-    context: int
+    context_max: int
     weight_format: str  # a WEIGHT_FORMATS name or "<x> B/param"
     kv: str
     items: tuple[MemoryItem, ...]
@@ -123,11 +123,11 @@ class MemoryPlan:
                 return i
         raise KeyError(f"memory plan has no item {name!r}")
 
-    def max_context(self, free_bytes: int) -> int:
+    def fitting_context_max(self, free_bytes: int) -> int:
         """The largest context (a multiple of CONTEXT_STEP, capped at this plan's) that fits."""
-        fixed = self.total_bytes - self.kv_bytes_per_token * self.context
+        fixed = self.total_bytes - self.kv_bytes_per_token * self.context_max
         tokens = (free_bytes - fixed) // self.kv_bytes_per_token if free_bytes > fixed else 0
-        return min(self.context, tokens // CONTEXT_STEP * CONTEXT_STEP)
+        return min(self.context_max, tokens // CONTEXT_STEP * CONTEXT_STEP)
 
     def fits(self, free_bytes: int) -> tuple[bool, str]:
         """Whether the plan fits in `free_bytes`, and a one-paragraph explanation with numbers."""
@@ -136,12 +136,12 @@ class MemoryPlan:
             return True, (f"memory plan {_fmt(total)} fits in {_fmt(free_bytes)} free "
                           f"({_fmt(free_bytes - total)} spare)")
         weights = sum(i.bytes for i in self.items if i.name.startswith("weights"))
-        kv = self.kv_bytes_per_token * self.context
+        kv = self.kv_bytes_per_token * self.context_max
         other = total - weights - kv
         msg = (f"not enough GPU memory: the plan needs {_fmt(total)} but only {_fmt(free_bytes)} is free "
                f"(weights {_fmt(weights)} in {self.weight_format}, KV cache {_fmt(kv)} for "
-               f"{self.context:,} tokens ({self.kv}), state/activations/reserve {_fmt(other)}); ")
-        best = self.max_context(free_bytes)
+               f"{self.context_max:,} tokens ({self.kv}), state/activations/reserve {_fmt(other)}); ")
+        best = self.fitting_context_max(free_bytes)
         if best > 0:
             return False, msg + f"try --context {best} (the largest that fits)"
         return False, msg + "the weights and fixed buffers alone do not fit, even with a tiny --context"
@@ -169,18 +169,22 @@ def format_plans_table(plans: list[MemoryPlan], headers: list[str]) -> str:
 
 def plan_memory(
     cfg: ModelConfig,
-    context: int = 262_144,
+    context_max: int | None = None,
     weight_bytes_per_param: float | str = 2.0,
     kv: str = "int8",
     with_mtp: bool = True,
     spec_slots: int = 0,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
 ) -> MemoryPlan:
-    """The memory plan of `cfg` at `context` tokens. `weight_bytes_per_param`: a number or a
-    WEIGHT_FORMATS name; `spec_slots`: extra GDN state snapshots (speculative verify, turn
-    reuse); `prefill_chunk`: tokens per prefill call."""
-    if not 1 <= context <= cfg.max_position_embeddings:
-        raise ValueError(f"memory plan: context must be in 1..{cfg.max_position_embeddings:,}, got {context:,}")
+    """The memory plan of `cfg` at `context_max` tokens (default: the model's
+    max_position_embeddings). `weight_bytes_per_param`: a number or a WEIGHT_FORMATS name;
+    `spec_slots`: extra GDN state snapshots (speculative verify, turn reuse); `prefill_chunk`:
+    tokens per prefill call."""
+    if context_max is None:
+        context_max = cfg.max_position_embeddings
+    if not 1 <= context_max <= cfg.max_position_embeddings:
+        raise ValueError(f"memory plan: context_max must be in 1..{cfg.max_position_embeddings:,}, "
+                         f"got {context_max:,}")
     if spec_slots < 0 or prefill_chunk < 1:
         raise ValueError(f"memory plan: spec_slots must be >= 0 and prefill_chunk >= 1 "
                          f"(got {spec_slots}, {prefill_chunk})")
@@ -200,7 +204,7 @@ def plan_memory(
     n_full = len(cfg.full_layer_ids)
     recurrent, conv = gdn_state_bytes(cfg)
     act = activation_bytes_per_token(cfg)
-    chunk = min(prefill_chunk, context)
+    chunk = min(prefill_chunk, context_max)
     logit_rows = spec_slots + 1
     # fp32 logits of the rows that need them, plus sampling scratch (sort keys and ids) for one row
     logits = 4 * logit_rows * cfg.vocab_size + 8 * cfg.vocab_size
@@ -208,11 +212,11 @@ def plan_memory(
     items = [MemoryItem("weights (text)", round(counts.total_text * bpp), f"{short_count(counts.total_text)} params")]
     if mtp:
         items.append(MemoryItem("weights (MTP)", round(counts.mtp * bpp), f"{short_count(counts.mtp)} params"))
-    items.append(MemoryItem("KV cache (trunk)", n_full * per_layer_kv * context,
+    items.append(MemoryItem("KV cache (trunk)", n_full * per_layer_kv * context_max,
                             f"{_plural(n_full, 'layer')} × {_plural(cfg.num_key_value_heads, 'KV head')} × "
-                            f"{cfg.head_dim}, {kv}, {context:,} tokens"))
+                            f"{cfg.head_dim}, {kv}, {context_max:,} tokens"))
     if mtp:
-        items.append(MemoryItem("KV cache (MTP)", cfg.mtp_num_hidden_layers * per_layer_kv * context,
+        items.append(MemoryItem("KV cache (MTP)", cfg.mtp_num_hidden_layers * per_layer_kv * context_max,
                                 f"{_plural(cfg.mtp_num_hidden_layers, 'layer')}, {kv}"))
     items.append(MemoryItem("GDN recurrent state", recurrent,
                             f"{_plural(len(cfg.linear_layer_ids), 'layer')} × {_plural(cfg.linear_num_value_heads, 'head')} × "
@@ -226,4 +230,4 @@ def plan_memory(
     items.append(MemoryItem("CUDA graphs", CUDA_GRAPHS_BYTES, "estimate"))
     items.append(MemoryItem("runtime reserve", RUNTIME_RESERVE_BYTES, "lazy kernel modules, allocator slack"))
     kv_per_token = (n_full + (cfg.mtp_num_hidden_layers if mtp else 0)) * per_layer_kv
-    return MemoryPlan(cfg.name, context, wfmt, kv, tuple(items), kv_per_token)
+    return MemoryPlan(cfg.name, context_max, wfmt, kv, tuple(items), kv_per_token)

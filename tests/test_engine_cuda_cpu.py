@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 import threading
-from pathlib import Path
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,11 +15,12 @@ import pytest
 from helpers import TagTokenizer
 from lampo import bench
 from lampo.engine.protocol import ContextOverflow, Done, GenerationRequest, PrefillProgress, TokenEvent
-from lampo.engine.cuda import CudaBackend, EngineUnavailable, create_engine, load_weights, native_dims
+from lampo.engine.cuda import CudaBackend, EngineUnavailable, create_engine, load_weights
 from lampo.models.checkpoint import Checkpoint
+from lampo.models.config import ModelConfig
 from lampo.models.presets import get_preset
 from lampo.models.sampling_params import GREEDY
-from lampo.models.tensor_specs import expected_tensors
+from lampo.models.tensor_specs import engine_tensor_names, expected_tensors
 
 STOP = 248046
 GIB = 1 << 30
@@ -36,10 +37,11 @@ def next_token(history: list[int]) -> int:
 
 
 class FakeEngine:
-    def __init__(self, native: "FakeNative", dims: dict, max_context: int, prefill_chunk: int,
-                 snapshot_slots: int):
-        self.native, self.dims = native, dims
-        self.max_context, self.prefill_chunk, self.snapshot_slots = max_context, prefill_chunk, snapshot_slots
+    def __init__(self, native: "FakeNative", config: ModelConfig, tensor_names: dict[str, str], *,
+                 context_max: int, prefill_chunk: int, snapshot_slots: int):
+        assert isinstance(config, ModelConfig) and tensor_names == engine_tensor_names(config)
+        self.native, self.config = native, config
+        self.context_max, self.prefill_chunk, self.snapshot_slots = context_max, prefill_chunk, snapshot_slots
         self.loaded: list[str] = []
         self.history: list[int] = []
         self.slots: dict[int, list[int]] = {}
@@ -85,7 +87,7 @@ class FakeEngine:
 
     def prefill(self, ids, sample):
         assert 1 <= len(ids) <= self.prefill_chunk and ids.dtype == np.int32
-        assert self.position + len(ids) <= self.max_context
+        assert self.position + len(ids) <= self.context_max
         self.calls.append(("prefill", len(ids), bool(sample)))
         self.history += [int(t) for t in ids]
         self.pending = self._sample() if sample else -1
@@ -125,8 +127,8 @@ class FakeNative:
         self.healthy = True
         self.device_resets = 0
 
-    def Engine(self, dims, max_context, prefill_chunk, snapshot_slots):  # noqa: N802 (mirrors the class)
-        return FakeEngine(self, dims, max_context, prefill_chunk, snapshot_slots)
+    def Engine(self, config, tensor_names, **options):  # noqa: N802 (mirrors the class)
+        return FakeEngine(self, config, tensor_names, **options)
 
     def mem_info(self):
         return self.free, self.total
@@ -161,33 +163,25 @@ def fresh_generation(prompt, n):
 
 
 # ---- setup ------------------------------------------------------------------------------------
-def test_native_dims_has_exactly_the_fields_the_binding_reads():
-    src = (Path(__file__).parents[1] / "native/src/bindings/engine_bindings.cpp").read_text()
-    body = src[src.index("ModelDims dims_from_dict"):src.index("void load_tensor")]
-    read = set(re.findall(r'\b(?:i|get)\("(\w+)"\)', body))
-    dims = native_dims(get_preset("qwen3.6-35b-a3b"))
-    assert set(dims) == read
-    assert dims["rotary_dim"] == 64 and dims["vocab_real"] == 248_077 and dims["moe"] is True
-    assert native_dims(get_preset("qwen3.6-27b"))["ffn_inter"] == 17408
-
-
 def test_memory_plan_refusal_names_the_plan_and_a_context_that_fits():
     cfg = get_preset("qwen3.6-35b-a3b")
     with pytest.raises(EngineUnavailable) as e:
-        create_engine(FakeNative(cfg, free=67 * GIB), cfg, context=262_144)
+        create_engine(FakeNative(cfg, free=67 * GIB), cfg, context_max=cfg.max_position_embeddings)
     msg = str(e.value)
     assert "not enough GPU memory" in msg and "try --context" in msg
     assert "KV cache (trunk)" in msg and "weights (text)" in msg
     suggested = int(re.search(r"--context (\d+)", msg).group(1))
-    assert 0 < suggested < 262_144
-    engine = create_engine(FakeNative(cfg, free=67 * GIB), cfg, context=suggested)  # the suggestion fits
-    assert engine.max_context == suggested and engine.snapshot_slots == 4
+    assert 0 < suggested < cfg.max_position_embeddings
+    engine = create_engine(FakeNative(cfg, free=67 * GIB), cfg, context_max=suggested)  # the suggestion fits
+    assert engine.context_max == suggested and engine.snapshot_slots == 4
+    assert engine.config is cfg  # the engine takes the parsed config itself
 
 
 def test_load_weights_walks_the_shards_and_skips_mtp(tiny_dense_dir):
     ck = Checkpoint.open(tiny_dense_dir, include_mtp=False)
     native = FakeNative(ck.config)
-    engine = native.Engine(native_dims(ck.config), 64, 4, 1)
+    engine = native.Engine(ck.config, engine_tensor_names(ck.config), context_max=64, prefill_chunk=4,
+                           snapshot_slots=1)
     seen = []
     n = load_weights(engine, ck, lambda done, total: seen.append((done, total)))
     expected = [name for _path, names in ck.shards() for name in names]
@@ -279,20 +273,33 @@ def test_cuda_error_ends_the_call_and_the_backend_recovers(backend, healthy):
 # ---- lampo bench ------------------------------------------------------------------------------
 def test_bench_arguments_and_workload_planning():
     args = bench.build_parser().parse_args(["--preset", "qwen3.6-35b-a3b", "--random-weights",
-                                            "--prompt", "8192,65_536", "--depths", "0,262144"])
-    assert args.prompt == [8192, 65536] and args.depths == [0, 262144]
+                                            "--prompt", "8192,65_536", "--depths", "0,300_000"])
+    assert args.prompt == [8192, 65536] and args.depths == [0, 300_000]
     cfg, model_dir = bench.resolve_model(args)
     assert model_dir is None and cfg.num_hidden_layers == 40
     w = bench.plan_workload(args, cfg, cuda=True)
-    assert w.context == 262_144 and w.prompts == [8192, 65536]
-    assert w.depths[0] == 0 and w.depths[1] < 262_144 and "lowered" in w.notes[0]
-    assert w.depths[1] + bench.WARMUP_STEPS + w.decode_tokens + w.profile_steps + 1 <= w.context
+    assert w.context_max == cfg.max_position_embeddings and w.prompts == [8192, 65536]
+    assert w.depths[0] == 0 and w.depths[1] < cfg.max_position_embeddings and "lowered" in w.notes[0]
+    assert w.depths[1] + bench.WARMUP_STEPS + w.decode_tokens + w.profile_steps + 1 <= w.context_max
     with pytest.raises(SystemExit):
         bench.build_parser().parse_args(["--prompt", "8k"])
     with pytest.raises(ValueError, match="--random-weights"):
         bench.resolve_model(bench.build_parser().parse_args(["--preset", "tiny-dense"]))
     cpu = bench.plan_workload(bench.build_parser().parse_args([]), get_preset("tiny-moe"), cuda=False)
     assert cpu.prompts == [64] and cpu.decode_tokens == 8 and cpu.profile_steps == 0
+
+
+def test_bench_default_depths_reach_the_models_context():
+    args = bench.build_parser().parse_args(["--preset", "qwen3.6-35b-a3b", "--random-weights"])
+    cfg, _ = bench.resolve_model(args)
+    tail = bench.WARMUP_STEPS + 128 + args.profile_steps + 1
+    w = bench.plan_workload(args, cfg, cuda=True)
+    assert w.context_max == cfg.max_position_embeddings
+    assert w.depths == [0, 8192, 65536, cfg.max_position_embeddings - tail]
+    short = replace(cfg, max_position_embeddings=32_768)  # 65,536 and the model's 32,768 both lowered
+    args.prompt = [8192]
+    w = bench.plan_workload(args, short, cuda=True)
+    assert w.context_max == 32_768 and w.depths == [0, 8192, 32_768 - tail]
 
 
 def test_bench_marks_runs_with_omitted_ops(monkeypatch):
@@ -308,7 +315,7 @@ def test_bench_marks_runs_with_omitted_ops(monkeypatch):
 
 def test_bytes_per_token_roofline_terms():
     cfg = get_preset("qwen3.6-35b-a3b")
-    b0, b1 = bench.bytes_per_token(cfg, 0), bench.bytes_per_token(cfg, 262_144)
+    b0, b1 = bench.bytes_per_token(cfg, 0), bench.bytes_per_token(cfg, cfg.max_position_embeddings)
     assert 5.8e9 < b0["weights"] < 6.0e9  # ~2.95 B active params in bf16
     assert b0["kv_cache"] == 0 and 2.7e9 < b1["kv_cache"] < 2.8e9  # INT8 + fp16 scales, 10 layers
     assert b0["gdn_state"] == b1["gdn_state"] > 2 * 60 * (1 << 20)

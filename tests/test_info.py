@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 from lampo.info import describe, main
-from lampo.models.presets import CONFIG_DIR
+from lampo.models.presets import CONFIG_DIR, get_preset
 
 
 def test_35b_a3b_preset():
@@ -17,16 +19,22 @@ def test_35b_a3b_preset():
 
 
 def test_27b_config_file():
-    text = describe(CONFIG_DIR / "qwen3.6-27b.json", context=131_072)
+    text = describe(CONFIG_DIR / "qwen3.6-27b.json", context_max=131_072)
     for expected in ("dense SwiGLU, width 17,408", "64 (48 Gated DeltaNet + 16 full attention)",
                      "26,895,998,464", "424,699,392", "25.62 B", "131,072 tokens", "4.12 GiB", "144 MiB"):
         assert expected in text, expected
 
 
 def test_checkpoint_directory(tiny_dense_dir: Path):
-    text = describe(tiny_dense_dir, context=4096)
+    text = describe(tiny_dense_dir, context_max=4096)
     assert "71 tensors in 1 file" in text and "with MTP" in text and "0 tensors ignored" in text
     assert "4,096 tokens" in text
+
+
+def test_the_plan_defaults_to_the_models_context(tmp_path: Path):
+    cfg = replace(get_preset("tiny-dense"), max_position_embeddings=32_768)
+    (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
+    assert "GPU memory plan at 32,768 tokens" in describe(tmp_path)
 
 
 def test_main(capsys):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from lampo.models.memory_plan import CONTEXT_STEP, GIB, MIB, format_plans_table, plan_memory
@@ -9,7 +11,7 @@ from lampo.models.presets import get_preset
 
 MOE = get_preset("qwen3.6-35b-a3b")
 DENSE = get_preset("qwen3.6-27b")
-FULL_CONTEXT = 262_144
+FULL_CONTEXT = MOE.max_position_embeddings  # both models: 262,144
 
 
 def _gib(plan, item: str) -> float:
@@ -55,6 +57,14 @@ def test_without_mtp_drops_its_items():
     assert p.total_bytes < plan_memory(MOE).total_bytes
 
 
+def test_the_context_defaults_to_the_models():
+    short = replace(DENSE, max_position_embeddings=32_768)
+    plan = plan_memory(short)
+    assert plan.context_max == 32_768
+    assert plan.item("KV cache (trunk)").bytes == plan_memory(DENSE, 32_768).item("KV cache (trunk)").bytes
+    assert plan_memory(DENSE).context_max == DENSE.max_position_embeddings
+
+
 def test_kv_scales_with_context():
     a, b = plan_memory(DENSE, 65_536), plan_memory(DENSE, 131_072)
     assert b.total_bytes - a.total_bytes == 65_536 * a.kv_bytes_per_token
@@ -68,7 +78,7 @@ def test_fits_and_refusal_suggests_a_context():
     ok, msg = plan.fits(free)
     assert not ok and "\n" not in msg
     assert "GiB" in msg and "262,144 tokens" in msg
-    suggested = plan.max_context(free)
+    suggested = plan.fitting_context_max(free)
     assert f"--context {suggested}" in msg
     assert 0 < suggested < FULL_CONTEXT and suggested % CONTEXT_STEP == 0
     assert plan_memory(DENSE, suggested, "5bpw").fits(free)[0]
@@ -92,8 +102,8 @@ def test_table_lists_every_item():
 @pytest.mark.parametrize(
     "kwargs,match",
     [
-        (dict(context=0), "context"),
-        (dict(context=FULL_CONTEXT + 1), "context"),
+        (dict(context_max=0), "context_max"),
+        (dict(context_max=FULL_CONTEXT + 1), "context_max"),
         (dict(weight_bytes_per_param="fp4"), "weight format"),
         (dict(weight_bytes_per_param=0), "weight bytes"),
         (dict(kv="fp8"), "kv"),

@@ -104,8 +104,8 @@ class CensusNative:
     def mem_info(self):
         return 100 << 30, 141 << 30
 
-    def Engine(self, dims, max_context, prefill_chunk, snapshot_slots):  # noqa: N802 (mirrors the class)
-        return CensusEngine(self.cfg)
+    def Engine(self, config, tensor_names, **options):  # noqa: N802 (mirrors the class)
+        return CensusEngine(config)
 
 
 class CensusEngine:

@@ -45,7 +45,7 @@ from lampo.models.memory_plan import gdn_state_bytes, kv_bytes_per_token_per_lay
 from lampo.models.params import count_params
 from lampo.models.sampling_params import GREEDY
 
-CUDA_DEFAULTS = dict(prompt="8192,65536", depths="0,8192,65536,262144", decode_tokens=128)
+CUDA_DEFAULTS = dict(prompt="8192,65536", depths="0,8192,65536", decode_tokens=128)  # + the model's context
 CPU_DEFAULTS = dict(prompt="64", depths="0,64", decode_tokens=8)
 DEFAULT_PRESET = "tiny-moe"
 WARMUP_STEPS = 4
@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", type=_int_list, metavar="N,N", help="prefill lengths "
                    f"(default {CUDA_DEFAULTS['prompt']} on CUDA, {CPU_DEFAULTS['prompt']} on CPU)")
     p.add_argument("--depths", type=_int_list, metavar="N,N", help="context depths for decode "
-                   f"(default {CUDA_DEFAULTS['depths']} on CUDA, {CPU_DEFAULTS['depths']} on CPU)")
+                   f"(default {CUDA_DEFAULTS['depths']} and the model's whole context on CUDA, "
+                   f"{CPU_DEFAULTS['depths']} on CPU)")
     p.add_argument("--decode-tokens", type=int, metavar="N", help="timed decode steps per depth "
                    f"(default {CUDA_DEFAULTS['decode_tokens']} on CUDA, {CPU_DEFAULTS['decode_tokens']} on CPU)")
     p.add_argument("--chunk", type=int, default=2048, metavar="N", help="prefill chunk (default 2048)")
@@ -95,7 +96,7 @@ class Workload:
     depths: list[int]
     decode_tokens: int
     chunk: int
-    context: int
+    context_max: int
     fast_depth: bool
     profile_steps: int
     notes: list[str] = field(default_factory=list)
@@ -105,7 +106,11 @@ def plan_workload(args: argparse.Namespace, cfg: ModelConfig, cuda: bool) -> Wor
     """Fill in per-backend defaults and fit everything into the context (noting any clamping)."""
     defaults = CUDA_DEFAULTS if cuda else CPU_DEFAULTS
     prompts = args.prompt or _int_list(defaults["prompt"])
-    depths = args.depths if args.depths is not None else _int_list(defaults["depths"])
+    limit = cfg.max_position_embeddings
+    if args.depths is not None:
+        depths = args.depths
+    else:
+        depths = _int_list(defaults["depths"]) + ([limit] if cuda else [])
     n = args.decode_tokens or defaults["decode_tokens"]
     if n < 1 or args.chunk < 1:
         raise ValueError("--decode-tokens and --chunk must be >= 1")
@@ -113,26 +118,26 @@ def plan_workload(args: argparse.Namespace, cfg: ModelConfig, cuda: bool) -> Wor
         raise ValueError("--prompt lengths must be >= 1")
     # room after the deepest depth: warm-up + timed + profiled steps (+1 for the start token)
     tail = WARMUP_STEPS + n + (args.profile_steps if cuda else 0) + 1
-    limit = cfg.max_position_embeddings
-    context = args.context or min(limit, max(max(prompts), max(depths, default=0) + tail))
-    if not 1 <= context <= limit:
-        raise ValueError(f"--context must be in 1..{limit:,} (got {context:,})")
-    w = Workload(prompts, [], n, args.chunk, context, args.fast_depth, args.profile_steps if cuda else 0)
+    context_max = args.context or min(limit, max(max(prompts), max(depths, default=0) + tail))
+    if not 1 <= context_max <= limit:
+        raise ValueError(f"--context must be in 1..{limit:,} (got {context_max:,})")
+    w = Workload(prompts, [], n, args.chunk, context_max, args.fast_depth, args.profile_steps if cuda else 0)
     omitted = os.environ.get("LAMPO_OMIT_OPS", "") if cuda else ""
     if omitted:
         w.notes.append(f"LAMPO_OMIT_OPS={omitted}: these op families are left out of every forward pass "
                        "(a timing diagnostic; the model's outputs are meaningless)")
     for p in prompts:
-        if p > context:
-            raise ValueError(f"prompt length {p:,} exceeds the context {context:,}")
+        if p > context_max:
+            raise ValueError(f"prompt length {p:,} exceeds the context {context_max:,}")
     for d in sorted(set(depths)):
-        fit = min(d, context - tail)
+        fit = min(d, context_max - tail)
         if fit < 0:
-            raise ValueError(f"the context {context:,} leaves no room for {tail} decode steps")
+            raise ValueError(f"the context {context_max:,} leaves no room for {tail} decode steps")
         if fit != d:
             w.notes.append(f"depth {d:,} lowered to {fit:,} to leave room for {tail} decode steps "
-                           f"in the {context:,}-token context")
-        w.depths.append(fit)
+                           f"in the {context_max:,}-token context")
+        if fit not in w.depths:
+            w.depths.append(fit)
     return w
 
 
@@ -188,7 +193,7 @@ class CudaTarget(Target):
         from lampo.models.checkpoint import Checkpoint
 
         self.native = native
-        self.engine = create_engine(native, cfg, context=w.context, prefill_chunk=w.chunk, snapshot_slots=0)
+        self.engine = create_engine(native, cfg, context_max=w.context_max, prefill_chunk=w.chunk, snapshot_slots=0)
         t0 = time.perf_counter()
         if model_dir is not None:
             with Checkpoint.open(model_dir, include_mtp=False) as ck:
@@ -338,7 +343,7 @@ def format_report(r: dict) -> str:
     if r.get("launches_per_token"):
         lines.append(f"launches per decode step: {r['launches_per_token']['kernels']} kernels "
                      f"({r['launches_per_token']['nodes']} graph nodes)")
-    lines.append(f"context {r['context']:,}, prefill chunk {r['chunk']:,}")
+    lines.append(f"context {r['context_max']:,}, prefill chunk {r['chunk']:,}")
     lines += [f"note: {n}" for n in r["notes"]]
     lines.append("")
     lines.append(f"{'prefill tokens':>15} {'tok/s':>10} {'TTFT ms':>10}")
@@ -402,7 +407,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         "load": target.load,
         "device": device,
         "launches_per_token": target.launches(),
-        "context": w.context,
+        "context_max": w.context_max,
         "chunk": w.chunk,
         "fast_depth": w.fast_depth,
         "notes": w.notes,

@@ -35,13 +35,13 @@ def _model_dir(args: argparse.Namespace, settings) -> Path:
     return ensure_demo_checkpoint()
 
 
-def _backend(kind: str, model_dir: Path, context: int) -> tuple[Backend, object]:
+def _backend(kind: str, model_dir: Path, context_max: int) -> tuple[Backend, object]:
     """(backend, tokenizer) for kind auto|cuda|reference."""
     from lampo.engine.picker import open_backend
     from lampo.models.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_checkpoint(model_dir)
-    return open_backend(kind, model_dir, context_max=context, tokenizer=tokenizer, say=_say), tokenizer
+    return open_backend(kind, model_dir, context_max=context_max, tokenizer=tokenizer, say=_say), tokenizer
 
 
 def run_chat(args: argparse.Namespace) -> int:
@@ -57,15 +57,15 @@ def run_chat(args: argparse.Namespace) -> int:
         return EXIT_FAILURE
     try:
         model_dir = _model_dir(args, settings)
-        context = args.context or settings.context
-        backend, tokenizer = _backend(args.backend or settings.backend, model_dir, context)
+        context_max = args.context or settings.context  # asked for: the model may hold less
+        backend, tokenizer = _backend(args.backend or settings.backend, model_dir, context_max)
     except (OSError, ValueError, RuntimeError) as e:  # checkpoint, config, tokenizer, engine errors
         _say(str(e))
         return EXIT_FAILURE
-    if backend.info.context_max < context:
+    if backend.info.context_max < context_max:
         source = "--context" if args.context else f"context in {paths.config_file()}"
         _say(f"the model holds at most {backend.info.context_max:,} tokens of context (max_position_embeddings "
-             f"in its config.json): using {backend.info.context_max:,}, not the {context:,} of {source}")
+             f"in its config.json): using {backend.info.context_max:,}, not the {context_max:,} of {source}")
 
     from lampo.chat_session import ChatSession
     from lampo.store import SchemaTooNew, Store

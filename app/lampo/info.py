@@ -17,8 +17,6 @@ from lampo.models.memory_plan import format_plans_table, plan_memory
 from lampo.models.params import count_params, short_count
 from lampo.models.presets import PRESETS, get_preset
 
-DEFAULT_CONTEXT = 262_144
-
 
 def _resolve(model: str | Path) -> tuple[ModelConfig, Checkpoint | None, str]:
     """(config, the opened checkpoint if MODEL is one, a label of where it came from)."""
@@ -33,9 +31,12 @@ def _resolve(model: str | Path) -> tuple[ModelConfig, Checkpoint | None, str]:
     raise ConfigError(f"{model!r} is not a checkpoint directory, a config.json or a preset ({', '.join(PRESETS)})")
 
 
-def describe(model: str | Path, context: int = DEFAULT_CONTEXT) -> str:
-    """Human-readable summary of MODEL; raises ConfigError / CheckpointError / ValueError."""
+def describe(model: str | Path, context_max: int | None = None) -> str:
+    """Human-readable summary of MODEL, with the memory plan at `context_max` tokens (default: the
+    model's max_position_embeddings); raises ConfigError / CheckpointError / ValueError."""
     cfg, ckpt, source = _resolve(model)
+    if context_max is None:
+        context_max = cfg.max_position_embeddings
     counts = count_params(cfg)
     n_lin, n_full = len(cfg.linear_layer_ids), len(cfg.full_layer_ids)
     if cfg.is_moe:
@@ -72,8 +73,8 @@ def describe(model: str | Path, context: int = DEFAULT_CONTEXT) -> str:
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     if ckpt is not None:
         lines += [f"note: {n}" for n in ckpt.notes]
-    plans = [plan_memory(cfg, context, fmt, with_mtp=with_mtp) for fmt in ("bf16", "5bpw")]
-    lines += ["", f"GPU memory plan at {context:,} tokens (int8 KV cache):",
+    plans = [plan_memory(cfg, context_max, fmt, with_mtp=with_mtp) for fmt in ("bf16", "5bpw")]
+    lines += ["", f"GPU memory plan at {context_max:,} tokens (int8 KV cache):",
               format_plans_table(plans, ["bf16", "~5 bpw"])]
     return "\n".join(lines)
 
@@ -81,9 +82,9 @@ def describe(model: str | Path, context: int = DEFAULT_CONTEXT) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lampo info", description=__doc__.splitlines()[0], exit_on_error=False)
     p.add_argument("model", help=f"checkpoint directory, config.json, or preset ({', '.join(PRESETS)})")
-    p.add_argument("--context", type=context_tokens, default=DEFAULT_CONTEXT, metavar="N",
-                   help=f"context length for the memory plan, in the range --context of `lampo chat` takes "
-                   f"(default {DEFAULT_CONTEXT:,})")
+    p.add_argument("--context", type=context_tokens, metavar="N",
+                   help="context length for the memory plan, in the range --context of `lampo chat` takes "
+                   "(default: the model's max_position_embeddings)")
     try:
         args = p.parse_args(argv)
     except SystemExit as e:

@@ -24,11 +24,12 @@ from typing import Any, Mapping
 
 from lampo import paths
 from lampo.keymap import MODIFIERS, canonical_keys, types_text
+from lampo.models.config_schema import FAMILY_CONTEXT_MAX
 from lampo.models.sampling_params import SamplingParams
 
 BACKENDS = ("auto", "cuda", "reference")
 THEMES = ("dark", "light")
-CONTEXT_RANGE = (256, 262_144)  # --context on the command line takes the same range
+CONTEXT_RANGE = (256, FAMILY_CONTEXT_MAX)  # --context on the command line takes the same range
 CONTEXT_EXPECTED = f"an integer from {CONTEXT_RANGE[0]:,} to {CONTEXT_RANGE[1]:,}"
 
 # Action -> key, in Textual's key names. The TUI binds these; plain mode documents its own keys.
@@ -72,7 +73,7 @@ class SettingsError(ValueError):
 class Settings:
     model_dir: str = ""  # "" = the random-weight demo checkpoint
     backend: str = "auto"
-    context: int = 262_144
+    context: int = FAMILY_CONTEXT_MAX
     sampling: SamplingParams = field(default_factory=SamplingParams)
     thinking: bool = True
     theme: str = "dark"

@@ -39,13 +39,14 @@ import pytest
 
 from helpers import TagTokenizer
 from lampo.engine.protocol import Done, GenerationRequest
-from lampo.engine.cuda import CudaBackend, load_weights, native_dims
+from lampo.engine.cuda import CudaBackend, load_weights
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.presets import get_preset
 from lampo.models.reference import ffn
 from lampo.models.reference.model import ReferenceModel
 from lampo.models.sampling_params import GREEDY, SamplingParams
 from lampo.models.synthetic import write_checkpoint
+from lampo.models.tensor_specs import engine_tensor_names
 
 _native = pytest.importorskip("lampo._native")
 pytestmark = [
@@ -61,9 +62,9 @@ MOE_MEDIAN = 6e-2
 
 
 # ---- helpers ----------------------------------------------------------------------------------
-def make_engine(ck: Checkpoint, context=2048, chunk=64, slots=2):
-    engine = _native.Engine(native_dims(ck.config), max_context=context, prefill_chunk=chunk,
-                            snapshot_slots=slots)
+def make_engine(ck: Checkpoint, context_max=2048, chunk=64, slots=2):
+    engine = _native.Engine(ck.config, engine_tensor_names(ck.config), context_max=context_max,
+                            prefill_chunk=chunk, snapshot_slots=slots)
     load_weights(engine, ck)
     engine.set_sampling(0.0, 0, 1.0, 0.0, 0.0, 0)
     engine.begin_generation()
@@ -323,7 +324,7 @@ def test_full_width_four_layer_checkpoints(preset, tmp_path_factory):
         (want.hidden_size, want.num_hidden_layers, want.vocab_size, want.num_experts)
     assert got.hidden_size == get_preset(preset).hidden_size
     vocab = ck.config.real_vocab_size
-    engine = make_engine(ck, context=1024, chunk=256)
+    engine = make_engine(ck, context_max=1024, chunk=256)
     ref = ReferenceModel.from_checkpoint(ck)
     ids = prompt_ids(100, seed=10, vocab=vocab)
     prefill(engine, ids)  # one 100-token chunk: GEMM path
@@ -340,14 +341,15 @@ def test_full_width_four_layer_checkpoints(preset, tmp_path_factory):
 def test_allocation_failure_names_what_and_how_much(tiny):
     ck, engine, _ref = tiny
     with pytest.raises(_native.CudaError, match=r"cudaMalloc KV cache of layer 3 .*GiB"):
-        _native.Engine(native_dims(ck.config), max_context=1 << 30, prefill_chunk=64, snapshot_slots=1)
+        _native.Engine(ck.config, engine_tensor_names(ck.config), context_max=1 << 30, prefill_chunk=64,
+                       snapshot_slots=1)
     assert engine.healthy()  # the context survives; the existing engine still works
     prefill(fresh(engine), prompt_ids(10))
 
 
 def test_bad_token_and_context_limits_are_refused_with_numbers(tiny):
     ck, _engine, _ref = tiny
-    engine = make_engine(ck, context=128, chunk=64)
+    engine = make_engine(ck, context_max=128, chunk=64)
     with pytest.raises(ValueError, match="token id 248320 at index 1"):
         engine.prefill(np.asarray([5, 248_320], np.int32), True)
     assert engine.position == 0

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from helpers.nonfinite import BF16_INF, BF16_NAN, BF16_NEG_INF, F32_INF, F32_NAN, plant
-from lampo.engine.cuda import load_weights, native_dims
+from lampo.engine.cuda import load_weights
 from lampo.models.checkpoint import Checkpoint, CheckpointError
 from lampo.models.finite_scan import scan_checkpoint
 from lampo.models.presets import get_preset
 from lampo.models.synthetic import write_checkpoint
+from lampo.models.tensor_specs import engine_tensor_names
 
 _native = pytest.importorskip("lampo._native")
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(_native.device_count() < 1, reason="no CUDA device")]
@@ -67,7 +68,8 @@ def damaged(preset: str, clean: Path, tmp_path: Path) -> tuple[Path, dict[str, t
 
 
 def _engine(ck: Checkpoint):
-    return _native.Engine(native_dims(ck.config), max_context=256, prefill_chunk=64, snapshot_slots=1)
+    return _native.Engine(ck.config, engine_tensor_names(ck.config), context_max=256, prefill_chunk=64,
+                          snapshot_slots=1)
 
 
 def engine_census(model_dir: Path) -> dict[str, tuple[int, int]]:

@@ -125,7 +125,7 @@ def test_attn_prep_appends_int8(ops, T, nkv, pos0):
     """With a KV target, attn_prep quantizes its bf16 k rows and the v rows into the INT8 cache
     (kv_int8.quantize_int8_g64) at rows pos0.. and leaves every other row alone."""
     rng = rng_for("kv", T, nkv, pos0)
-    max_ctx, nq = 128, 2 * nkv
+    context_max, nq = 128, 2 * nkv
     qg = bf16_randn(rng, (T, nq * 2 * D), 2.0)
     k_raw = (rng.standard_normal((T, nkv * D)) * 3).astype(np.float32)
     k_raw[0, 64:128] = 0.0  # head 0: a zero group past the rotary dims -> scale 0, q 0
@@ -134,8 +134,8 @@ def test_attn_prep_appends_int8(ops, T, nkv, pos0):
     v[-1, -1, 5] = 40.0  # one dominant value in a group
     vb = to_bf16(v)
     qw, kw = bf16_randn(rng, D, 0.3), bf16_randn(rng, D, 0.3)
-    caches = [rng.integers(-127, 128, (nkv, max_ctx, D), dtype=np.int8) for _ in range(2)]
-    scales = [rng.uniform(0.01, 0.02, (nkv, max_ctx, D // 64)).astype(np.float16) for _ in range(2)]
+    caches = [rng.integers(-127, 128, (nkv, context_max, D), dtype=np.int8) for _ in range(2)]
+    scales = [rng.uniform(0.01, 0.02, (nkv, context_max, D // 64)).astype(np.float16) for _ in range(2)]
     q, gate, k, kc, vc, ks, vs = ops.attn_prep(qg, to_bf16(k_raw), qw, kw, pos0, nq, nkv, ROTARY, THETA, 1e-6,
                                                kv=(vb, caches[0], caches[1], scales[0], scales[1]))
     q_alone, gate_alone, k_alone = ops.attn_prep(qg, to_bf16(k_raw), qw, kw, pos0, nq, nkv, ROTARY, THETA, 1e-6)
@@ -146,7 +146,7 @@ def test_attn_prep_appends_int8(ops, T, nkv, pos0):
         ref_q, ref_s = kv_int8.quantize_int8_g64(from_bf16(src).transpose(1, 0, 2))
         np.testing.assert_array_equal(got_s[:, rows], ref_s)
         assert np.abs(got_q[:, rows].astype(np.int32) - ref_q.astype(np.int32)).max() <= 1
-        keep = np.ones(max_ctx, bool)
+        keep = np.ones(context_max, bool)
         keep[rows] = False
         np.testing.assert_array_equal(got_q[:, keep], old_q[:, keep])
         np.testing.assert_array_equal(got_s[:, keep], old_s[:, keep])
@@ -156,12 +156,12 @@ def test_attn_prep_appends_int8(ops, T, nkv, pos0):
 # ---- attention over the INT8 cache ------------------------------------------------------------------
 
 
-def make_cache(rng, nkv, max_ctx, live):
+def make_cache(rng, nkv, context_max, live):
     """Random INT8 cache; rows >= live hold poison scales (inf / NaN) that must never be read."""
-    kq = rng.integers(-127, 128, (nkv, max_ctx, D), dtype=np.int8)
-    vq = rng.integers(-127, 128, (nkv, max_ctx, D), dtype=np.int8)
-    ks = rng.uniform(0.004, 0.02, (nkv, max_ctx, D // 64)).astype(np.float16)
-    vs = rng.uniform(0.004, 0.02, (nkv, max_ctx, D // 64)).astype(np.float16)
+    kq = rng.integers(-127, 128, (nkv, context_max, D), dtype=np.int8)
+    vq = rng.integers(-127, 128, (nkv, context_max, D), dtype=np.int8)
+    ks = rng.uniform(0.004, 0.02, (nkv, context_max, D // 64)).astype(np.float16)
+    vs = rng.uniform(0.004, 0.02, (nkv, context_max, D // 64)).astype(np.float16)
     ks[:, live:] = np.float16(np.inf)
     vs[:, live:] = np.float16(np.nan)
     return kq, vq, ks, vs
@@ -175,9 +175,9 @@ def attention_ref(q_bits, gate_bits, cache, live, positions):
     return o * activations.sigmoid(from_bf16(gate_bits))
 
 
-def run_decode(ops, nq, nkv, Tq, live, max_ctx, seed_key):
+def run_decode(ops, nq, nkv, Tq, live, context_max, seed_key):
     rng = rng_for("dec", *seed_key)
-    cache = make_cache(rng, nkv, max_ctx, live)
+    cache = make_cache(rng, nkv, context_max, live)
     q = bf16_randn(rng, (Tq, nq, D), 2.0)
     gate = bf16_randn(rng, (Tq, nq * D), 2.0)
     pos0 = live - Tq
@@ -186,7 +186,7 @@ def run_decode(ops, nq, nkv, Tq, live, max_ctx, seed_key):
 
 
 @pytest.mark.parametrize(
-    "nq,nkv,Tq,live,max_ctx",
+    "nq,nkv,Tq,live,context_max",
     [
         (16, 2, 1, 1, 64),        # a single key
         (16, 2, 1, 100, 4096),
@@ -194,13 +194,13 @@ def run_decode(ops, nq, nkv, Tq, live, max_ctx, seed_key):
         (16, 2, 3, 500, 512),     # 24 rows: 2 M-tiles
         (24, 4, 8, 300, 320),     # 48 rows: 3 M-tiles
         (16, 2, 8, 1000, 1024),   # 64 rows: 4 M-tiles
-        (16, 2, 4, 8448, 8512),   # max_ctx >= 132 * 64: 132 splits (H200) of 64 keys exactly
+        (16, 2, 4, 8448, 8512),   # context_max >= 132 * 64: 132 splits (H200) of 64 keys exactly
         (16, 2, 1, 8449, 8512),   # one past: chunks of 128
         (24, 4, 2, 20_000, 20_032),
     ],
 )
-def test_attn_decode_int8(ops, nq, nkv, Tq, live, max_ctx):
-    run_decode(ops, nq, nkv, Tq, live, max_ctx, (nq, nkv, Tq, live))
+def test_attn_decode_int8(ops, nq, nkv, Tq, live, context_max):
+    run_decode(ops, nq, nkv, Tq, live, context_max, (nq, nkv, Tq, live))
 
 
 @pytest.mark.slow
@@ -216,8 +216,8 @@ def test_attn_decode_int8_long(ops, live):
 def test_attn_prefill_int8(ops, nq, nkv, T, pos0):
     rng = rng_for("pre", nq, nkv, T, pos0)
     live = pos0 + T
-    max_ctx = live + 64
-    cache = make_cache(rng, nkv, max_ctx, live)
+    context_max = live + 64
+    cache = make_cache(rng, nkv, context_max, live)
     q = bf16_randn(rng, (T, nq, D), 2.0)
     gate = bf16_randn(rng, (T, nq * D), 2.0)
     out = ops.attn_prefill_int8(q, gate, *cache, pos0)

@@ -32,15 +32,17 @@ METRICS = [TIME, READ, WRITE, "launch__grid_size", "launch__block_size", "launch
 def run_step(preset: str, prompt: int, seed: int) -> None:
     import numpy as np
 
-    from lampo.bench import CudaTarget, Workload, pick_native
+    from lampo.bench import CudaTarget, Workload
+    from lampo.engine.picker import native_for
     from lampo.models.presets import get_preset
 
     cfg = get_preset(preset)
-    native = pick_native("cuda")
-    w = Workload([prompt], [0], 8, 2048, prompt + 64, False, 1)
+    native = native_for("cuda")
+    w = Workload(prompts=[prompt], depths=[0], decode_tokens=8, chunk=2048, context_max=prompt + 64,
+                 fast_depth=False, profile_steps=1)
     target = CudaTarget(native, cfg, w, None, seed)
     rng = np.random.default_rng(seed)
-    target.prefill(rng.integers(0, cfg.real_vocab_size, prompt, dtype=np.int64).astype(np.int32), 2048)
+    target.prefill(rng.integers(0, cfg.real_vocab_size, prompt, dtype=np.int64).astype(np.int32))
     target.decode(8)  # captures and replays the graph
     cuda = ctypes.CDLL("libcuda.so.1")
     cuda.cuProfilerStart()

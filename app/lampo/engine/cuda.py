@@ -2,7 +2,8 @@
 
 Start-up: open and validate the checkpoint, compute the memory plan (`plan_memory`) and compare it
 with the free VRAM (`_native.mem_info()`) - refusing with the plan table and a context that would
-fit - then create the Engine (which allocates everything up front) and stream the checkpoint into
+fit - then create the Engine from the parsed config itself and the tensor table's names by role
+(`tensor_specs.engine_tensor_names`; it allocates everything up front) and stream the checkpoint into
 it shard by shard (zero-copy memory-mapped tensors; the engine copies them through a pinned
 staging ring), after which the engine counts the NaN/Inf values of every tensor on the GPU and a
 damaged one is refused by name. The tokenizer is checked against the model's vocabulary before
@@ -36,6 +37,7 @@ from lampo.models.config import ModelConfig
 from lampo.models.finite_scan import NonFinite, nonfinite_error
 from lampo.models.memory_plan import plan_memory
 from lampo.models.sampling_params import SamplingParams
+from lampo.models.tensor_specs import engine_tensor_names
 from lampo.engine.prefix_cache import PrefixCache
 
 DEFAULT_PREFILL_CHUNK = 2048
@@ -60,45 +62,19 @@ def load_native():
     return _native
 
 
-def native_dims(cfg: ModelConfig) -> dict:
-    """`cfg` as the field names of the engine's ModelDims (native/src/engine/model.h)."""
-    return {
-        "hidden": cfg.hidden_size,
-        "layer_types": list(cfg.layer_types),
-        "n_q_heads": cfg.num_attention_heads,
-        "n_kv_heads": cfg.num_key_value_heads,
-        "head_dim": cfg.head_dim,
-        "rotary_dim": cfg.rotary_dim,
-        "rope_theta": cfg.rope_theta,
-        "gdn_k_heads": cfg.linear_num_key_heads,
-        "gdn_v_heads": cfg.linear_num_value_heads,
-        "gdn_k_dim": cfg.linear_key_head_dim,
-        "gdn_v_dim": cfg.linear_value_head_dim,
-        "conv_kernel": cfg.linear_conv_kernel_dim,
-        "moe": cfg.is_moe,
-        "ffn_inter": cfg.intermediate_size or 0,
-        "n_experts": cfg.num_experts,
-        "top_k": cfg.num_experts_per_tok,
-        "expert_inter": cfg.moe_intermediate_size,
-        "shared_inter": cfg.shared_expert_intermediate_size,
-        "vocab": cfg.vocab_size,
-        "vocab_real": cfg.real_vocab_size,
-        "eps": cfg.rms_norm_eps,
-    }
-
-
-def create_engine(native, cfg: ModelConfig, *, context: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+def create_engine(native, cfg: ModelConfig, *, context_max: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                   snapshot_slots: int = DEFAULT_SNAPSHOT_SLOTS):
     """Check the memory plan against the free VRAM, then allocate the engine (bf16 weights, INT8
-    KV cache, no MTP). Raises EngineUnavailable with the plan table when it does not fit."""
-    plan = plan_memory(cfg, context=context, weight_bytes_per_param="bf16", kv="int8",
+    KV cache, no MTP) for the config itself, with its tensors' names by role from the tensor
+    table. Raises EngineUnavailable with the plan table when it does not fit."""
+    plan = plan_memory(cfg, context_max=context_max, weight_bytes_per_param="bf16", kv="int8",
                        with_mtp=False, spec_slots=snapshot_slots, prefill_chunk=prefill_chunk)
     free, total = native.mem_info()
     ok, message = plan.fits(free)
     if not ok:
         raise EngineUnavailable(f"{message}\n\nmemory plan ({cfg.name or 'model'}, context "
-                                f"{context:,}):\n{plan.format_table()}")
-    return native.Engine(native_dims(cfg), max_context=context, prefill_chunk=prefill_chunk,
+                                f"{context_max:,}):\n{plan.format_table()}")
+    return native.Engine(cfg, engine_tensor_names(cfg), context_max=context_max, prefill_chunk=prefill_chunk,
                          snapshot_slots=snapshot_slots)
 
 
@@ -136,17 +112,17 @@ class CudaBackend:
         self._native = native if native is not None else load_native()
         self._ck = Checkpoint.open(model_dir, include_mtp=False)
         cfg = self._ck.config
-        context = min(context_max or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        context_max = min(context_max or cfg.max_position_embeddings, cfg.max_position_embeddings)
         if tokenizer is None:
             from lampo.models.tokenizer import Tokenizer
 
             tokenizer = Tokenizer.from_checkpoint(model_dir)
-        self._settings = dict(context=context, prefill_chunk=prefill_chunk, snapshot_slots=snapshot_slots)
+        self._settings = dict(context_max=context_max, prefill_chunk=prefill_chunk, snapshot_slots=snapshot_slots)
         self._on_load = on_load
         self._engine = self._build_engine()
         self._loop = GenerationLoop(tokenizer, PrefixCache(snapshot_slots), label="CUDA", forget=lambda: self._engine.reset(),
                                     recover=self._recover, stats_interval_s=STATS_INTERVAL_S)
-        self._info = BackendInfo("cuda", cfg.name or Path(model_dir).name, str(model_dir), context,
+        self._info = BackendInfo("cuda", cfg.name or Path(model_dir).name, str(model_dir), context_max,
                                  is_demo=is_demo_checkpoint(Path(model_dir)))
 
     def _build_engine(self):

@@ -1,5 +1,9 @@
 // engine_bindings.cpp - lampo._native.Engine and the device helpers (mem_info, copy bandwidth).
+// The Engine is built from the parsed model config itself (a lampo.models.config.ModelConfig, read
+// by attribute into ModelDims) and the checkpoint names of its weights by role (TensorNames).
 // Long calls release the GIL; numpy inputs are read while the GIL is still held.
+#include <limits>
+
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -12,43 +16,108 @@ namespace py = pybind11;
 namespace lampo {
 namespace {
 
-// The Python side passes a dict with ModelDims' field names (lampo.cuda_backend.native_dims).
-ModelDims dims_from_dict(const py::dict& c) {
-    auto get = [&](const char* key) -> py::handle {
-        if (!c.contains(key)) throw std::invalid_argument(std::string("model dims: missing '") + key + "'");
-        return c[key];
-    };
-    auto i = [&](const char* key) { return get(key).cast<int>(); };
+// ---- the model config: a lampo.models.config.ModelConfig, read by attribute --------------------
+// Every value is checked for its Python type (no coercion: a bool is not an int); a missing or
+// ill-typed attribute raises TypeError naming it, an int outside 32 bits ValueError.
+class ConfigReader {
+public:
+    explicit ConfigReader(const py::object& cfg) : cfg_(cfg) {}
+
+    int integer(const char* name) const {
+        const py::object v = get(name);
+        if (!is_int(v)) wrong(name, v, "an int");
+        const long long x = PyLong_AsLongLong(v.ptr());
+        if (PyErr_Occurred() || x < std::numeric_limits<int>::min() || x > std::numeric_limits<int>::max()) {
+            PyErr_Clear();
+            throw py::value_error("model config: " + std::string(name) + " is " + repr(v) +
+                                  ", outside the engine's 32-bit ints");
+        }
+        return int(x);
+    }
+
+    float number(const char* name) const {
+        const py::object v = get(name);
+        if (!is_int(v) && !py::isinstance<py::float_>(v)) wrong(name, v, "a float");
+        return float(v.cast<double>());
+    }
+
+    bool boolean(const char* name) const {
+        const py::object v = get(name);
+        if (!py::isinstance<py::bool_>(v)) wrong(name, v, "a bool");
+        return v.cast<bool>();
+    }
+
+    std::vector<std::string> strings(const char* name) const {
+        const py::object v = get(name);
+        if (!py::isinstance<py::tuple>(v) && !py::isinstance<py::list>(v)) wrong(name, v, "a tuple of str");
+        std::vector<std::string> out;
+        for (const py::handle item : v) {
+            if (!py::isinstance<py::str>(item)) {
+                wrong((std::string(name) + "[" + std::to_string(out.size()) + "]").c_str(),
+                      py::reinterpret_borrow<py::object>(item), "a str");
+            }
+            out.push_back(item.cast<std::string>());
+        }
+        return out;
+    }
+
+private:
+    py::object cfg_;
+
+    py::object get(const char* name) const {
+        if (!py::hasattr(cfg_, name)) {
+            throw py::type_error("model config: the " + std::string(Py_TYPE(cfg_.ptr())->tp_name) +
+                                 " has no attribute '" + name +
+                                 "' (the Engine takes a lampo.models.config.ModelConfig)");
+        }
+        return cfg_.attr(name);
+    }
+    static bool is_int(const py::object& v) { return py::isinstance<py::int_>(v) && !py::isinstance<py::bool_>(v); }
+    static std::string repr(const py::object& v) { return py::repr(v).cast<std::string>(); }
+    [[noreturn]] static void wrong(const char* name, const py::object& v, const char* expected) {
+        throw py::type_error("model config: " + std::string(name) + " is " + repr(v) + " (" +
+                             Py_TYPE(v.ptr())->tp_name + "), expected " + expected);
+    }
+};
+
+// ModelDims from the config's fields and derived properties (their Python names).
+ModelDims dims_from_config(const py::object& cfg) {
+    const ConfigReader c(cfg);
     ModelDims d;
-    d.hidden = i("hidden");
-    for (const auto& t : get("layer_types").cast<std::vector<std::string>>()) {
-        if (t == "linear_attention") {
+    d.hidden = c.integer("hidden_size");
+    const std::vector<std::string> types = c.strings("layer_types");
+    for (size_t l = 0; l < types.size(); ++l) {
+        if (types[l] == "linear_attention") {
             d.mixers.push_back(MixerKind::GatedDeltaNet);
-        } else if (t == "full_attention") {
+        } else if (types[l] == "full_attention") {
             d.mixers.push_back(MixerKind::GatedAttention);
         } else {
-            throw std::invalid_argument("model dims: unknown layer type '" + t + "'");
+            throw py::value_error("model config: layer_types[" + std::to_string(l) + "] is '" + types[l] +
+                                  "', expected 'linear_attention' or 'full_attention'");
         }
     }
-    d.n_q_heads = i("n_q_heads");
-    d.n_kv_heads = i("n_kv_heads");
-    d.head_dim = i("head_dim");
-    d.rotary_dim = i("rotary_dim");
-    d.rope_theta = get("rope_theta").cast<float>();
-    d.gdn_k_heads = i("gdn_k_heads");
-    d.gdn_v_heads = i("gdn_v_heads");
-    d.gdn_k_dim = i("gdn_k_dim");
-    d.gdn_v_dim = i("gdn_v_dim");
-    d.conv_kernel = i("conv_kernel");
-    d.moe = get("moe").cast<bool>();
-    d.ffn_inter = i("ffn_inter");
-    d.n_experts = i("n_experts");
-    d.top_k = i("top_k");
-    d.expert_inter = i("expert_inter");
-    d.shared_inter = i("shared_inter");
-    d.vocab = i("vocab");
-    d.vocab_real = i("vocab_real");
-    d.eps = get("eps").cast<float>();
+    d.n_q_heads = c.integer("num_attention_heads");
+    d.n_kv_heads = c.integer("num_key_value_heads");
+    d.head_dim = c.integer("head_dim");
+    d.rotary_dim = c.integer("rotary_dim");
+    d.rope_theta = c.number("rope_theta");
+    d.gdn_k_heads = c.integer("linear_num_key_heads");
+    d.gdn_v_heads = c.integer("linear_num_value_heads");
+    d.gdn_k_dim = c.integer("linear_key_head_dim");
+    d.gdn_v_dim = c.integer("linear_value_head_dim");
+    d.conv_kernel = c.integer("linear_conv_kernel_dim");
+    d.moe = c.boolean("is_moe");
+    if (d.moe) {
+        d.n_experts = c.integer("num_experts");
+        d.top_k = c.integer("num_experts_per_tok");
+        d.expert_inter = c.integer("moe_intermediate_size");
+        d.shared_inter = c.integer("shared_expert_intermediate_size");
+    } else {
+        d.ffn_inter = c.integer("intermediate_size");
+    }
+    d.vocab = c.integer("vocab_size");
+    d.vocab_real = c.integer("real_vocab_size");
+    d.eps = c.number("rms_norm_eps");
     return d;
 }
 
@@ -85,12 +154,16 @@ int prefill(Engine& e, const py::array_t<int32_t, py::array::c_style | py::array
 void register_engine(py::module_& m) {
     using release = py::call_guard<py::gil_scoped_release>;
     py::class_<Engine>(m, "Engine", "One model in VRAM and one conversation's state (engine.h)")
-        .def(py::init([](const py::dict& dims, int max_context, int prefill_chunk, int snapshot_slots) {
-                 return std::make_unique<Engine>(dims_from_dict(dims),
-                                                 EngineOptions{max_context, prefill_chunk, snapshot_slots});
+        .def(py::init([](const py::object& config, const TensorNames& tensor_names, int context_max,
+                         int prefill_chunk, int snapshot_slots) {
+                 return std::make_unique<Engine>(dims_from_config(config), tensor_names,
+                                                 EngineOptions{context_max, prefill_chunk, snapshot_slots});
              }),
-             py::arg("dims"), py::arg("max_context") = 262144, py::arg("prefill_chunk") = 2048,
-             py::arg("snapshot_slots") = 4)
+             py::arg("config"), py::arg("tensor_names"), py::kw_only(), py::arg("context_max"),
+             py::arg("prefill_chunk") = 2048, py::arg("snapshot_slots") = 4,
+             "Allocate the engine for a lampo.models.config.ModelConfig: tensor_names maps each weight "
+             "role to its checkpoint name (lampo.models.tensor_specs.engine_tensor_names), context_max "
+             "is the tokens of KV cache")
         .def("weight_specs",
              [](Engine& e) {
                  py::list out;
@@ -128,7 +201,7 @@ void register_engine(py::module_& m) {
         .def_property_readonly("state_bytes", &Engine::state_bytes)
         .def_property_readonly("workspace_bytes", &Engine::workspace_bytes)
         .def_property_readonly("position", &Engine::position)
-        .def_property_readonly("max_context", [](Engine& e) { return e.options().max_context; })
+        .def_property_readonly("context_max", [](Engine& e) { return e.options().context_max; })
         .def_property_readonly("prefill_chunk", [](Engine& e) { return e.options().prefill_chunk; })
         .def_property_readonly("snapshot_slots", [](Engine& e) { return e.options().snapshot_slots; })
         .def_property_readonly("vocab", [](Engine& e) { return e.dims().vocab; })

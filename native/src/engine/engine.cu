@@ -23,26 +23,27 @@ size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 }  // namespace
 
-Engine::Engine(const ModelDims& dims, const EngineOptions& options) : dims_(dims), opt_(options) {
+Engine::Engine(const ModelDims& dims, const TensorNames& names, const EngineOptions& options)
+    : dims_(dims), opt_(options) {
     dims_.validate();
-    if (opt_.max_context < 1) throw std::invalid_argument("max_context must be positive");
+    if (opt_.context_max < 1) throw std::invalid_argument("context_max must be positive");
     if (opt_.prefill_chunk < 1) throw std::invalid_argument("prefill_chunk must be positive");
     if (opt_.snapshot_slots < 0) throw std::invalid_argument("snapshot_slots must be >= 0");
 
-    weights_ = std::make_unique<WeightStore>(dims_);
+    weights_ = std::make_unique<WeightStore>(dims_, names);
 
-    // KV cache: per attention layer K, V int8 [nkv, max_ctx, D] and fp16 scales per 64 values.
+    // KV cache: per attention layer K, V int8 [nkv, context_max, D] and fp16 scales per 64 values.
     const int L = dims_.n_layers();
-    state_.max_ctx = opt_.max_context;
+    state_.context_max = opt_.context_max;
     state_.kv.resize(L);
     state_.gdn.resize(L);
-    const size_t kv_elems = size_t(dims_.n_kv_heads) * opt_.max_context * dims_.head_dim;
+    const size_t kv_elems = size_t(dims_.n_kv_heads) * opt_.context_max * dims_.head_dim;
     const size_t kv_bytes = align256(kv_elems), scale_bytes = align256(kv_elems / KV_GROUP * 2);
     for (int l = 0; l < L; ++l) {
         if (dims_.mixers[l] != MixerKind::GatedAttention) continue;
         kv_mem_.emplace_back(2 * (kv_bytes + scale_bytes),
                              "KV cache of layer " + std::to_string(l) + " (" +
-                                 std::to_string(opt_.max_context) + " tokens)");
+                                 std::to_string(opt_.context_max) + " tokens)");
         char* p = kv_mem_.back().as<char>();
         state_.kv[l] = KvCacheLayer{reinterpret_cast<int8_t*>(p), reinterpret_cast<int8_t*>(p + kv_bytes),
                                     reinterpret_cast<half*>(p + 2 * kv_bytes),
@@ -67,10 +68,10 @@ Engine::Engine(const ModelDims& dims, const EngineOptions& options) : dims_(dims
                                  std::to_string(opt_.snapshot_slots) + " state snapshot slots");
     slot_pos_.assign(opt_.snapshot_slots, -1);
 
-    const WorkspaceLayout layout = workspace_layout(dims_, opt_.prefill_chunk, opt_.max_context);
+    const WorkspaceLayout layout = workspace_layout(dims_, opt_.prefill_chunk, opt_.context_max);
     workspace_mem_ = DeviceMemory(layout.total(), "activation workspace for a prefill chunk of " +
                                                       std::to_string(opt_.prefill_chunk) + " tokens");
-    ws_ = carve_workspace(dims_, opt_.prefill_chunk, opt_.max_context, workspace_mem_.get());
+    ws_ = carve_workspace(dims_, opt_.prefill_chunk, opt_.context_max, workspace_mem_.get());
 
     // step inputs/outputs: ids [chunk], pos, token, rng step, presence set [V]
     const size_t ids_bytes = align256(size_t(opt_.prefill_chunk) * 4);
@@ -213,9 +214,9 @@ int Engine::prefill(const int32_t* ids, int n, bool sample_next) {
         throw std::invalid_argument("prefill: " + std::to_string(n) + " tokens; a chunk holds 1.." +
                                     std::to_string(opt_.prefill_chunk));
     }
-    if (pos_ + n > opt_.max_context) {
+    if (pos_ + n > opt_.context_max) {
         throw std::out_of_range("prefill: position " + std::to_string(pos_) + " + " + std::to_string(n) +
-                                " tokens exceeds the context of " + std::to_string(opt_.max_context));
+                                " tokens exceeds the context of " + std::to_string(opt_.context_max));
     }
     for (int i = 0; i < n; ++i) {
         if (ids[i] < 0 || ids[i] >= dims_.vocab) {
@@ -336,8 +337,8 @@ void Engine::decode_submit(int token) {
         throw std::logic_error("decode_submit: " + std::to_string(DECODE_QUEUE) +
                                " steps are queued already (decode_collect one first)");
     }
-    if (pos_ >= opt_.max_context) {
-        throw std::out_of_range("decode: the context of " + std::to_string(opt_.max_context) +
+    if (pos_ >= opt_.context_max) {
+        throw std::out_of_range("decode: the context of " + std::to_string(opt_.context_max) +
                                 " tokens is full");
     }
     if (token >= 0 && queued_ > 0)  // the pinned input word would be rewritten before its copy ran
@@ -379,7 +380,7 @@ std::vector<std::pair<std::string, double>> Engine::profile_decode(int steps, in
     require_weights();
     require_idle("profile_decode");
     if (steps < 1) throw std::invalid_argument("profile_decode: steps must be >= 1");
-    if (pos_ + steps > opt_.max_context) throw std::out_of_range("profile_decode: context full");
+    if (pos_ + steps > opt_.context_max) throw std::out_of_range("profile_decode: context full");
     feed_token(token);
     OpTimer timer(stream_);
     cudaEvent_t start, stop;
@@ -408,11 +409,11 @@ std::vector<std::pair<std::string, double>> Engine::profile_decode(int steps, in
 
 void Engine::fill_state_random(int depth, uint64_t seed) {
     require_idle("fill_state_random");
-    if (depth < 0 || depth > opt_.max_context) {
+    if (depth < 0 || depth > opt_.context_max) {
         throw std::out_of_range("fill_state_random: depth " + std::to_string(depth) +
-                                " outside the context of " + std::to_string(opt_.max_context));
+                                " outside the context of " + std::to_string(opt_.context_max));
     }
-    const size_t kv_elems = size_t(dims_.n_kv_heads) * opt_.max_context * dims_.head_dim;
+    const size_t kv_elems = size_t(dims_.n_kv_heads) * opt_.context_max * dims_.head_dim;
     uint64_t s = seed;
     for (const KvCacheLayer& kv : state_.kv) {
         if (!kv.k) continue;

@@ -29,7 +29,7 @@
 namespace lampo {
 
 struct EngineOptions {
-    int max_context = 262144;
+    int context_max = 0;  // tokens of KV cache; no default: the caller passes the model's, or less
     int prefill_chunk = 2048;
     int snapshot_slots = 4;
 };
@@ -41,7 +41,8 @@ struct DecodeGraphInfo {
 
 class Engine {
 public:
-    Engine(const ModelDims& dims, const EngineOptions& options);
+    // `names`: the checkpoint name of each weight by role (weights.h, TensorNames).
+    Engine(const ModelDims& dims, const TensorNames& names, const EngineOptions& options);
     ~Engine();
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;

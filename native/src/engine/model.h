@@ -100,7 +100,7 @@ struct ModelWeights {
 };
 
 // ---- conversation state (device pointers; owned by the Engine) ---------------------------------
-struct KvCacheLayer {        // [nkv, max_ctx, D] int8 + [nkv, max_ctx, D/64] fp16 scales
+struct KvCacheLayer {        // [nkv, context_max, D] int8 + [nkv, context_max, D/64] fp16 scales
     int8_t* k = nullptr;
     int8_t* v = nullptr;
     half* k_scale = nullptr;
@@ -113,7 +113,7 @@ struct GdnStateLayer {
 };
 
 struct ModelState {
-    int max_ctx = 0;
+    int context_max = 0;
     std::vector<KvCacheLayer> kv;    // per layer; null entries for GDN layers
     std::vector<GdnStateLayer> gdn;  // per layer; null entries for attention layers
 };
@@ -152,9 +152,9 @@ struct WorkspaceLayout {
     std::vector<std::pair<const char*, size_t>> buffers;
     size_t total() const;
 };
-WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx);
+WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int context_max);
 // Points a Workspace at consecutive 256-byte aligned pieces of `base` (workspace_layout order).
-Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void* base);
+Workspace carve_workspace(const ModelDims& d, int max_tokens, int context_max, void* base);
 
 // ---- profiling hook ----------------------------------------------------------------------------
 enum class OpFamily : int {

@@ -62,7 +62,7 @@ size_t WorkspaceLayout::total() const {
     return t;
 }
 
-WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx) {
+WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int context_max) {
     const size_t T = size_t(max_tokens), H = size_t(d.hidden), b16 = 2;
     const bool attn = d.count(MixerKind::GatedAttention) > 0;
     const bool gdn = d.count(MixerKind::GatedDeltaNet) > 0;
@@ -98,15 +98,15 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int max_ctx
         {"moe_prefill", d.moe ? moe_prefill_workspace_bytes(max_tokens, d.top_k, d.hidden,
                                                             d.expert_inter, d.n_experts) : 0},
         {"attn_partial", attn ? attn_decode_partial_floats(GEMV_MAX_T, d.n_q_heads, d.head_dim,
-                                                           max_ctx) * 4 : 0},
+                                                           context_max) * 4 : 0},
         {"logits", size_t(d.vocab) * 4},
         {"sampling_scratch", sampling_scratch_bytes(d.vocab)},
     };
     return l;
 }
 
-Workspace carve_workspace(const ModelDims& d, int max_tokens, int max_ctx, void* base) {
-    const WorkspaceLayout l = workspace_layout(d, max_tokens, max_ctx);
+Workspace carve_workspace(const ModelDims& d, int max_tokens, int context_max, void* base) {
+    const WorkspaceLayout l = workspace_layout(d, max_tokens, context_max);
     char* p = static_cast<char*>(base);
     std::vector<void*> ptr;
     for (const auto& b : l.buffers) {
@@ -266,7 +266,7 @@ std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std:
 // Gated full attention: fused q|k|v projection, q/k norm + partial RoPE with the INT8 KV append
 // in the same launch, causal attention over the cache times sigmoid(gate), output projection.
 void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCacheLayer& kv,
-                     int max_ctx, const bf16* norm_w) {
+                     int context_max, const bf16* norm_w) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
     const int T = c.step.T;
@@ -274,7 +274,7 @@ void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCache
                                         norm_w, "attention qkv projection");
     const bf16 *qg = parts[0], *k_raw = parts[1], *v = parts[2];
     c.op(OpFamily::AttentionPrep, "attn_prep", [&] {
-        const KvAppendTarget append{v, kv.k, kv.v, kv.k_scale, kv.v_scale, max_ctx};
+        const KvAppendTarget append{v, kv.k, kv.v, kv.k_scale, kv.v_scale, context_max};
         attn_prep(qg, k_raw, w.q_norm, w.k_norm, c.step.d_pos, ws.q, ws.gate, nullptr, T, d.n_q_heads,
                   d.n_kv_heads, d.head_dim, d.rotary_dim, d.rope_theta, d.eps, c.st, &append);
     });
@@ -282,12 +282,12 @@ void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCache
         c.op(OpFamily::Attention, "attn_decode_int8", [&] {
             attn_decode_int8(ws.q, ws.gate, kv.k, kv.v, kv.k_scale, kv.v_scale, c.step.d_pos,
                              ws.mixed, ws.attn_partial, T, d.n_q_heads, d.n_kv_heads, d.head_dim,
-                             max_ctx, c.st);
+                             context_max, c.st);
         });
     } else {
         c.op(OpFamily::Attention, "attn_prefill_int8", [&] {
             attn_prefill_int8(ws.q, ws.gate, kv.k, kv.v, kv.k_scale, kv.v_scale, c.step.pos0,
-                              ws.mixed, T, d.n_q_heads, d.n_kv_heads, d.head_dim, max_ctx, c.st);
+                              ws.mixed, T, d.n_q_heads, d.n_kv_heads, d.head_dim, context_max, c.st);
         });
     }
     output_projection(c, w.o, ws.mixed, "attention o_proj");
@@ -481,7 +481,7 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
     for (int l = 0; l < L; ++l) {
         const LayerWeights& lw = w.layers[l];
         if (d.mixers[l] == MixerKind::GatedAttention) {
-            gated_attention(c, lw.attn, s.kv[l], s.max_ctx, lw.input_norm);
+            gated_attention(c, lw.attn, s.kv[l], s.context_max, lw.input_norm);
         } else {
             gated_deltanet(c, lw.gdn, s.gdn[l], lw.input_norm);
         }

@@ -51,7 +51,7 @@ void residual_add(float* residual, const bf16* delta, int rows, int n, cudaStrea
 // ---- attention_prep.cu ---------------------------------------------------------------------
 // INT8 KV cache, one fp16 scale per group of 64 values (symmetric, scale = max|x|/127, q =
 // clip(rint(x / scale), -127, 127); bit-exact with kv_int8.quantize_int8_g64):
-//   cache  [nkv, max_ctx, D] int8 ; scales [nkv, max_ctx, D/64] fp16
+//   cache  [nkv, context_max, D] int8 ; scales [nkv, context_max, D/64] fp16
 constexpr int KV_GROUP = 64;
 struct KvAppendTarget {
     const bf16* v = nullptr;       // [T, nkv, D] the new value rows
@@ -59,7 +59,7 @@ struct KvAppendTarget {
     int8_t* v_cache = nullptr;
     half* k_scale = nullptr;
     half* v_scale = nullptr;
-    int max_ctx = 0;               // rows at positions >= max_ctx are not written
+    int context_max = 0;           // rows at positions >= context_max are not written
 };
 // Gated attention input prep for T tokens at positions d_pos[0] + t:
 //   qg [T, nq*2*D]: per head h, rows [h*2D, h*2D+D) are the query, [h*2D+D, h*2D+2D) the gate.
@@ -82,10 +82,10 @@ void attn_prep(const bf16* qg, const bf16* k_raw, const bf16* q_norm_w, const bf
 // already be appended). q [Tq, nq, D] bf16 -> out [Tq, nq*D] bf16, multiplied by sigmoid(gate)
 // (gate [Tq, nq*D] bf16). Scale 1/sqrt(D), softmax in fp32. Query head h reads kv head h/(nq/nkv).
 // The sequence is split across SMs; `partial` is scratch of attn_decode_partial_floats() floats.
-size_t attn_decode_partial_floats(int Tq, int nq, int D, int max_ctx);
+size_t attn_decode_partial_floats(int Tq, int nq, int D, int context_max);
 void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, const int8_t* v_cache,
                       const half* k_scale, const half* v_scale, const int32_t* d_pos, bf16* out,
-                      float* partial, int Tq, int nq, int nkv, int D, int max_ctx,
+                      float* partial, int Tq, int nq, int nkv, int D, int context_max,
                       cudaStream_t stream);
 
 // ---- attention_prefill.cu ------------------------------------------------------------------
@@ -94,7 +94,7 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
 // no score matrix is materialised. pos0 is a host int (prefill is not graph-captured).
 void attn_prefill_int8(const bf16* q, const bf16* gate, const int8_t* k_cache,
                        const int8_t* v_cache, const half* k_scale, const half* v_scale, int pos0,
-                       bf16* out, int T, int nq, int nkv, int D, int max_ctx, cudaStream_t stream);
+                       bf16* out, int T, int nq, int nkv, int D, int context_max, cudaStream_t stream);
 
 // ---- conv1d.cu -----------------------------------------------------------------------------
 // Causal depthwise conv (kernel K, no bias) + SiLU over T tokens, continuing from `state`:

@@ -113,18 +113,18 @@ py::array_t<uint16_t> py_sigmoid_gate_mul(Arr<uint16_t> x, Arr<uint16_t> gate) {
 // ---- attention ----------------------------------------------------------------------------------
 
 struct CacheArgs {
-    int nkv, max_ctx, D;
+    int nkv, context_max, D;
 };
 
 CacheArgs check_cache(const char* op, const Arr<int8_t>& kc, const Arr<int8_t>& vc, const Arr<uint16_t>& ks,
                       const Arr<uint16_t>& vs) {
     check_ndim(op, "k_cache", kc, 3);
     CacheArgs c{int(kc.shape(0)), int(kc.shape(1)), int(kc.shape(2))};
-    require(vc.ndim() == 3 && vc.shape(0) == c.nkv && vc.shape(1) == c.max_ctx && vc.shape(2) == c.D, op,
+    require(vc.ndim() == 3 && vc.shape(0) == c.nkv && vc.shape(1) == c.context_max && vc.shape(2) == c.D, op,
             "v_cache must match k_cache's shape");
     for (const auto* s : {&ks, &vs})
-        require(s->ndim() == 3 && s->shape(0) == c.nkv && s->shape(1) == c.max_ctx && s->shape(2) == c.D / KV_GROUP,
-                op, "scales must be [nkv, max_ctx, D/64] float16");
+        require(s->ndim() == 3 && s->shape(0) == c.nkv && s->shape(1) == c.context_max && s->shape(2) == c.D / KV_GROUP,
+                op, "scales must be [nkv, context_max, D/64] float16");
     return c;
 }
 
@@ -163,15 +163,15 @@ py::tuple py_attn_prep(Arr<uint16_t> qg, Arr<uint16_t> k_raw, Arr<uint16_t> q_no
         const auto kc = parts[1].cast<Arr<int8_t>>(), vc = parts[2].cast<Arr<int8_t>>();
         const auto ks = half_bits(parts[3].cast<py::array>()), vs = half_bits(parts[4].cast<py::array>());
         c = check_cache(op, kc, vc, ks, vs);
-        require(c.nkv == nkv && c.D == D, op, "the caches must be [nkv, max_ctx, D]");
+        require(c.nkv == nkv && c.D == D, op, "the caches must be [nkv, context_max, D]");
         require(v.size() == py::ssize_t(T) * nkv * D, op, "v must hold [T, nkv, D] values");
-        require(pos0 >= 0 && pos0 + T <= c.max_ctx, op, "rows past max_ctx");
+        require(pos0 >= 0 && pos0 + T <= c.context_max, op, "rows past context_max");
         d_v = upload(v);
         d_kc = upload(kc);
         d_vc = upload(vc);
         d_ks = upload(ks);
         d_vs = upload(vs);
-        append = {as_bf16(d_v), d_kc.as<int8_t>(), d_vc.as<int8_t>(), d_ks.as<half>(), d_vs.as<half>(), c.max_ctx};
+        append = {as_bf16(d_v), d_kc.as<int8_t>(), d_vc.as<int8_t>(), d_ks.as<half>(), d_vs.as<half>(), c.context_max};
     }
     OpStream st;
     attn_prep(as_bf16(d_qg), as_bf16(d_k), as_bf16(d_qw), as_bf16(d_kw), d_pos.as<int32_t>(), as_bf16(d_q),
@@ -181,7 +181,7 @@ py::tuple py_attn_prep(Arr<uint16_t> qg, Arr<uint16_t> k_raw, Arr<uint16_t> q_no
     py::tuple prep = py::make_tuple(download<uint16_t>(d_q, {T, nq, D}), download<uint16_t>(d_gate, {T, nq * D}),
                                     download<uint16_t>(d_ko, {T, nkv, D}));
     if (kv.is_none()) return prep;
-    const Shape cs{c.nkv, c.max_ctx, c.D}, ss{c.nkv, c.max_ctx, c.D / KV_GROUP};
+    const Shape cs{c.nkv, c.context_max, c.D}, ss{c.nkv, c.context_max, c.D / KV_GROUP};
     auto f16 = [](py::array_t<uint16_t> a) { return py::array(a).attr("view")(py::dtype("float16")); };
     return py::make_tuple(prep[0], prep[1], prep[2], download<int8_t>(d_kc, cs), download<int8_t>(d_vc, cs),
                           f16(download<uint16_t>(d_ks, ss)), f16(download<uint16_t>(d_vs, ss)));
@@ -196,7 +196,7 @@ py::array_t<uint16_t> py_attn_int8(bool decode, Arr<uint16_t> q, Arr<uint16_t> g
     const int T = int(q.shape(0)), nq = int(q.shape(1));
     check_dim(op, "q", q.shape(2), c.D, "head dim");
     check_dim(op, "gate", gate.size(), py::ssize_t(T) * nq * c.D, "size");
-    require(pos0 >= 0 && pos0 + T <= c.max_ctx, op, "query positions past max_ctx");
+    require(pos0 >= 0 && pos0 + T <= c.context_max, op, "query positions past context_max");
     auto d_q = upload(q);
     auto d_g = upload(gate);
     auto d_kc = upload(k_cache);
@@ -207,14 +207,14 @@ py::array_t<uint16_t> py_attn_int8(bool decode, Arr<uint16_t> q, Arr<uint16_t> g
     OpStream st;
     if (decode) {
         auto d_pos = device_int(pos0);
-        auto d_part = poisoned(attn_decode_partial_floats(T, nq, c.D, c.max_ctx) * 4);
+        auto d_part = poisoned(attn_decode_partial_floats(T, nq, c.D, c.context_max) * 4);
         attn_decode_int8(as_bf16(d_q), as_bf16(d_g), d_kc.as<int8_t>(), d_vc.as<int8_t>(), d_ks.as<half>(),
                          d_vs.as<half>(), d_pos.as<int32_t>(), as_bf16(d_out), d_part.as<float>(), T, nq, c.nkv, c.D,
-                         c.max_ctx, st.s);
+                         c.context_max, st.s);
         st.finish(op);
     } else {
         attn_prefill_int8(as_bf16(d_q), as_bf16(d_g), d_kc.as<int8_t>(), d_vc.as<int8_t>(), d_ks.as<half>(),
-                          d_vs.as<half>(), pos0, as_bf16(d_out), T, nq, c.nkv, c.D, c.max_ctx, st.s);
+                          d_vs.as<half>(), pos0, as_bf16(d_out), T, nq, c.nkv, c.D, c.context_max, st.s);
         st.finish(op);
     }
     return download<uint16_t>(d_out, {T, nq * c.D});
@@ -352,17 +352,17 @@ py::dict py_bench_linear(int out, int in, int T, int iters, bool f32_out) {
 
 py::dict py_bench_attn_decode(int nq, int nkv, int length, int Tq, int iters) {
     const int D = 256;
-    const int max_ctx = (length + 63) / 64 * 64;
-    const size_t rows = size_t(nkv) * max_ctx;
+    const int context_max = (length + 63) / 64 * 64;
+    const size_t rows = size_t(nkv) * context_max;
     auto kc = filled(rows * D, 0x05), vc = filled(rows * D, 0x07);
     auto ks = filled(rows * D / KV_GROUP * 2, 0x20), vs = filled(rows * D / KV_GROUP * 2, 0x21);
     auto q = filled(size_t(Tq) * nq * D * 2, 0x3c), gate = filled(size_t(Tq) * nq * D * 2, 0x3c);
     auto out = filled(size_t(Tq) * nq * D * 2, 0);
     auto pos = device_int(length - Tq);
-    DeviceBuffer part(attn_decode_partial_floats(Tq, nq, D, max_ctx) * 4);
+    DeviceBuffer part(attn_decode_partial_floats(Tq, nq, D, context_max) * 4);
     const double us = time_graph(iters, [&](int, cudaStream_t s) {
         attn_decode_int8(as_bf16(q), as_bf16(gate), kc.as<int8_t>(), vc.as<int8_t>(), ks.as<half>(), vs.as<half>(),
-                         pos.as<int32_t>(), as_bf16(out), part.as<float>(), Tq, nq, nkv, D, max_ctx, s);
+                         pos.as<int32_t>(), as_bf16(out), part.as<float>(), Tq, nq, nkv, D, context_max, s);
     });
     const double bytes = 2.0 * nkv * double(length) * (D + D / KV_GROUP * 2);
     py::dict d;
@@ -373,15 +373,15 @@ py::dict py_bench_attn_decode(int nq, int nkv, int length, int Tq, int iters) {
 
 py::dict py_bench_attn_prefill(int nq, int nkv, int T, int pos0, int iters) {
     const int D = 256;
-    const int max_ctx = (pos0 + T + 63) / 64 * 64;
-    const size_t rows = size_t(nkv) * max_ctx;
+    const int context_max = (pos0 + T + 63) / 64 * 64;
+    const size_t rows = size_t(nkv) * context_max;
     auto kc = filled(rows * D, 0x05), vc = filled(rows * D, 0x07);
     auto ks = filled(rows * D / KV_GROUP * 2, 0x20), vs = filled(rows * D / KV_GROUP * 2, 0x21);
     auto q = filled(size_t(T) * nq * D * 2, 0x3c), gate = filled(size_t(T) * nq * D * 2, 0x3c);
     auto out = filled(size_t(T) * nq * D * 2, 0);
     const double us = time_graph(iters, [&](int, cudaStream_t s) {
         attn_prefill_int8(as_bf16(q), as_bf16(gate), kc.as<int8_t>(), vc.as<int8_t>(), ks.as<half>(), vs.as<half>(),
-                          pos0, as_bf16(out), T, nq, nkv, D, max_ctx, s);
+                          pos0, as_bf16(out), T, nq, nkv, D, context_max, s);
     });
     // causal pairs (query, visible key) x 4 D flops (QK^T and PV) per query head
     const double pairs = double(T) * pos0 + double(T) * (T + 1) / 2;

@@ -1,4 +1,5 @@
-// weights.cpp - the device weight store: plan, allocation, staged loading, random fill.
+// weights.cpp - the device weight store: plan (tensors by role, their names from the caller),
+// allocation, staged loading, random fill.
 #include "weights/weights.h"
 
 #include <algorithm>
@@ -132,7 +133,94 @@ std::string shape_str(const std::vector<int64_t>& s) {
 
 }  // namespace
 
-// ---- WeightStore: the plan -----------------------------------------------------------------
+// ---- tensor names by role -------------------------------------------------------------------
+namespace {
+
+// The roles the plan below reads, by part of the model; a part's roles are needed when the model
+// has that part (lampo.models.tensor_specs has the same roles, each with its checkpoint name).
+const std::vector<std::string> kModelRoles = {"embed", "final_norm", "lm_head"};
+const std::vector<std::string> kLayerRoles = {"input_norm", "post_norm"};
+const std::vector<std::string> kAttentionRoles = {"attn.q", "attn.k", "attn.v",
+                                                  "attn.q_norm", "attn.k_norm", "attn.o"};
+const std::vector<std::string> kGdnRoles = {"gdn.qkv", "gdn.z", "gdn.b", "gdn.a", "gdn.conv",
+                                            "gdn.A_log", "gdn.dt_bias", "gdn.norm", "gdn.out"};
+const std::vector<std::string> kDenseRoles = {"dense.gate", "dense.up", "dense.down"};
+const std::vector<std::string> kMoeRoles = {"moe.router", "moe.experts_gate_up", "moe.experts_down",
+                                            "moe.shared_expert.gate", "moe.shared_expert.up",
+                                            "moe.shared_expert.down", "moe.shared_gate"};
+const std::string kLayer = "{layer}";
+
+// Throws std::invalid_argument naming every role of `d` that `names` lacks, or a per-layer name
+// without {layer} (every layer would then claim the same tensor).
+void check_names(const ModelDims& d, const TensorNames& names) {
+    std::vector<std::string> missing, unplaced;
+    auto need = [&](const std::vector<std::string>& roles, bool per_layer) {
+        for (const std::string& r : roles) {
+            const auto it = names.find(r);
+            if (it == names.end()) {
+                missing.push_back(r);
+            } else if (per_layer && it->second.find(kLayer) == std::string::npos) {
+                unplaced.push_back(r + " ('" + it->second + "')");
+            }
+        }
+    };
+    need(kModelRoles, false);
+    need(kLayerRoles, true);
+    if (d.count(MixerKind::GatedAttention)) need(kAttentionRoles, true);
+    if (d.count(MixerKind::GatedDeltaNet)) need(kGdnRoles, true);
+    need(d.moe ? kMoeRoles : kDenseRoles, true);
+    auto join = [](const std::vector<std::string>& v) {
+        std::string out;
+        for (const std::string& s : v) out += (out.empty() ? "" : ", ") + s;
+        return out;
+    };
+    if (!missing.empty()) {
+        throw std::invalid_argument("weights: no tensor name for the role(s) " + join(missing) +
+                                    " (tensor_names maps each role of the model to its checkpoint "
+                                    "name: lampo.models.tensor_specs.engine_tensor_names)");
+    }
+    if (!unplaced.empty()) {
+        throw std::invalid_argument("weights: the per-layer name(s) of " + join(unplaced) + " hold no " +
+                                    kLayer + " for the layer index");
+    }
+}
+
+// `name` with every {layer} replaced by the layer index.
+std::string layer_name(std::string name, int layer) {
+    const std::string index = std::to_string(layer);
+    for (size_t at = name.find(kLayer); at != std::string::npos; at = name.find(kLayer, at + index.size())) {
+        name.replace(at, kLayer.size(), index);
+    }
+    return name;
+}
+
+// The display name of a fused block, from its parts' names: their common prefix, the parts'
+// differing middles in braces, and their common suffix up to its first '.' ("p.{q,k,v}_proj
+// (fused)" from "p.q_proj.weight", "p.k_proj.weight", "p.v_proj.weight").
+std::string fused_name(const std::vector<std::string>& parts) {
+    const std::string& first = parts.front();
+    size_t pre = first.size(), suf = first.size(), shortest = first.size();
+    for (const std::string& n : parts) {
+        size_t i = 0;
+        while (i < pre && i < n.size() && n[i] == first[i]) ++i;
+        pre = i;
+        size_t j = 0;
+        while (j < suf && j < n.size() && n[n.size() - 1 - j] == first[first.size() - 1 - j]) ++j;
+        suf = j;
+        shortest = std::min(shortest, n.size());
+    }
+    suf = std::min(suf, shortest - pre);
+    std::string out = first.substr(0, pre) + "{";
+    for (size_t i = 0; i < parts.size(); ++i) {
+        out += (i ? "," : "") + parts[i].substr(pre, parts[i].size() - pre - suf);
+    }
+    const std::string suffix = first.substr(first.size() - suf);
+    return out + "}" + suffix.substr(0, suffix.find('.')) + " (fused)";
+}
+
+}  // namespace
+
+// ---- WeightStore: allocation ----------------------------------------------------------------
 void* WeightStore::block(const std::string& what, size_t bytes) {
     blocks_.emplace_back(bytes, "weights " + what);
     bytes_ += bytes;
@@ -141,7 +229,9 @@ void* WeightStore::block(const std::string& what, size_t bytes) {
 
 void* WeightStore::add(const std::string& name, std::vector<int64_t> shape, DType dtype,
                        FillKind fill, int fan_in, void* device) {
-    index_[name] = slots_.size();
+    if (!index_.emplace(name, slots_.size()).second) {
+        throw std::invalid_argument("weights: two tensors of the plan are named '" + name + "'");
+    }
     slots_.push_back(TensorSlot{name, std::move(shape), dtype, fill, fan_in, device});
     return device;
 }
@@ -160,11 +250,15 @@ Linear WeightStore::add_linear(const std::string& name, int out, int in) {
     return l;
 }
 
-Linear WeightStore::add_fused(const std::string& what,
-                              const std::vector<std::pair<std::string, int>>& parts, int in,
+Linear WeightStore::add_fused(const std::vector<std::pair<std::string, int>>& parts, int in,
                               int rows_total) {
     int rows = 0;
-    for (const auto& p : parts) rows += p.second;
+    std::vector<std::string> names;
+    for (const auto& p : parts) {
+        rows += p.second;
+        names.push_back(p.first);
+    }
+    const std::string what = fused_name(names);
     if (rows_total < rows) throw std::logic_error("weights: " + what + " has more rows than its block");
     char* base = static_cast<char*>(block(what, size_t(rows_total) * size_t(in) * 2));
     if (rows_total > rows) {
@@ -183,78 +277,73 @@ Linear WeightStore::add_fused(const std::string& what,
     return l;
 }
 
-WeightStore::WeightStore(const ModelDims& d) : dims_(d) {
+// ---- WeightStore: the plan -------------------------------------------------------------------
+WeightStore::WeightStore(const ModelDims& d, const TensorNames& names) : dims_(d) {
     d.validate();
+    check_names(d, names);
     const int H = d.hidden, V = d.vocab;
-    const std::string root = "model.language_model.";
-    auto norm = [&](const std::string& name, int n, FillKind kind = FillKind::NormOffset) {
-        return static_cast<const bf16*>(add_own(name, {n}, DType::BF16, kind));
+    auto norm = [&](const std::string& tensor, int n, FillKind kind = FillKind::NormOffset) {
+        return static_cast<const bf16*>(add_own(tensor, {n}, DType::BF16, kind));
     };
 
     model_.embed = static_cast<const bf16*>(
-        add_own(root + "embed_tokens.weight", {V, H}, DType::BF16, FillKind::Embedding));
+        add_own(names.at("embed"), {V, H}, DType::BF16, FillKind::Embedding));
     model_.layers.resize(d.n_layers());
     for (int l = 0; l < d.n_layers(); ++l) {
-        const std::string p = root + "layers." + std::to_string(l) + ".";
+        auto name = [&](const char* role) { return layer_name(names.at(role), l); };
         LayerWeights& lw = model_.layers[l];
-        lw.input_norm = norm(p + "input_layernorm.weight", H);
+        lw.input_norm = norm(name("input_norm"), H);
         if (d.mixers[l] == MixerKind::GatedAttention) {
             GatedAttentionWeights& a = lw.attn;
-            a.qkv = add_fused(p + "self_attn.{q,k,v}_proj (fused)",
-                              {{p + "self_attn.q_proj.weight", d.q_rows()},
-                               {p + "self_attn.k_proj.weight", d.kv_width()},
-                               {p + "self_attn.v_proj.weight", d.kv_width()}},
+            a.qkv = add_fused({{name("attn.q"), d.q_rows()},
+                               {name("attn.k"), d.kv_width()},
+                               {name("attn.v"), d.kv_width()}},
                               H, d.attn_qkv_rows());
-            a.q_norm = norm(p + "self_attn.q_norm.weight", d.head_dim);
-            a.k_norm = norm(p + "self_attn.k_norm.weight", d.head_dim);
-            a.o = add_linear(p + "self_attn.o_proj.weight", H, d.attn_width());
+            a.q_norm = norm(name("attn.q_norm"), d.head_dim);
+            a.k_norm = norm(name("attn.k_norm"), d.head_dim);
+            a.o = add_linear(name("attn.o"), H, d.attn_width());
         } else {
             GatedDeltaNetWeights& g = lw.gdn;
-            const std::string q = p + "linear_attn.";
-            g.in_proj = add_fused(q + "in_proj_{qkv,z,b,a} (fused)",
-                                  {{q + "in_proj_qkv.weight", d.conv_channels()},
-                                   {q + "in_proj_z.weight", d.gdn_value_width()},
-                                   {q + "in_proj_b.weight", d.gdn_v_heads},
-                                   {q + "in_proj_a.weight", d.gdn_v_heads}},
+            g.in_proj = add_fused({{name("gdn.qkv"), d.conv_channels()},
+                                   {name("gdn.z"), d.gdn_value_width()},
+                                   {name("gdn.b"), d.gdn_v_heads},
+                                   {name("gdn.a"), d.gdn_v_heads}},
                                   H, d.gdn_in_rows());
-            g.conv = static_cast<const bf16*>(add_own(q + "conv1d.weight",
+            g.conv = static_cast<const bf16*>(add_own(name("gdn.conv"),
                                                       {d.conv_channels(), 1, d.conv_kernel},
                                                       DType::BF16, FillKind::Conv));
             g.A_log = static_cast<const float*>(
-                add_own(q + "A_log", {d.gdn_v_heads}, DType::F32, FillKind::ALog));
+                add_own(name("gdn.A_log"), {d.gdn_v_heads}, DType::F32, FillKind::ALog));
             g.dt_bias = static_cast<const float*>(
-                add_own(q + "dt_bias", {d.gdn_v_heads}, DType::F32, FillKind::DtBias));
-            g.norm = norm(q + "norm.weight", d.gdn_v_dim, FillKind::NormPlain);
-            g.out = add_linear(q + "out_proj.weight", H, d.gdn_value_width());
+                add_own(name("gdn.dt_bias"), {d.gdn_v_heads}, DType::F32, FillKind::DtBias));
+            g.norm = norm(name("gdn.norm"), d.gdn_v_dim, FillKind::NormPlain);
+            g.out = add_linear(name("gdn.out"), H, d.gdn_value_width());
         }
-        lw.post_norm = norm(p + "post_attention_layernorm.weight", H);
+        lw.post_norm = norm(name("post_norm"), H);
         if (d.moe) {
             MoeFfnWeights& m = lw.moe;
             const int E = d.n_experts, I = d.expert_inter, Is = d.shared_inter;
             m.router = static_cast<const bf16*>(
-                add_own(p + "mlp.gate.weight", {E, H}, DType::BF16, FillKind::Matrix, H));
+                add_own(name("moe.router"), {E, H}, DType::BF16, FillKind::Matrix, H));
             m.experts_gate_up = static_cast<const bf16*>(add_own(
-                p + "mlp.experts.gate_up_proj", {E, 2 * I, H}, DType::BF16, FillKind::Matrix, H));
+                name("moe.experts_gate_up"), {E, 2 * I, H}, DType::BF16, FillKind::Matrix, H));
             m.experts_down = static_cast<const bf16*>(add_own(
-                p + "mlp.experts.down_proj", {E, H, I}, DType::BF16, FillKind::Matrix, I));
-            m.shared_gate_up = add_fused(p + "mlp.shared_expert.{gate,up}_proj (fused)",
-                                         {{p + "mlp.shared_expert.gate_proj.weight", Is},
-                                          {p + "mlp.shared_expert.up_proj.weight", Is}},
+                name("moe.experts_down"), {E, H, I}, DType::BF16, FillKind::Matrix, I));
+            m.shared_gate_up = add_fused({{name("moe.shared_expert.gate"), Is},
+                                          {name("moe.shared_expert.up"), Is}},
                                          H, 2 * Is);
-            m.shared_down = add_linear(p + "mlp.shared_expert.down_proj.weight", H, Is);
+            m.shared_down = add_linear(name("moe.shared_expert.down"), H, Is);
             m.shared_gate = static_cast<const bf16*>(add_own(
-                p + "mlp.shared_expert_gate.weight", {1, H}, DType::BF16, FillKind::Matrix, H));
+                name("moe.shared_gate"), {1, H}, DType::BF16, FillKind::Matrix, H));
         } else {
             DenseFfnWeights& f = lw.dense;
-            f.gate_up = add_fused(p + "mlp.{gate,up}_proj (fused)",
-                                  {{p + "mlp.gate_proj.weight", d.ffn_inter},
-                                   {p + "mlp.up_proj.weight", d.ffn_inter}},
+            f.gate_up = add_fused({{name("dense.gate"), d.ffn_inter}, {name("dense.up"), d.ffn_inter}},
                                   H, 2 * d.ffn_inter);
-            f.down = add_linear(p + "mlp.down_proj.weight", H, d.ffn_inter);
+            f.down = add_linear(name("dense.down"), H, d.ffn_inter);
         }
     }
-    model_.final_norm = norm(root + "norm.weight", H);
-    model_.lm_head = add_linear("lm_head.weight", V, H);
+    model_.final_norm = norm(names.at("final_norm"), H);
+    model_.lm_head = add_linear(names.at("lm_head"), V, H);
     loaded_.assign(slots_.size(), false);
     LAMPO_CUDA_CHECK(cudaDeviceSynchronize());  // the padding memsets ran on the legacy stream
 }

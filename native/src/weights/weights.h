@@ -1,9 +1,10 @@
 // weights.h - device memory ownership and the device weight store.
 //
-// The WeightStore plans every tensor the text model needs from the config (checkpoint names,
-// shapes, dtypes), allocates them up front (fused where the layer loop wants one product:
-// attention q|k|v, Gated DeltaNet qkv|z|b|a, dense gate|up, shared-expert gate|up; the first two
-// padded with zero rows, see ModelDims::padded_rows), then receives
+// The WeightStore plans every tensor the text model needs from the config (shapes, dtypes) and
+// the caller's checkpoint names by role (TensorNames; the engine spells no checkpoint name),
+// allocates them up front (fused where the layer loop wants one product: attention q|k|v, Gated
+// DeltaNet qkv|z|b|a, dense gate|up, shared-expert gate|up; the first two padded with zero rows,
+// see ModelDims::padded_rows), then receives
 // checkpoint tensors one by one from host memory (typically a memory-mapped safetensors file) and
 // copies them into place through a double-buffered pinned staging ring, so reading the next piece
 // from disk overlaps the PCIe copy of the previous one. MTP tensors are not part of the plan (the
@@ -57,8 +58,13 @@ enum class FillKind : int {
     DtBias,      // U(-0.5, 0.5)
 };
 
+// Checkpoint names by role ("embed", "attn.q", "moe.router", ...: the roles of weights.cpp's plan),
+// from lampo.models.tensor_specs.engine_tensor_names. A per-layer role's name holds "{layer}",
+// which the plan replaces by the layer index.
+using TensorNames = std::unordered_map<std::string, std::string>;
+
 struct TensorSlot {
-    std::string name;             // checkpoint name, e.g. model.language_model.layers.0.mlp.gate_proj.weight
+    std::string name;             // checkpoint name (from TensorNames, {layer} filled in)
     std::vector<int64_t> shape;
     DType dtype;                  // dtype in VRAM (checkpoint bf16/f32 is converted on load)
     FillKind fill;
@@ -92,7 +98,8 @@ private:
 
 class WeightStore {
 public:
-    explicit WeightStore(const ModelDims& dims);
+    // Throws std::invalid_argument naming the roles of this model that `names` lacks.
+    WeightStore(const ModelDims& dims, const TensorNames& names);
     const std::vector<TensorSlot>& slots() const { return slots_; }
     bool has(const std::string& name) const { return index_.count(name) > 0; }
     // Copy one checkpoint tensor from host memory into place. `data` holds the elements (dtype
@@ -124,10 +131,9 @@ private:
               int fan_in, void* device);
     void* add_own(const std::string& name, std::vector<int64_t> shape, DType dtype, FillKind fill,
                   int fan_in = 0);
-    // Allocates one block holding the row-concatenation of `parts` ([rows_i, in] bf16 matrices),
-    // followed by zero rows up to `rows_total`, and returns it as a Linear.
-    Linear add_fused(const std::string& what, const std::vector<std::pair<std::string, int>>& parts,
-                     int in, int rows_total);
+    // Allocates one block holding the row-concatenation of `parts` ([rows_i, in] bf16 matrices,
+    // by name), followed by zero rows up to `rows_total`, and returns it as a Linear.
+    Linear add_fused(const std::vector<std::pair<std::string, int>>& parts, int in, int rows_total);
     Linear add_linear(const std::string& name, int out, int in);
 };
 

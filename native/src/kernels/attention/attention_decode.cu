@@ -1,8 +1,8 @@
 // attention_decode.cu - flash-decoding over the INT8 KV cache for Tq <= 8 query rows (decode and
 // speculative verify); contract in ops.h (attn_decode_int8).
 //
-// The grid is fixed (nsplit x nkv blocks, nsplit = min(#SMs, max_ctx / 64, 256)) so the call can be
-// graph-captured; each block reads the live length L = d_pos[0] + Tq from device memory and takes
+// The grid is fixed (nsplit x nkv blocks, nsplit = min(#SMs, context_max / 64, 256)) so the call can
+// be graph-captured; each block reads the live length L = d_pos[0] + Tq from device memory and takes
 // keys [s * chunk, (s + 1) * chunk), chunk = max(64, ceil(L / nsplit) rounded up to 64); blocks past
 // L exit at once. A block runs the shared tensor-core core (attention_int8.cuh) for all Tq x group
 // query rows of its KV head, writing the unnormalised output, max and sum of its split. The combine
@@ -20,8 +20,8 @@ constexpr int COMBINE_WARPS = 16;     // each warp sums every 16th split for 32 
 constexpr int COMBINE_PER_WARP = 16;  // splits per warp, their outputs held in registers
 constexpr int COMBINE_MAX_SPLITS = COMBINE_WARPS * COMBINE_PER_WARP;  // <= the block's threads
 
-int decode_splits(int max_ctx) {
-    return std::max(1, std::min({sm_count(), ceil_div(max_ctx, attn::KEYS), COMBINE_MAX_SPLITS}));
+int decode_splits(int context_max) {
+    return std::max(1, std::min({sm_count(), ceil_div(context_max, attn::KEYS), COMBINE_MAX_SPLITS}));
 }
 
 // Block (row = t * nq + query head, 32 dims): the live length is known before the PDL wait (d_pos
@@ -107,24 +107,24 @@ void launch_decode(const attn::Params& p, cudaStream_t stream) {
 
 }  // namespace
 
-size_t attn_decode_partial_floats(int Tq, int nq, int D, int max_ctx) {
-    return size_t(decode_splits(max_ctx)) * Tq * nq * (D + 2);
+size_t attn_decode_partial_floats(int Tq, int nq, int D, int context_max) {
+    return size_t(decode_splits(context_max)) * Tq * nq * (D + 2);
 }
 
 void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, const int8_t* v_cache,
                       const half* k_scale, const half* v_scale, const int32_t* d_pos, bf16* out, float* partial,
-                      int Tq, int nq, int nkv, int D, int max_ctx, cudaStream_t stream) {
+                      int Tq, int nq, int nkv, int D, int context_max, cudaStream_t stream) {
     const char* op = "attn_decode_int8";
     require(D == attn::D, op, "head dim must be 256 (the Qwen3.5/3.6 family), got " + std::to_string(D));
     require(nkv > 0 && nq % nkv == 0, op, "nq must be a multiple of nkv");
     require(Tq >= 1 && Tq <= 8, op, "Tq must be 1..8, got " + std::to_string(Tq));
     require(Tq * (nq / nkv) <= attn::MAX_ROWS, op, "Tq * (nq / nkv) must be <= 64");
-    require(max_ctx > 0, op, "max_ctx must be positive");
+    require(context_max > 0, op, "context_max must be positive");
     attn::Params p{};
     p.q = q; p.gate = gate; p.k_cache = k_cache; p.v_cache = v_cache; p.k_scale = k_scale; p.v_scale = v_scale;
-    p.nq = nq; p.nkv = nkv; p.group = nq / nkv; p.max_ctx = max_ctx; p.T = Tq;
+    p.nq = nq; p.nkv = nkv; p.group = nq / nkv; p.context_max = context_max; p.T = Tq;
     p.d_pos = d_pos;
-    p.nsplit = decode_splits(max_ctx);
+    p.nsplit = decode_splits(context_max);
     p.part_o = partial;
     p.part_ml = partial + size_t(p.nsplit) * Tq * nq * D;
     const int mt = ceil_div(Tq * p.group, 16);

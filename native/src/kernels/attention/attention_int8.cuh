@@ -54,7 +54,7 @@ struct Params {
     const int8_t* v_cache;
     const half* k_scale;
     const half* v_scale;
-    int nq, nkv, group, max_ctx;
+    int nq, nkv, group, context_max;
     int T;       // query tokens in q
     // decode: the key axis [0, d_pos[0] + T) is cut into nsplit chunks (split_chunk)
     const int32_t* d_pos;
@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
     const int nrows = ntok * p.group;
 
     // ---- K/V tile loader (cp.async, zero-fill beyond kend): the INT8 rows, then their scales
-    const size_t head_row0 = size_t(kvh) * p.max_ctx;
+    const size_t head_row0 = size_t(kvh) * p.context_max;
     auto load_kv = [&](int tile, int slot) {
         const int key0 = kbeg + tile * KEYS;
         const Stage st{pipe + slot * STAGE_BYTES};

@@ -15,17 +15,17 @@ namespace lampo {
 
 void attn_prefill_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, const int8_t* v_cache,
                        const half* k_scale, const half* v_scale, int pos0, bf16* out, int T, int nq, int nkv,
-                       int D, int max_ctx, cudaStream_t stream) {
+                       int D, int context_max, cudaStream_t stream) {
     const char* op = "attn_prefill_int8";
     require(D == attn::D, op, "head dim must be 256 (the Qwen3.5/3.6 family), got " + std::to_string(D));
     require(nkv > 0 && nq % nkv == 0 && nq / nkv <= attn::MAX_ROWS, op, "nq must be a multiple of nkv, group <= 64");
-    require(pos0 >= 0 && pos0 + T <= max_ctx, op,
-            "positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + T - 1) + " exceed max_ctx " +
-                std::to_string(max_ctx));
+    require(pos0 >= 0 && pos0 + T <= context_max, op,
+            "positions " + std::to_string(pos0) + ".." + std::to_string(pos0 + T - 1) + " exceed context_max " +
+                std::to_string(context_max));
     if (T <= 0) return;
     attn::Params p{};
     p.q = q; p.gate = gate; p.k_cache = k_cache; p.v_cache = v_cache; p.k_scale = k_scale; p.v_scale = v_scale;
-    p.nq = nq; p.nkv = nkv; p.group = nq / nkv; p.max_ctx = max_ctx; p.T = T;
+    p.nq = nq; p.nkv = nkv; p.group = nq / nkv; p.context_max = context_max; p.T = T;
     p.pos0 = pos0;
     p.tile_tokens = attn::MAX_ROWS / p.group;
     p.out = out;

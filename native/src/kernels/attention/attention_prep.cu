@@ -12,7 +12,7 @@
 // the position and the cos / sin are read and computed before the PDL wait (the position is fixed
 // for the forward pass: common.cuh), the gate half together with q. A key row is
 // quantized from its bf16-rounded values (kv_quant.cuh), exactly what a later append of k_out would
-// store; rows at positions >= max_ctx are not appended (the engine keeps the context inside the
+// store; rows at positions >= context_max are not appended (the engine keeps the context inside the
 // cache and checks it on the host before every step).
 #include "kernels/bf16_vec.cuh"
 #include "kernels/attention/kv_quant.cuh"
@@ -65,8 +65,8 @@ attn_prep_kernel(const bf16* __restrict__ qg, const bf16* __restrict__ k_raw, co
     if (head >= nq + nkv) {  // a value row: straight into the cache
         const int h = head - nq - nkv;
         if (active) bf16x8_to_float(reinterpret_cast<const uint4*>(append.v + (size_t(t) * nkv + h) * D)[lane], x);
-        if (pos >= 0 && pos < append.max_ctx) {
-            const size_t row = size_t(h) * append.max_ctx + pos;
+        if (pos >= 0 && pos < append.context_max) {
+            const size_t row = size_t(h) * append.context_max + pos;
             kv_quantize_row(x, lane, D, append.v_cache + row * D, append.v_scale + row * (D / KV_GROUP));
         }
         return;
@@ -102,9 +102,9 @@ attn_prep_kernel(const bf16* __restrict__ qg, const bf16* __restrict__ k_raw, co
     }
     const int h = head - nq;
     if (k_out && active) reinterpret_cast<uint4*>(k_out + (size_t(t) * nkv + h) * D)[lane] = rounded;
-    if (append.v && pos >= 0 && pos < append.max_ctx) {
+    if (append.v && pos >= 0 && pos < append.context_max) {
         if (active) bf16x8_to_float(rounded, x);
-        const size_t row = size_t(h) * append.max_ctx + pos;
+        const size_t row = size_t(h) * append.context_max + pos;
         kv_quantize_row(x, lane, D, append.k_cache + row * D, append.k_scale + row * (D / KV_GROUP));
     }
 }
@@ -123,8 +123,8 @@ void attn_prep(const bf16* qg, const bf16* k_raw, const bf16* q_norm_w, const bf
     require(k_out || target.v, op, "needs k_out, a KV append target or both");
     if (append) {
         require(D % KV_GROUP == 0, op, "the INT8 cache needs a head dim that is a multiple of 64, got " + std::to_string(D));
-        require(target.v && target.k_cache && target.v_cache && target.k_scale && target.v_scale && target.max_ctx > 0, op,
-                "the KV append target needs v, both caches, both scales and max_ctx > 0");
+        require(target.v && target.k_cache && target.v_cache && target.k_scale && target.v_scale && target.context_max > 0, op,
+                "the KV append target needs v, both caches, both scales and context_max > 0");
     }
     if (T <= 0) return;
     RopeFreqs freqs{};
