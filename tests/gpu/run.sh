@@ -7,6 +7,9 @@
 #   quick  build + pytest -m cuda + short benches: tiny-moe, and the full-width 35B-A3B / 27B shapes
 #          cut to 4 layers (random weights in VRAM); the GPU tests get full-width 4-layer checkpoint
 #          FILES (tests/gpu/full_width.py), written in the background while the extension builds
+#   check  build + pytest -m cuda + one short full-size bench per model (random weights: the
+#          load and its NaN/Inf census, prefill 2,048 tokens, decode at depth 1): the whole suite
+#          and both models at full size in a few minutes, after a change that moves code around
 #   final  build + pytest -m cuda (the engine tests again with LAMPO_DECODE_FUSION=none and =all;
 #          TESTS=0 skips the tests, for a tree already tested in an earlier call)
 #          + full-size benches that fit one call (35B-A3B real depths to 262,144; 27B prefill 8,192
@@ -49,7 +52,7 @@
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline) ;; *) echo "usage: $0 quick|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline" >&2; exit 2 ;; esac
+case "$MODE" in quick|check|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline) ;; *) echo "usage: $0 quick|check|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -106,7 +109,7 @@ fi
 $PY -c "import lampo.models.config" || { log "lampo is not importable"; exit 1; }
 
 WRITERS=()
-if { [ "$MODE" = quick ] || [ "$MODE" = final ]; } && [ "${TESTS:-}" != 0 ]; then
+if { [ "$MODE" = quick ] || [ "$MODE" = check ] || [ "$MODE" = final ]; } && [ "${TESTS:-}" != 0 ]; then
   for preset in qwen3.6-35b-a3b qwen3.6-27b; do
     $PY tests/gpu/full_width.py "$WORK/full-width" "$preset" >"$OUT/write-$preset.log" 2>&1 &
     WRITERS+=($!)
@@ -186,6 +189,10 @@ quick)
   bench tiny-moe 60 --preset tiny-moe --random-weights --prompt 2048 --depths 0,2048 --decode-tokens 64
   bench 35b-a3b-4layers 90 --preset qwen3.6-35b-a3b --layers 4 --random-weights --prompt 8192 --depths 0,8192 --decode-tokens 64
   bench 27b-4layers 90 --preset qwen3.6-27b --layers 4 --random-weights --prompt 8192 --depths 0,8192 --decode-tokens 64 ;;
+check)
+  for m in 35b-a3b 27b; do
+    bench "$m-check" 90 --preset "qwen3.6-$m" --random-weights --prompt 2048 --depths 0 --decode-tokens 32 --profile-steps 0
+  done ;;
 full)
   bench 35b-a3b 150 --preset qwen3.6-35b-a3b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144
   bench 27b 260 --preset qwen3.6-27b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144
