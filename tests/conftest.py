@@ -9,7 +9,7 @@ Each is about 130 MB and takes a second or two to write. Their values are reprod
 `lampo.models.synthetic.synthetic_tensor(name, spec, seed=0)` returns any tensor without reading it.
 Open them with `lampo.models.checkpoint.Checkpoint.open(dir)`. Do not modify them; copy first.
 - `qwen_dir`: the shared Qwen3.6 data folder (tokenizer.json, chat_template.jinja), or a skip.
-- `gpu_script`: `gpu_script("timeline")` imports `tests/gpu/timeline.py` (the GPU machine's scripts,
+- `gpu_script`: `gpu_script("timeline")` imports `tests/gpu/timeline.py` (the GPU scripts,
   whose host-side parts are tested here) once per session and returns the module.
 """
 
@@ -44,13 +44,16 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 @pytest.fixture(scope="session")
 def qwen_dir() -> Path:
-    """`shared/qwen3.6` (real tokenizer.json, chat_template.jinja, configs) beside the repository,
-    as CI lays it out; skips the test when it is absent."""
-    for root in (Path(__file__).resolve().parents[2] / "shared", Path("/work/shared")):
-        path = root / "qwen3.6"
+    """The released Qwen3.6 data (tokenizer.json, chat_template.jinja, configs): `$LAMPO_QWEN_DATA`,
+    else `shared/qwen3.6` beside the repository, as CI lays it out; skips the test when absent."""
+    candidates = [Path(__file__).resolve().parents[2] / "shared" / "qwen3.6"]
+    if os.environ.get("LAMPO_QWEN_DATA"):
+        candidates.insert(0, Path(os.environ["LAMPO_QWEN_DATA"]))
+    for path in candidates:
         if (path / "tokenizer.json").is_file() and (path / "chat_template.jinja").is_file():
             return path
-    pytest.skip("shared/qwen3.6 (tokenizer.json, chat_template.jinja) not found beside the repository")
+    pytest.skip("the Qwen3.6 data (tokenizer.json, chat_template.jinja) is not in $LAMPO_QWEN_DATA "
+                "nor in shared/qwen3.6 beside the repository")
 
 
 @pytest.fixture(scope="session")

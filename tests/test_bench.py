@@ -1,5 +1,5 @@
 """`lampo bench` on the CPU: the numpy reference engine through the chat's own step adapter, the
-report and its JSON (the CUDA run is the same code with the native adapter, on the GPU machine)."""
+report and its JSON (the CUDA run is the same code with the native adapter, on a GPU)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""tests/gpu/probe_expert_reads.py's access patterns (the reads themselves run on the GPU machine)."""
+"""tests/gpu/probe_expert_reads.py's access patterns (the reads themselves need an NVIDIA GPU)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""tests/gpu/probe_stream.py's schedules (the stream itself runs on the GPU machine)."""
+"""tests/gpu/probe_stream.py's schedules (the stream itself needs an NVIDIA GPU)."""
 
 from __future__ import annotations
 

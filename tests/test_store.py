@@ -88,17 +88,22 @@ def test_writes_are_visible_to_another_connection_at_once(store):
     other.close()
 
 
+def write_precious_chat(path) -> None:
+    """A database at `path` with one chat of 100 messages (several pages), closed."""
+    s = Store(path)
+    c = s.create_chat("precious", "", GREEDY, True)
+    for i in range(100):
+        s.add_message(c, None, "user", f"message {i} " * 20)
+    s.close()
+
+
 @pytest.mark.parametrize("damage", [
     b"this is not a database at all" * 100,
     None,  # a real database with a page overwritten
 ], ids=["not-sqlite", "overwritten-pages"])
 def test_damaged_file_is_moved_aside_never_wiped(tmp_path, damage):
     path = tmp_path / "lampo.sqlite3"
-    s = Store(path)
-    c = s.create_chat("precious", "", GREEDY, True)
-    for i in range(100):
-        s.add_message(c, None, "user", f"message {i} " * 20)
-    s.close()
+    write_precious_chat(path)
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.close()
@@ -131,11 +136,7 @@ def test_newer_schema_is_refused_not_moved(tmp_path):
 
 def test_a_truncated_file_is_moved_aside(tmp_path):
     path = tmp_path / "lampo.sqlite3"
-    s = Store(path)
-    c = s.create_chat("precious", "", GREEDY, True)
-    for i in range(100):
-        s.add_message(c, None, "user", f"message {i} " * 20)
-    s.close()
+    write_precious_chat(path)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     fresh = Store(path)

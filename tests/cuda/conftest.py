@@ -2,7 +2,7 @@
 `addopts = -m 'not cuda'`) and skipped unless the `lampo._native` extension imports and sees a
 CUDA device. The per-op tests (the `ops` fixture) also need `lampo._native_ops`, the op-test
 bindings, which only a build configured with -DLAMPO_OP_TESTS=ON has (tests/gpu/run.sh builds it).
-Run them on the GPU machine with `python -m pytest -m cuda tests/cuda`.
+Run them on a machine with an NVIDIA GPU with `python -m pytest -m cuda tests/cuda`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Generate the HF-transformers golden fixtures for the numpy reference (tests/test_golden.py).
 
-Run:  /work/venv-hf/bin/python tests/golden/make_golden.py      (torch CPU + transformers 5.17)
+Run:  python tests/golden/make_golden.py      (in an environment with torch (CPU) + transformers 5.17)
 Needs only torch, transformers and numpy (not lampo). Writes tests/fixtures/golden/{dense,moe}.npz.
 
 For a tiny Qwen3_5ForCausalLM and Qwen3_5MoeForCausalLM (real per-head dims: head_dim 256 with

@@ -2,8 +2,8 @@
 
 The real hidden size and per-layer shapes of Qwen3.6-35B-A3B and Qwen3.6-27B, cut to 4 layers
 [GDN, GDN, GDN, attention], with a 32,768-row vocabulary and (35B-A3B) 64 of the 256 experts (top-8
-kept), so that writing them and running the numpy reference over them fits the GPU machine's time
-budget (the full 248,320-row LM head and all 256 experts are exercised by the tiny models and by
+kept), so that writing them and running the numpy reference over them take seconds, not minutes
+(the full 248,320-row LM head and all 256 experts are exercised by the tiny models and by
 `lampo bench` respectively). tests/gpu/run.sh writes them while the extension builds:
 
     python3 tests/gpu/full_width.py DIR PRESET      # -> DIR/PRESET

@@ -1,7 +1,7 @@
-"""Read-bandwidth probe for the 35B-A3B decode step's weight access patterns (GPU machine).
+"""Read-bandwidth probe for the 35B-A3B decode step's weight access patterns (needs an NVIDIA GPU).
 
 The decode step's dense projections stream at the copy bandwidth inside the graph, while the routed
-experts (8 of 256 per layer, picked per token) reach ~2.5 TB/s (docs/decode-performance.md, Round 6).
+experts (8 of 256 per layer, picked per token) reach ~2.5 TB/s (docs/design/kernels-gdn-moe.md).
 This probe separates the access pattern from everything else: one kernel per "layer" that only
 reads (16-byte loads, the same number in flight per thread as the expert kernels), over 40 layers
 whose weights are spread through one large allocation as the real ones are, with fresh random
@@ -16,7 +16,7 @@ experts for every token. Patterns (bytes per layer as in the 35B-A3B):
                (a 64 KiB run of gate rows and one of up rows)
   down-fixed   `down` with the same 9 experts for every token (translation and DRAM pages warm)
 
-Run on the GPU machine:  bash tests/gpu/run.sh probe, which builds the timing half
+Run on a machine with an NVIDIA GPU:  bash tests/gpu/run.sh probe, which builds the timing half
 (probe_expert_reads.cu: the read kernel, graph capture and replay) with nvcc and passes it as --lib.
 Prints, per pattern, the time per layer and GB/s: the bytes of --tokens x 40 launches, replayed as
 one CUDA graph, over its time (best of --repeats). Each launch also pays the gap between kernels,

@@ -1,8 +1,8 @@
-"""Can one persistent weight stream run through the decode step's dependency points? (GPU machine)
+"""Can one persistent weight stream run through the decode step's dependency points? (needs an NVIDIA GPU)
 
 The 35B-A3B decode step is 265 kernels; each hand-over leaves the DRAM partly idle, and loads that
-kernels issue before their PDL wait compete with the running stream (docs/decode-performance.md,
-rounds 7 and 8). A persistent decode step would instead keep one stream of bulk copies going into
+kernels issue before their PDL wait compete with the running stream (docs/design/decode.md).
+A persistent decode step would instead keep one stream of bulk copies going into
 a shared-memory ring on every SM while consumer warps wait at the dependency points. This probe
 measures that stream alone, before anything is built on it: the step's weight bytes per phase
 (35B-A3B: 30 GDN and 10 attention layers, then the LM head), a grid-wide dependency point between
@@ -20,7 +20,7 @@ spins of a few microseconds. Schedules:
              waits for the top-k
   *-nowork   the same without the latency spins (what the dependency points alone cost)
 
-Run on the GPU machine:  bash tests/gpu/run.sh stream (builds probe_stream.cu with nvcc, passes it
+Run on a machine with an NVIDIA GPU:  bash tests/gpu/run.sh stream (builds probe_stream.cu with nvcc, passes it
 as --lib). Prints and writes (--json) each schedule's time per step and bandwidth.
 """
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/gpu/run.sh MODE - on the GPU machine, from the repository root: build lampo._native and the
+# tests/gpu/run.sh MODE - on a machine with an NVIDIA GPU, from the repository root: build lampo._native and the
 # op-test module lampo._native_ops (all sources, -DLAMPO_OP_TESTS=ON), run the cuda-marked tests,
 # then the benchmarks; logs, JSON and a summary go to $OUT.
 #
@@ -68,7 +68,7 @@ if [ -z "${LAMPO_COMMIT:-}" ]; then
   [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && LAMPO_COMMIT="$LAMPO_COMMIT+uncommitted"
 fi
 export LAMPO_COMMIT
-# The engine sources as this tree has them, independent of .git (the GPU machine's copy of .git was
+# The engine sources as this tree has them, independent of .git (a copied checkout's .git was
 # seen pointing at an older commit than its working tree): the blob ids of native/src's files with
 # their paths, hashed. For a commit C the same id is
 #   git ls-tree -r C native/src | awk '{print $3"  "$4}' | sha1sum | cut -c1-12

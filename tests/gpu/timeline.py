@@ -1,4 +1,4 @@
-"""Where a graphed decode step's time goes, launch by launch (GPU machine, LAMPO_TIMELINE=ON build).
+"""Where a graphed decode step's time goes, launch by launch (NVIDIA GPU, LAMPO_TIMELINE=ON build).
 
 Every decode-step kernel of a LAMPO_TIMELINE build records, per block, when it reached pdl_begin
 (resident, waiting) and when its wait returned (the kernel before it had completed); the MoE gate_up
@@ -10,7 +10,7 @@ also records when its experts were known (native/src/diagnostics/timeline.h). Fr
   spread       last block released - first block released (blocks that became resident late)
   selected     (gate_up) median block: experts known - released (the top-k's latency)
 
-Run on the GPU machine: bash tests/gpu/run.sh timeline (configures the extension's build with
+Run on a machine with an NVIDIA GPU: bash tests/gpu/run.sh timeline (configures the extension's build with
 -DLAMPO_TIMELINE=ON, builds it, then runs this script). The instrumented step is
 slower than the plain one (each mark is an atomic and a store); the script prints both.
 

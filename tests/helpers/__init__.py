@@ -35,7 +35,7 @@ def seed_lampo_home(home: Path) -> Path:
 
 
 class TagTokenizer:
-    """Stands in for the real tokenizer where only token ids matter (the GPU machine has no
+    """Stands in for the real tokenizer where only token ids matter (a GPU test environment may lack the
     `tokenizers` package): token t streams as "<t>"; the Qwen3.6 stop ids end a reply."""
 
     stop_ids = (248046, 248044)

@@ -15,6 +15,7 @@ import time
 from typing import Iterator
 
 from lampo.engine.protocol import BackendInfo, Done, Event, GenerationRequest, Stats, TokenEvent
+from lampo.models.config_schema import FAMILY_CONTEXT_MAX
 
 _REASONING = ("The user wants a demonstration, so I will explain the idea in prose first, then give a short "
               "list of points and a code example, and keep the tone practical. ")
@@ -50,7 +51,7 @@ def _tokens(text: str, n: int) -> list[str]:
 
 
 class FloodBackend:
-    def __init__(self, n_tokens: int = 20_000, *, thinking_tokens: int = 0, context_max: int = 262_144,
+    def __init__(self, n_tokens: int = 20_000, *, thinking_tokens: int = 0, context_max: int = FAMILY_CONTEXT_MAX,
                  tokens_per_second: float | None = None):
         if n_tokens < 1:
             raise ValueError(f"FloodBackend needs n_tokens >= 1 (got {n_tokens})")

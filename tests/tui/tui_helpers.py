@@ -23,15 +23,11 @@ async def wait_idle(pilot, app) -> None:
     await pilot.pause()
 
 
-class GatedBackend:
-    """Wraps a backend so that each token waits for the test's `release(n)`: streaming states
-    are checked deterministically, whatever the machine's load. Cancel still stops it at once."""
+class WrappedBackend:
+    """A backend that hands everything but `generate` to the one it wraps."""
 
     def __init__(self, inner):
-        import threading
-
         self.inner = inner
-        self._allowance = threading.Semaphore(0)
 
     @property
     def info(self):
@@ -42,6 +38,17 @@ class GatedBackend:
 
     def close(self) -> None:
         self.inner.close()
+
+
+class GatedBackend(WrappedBackend):
+    """Wraps a backend so that each token waits for the test's `release(n)`: streaming states
+    are checked deterministically, whatever the machine's load. Cancel still stops it at once."""
+
+    def __init__(self, inner):
+        import threading
+
+        super().__init__(inner)
+        self._allowance = threading.Semaphore(0)
 
     def release(self, n: int = 1) -> None:
         for _ in range(n):
@@ -66,7 +73,7 @@ class GatedBackend:
         return gated()
 
 
-class SteadyClockBackend:
+class SteadyClockBackend(WrappedBackend):
     """Wraps a backend and rewrites every `Stats` as if prefill ran at 2,000 tok/s and decode at
     125 tok/s (with speculation and VRAM figures when asked), so screenshots never show the
     speed of the machine that ran the test."""
@@ -74,18 +81,13 @@ class SteadyClockBackend:
     def __init__(self, inner, *, speculative: bool = False, vram: tuple[int, int] = (0, 0)):
         import dataclasses
 
-        self.inner, self.speculative, self.vram = inner, speculative, vram
+        super().__init__(inner)
+        self.speculative, self.vram = speculative, vram
         self._info = dataclasses.replace(inner.info, speculative=speculative)
 
     @property
     def info(self):
         return self._info
-
-    def reset(self) -> None:
-        self.inner.reset()
-
-    def close(self) -> None:
-        self.inner.close()
 
     def steady(self, stats):
         import dataclasses

@@ -9,6 +9,10 @@ and the notices name the keys bound. The command palette (ctrl+p) lists every ac
 
 `clock` (monotonic seconds) and `wall_clock` (epoch seconds, for "2 h ago" in the chat list) are
 injectable so snapshots are deterministic.
+
+Over 500 lines on purpose: this is the one place where every user action meets the session (one
+`action_*` per key-map entry, each a few lines); the widgets, dialogs, feed and transcript it
+drives live in their own modules.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widget import Widget
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 from textual.worker import get_current_worker
 
 import lampo.assets
@@ -39,6 +43,7 @@ from lampo.tui.attachment_chip import PREVIEW_CHARS, AttachmentChip, ChipInfo
 from lampo.tui.commands import LampoCommands
 from lampo.tui.export import export_chat
 from lampo.tui.generation_feed import GenerationFeed
+from lampo.tui.footer import LampoFooter
 from lampo.tui.hud import Hud
 from lampo.tui.hud_state import HudState
 from lampo.tui.message_view import AssistantMessage, UserMessage, code_blocks, reply_footer
@@ -123,7 +128,7 @@ class LampoApp(App):
             prompt.placeholder = f"Message ({send} sends, ctrl+j newline, ctrl+p commands, /attach FILE)"
             yield prompt
         yield Hud(id="hud")
-        yield Footer()
+        yield LampoFooter()
 
     def _key(self, action: str) -> str:
         """The key bound to `action` (a `Settings.keys` name) as texts name it: "Enter", "f8"."""

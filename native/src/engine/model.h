@@ -210,8 +210,7 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
 // Unset, "all" or "1" = norms,gdn (measured fastest); "none" or "0" = the separate launches. Every
 // form computes the same values as the separate launches, bit for bit (both take the router logits
 // from the same GEMV kernel). (One-launch router and whole-MoE-FFN forms, and the experts' gate_up
-// and down as one launch of clusters, were measured slower and removed: docs/decode-performance.md,
-// rounds 3-5 and 9.)
+// and down as one launch of clusters, were measured slower and removed: docs/design/decode.md.)
 enum class DecodeFusion : int { Norms, Gdn };
 bool decode_fusion_enabled(DecodeFusion f);
 

@@ -11,6 +11,9 @@
 // paths that read positions from device memory (graph-capturable); larger T (prefill chunks) takes
 // the GEMM / chunked GDN / flash prefill / grouped-MoE paths. Every launch is checked with its op
 // name, so a failure surfaces as CudaError("<op>: ...").
+//
+// Over 500 lines on purpose: the whole forward pass in one order, so that decode and prefill paths
+// of each block sit side by side; the kernels it calls live under kernels/.
 #include <algorithm>
 #include <cstdlib>
 #include <stdexcept>

@@ -40,7 +40,7 @@ constexpr int GROUPS = D / KV_GROUP;   // scale groups per row (4)
 constexpr int STAGE_BYTES = 2 * KEYS * D + 2 * KEYS * GROUPS * 2;
 // Pipeline stages. Two keep a decode block at 75.5 KiB: with three (107 KiB) the kernels queued
 // behind it in the decode step found no room beside its blocks (35B-A3B step 2.371 vs 2.326 ms at
-// 8,192; docs/decode-performance.md, Round 10), and prefill fits two blocks per SM.
+// 8,192; docs/design/kernels-core.md), and prefill fits two blocks per SM.
 constexpr int STAGES = 2;
 static_assert(STAGES == 2, "the loop waits for every copy in flight (cp_async_wait<0>) and the prologue commits once");
 constexpr int QFRAG_BYTES = 16 * D * 2;  // one M-tile of fp16 Q fragments
@@ -68,7 +68,7 @@ struct Params {
 };
 
 // Keys per decode split for a live length L: a multiple of KEYS, at least KEYS (splits of at least
-// 2 or 4 tiles were measured no faster: docs/decode-performance.md, Round 11).
+// 2 or 4 tiles were measured no faster: docs/design/kernels-core.md).
 __host__ __device__ inline int split_chunk(int L, int nsplit) {
     const int per = (L + nsplit - 1) / nsplit;
     const int rounded = (per + KEYS - 1) / KEYS * KEYS;

@@ -198,7 +198,7 @@ void launch_gemv_rows(GemvParams p, int blocks, cudaStream_t stream) {
 // The grid: K slices (ks) doubled until there are >= 4 blocks per SM. A grid of 1.x waves starts
 // its second wave cold, after the first exits; for one token, when 3 rows per warp over the whole
 // K fill one wave (>= 90% of it), that shape is taken instead (the 35B-A3B GDN in-projection: 515
-// blocks instead of 772; docs/decode-performance.md, Round 11).
+// blocks instead of 772; docs/design/kernels-core.md).
 template <int T, class OutT, GemvIn IN = GemvIn::X, GemvOut OUT = GemvOut::Store>
 void launch_gemv(GemvParams p, cudaStream_t stream) {
     const int row_groups = ceil_div(p.out, GEMV_ROWS);

@@ -10,7 +10,7 @@
 // - gate_up: grid (row tiles of 16, T*k slots); a warp owns four (gate, up) row pairs and dots
 //   them with h_t, then applies silu * up. h_t's vectors are loaded with each weight batch, so a
 //   batch waits for one round trip, not one per vector (-0.05 ms per 35B-A3B step,
-//   docs/decode-performance.md, Round 15). In the decode step's form
+//   docs/design/kernels-gdn-moe.md). In the decode step's form
 //   (moe_experts_gate_up_select) it also makes the selection: every warp of a routed slot runs
 //   the router's warp top-k (moe_topk.cuh) on token t's logits, stopping after s + 1 rounds, and
 //   takes slot s's expert, so slot 0's blocks stream after one round, slot k - 1's after k; one
@@ -20,7 +20,7 @@
 //   Wd[e][r] in a fixed order, so the weighted sum over experts needs no atomics and is
 //   deterministic. The token's k ids and weights are loaded once (lane j: slot j) and handed to
 //   each item by a shuffle, so a batch's weight loads all go out together instead of each waiting
-//   for an id load of its own (-0.015 ms per 35B-A3B step, docs/decode-performance.md, Round 14).
+//   for an id load of its own (-0.015 ms per 35B-A3B step, docs/design/kernels-gdn-moe.md).
 //   The decode step's form (moe_experts_down_add) adds the rounded row to the fp32 residual
 //   stream instead of storing it.
 // - shared expert (optional MoeSharedSlot, contract in ops.h): one more slot per token in both
@@ -46,7 +46,7 @@ constexpr int GU_ROWS_PER_BLOCK = GU_WARPS * GU_PAIRS;
 constexpr int GU_UNROLL = 2;  // 16-byte chunks per lane per row per batch (x 8 rows: 16 in flight;
                               // H = 2048 in four batches). Half the warps of 2 pairs x 4, so the
                               // 35B-A3B grid (288 blocks of 4 warps) is resident at once; measured
-                              // 2.419 vs 2.480 ms per step (docs/decode-performance.md, Round 6)
+                              // 2.419 vs 2.480 ms per step (docs/design/kernels-gdn-moe.md)
 
 // How the gate_up launch learns its experts: read ids [T, k], or (logits set) select them itself
 // from the router logits [T, E] and write ids and weights [T, k].
