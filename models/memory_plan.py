@@ -2,7 +2,8 @@
 allocating so that it can print the plan and refuse clearly when it does not fit.
 
 Items (architecture doc §5):
-- weights: parameters (`params.count_params`) × bytes per parameter of the weight format;
+- weights, text and MTP: bf16 2 bytes per parameter (`params.count_params`), q5 and q4 the exact
+  size of that LQ recipe (`quant.recipes.recipe_size`);
 - KV cache: per full-attention layer (and the MTP layer) and token, K and V of nkv heads × D values;
   `int8` stores 1 byte per value plus one fp16 scale per 64 values, `bf16` 2 bytes per value;
 - GDN recurrent state: per GDN layer Hv × dk × dv fp32; conv windows: conv_dim × (K−1) bf16;
@@ -21,10 +22,11 @@ from dataclasses import dataclass
 
 from lampo.models.config import ModelConfig
 from lampo.models.params import count_params, short_count
+from lampo.models.quant.recipes import get_recipe, recipe_size
 
 GIB = 1 << 30
 MIB = 1 << 20
-WEIGHT_FORMATS = {"bf16": 2.0, "5bpw": 5 / 8}  # bytes per parameter
+WEIGHT_FORMATS = ("bf16", "q5", "q4")  # best quality first; q5 and q4 are LQ recipes (quant/recipes.py)
 KV_FORMATS = ("int8", "bf16")
 KV_SCALE_GROUP = 64  # int8 KV: one fp16 scale per this many values of a head row
 DEFAULT_PREFILL_CHUNK = 2048
@@ -90,6 +92,15 @@ def activation_bytes_per_token(cfg: ModelConfig) -> dict[str, int]:
     }
 
 
+def weight_bytes(cfg: ModelConfig, weights: str) -> tuple[int, int]:
+    """(text, MTP) weight bytes of `cfg` in a WEIGHT_FORMATS format."""
+    if weights == "bf16":
+        counts = count_params(cfg)
+        return 2 * counts.total_text, 2 * counts.mtp
+    size = recipe_size(get_recipe(weights), cfg)
+    return int(size.text_bytes), int(size.mtp_bytes)
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
@@ -108,7 +119,7 @@ def _fmt(n: float) -> str:
 class MemoryPlan:
     model: str
     context_max: int
-    weight_format: str  # a WEIGHT_FORMATS name or "<x> B/param"
+    weight_format: str  # a WEIGHT_FORMATS name
     kv: str
     items: tuple[MemoryItem, ...]
     kv_bytes_per_token: int  # trunk + MTP KV bytes per token of context
@@ -117,6 +128,11 @@ class MemoryPlan:
     def total_bytes(self) -> int:
         return sum(i.bytes for i in self.items)
 
+    @property
+    def fixed_bytes(self) -> int:
+        """Everything but the KV cache (the activations, sized for this plan's context, included)."""
+        return self.total_bytes - self.kv_bytes_per_token * self.context_max
+
     def item(self, name: str) -> MemoryItem:
         for i in self.items:
             if i.name == name:
@@ -124,10 +140,10 @@ class MemoryPlan:
         raise KeyError(f"memory plan has no item {name!r}")
 
     def fitting_context_max(self, free_bytes: int) -> int:
-        """The largest context (a multiple of CONTEXT_STEP, capped at this plan's) that fits."""
-        fixed = self.total_bytes - self.kv_bytes_per_token * self.context_max
-        tokens = (free_bytes - fixed) // self.kv_bytes_per_token if free_bytes > fixed else 0
-        return min(self.context_max, tokens // CONTEXT_STEP * CONTEXT_STEP)
+        """The largest context that fits in `free_bytes`: this plan's own if the plan fits, else
+        a multiple of CONTEXT_STEP (0: not even CONTEXT_STEP tokens)."""
+        tokens = (free_bytes - self.fixed_bytes) // self.kv_bytes_per_token
+        return self.context_max if tokens >= self.context_max else max(0, tokens // CONTEXT_STEP * CONTEXT_STEP)
 
     def fits(self, free_bytes: int) -> tuple[bool, str]:
         """Whether the plan fits in `free_bytes`, and a one-paragraph explanation with numbers."""
@@ -136,8 +152,8 @@ class MemoryPlan:
             return True, (f"memory plan {_fmt(total)} fits in {_fmt(free_bytes)} free "
                           f"({_fmt(free_bytes - total)} spare)")
         weights = sum(i.bytes for i in self.items if i.name.startswith("weights"))
-        kv = self.kv_bytes_per_token * self.context_max
-        other = total - weights - kv
+        kv = total - self.fixed_bytes
+        other = self.fixed_bytes - weights
         msg = (f"not enough GPU memory: the plan needs {_fmt(total)} but only {_fmt(free_bytes)} is free "
                f"(weights {_fmt(weights)} in {self.weight_format}, KV cache {_fmt(kv)} for "
                f"{self.context_max:,} tokens ({self.kv}), state/activations/reserve {_fmt(other)}); ")
@@ -167,17 +183,25 @@ def format_plans_table(plans: list[MemoryPlan], headers: list[str]) -> str:
     return "\n".join(lines)
 
 
+def preferred_plan(plans: list[MemoryPlan], free_bytes: int) -> MemoryPlan | None:
+    """Of `plans` (one model at one context, in order of preference), the first that fits in
+    `free_bytes`, else the one that allows the longest context (the earlier on a tie); None when
+    none allows CONTEXT_STEP tokens."""
+    best = max(plans, key=lambda p: p.fitting_context_max(free_bytes))
+    return best if best.fitting_context_max(free_bytes) else None
+
+
 def plan_memory(
     cfg: ModelConfig,
     context_max: int | None = None,
-    weight_bytes_per_param: float | str = 2.0,
+    weights: str = "bf16",
     kv: str = "int8",
     with_mtp: bool = True,
     spec_slots: int = 0,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
 ) -> MemoryPlan:
     """The memory plan of `cfg` at `context_max` tokens (default: the model's
-    max_position_embeddings). `weight_bytes_per_param`: a number or a WEIGHT_FORMATS name;
+    max_position_embeddings). `weights`: a WEIGHT_FORMATS name;
     `spec_slots`: extra GDN state snapshots (speculative verify, turn reuse); `prefill_chunk`:
     tokens per prefill call."""
     if context_max is None:
@@ -188,18 +212,11 @@ def plan_memory(
     if spec_slots < 0 or prefill_chunk < 1:
         raise ValueError(f"memory plan: spec_slots must be >= 0 and prefill_chunk >= 1 "
                          f"(got {spec_slots}, {prefill_chunk})")
-    if isinstance(weight_bytes_per_param, str):
-        if weight_bytes_per_param not in WEIGHT_FORMATS:
-            raise ValueError(f"memory plan: unknown weight format {weight_bytes_per_param!r} "
-                             f"(formats: {', '.join(WEIGHT_FORMATS)})")
-        wfmt, bpp = weight_bytes_per_param, WEIGHT_FORMATS[weight_bytes_per_param]
-    else:
-        bpp = float(weight_bytes_per_param)
-        if bpp <= 0:
-            raise ValueError(f"memory plan: weight bytes per parameter must be positive, got {bpp}")
-        wfmt = next((n for n, v in WEIGHT_FORMATS.items() if v == bpp), f"{bpp:g} B/param")
+    if weights not in WEIGHT_FORMATS:
+        raise ValueError(f"memory plan: unknown weight format {weights!r} (formats: {', '.join(WEIGHT_FORMATS)})")
     mtp = with_mtp and cfg.mtp_num_hidden_layers > 0
     counts = count_params(cfg)
+    text_bytes, mtp_bytes = weight_bytes(cfg, weights)
     per_layer_kv = kv_bytes_per_token_per_layer(cfg, kv)
     n_full = len(cfg.full_layer_ids)
     recurrent, conv = gdn_state_bytes(cfg)
@@ -209,9 +226,9 @@ def plan_memory(
     # fp32 logits of the rows that need them, plus sampling scratch (sort keys and ids) for one row
     logits = 4 * logit_rows * cfg.vocab_size + 8 * cfg.vocab_size
 
-    items = [MemoryItem("weights (text)", round(counts.total_text * bpp), f"{short_count(counts.total_text)} params")]
+    items = [MemoryItem("weights (text)", text_bytes, f"{short_count(counts.total_text)} params")]
     if mtp:
-        items.append(MemoryItem("weights (MTP)", round(counts.mtp * bpp), f"{short_count(counts.mtp)} params"))
+        items.append(MemoryItem("weights (MTP)", mtp_bytes, f"{short_count(counts.mtp)} params"))
     items.append(MemoryItem("KV cache (trunk)", n_full * per_layer_kv * context_max,
                             f"{_plural(n_full, 'layer')} × {_plural(cfg.num_key_value_heads, 'KV head')} × "
                             f"{cfg.head_dim}, {kv}, {context_max:,} tokens"))
@@ -230,4 +247,4 @@ def plan_memory(
     items.append(MemoryItem("CUDA graphs", CUDA_GRAPHS_BYTES, "estimate"))
     items.append(MemoryItem("runtime reserve", RUNTIME_RESERVE_BYTES, "lazy kernel modules, allocator slack"))
     kv_per_token = (n_full + (cfg.mtp_num_hidden_layers if mtp else 0)) * per_layer_kv
-    return MemoryPlan(cfg.name, context_max, wfmt, kv, tuple(items), kv_per_token)
+    return MemoryPlan(cfg.name, context_max, weights, kv, tuple(items), kv_per_token)

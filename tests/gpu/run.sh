@@ -10,6 +10,8 @@
 #   check  build + pytest -m cuda + one short full-size bench per model (random weights: the
 #          load and its NaN/Inf census, prefill 2,048 tokens, decode at depth 1): the whole suite
 #          and both models at full size in a few minutes, after a change that moves code around
+#   kernel build + pytest -m cuda (LAMPO_GPU_TESTS) + Nsight Compute (--set full) over the LQ GEMV
+#          launches of tests/gpu/op_profile.py for the shapes in KERNEL_SHAPES ("OUT,IN,BITS[,T] ...")
 #   final  build + pytest -m cuda (the engine tests again with LAMPO_DECODE_FUSION=none and =all;
 #          TESTS=0 skips the tests, for a tree already tested in an earlier call)
 #          + full-size benches that fit one call (35B-A3B real depths to 262,144; 27B prefill 8,192
@@ -52,7 +54,7 @@
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|check|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline) ;; *) echo "usage: $0 quick|check|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline" >&2; exit 2 ;; esac
+case "$MODE" in quick|check|kernel|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline) ;; *) echo "usage: $0 quick|check|kernel|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -189,6 +191,10 @@ quick)
   bench tiny-moe 60 --preset tiny-moe --random-weights --prompt 2048 --depths 0,2048 --decode-tokens 64
   bench 35b-a3b-4layers 90 --preset qwen3.6-35b-a3b --layers 4 --random-weights --prompt 8192 --depths 0,8192 --decode-tokens 64
   bench 27b-4layers 90 --preset qwen3.6-27b --layers 4 --random-weights --prompt 8192 --depths 0,8192 --decode-tokens 64 ;;
+kernel)
+  timeout 300 ncu --set full -k regex:gemv_lq --clock-control none \
+    $PY tests/gpu/op_profile.py ${KERNEL_SHAPES:-248320,2048,4 8192,2048,5} >"$OUT/bench/ncu-kernel.txt" 2>&1
+  log "ncu exit $?" ;;
 check)
   for m in 35b-a3b 27b; do
     bench "$m-check" 90 --preset "qwen3.6-$m" --random-weights --prompt 2048 --depths 0 --decode-tokens 32 --profile-steps 0

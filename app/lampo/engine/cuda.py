@@ -67,7 +67,7 @@ def create_engine(native, cfg: ModelConfig, *, context_max: int, prefill_chunk: 
     """Check the memory plan against the free VRAM, then allocate the engine (bf16 weights, INT8
     KV cache, no MTP) for the config itself, with its tensors' names by role from the tensor
     table. Raises EngineUnavailable with the plan table when it does not fit."""
-    plan = plan_memory(cfg, context_max=context_max, weight_bytes_per_param="bf16", kv="int8",
+    plan = plan_memory(cfg, context_max=context_max, weights="bf16", kv="int8",
                        with_mtp=False, spec_slots=snapshot_slots, prefill_chunk=prefill_chunk)
     free, total = native.mem_info()
     ok, message = plan.fits(free)

@@ -1,6 +1,6 @@
 // op_tests_module.cpp - the lampo._native_ops module, built only with -DLAMPO_OP_TESTS=ON (for the
 // GPU tests, tests/cuda; `pip install .` never builds it): each launcher of kernels/ops.h on numpy
-// arrays, registered from ops_core_bindings.cpp and ops_gdn_moe_bindings.cpp, and the CudaError
+// arrays, registered from ops_core_bindings.cpp, ops_gdn_moe_bindings.cpp and ops_lq_bindings.cpp, and the CudaError
 // exception (bindings/cuda_error.h, the same registration as lampo._native's). The hooks are weak
 // so that a build restricted to a subset of sources (-DLAMPO_SOURCES=...) still links.
 #include <pybind11/pybind11.h>
@@ -12,6 +12,7 @@ namespace py = pybind11;
 namespace lampo {
 void register_core_ops(py::module_& ops) __attribute__((weak));
 void register_gdn_moe_ops(py::module_& ops) __attribute__((weak));
+void register_lq_ops(py::module_& ops) __attribute__((weak));
 }  // namespace lampo
 
 PYBIND11_MODULE(_native_ops, m) {
@@ -19,4 +20,5 @@ PYBIND11_MODULE(_native_ops, m) {
     lampo::register_cuda_error(m);
     if (lampo::register_core_ops) lampo::register_core_ops(m);
     if (lampo::register_gdn_moe_ops) lampo::register_gdn_moe_ops(m);
+    if (lampo::register_lq_ops) lampo::register_lq_ops(m);
 }
