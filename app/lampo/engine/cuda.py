@@ -62,6 +62,10 @@ def load_native():
     return _native
 
 
+# The weight formats this engine loads (the LQ kernels exist; the engine's LQ path comes next).
+ENGINE_WEIGHT_FORMATS = ("bf16",)
+
+
 def create_engine(native, cfg: ModelConfig, *, context_max: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                   snapshot_slots: int = DEFAULT_SNAPSHOT_SLOTS):
     """Check the memory plan against the free VRAM, then allocate the engine (bf16 weights, INT8
