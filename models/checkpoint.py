@@ -9,6 +9,11 @@ and an accepted dtype, and that its bytes lie inside its file. Every problem rai
 (`model.visual.*`, anything unknown) are skipped and counted in `ignored`. MTP: when all `mtp.*`
 tensors are absent the checkpoint opens without them (`has_mtp` False, see `notes`); a partial MTP
 module is an error.
+
+A directory converted by `lampo convert` (holding `lampo-format.json`, `quant/checkpoint_format.py`)
+opens the same way: the format file is read and checked first, each quantized tensor must be U8 of
+exactly its packed size, `lq` holds the format and `quantized(name)` a tensor's width and logical
+shape; `tensor_f32` dequantizes. A `*.partial-<pid>` directory (an unfinished conversion) is refused.
 """
 
 from __future__ import annotations
@@ -20,12 +25,22 @@ import numpy as np
 
 from lampo.models.bf16 import from_bf16
 from lampo.models.config import ConfigError, ModelConfig, load_config
+from lampo.models.quant.checkpoint_format import (
+    PACKED_DTYPE,
+    FormatError,
+    LqFormat,
+    LqTensor,
+    dequantize,
+    is_partial,
+    read_format,
+    stored_specs,
+)
 from lampo.models.safetensors_io import SafetensorsError, StoredTensor, read_header
 from lampo.models.tensor_specs import BF16, F32, TensorSpec, expected_tensors, is_mtp
 
 INDEX_NAME = "model.safetensors.index.json"
 SINGLE_NAME = "model.safetensors"
-_NUMPY_DTYPES = {BF16: np.dtype("<u2"), F32: np.dtype("<f4")}
+_NUMPY_DTYPES = {BF16: np.dtype("<u2"), F32: np.dtype("<f4"), PACKED_DTYPE: np.dtype("u1")}
 
 
 class CheckpointError(ValueError):
@@ -70,12 +85,14 @@ class Checkpoint:
     """A validated checkpoint. Build it with `Checkpoint.open`."""
 
     def __init__(self, model_dir: Path, config: ModelConfig, tensors: dict[str, StoredTensor],
-                 files: list[Path], has_mtp: bool, ignored: tuple[str, ...], notes: tuple[str, ...]):
+                 files: list[Path], has_mtp: bool, ignored: tuple[str, ...], notes: tuple[str, ...],
+                 lq: LqFormat | None = None):
         self.model_dir = model_dir
         self.config = config
         self.has_mtp = has_mtp
         self.ignored = ignored  # names present in the files but not used by the text engine
         self.notes = notes  # human-readable remarks, e.g. that the MTP module is absent
+        self.lq = lq  # the format of a converted (LQ) checkpoint, None for a HF one
         self._tensors = tensors  # in canonical (expected_tensors) order
         self._files = files
         self._maps: dict[Path, np.memmap] = {}
@@ -86,9 +103,12 @@ class Checkpoint:
         model_dir = Path(model_dir)
         if not model_dir.is_dir():
             raise _fail(f"{model_dir} is not a directory")
+        if is_partial(model_dir):
+            raise _fail(f"{model_dir} is an unfinished `lampo convert` output: delete it and convert again")
         try:
             config = load_config(model_dir)
-        except ConfigError as e:
+            lq = read_format(model_dir)
+        except (ConfigError, FormatError) as e:
             raise _fail(str(e)) from None
         files, weight_map = _shard_files(model_dir)
 
@@ -116,12 +136,17 @@ class Checkpoint:
             has_mtp = False
             expected = {n: s for n, s in expected.items() if not is_mtp(n)}
             notes.append("no MTP weights (mtp.*) in the checkpoint: speculative decoding is unavailable")
+        if lq is not None:
+            try:
+                expected = stored_specs(lq, expected)
+            except FormatError as e:
+                raise _fail(str(e)) from None
         cls._check_present(model_dir, expected, stored)
         for name, spec in expected.items():
             cls._check_tensor(stored[name], spec)
         ignored = tuple(n for n in stored if n not in expected)
         tensors = {name: stored[name] for name in expected}
-        return cls(model_dir, config, tensors, files, has_mtp, ignored, tuple(notes))
+        return cls(model_dir, config, tensors, files, has_mtp, ignored, tuple(notes), lq)
 
     @staticmethod
     def _check_present(model_dir: Path, expected: dict[str, TensorSpec], stored: dict[str, StoredTensor]) -> None:
@@ -142,11 +167,23 @@ class Checkpoint:
 
     @staticmethod
     def _check_tensor(t: StoredTensor, spec: TensorSpec) -> None:
+        if spec.dtype == PACKED_DTYPE:
+            Checkpoint._check_packed(t, spec)
         if t.shape != spec.shape:
             raise _fail(f"{t.path.name}: tensor {t.name!r} has shape {_shape(t.shape)}, expected {_shape(spec.shape)}")
         if not spec.accepts(t.dtype):
             allowed = " or ".join(sorted(spec.allowed_dtypes))
             raise _fail(f"{t.path.name}: tensor {t.name!r} has dtype {t.dtype}, expected {allowed}")
+
+    @staticmethod
+    def _check_packed(t: StoredTensor, spec: TensorSpec) -> None:
+        """A quantized tensor: U8 (before the shape: not a bf16 tensor left as it was), of exactly its
+        packed size."""
+        if t.dtype != PACKED_DTYPE:
+            raise _fail(f"{t.path.name}: tensor {t.name!r} has dtype {t.dtype}, expected {PACKED_DTYPE} (packed weights)")
+        if t.nbytes != spec.nbytes:
+            raise _fail(f"{t.path.name}: tensor {t.name!r} holds {t.nbytes:,} bytes of packed weights, "
+                        f"expected {spec.nbytes:,}")
 
     # ---- queries -------------------------------------------------------------------------
     def names(self) -> list[str]:
@@ -156,12 +193,24 @@ class Checkpoint:
 
     def spec(self, name: str) -> TensorSpec:
         """Shape and the dtype actually stored for `name`."""
-        t = self._stored(name)
+        t = self.stored(name)
         return TensorSpec(t.shape, t.dtype, frozenset({t.dtype}))
+
+    def quantized(self, name: str) -> LqTensor | None:
+        """Width and logical shape of a quantized tensor; None for one stored as in HF."""
+        t = self.lq.tensors[name] if self.lq is not None and name in self._tensors else None
+        return t if t is not None and t.quantized else None
+
+    def stored(self, name: str) -> StoredTensor:
+        """Where `name`'s bytes lie (file, byte range, stored dtype and shape)."""
+        try:
+            return self._tensors[name]
+        except KeyError:
+            raise KeyError(f"checkpoint: no tensor {name!r} in {self.model_dir}") from None
 
     def path_of(self, name: str) -> Path:
         """The safetensors file holding `name`."""
-        return self._stored(name).path
+        return self.stored(name).path
 
     def shards(self) -> list[tuple[Path, list[str]]]:
         """(file, the used tensors in it in file order) for each file holding any, in file order,
@@ -178,16 +227,20 @@ class Checkpoint:
 
     # ---- data ----------------------------------------------------------------------------
     def raw(self, name: str) -> np.ndarray:
-        """Zero-copy read-only view of the stored bytes: BF16 as uint16 bits, F32 as float32."""
-        t = self._stored(name)
+        """Zero-copy read-only view of the stored bytes: BF16 as uint16 bits, F32 as float32, U8
+        (packed LQ weights) as uint8."""
+        t = self.stored(name)
         mm = self._maps.get(t.path)
         if mm is None:
             mm = self._maps[t.path] = np.memmap(t.path, dtype=np.uint8, mode="r")
         return np.asarray(mm[t.start:t.end]).view(_NUMPY_DTYPES[t.dtype]).reshape(t.shape)
 
     def tensor_f32(self, name: str) -> np.ndarray:
-        """The tensor as float32 (a new array for BF16; the read-only map itself for F32)."""
-        raw = self.raw(name)
+        """The tensor as float32 (a new array for BF16 and for a quantized tensor, dequantized to
+        its logical shape; the read-only map itself for F32)."""
+        raw, lq = self.raw(name), self.quantized(name)
+        if lq is not None:
+            return dequantize(raw, lq)
         return from_bf16(raw) if raw.dtype == np.uint16 else raw
 
     def close(self) -> None:
@@ -199,9 +252,3 @@ class Checkpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _stored(self, name: str) -> StoredTensor:
-        try:
-            return self._tensors[name]
-        except KeyError:
-            raise KeyError(f"checkpoint: no tensor {name!r} in {self.model_dir}") from None

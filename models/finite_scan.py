@@ -6,7 +6,8 @@ NaN, in bounded chunks; it is the reference the CUDA engine's own census
 (native/src/weights/nonfinite_scan.cu, returned by `Engine.nonfinite_census`) is tested against. `check_finite(ck)` scans
 every tensor the text engine uses (the reference backend's load step) and raises
 `nonfinite_error`: one CheckpointError line naming the file, the tensor, how many values and the
-first one's index, and the other tensors affected.
+first one's index, and the other tensors affected. Of a quantized tensor (a converted checkpoint)
+the fp16 scales are scanned: a NaN/Inf scale is damage, a zero scale a group of zeros.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from typing import Iterable
 import numpy as np
 
 from lampo.models.checkpoint import Checkpoint, CheckpointError
+from lampo.models.quant.checkpoint_format import scales
 
 CHUNK_ELEMENTS = 1 << 22  # values tested per step: temporaries stay a few MB for any tensor size
-_EXPONENT = {np.dtype(np.uint16): np.uint16(0x7F80), np.dtype(np.float32): np.uint32(0x7F800000)}
+_EXPONENT = {np.dtype(np.uint16): np.uint16(0x7F80), np.dtype(np.float32): np.uint32(0x7F800000),
+             np.dtype(np.float16): np.uint16(0x7C00)}
 _MORE_NAMED = 3  # other affected tensors named in the message
 
 
@@ -33,7 +36,8 @@ class NonFinite:
 
 
 def count_nonfinite(raw: np.ndarray) -> tuple[int, int]:
-    """(number of NaN/Inf values, flat index of the first or -1) of bf16 bits (uint16) or float32."""
+    """(number of NaN/Inf values, flat index of the first or -1) of bf16 bits (uint16), float32 or
+    float16."""
     exponent = _EXPONENT[raw.dtype]
     bits = raw.reshape(-1).view(exponent.dtype)
     count, first = 0, -1
@@ -50,7 +54,8 @@ def scan_checkpoint(ck: Checkpoint, names: Iterable[str] | None = None) -> list[
     """The tensors (`names`, default all the engine uses) holding NaN/Inf, in checkpoint order."""
     found = []
     for name in ck.names() if names is None else names:
-        count, first = count_nonfinite(ck.raw(name))
+        lq = ck.quantized(name)
+        count, first = count_nonfinite(ck.raw(name) if lq is None else scales(ck.raw(name), lq))
         if count:
             found.append(NonFinite(name, count, first))
     return found
@@ -62,10 +67,11 @@ def nonfinite_error(ck: Checkpoint, found: list[NonFinite]) -> CheckpointError:
     order = {name: i for i, name in enumerate(ck.names())}
     found = sorted(found, key=lambda f: order.get(f.name, len(order)))
     head = found[0]
-    shape = ck.spec(head.name).shape
+    lq = ck.quantized(head.name)
+    shape, what = (ck.spec(head.name).shape, "value") if lq is None else (lq.scale_shape, "scale")
     where = list(np.unravel_index(head.first, shape)) if shape else []
     msg = (f"checkpoint: {ck.path_of(head.name).name}: tensor {head.name!r} holds {head.count:,} NaN/Inf "
-           f"value{'s' if head.count > 1 else ''} (the first at [{', '.join(str(int(i)) for i in where)}] "
+           f"{what}{'s' if head.count > 1 else ''} (the first at [{', '.join(str(int(i)) for i in where)}] "
            f"of [{', '.join(map(str, shape))}])")
     others = found[1:]
     if others:

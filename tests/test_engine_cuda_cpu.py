@@ -163,6 +163,14 @@ def fresh_generation(prompt, n):
 
 
 # ---- setup ------------------------------------------------------------------------------------
+def test_a_converted_checkpoint_is_refused_with_the_way_out(tiny_dense_dir, tmp_path):
+    from lampo.models.quant.convert import convert
+
+    convert(tiny_dense_dir, tmp_path / "q5", "q5")
+    with pytest.raises(EngineUnavailable, match="holds q5 weights.*bf16 only.*--backend reference"):
+        CudaBackend(tmp_path / "q5", native=FakeNative(get_preset("tiny-dense")), tokenizer=TagTokenizer())
+
+
 def test_memory_plan_refusal_names_the_plan_and_a_context_that_fits():
     cfg = get_preset("qwen3.6-35b-a3b")
     with pytest.raises(EngineUnavailable) as e:

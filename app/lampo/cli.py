@@ -1,4 +1,4 @@
-"""The `lampo` command line: `chat` (the default), `info`, `bench`.
+"""The `lampo` command line: `chat` (the default), `info`, `bench`, `convert`.
 
 Each subcommand's module is imported only when it runs, so `lampo info` never loads Textual and the
 CPU-only install never touches the CUDA extension unless asked to.
@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-SUBCOMMANDS = ("chat", "info", "bench")
+SUBCOMMANDS = ("chat", "info", "bench", "convert")
 
 
 def context_tokens(text: str) -> int:
@@ -46,10 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Lampo: a terminal chat for Qwen3.6 on one NVIDIA GPU. "
         "With no subcommand, starts the chat.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{chat,info,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{chat,info,bench,convert}")
     _chat_parser(sub)
     sub.add_parser("info", help="model shape, parameter counts and the memory plan (lampo info -h)")
     sub.add_parser("bench", help="measure prefill and decode speed (lampo bench -h)")
+    sub.add_parser("convert", help="write the ~5 bpw checkpoint of a bf16 one (lampo convert -h)")
     return parser
 
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     # spinning than computing on them (95 vs 11 tok/s for the demo on a 2-core box). Before numpy
     # is first imported; an explicit setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    # `info` and `bench` own their options (argparse.REMAINDER would not pass "--flags" through).
+    # `info`, `bench` and `convert` own their options (argparse.REMAINDER would not pass "--flags" through).
     if argv and argv[0] == "info":
         from lampo.info import main as info_main
 
@@ -68,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         from lampo.bench import main as bench_main
 
         return bench_main(argv[1:])
+    if argv and argv[0] == "convert":
+        from lampo.convert import main as convert_main
+
+        return convert_main(argv[1:])
     if not argv or (argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help")):
         argv = ["chat", *argv]
     args = build_parser().parse_args(argv)

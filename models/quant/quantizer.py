@@ -18,7 +18,7 @@ import numpy as np
 from lampo.models.quant.layout import TILE_COLS, check_bits, check_shape
 
 STRETCH = np.linspace(0.84, 1.0, 9, dtype=np.float32)  # candidate scales as fractions of the end-point scale
-ROWS_PER_CHUNK = 4096  # groups are processed in chunks of this many rows (bounded memory)
+ROWS_PER_CHUNK = 128  # rows per step: small scratch arrays (fresh large ones cost more to zero than to use)
 
 
 def quantize(w: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:

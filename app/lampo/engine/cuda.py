@@ -115,6 +115,10 @@ class CudaBackend:
                  on_load: LoadProgress | None = None, native=None, tokenizer=None):
         self._native = native if native is not None else load_native()
         self._ck = Checkpoint.open(model_dir, include_mtp=False)
+        if self._ck.lq is not None and self._ck.lq.recipe not in ENGINE_WEIGHT_FORMATS:
+            raise EngineUnavailable(f"{model_dir} holds {self._ck.lq.recipe} weights, and this Lampo's CUDA engine "
+                                    f"loads {', '.join(ENGINE_WEIGHT_FORMATS)} only; run the bf16 checkpoint, or "
+                                    f"--backend reference (numpy on the CPU, for small models)")
         cfg = self._ck.config
         context_max = min(context_max or cfg.max_position_embeddings, cfg.max_position_embeddings)
         if tokenizer is None:
