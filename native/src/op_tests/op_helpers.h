@@ -18,6 +18,7 @@
 //     after evicting L2, and the mean ms per run is appended to the returned tuple.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -66,6 +67,16 @@ inline void check_ids_below(const char* op, const Arr<int32_t>& ids, int E) {
     for (py::ssize_t i = 0; i < ids.size(); ++i)
         require(p[i] >= 0 && p[i] < E, op,
                 "expert id " + std::to_string(p[i]) + " out of range [0, " + std::to_string(E) + ")");
+}
+
+// Copies of a weight buffer of `bytes` (every byte `byte`) for a timing loop to rotate through, so
+// the matrix is never served from L2: at least three L2s in all, at most 8 copies.
+inline std::vector<DeviceBuffer> l2_rotating_copies(size_t bytes, int byte) {
+    const size_t l2 = size_t(device_attribute(cudaDevAttrL2CacheSize));
+    const size_t copies = std::min<size_t>(8, std::max<size_t>(1, (3 * l2 + bytes - 1) / bytes));
+    std::vector<DeviceBuffer> out;
+    for (size_t i = 0; i < copies; ++i) out.push_back(filled(bytes, byte));
+    return out;
 }
 
 // A device int32 holding v (positions, step counters: launchers read them from device memory).

@@ -332,14 +332,11 @@ py::array_t<int32_t> py_argmax_rows(Arr<float> logits, int v_real) {
 // Weight copies rotated between calls so the matrix is never served from L2.
 py::dict py_bench_linear(int out, int in, int T, int iters, bool f32_out) {
     const size_t wbytes = size_t(out) * in * 2;
-    const size_t l2 = size_t(device_attribute(cudaDevAttrL2CacheSize));
-    const int copies = int(std::min<size_t>(8, std::max<size_t>(1, (3 * l2 + wbytes - 1) / wbytes)));
-    std::vector<DeviceBuffer> ws;
-    for (int i = 0; i < copies; ++i) ws.push_back(filled(wbytes, 0x3c));
+    const auto ws = l2_rotating_copies(wbytes, 0x3c);
     auto x = filled(size_t(T) * in * 2, 0x3c);
     auto y = filled(size_t(T) * out * 4, 0);
     const double us = time_graph(iters, [&](int i, cudaStream_t s) {
-        const Linear L{WeightFormat::BF16, ws[i % copies].get(), out, in};
+        const Linear L{WeightFormat::BF16, ws[i % ws.size()].get(), out, in};
         if (f32_out) linear_forward_f32(L, as_bf16(x), y.as<float>(), T, s);
         else linear_forward(L, as_bf16(x), as_bf16(y), T, s);
     });

@@ -32,14 +32,11 @@ py::array py_gemv_lq(Arr<uint8_t> packed, int bits, int out, int in, Arr<uint16_
 // Weight copies rotated between calls so the matrix is never served from L2 (as bench_linear).
 py::dict py_bench_gemv_lq(int out, int in, int bits, int T, int iters) {
     const size_t wbytes = lq_packed_bytes(out, in, bits);
-    const size_t l2 = size_t(device_attribute(cudaDevAttrL2CacheSize));
-    const int copies = int(std::min<size_t>(8, std::max<size_t>(1, (3 * l2 + wbytes - 1) / wbytes)));
-    std::vector<DeviceBuffer> ws;
-    for (int i = 0; i < copies; ++i) ws.push_back(filled(wbytes, 0x3c));
+    const auto ws = l2_rotating_copies(wbytes, 0x3c);
     auto x = filled(size_t(T) * in * 2, 0x3c);
     auto y = filled(size_t(T) * out * 2, 0);
     const double us = time_graph(iters, [&](int i, cudaStream_t s) {
-        gemv_lq(ws[i % copies].as<uint8_t>(), bits, x.as<bf16>(), y.as<bf16>(), T, out, in, s);
+        gemv_lq(ws[i % ws.size()].as<uint8_t>(), bits, x.as<bf16>(), y.as<bf16>(), T, out, in, s);
     });
     py::dict d;
     d["us"] = us;
