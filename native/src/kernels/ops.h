@@ -188,6 +188,13 @@ void moe_experts_gate_up_select(const bf16* h, const float* logits, int E, const
 void moe_experts_down_add(const bf16* act, const bf16* down, const int32_t* ids, const float* weights,
                           float* residual, int T, int k, int H, int I, cudaStream_t stream,
                           const MoeSharedSlot* shared = nullptr);
+// The same gate_up and down for T <= 8 with the banks in the LQ format (moe_experts_lq.cu;
+// kernels/lq_tile.cuh): expert e's [2I, H] / [H, I] tiles at e * lq_packed_bytes(rows, cols, bits),
+// bits in {4, 5, 6}, k <= 8, H and I multiples of 64.
+void moe_experts_lq_gate_up(const bf16* h, const uint8_t* gate_up, int bits, const int32_t* ids, bf16* act, int T,
+                            int k, int H, int I, cudaStream_t stream);
+void moe_experts_lq_down(const bf16* act, const uint8_t* down, int bits, const int32_t* ids, const float* weights,
+                         bf16* out, int T, int k, int H, int I, cudaStream_t stream);
 // Routed experts for a prefill chunk (T large): tokens grouped by expert, one grouped GEMM per
 // projection. workspace of moe_prefill_workspace_bytes(). Same function as the two above.
 size_t moe_prefill_workspace_bytes(int T, int k, int H, int I, int E);

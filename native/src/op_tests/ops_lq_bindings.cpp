@@ -1,8 +1,12 @@
 // ops_lq_bindings.cpp - the LQ-format kernels on numpy arrays, for tests/cuda/test_ops_lq.py:
 //   gemv_lq(packed uint8 [bytes], bits, out, in, x bf16 bits [T, in], f32_out) -> y [T, out]
 //   bench_gemv_lq(out, in, bits, T, iters) -> {us, GBps} (packed bytes read per call)
+//   moe_lq_gate_up(h [T, H], bank uint8 [E, bytes], bits, ids [T, k], I, repeat) -> act [T, k, I]
+//   moe_lq_down(act [T, k, I], bank uint8 [E, bytes], bits, ids, weights [T, k], H, repeat) -> out [T, H]
+//     (+ the mean ms of `repeat` cold-L2 launches when repeat > 0)
 // The packed bytes are those of models/quant/layout.py `pack`. Helpers: op_helpers.h.
 #include "kernels/matmul.cuh"
+#include "kernels/ops.h"
 #include "op_tests/op_helpers.h"
 
 namespace lampo {
@@ -44,6 +48,47 @@ py::dict py_bench_gemv_lq(int out, int in, int bits, int T, int iters) {
     return d;
 }
 
+// An LQ expert bank [E, bytes] of [rows, cols] matrices at `bits`, and expert ids below E.
+void check_bank(const char* op, const Arr<uint8_t>& bank, int bits, int rows, int cols, const Arr<int32_t>& ids) {
+    require(bits >= 4 && bits <= 6 && rows % 16 == 0 && cols % 64 == 0, op, "needs bits 4..6 and [16n, 64k] experts");
+    check_ndim(op, "bank", bank, 2);
+    check_dim(op, "bank", bank.shape(1), py::ssize_t(lq_packed_bytes(rows, cols, bits)), "bytes per expert");
+    check_ids_below(op, ids, int(bank.shape(0)));
+}
+
+py::object py_moe_lq_gate_up(Arr<uint16_t> h, Arr<uint8_t> bank, int bits, Arr<int32_t> ids, int I, int repeat) {
+    const char* op = "moe_lq_gate_up";
+    check_ndim(op, "h", h, 2);
+    check_ndim(op, "ids", ids, 2);
+    const int T = int(h.shape(0)), H = int(h.shape(1)), k = int(ids.shape(1));
+    check_dim(op, "ids", ids.shape(0), T, "rows");
+    check_bank(op, bank, bits, 2 * I, H, ids);
+    DeviceBuffer d_h = upload(h), d_w = upload(bank), d_ids = upload(ids), act = poisoned(size_t(T) * k * I * 2);
+    return single_or_tuple(run_op(
+        op, repeat,
+        [&] { moe_experts_lq_gate_up(d_h.as<bf16>(), d_w.as<uint8_t>(), bits, d_ids.as<int32_t>(), act.as<bf16>(), T, k, H, I, 0); },
+        [&](py::list& out) { out.append(download<uint16_t>(act, {T, k, I})); }));
+}
+
+py::object py_moe_lq_down(Arr<uint16_t> act, Arr<uint8_t> bank, int bits, Arr<int32_t> ids, Arr<float> weights, int H,
+                          int repeat) {
+    const char* op = "moe_lq_down";
+    check_ndim(op, "act", act, 3);
+    const int T = int(act.shape(0)), k = int(act.shape(1)), I = int(act.shape(2));
+    check_shape(op, "ids", ids, {T, k});
+    check_shape(op, "weights", weights, {T, k});
+    check_bank(op, bank, bits, H, I, ids);
+    DeviceBuffer d_act = upload(act), d_w = upload(bank), d_ids = upload(ids), d_wt = upload(weights);
+    DeviceBuffer d_out = poisoned(size_t(T) * H * 2);
+    return single_or_tuple(run_op(
+        op, repeat,
+        [&] {
+            moe_experts_lq_down(d_act.as<bf16>(), d_w.as<uint8_t>(), bits, d_ids.as<int32_t>(), d_wt.as<float>(),
+                                d_out.as<bf16>(), T, k, H, I, 0);
+        },
+        [&](py::list& out) { out.append(download<uint16_t>(d_out, {T, H})); }));
+}
+
 }  // namespace
 
 void register_lq_ops(py::module_& ops) {
@@ -51,6 +96,10 @@ void register_lq_ops(py::module_& ops) {
             "x @ dequantize(packed).T for an LQ matrix (T <= 8) -> bf16 bits / f32");
     ops.def("bench_gemv_lq", &py_bench_gemv_lq, "out"_a, "in_"_a, "bits"_a, "T"_a = 1, "iters"_a = 50,
             "time gemv_lq in a CUDA graph -> {us, GBps}");
+    ops.def("moe_lq_gate_up", &py_moe_lq_gate_up, "h"_a, "bank"_a, "bits"_a, "ids"_a, "I"_a, "repeat"_a = 0,
+            "routed experts' silu(gate) * up with an LQ bank [E, bytes] -> act [T, k, I] bf16 bits");
+    ops.def("moe_lq_down", &py_moe_lq_down, "act"_a, "bank"_a, "bits"_a, "ids"_a, "weights"_a, "H"_a, "repeat"_a = 0,
+            "routed experts' weighted down-projection with an LQ bank [E, bytes] -> out [T, H] bf16 bits");
 }
 
 }  // namespace lampo

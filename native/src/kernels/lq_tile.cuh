@@ -1,0 +1,173 @@
+// lq_tile.cuh - reading tiles of the LQ weight format on the tensor cores (models/quant/layout.py
+// is the specification; docs/weight-format.md), shared by the LQ GEMV (matmul/gemv_lq.cu) and the
+// LQ expert GEMVs (moe/moe_experts_lq.cu).
+//
+// A tile is 16 rows x 64 columns of W at BITS in {4, 5, 6}: W[n, k] = scale[n] * (code - 2^(BITS-1)).
+// Its first 512 bytes are the A fragments of mma.sync.m16n8k16 in lane order; lane t (g = t / 4,
+// quad = t % 4) turns register s of k16 step j into two bf16 values 2^BITS + code with
+//   ((word_j >> (4s - P)) & (0x000F000F << P)) | magic     (P = 7 - BITS: the code in the top
+// mantissa bits of a bf16 with exponent BITS, exact), plus one shift and LOP3 for the fifth / sixth
+// bits. The B operand is x in fragment order (LqStage), and each tile's mma chain starts from
+// -(2^BITS + 2^(BITS-1)) * (sum of the tile's x): the tensor cores sum the exact products
+// (code - 2^(BITS-1)) * x in fp32, which the lane scales by its rows' fp16 scales (lq_tile_mma).
+// Tiles stream through a per-warp ring in shared memory (LqRing, cp.async, 5 in flight).
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "kernels/mma_sync.cuh"
+#include "kernels/ops.h"
+
+namespace lampo {
+
+constexpr int LQ_TILE_ROWS = 16;
+constexpr int LQ_TILE_COLS = 64;
+constexpr int LQ_STAGES = 6;  // ring slots per warp (5 tiles in flight)
+
+__host__ __device__ constexpr int lq_tile_bytes(int bits) { return 512 + 128 * (bits - 4) + 2 * LQ_TILE_ROWS; }
+// x of one token in fragment order (lq_stage_x) and its tiles' start values, in bytes.
+__host__ __device__ constexpr int lq_x_bytes(int in) { return in * 2; }
+__host__ __device__ constexpr int lq_start_bytes(int in) { return in / LQ_TILE_COLS * 8 * 4; }
+
+__device__ __forceinline__ uint32_t lq_shift_right(uint32_t v, int by) { return by >= 0 ? v >> by : v << -by; }
+
+// (a & MASK) | c in one LOP3 (c in a register: LOP3 takes one immediate).
+template <uint32_t MASK>
+__device__ __forceinline__ uint32_t lq_and_or(uint32_t a, uint32_t c) {
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "n"(MASK), "r"(c));
+    return r;
+}
+
+template <int BITS>
+__host__ __device__ constexpr uint32_t lq_code_magic() { return (uint32_t(127 + BITS) << 7) * 0x10001u; }
+template <int BITS>
+__host__ __device__ constexpr float lq_code_centre() { return float(3 << (BITS - 1)); }  // 2^BITS + 2^(BITS-1)
+
+// Fragment register s of k16 step j from the lane's low-nibble word and high-bit words.
+template <int BITS>
+__device__ __forceinline__ uint32_t lq_a_register(uint32_t word, const uint32_t (&high)[2], int j, int s,
+                                                  uint32_t magic) {
+    constexpr int P = 7 - BITS;
+    uint32_t r = lq_and_or<(0x000F000Fu << P)>(lq_shift_right(word, 4 * s - P), magic);
+    const int i = 4 * j + s;
+    if constexpr (BITS == 5) r = lq_and_or<0x00400040u>(lq_shift_right(high[0], i - 6), r);
+    if constexpr (BITS == 6) r = lq_and_or<0x00600060u>(lq_shift_right(high[i / 8], 2 * (i % 8) - 5), r);
+    return r;
+}
+
+// x staged in shared memory for the mma B operand: for token n, tile t and quad q, 16 bf16 = the
+// b0, b1 pairs of k16 steps 0..3 (b0: columns 16j + 2q, +1; b1: 16j + 2q + 8, +9), 32 bytes, so a
+// lane reads its tile's B fragments with two 16-byte loads. Token `tokens` (when < 8) is all
+// zeros: the fragment of the lanes past the last token. start[t * 8 + n] = -centre * (sum of tile
+// t's x of token n), zero for n >= tokens. `thread` / `threads` (a multiple of 32) share the work:
+// one thread per (n, t, q); a tile's four quads are adjacent lanes and add their sums by shuffles.
+// xs: min(tokens + 1, 8) * lq_x_bytes(in) bytes; start: lq_start_bytes(in).
+__device__ __forceinline__ void lq_stage_x(uint4* xs, float* start, const bf16* x, int tokens, int in,
+                                           float centre, int thread, int threads) {
+    const int tiles = in / LQ_TILE_COLS, items = 4 * tiles * min(tokens + 1, 8);
+    for (int base = 0; base < items; base += threads) {  // every lane of a warp takes part in the shuffles
+        const int i = base + thread, q = i & 3, t = (i >> 2) % tiles, n = (i >> 2) / tiles;
+        uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        float sum = 0.0f;
+        if (i < items && n < tokens) {
+            const uint32_t* row = reinterpret_cast<const uint32_t*>(x + size_t(n) * in + t * LQ_TILE_COLS) + q;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                v[2 * j] = __ldg(row + 8 * j);
+                v[2 * j + 1] = __ldg(row + 8 * j + 4);
+            }
+#pragma unroll
+            for (int k = 0; k < 8; ++k) sum += __uint_as_float(v[k] << 16) + __uint_as_float(v[k] & 0xffff0000u);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (i < items) {
+            xs[2 * i] = make_uint4(v[0], v[1], v[2], v[3]);
+            xs[2 * i + 1] = make_uint4(v[4], v[5], v[6], v[7]);
+            if (q == 0 && n < 8) start[t * 8 + n] = -centre * sum;
+        }
+    }
+    for (int i = thread; i < tiles * 8; i += threads)  // tokens past the staged ones
+        if ((i & 7) > tokens) start[i] = 0.0f;
+}
+
+// One warp's ring of LQ_STAGES tile slots in shared memory, filled by cp.async (16 bytes per lane
+// and copy, one commit group per tile) from `count` consecutive tiles at `src`; slots past the
+// run are zero-filled and never read. Use: issue_first() (may precede the PDL wait: weights are
+// immutable), then per tile next() -> its bytes, then release().
+template <int BITS>
+struct LqRing {
+    static constexpr int TILE_BYTES = lq_tile_bytes(BITS), TILE_VECS = TILE_BYTES / 16;
+    uint4* slots;         // LQ_STAGES * TILE_BYTES bytes
+    const uint8_t* src;   // the next tile to copy, + 16 * lane
+    const uint8_t* safe;  // a valid address for the zero-filling copies
+    int left, fill = 0, read = 0, lane;
+
+    __device__ LqRing(uint4* slots_, const uint8_t* first_tile, int count, int lane_)
+        : slots(slots_), src(first_tile + 16 * lane_), safe(first_tile), left(count), lane(lane_) {}
+
+    __device__ void issue() {
+        const bool live = left > 0;
+        uint4* dst = slots + fill * TILE_VECS + lane;
+        cp_async_16(dst, live ? src : safe, live);
+        if (lane + 32 < TILE_VECS) cp_async_16(dst + 32, live ? src + 512 : safe, live);
+        cp_async_commit();
+        src += TILE_BYTES;
+        fill = fill + 1 == LQ_STAGES ? 0 : fill + 1;
+        --left;
+    }
+    __device__ void issue_first() {
+        for (int k = 0; k < LQ_STAGES - 1; ++k) issue();
+    }
+    __device__ const uint8_t* next() {
+        cp_async_wait<LQ_STAGES - 2>();
+        __syncwarp();
+        return reinterpret_cast<const uint8_t*>(slots + read * TILE_VECS);
+    }
+    __device__ void release() {
+        __syncwarp();  // every lane has read the slot before it is refilled
+        issue();
+        read = read + 1 == LQ_STAGES ? 0 : read + 1;
+    }
+    __device__ void drain() { cp_async_wait<0>(); }
+};
+
+// acc (the lane's C fragment: [0..1] row g, tokens 2quad, 2quad + 1; [2..3] row g + 8) +=
+// scale_row * sum over the tile's 64 columns of (code - 2^(BITS-1)) * x, x_frag the lane's
+// two 16-byte B fragments of this tile, start its tokens' start values.
+template <int BITS>
+__device__ __forceinline__ void lq_tile_mma(const uint8_t* tile, int lane, const uint4* x_frag, float2 start,
+                                            float (&acc)[4]) {
+    const int g = lane >> 2;
+    const uint4 low = *reinterpret_cast<const uint4*>(tile + 16 * lane);
+    uint32_t high[2] = {0u, 0u};
+    if constexpr (BITS == 5) high[0] = reinterpret_cast<const uint32_t*>(tile + 512)[lane];
+    if constexpr (BITS == 6) {
+        const uint2 h = reinterpret_cast<const uint2*>(tile + 512)[lane];
+        high[0] = h.x;
+        high[1] = h.y;
+    }
+    const __half* scales = reinterpret_cast<const __half*>(tile + lq_tile_bytes(BITS) - 2 * LQ_TILE_ROWS);
+    const float scale_lo = __half2float(scales[g]), scale_hi = __half2float(scales[g + 8]);
+    const uint4 xb[2] = {x_frag[0], x_frag[1]};
+    const uint32_t b[8] = {xb[0].x, xb[0].y, xb[0].z, xb[0].w, xb[1].x, xb[1].y, xb[1].z, xb[1].w};
+    const uint32_t words[4] = {low.x, low.y, low.z, low.w};
+    const uint32_t magic = lq_code_magic<BITS>();
+    float sums[4] = {start.x, start.y, start.x, start.y};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        uint32_t a[4];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) a[s] = lq_a_register<BITS>(words[j], high, j, s, magic);
+        mma_bf16_16816(sums, a, b[2 * j], b[2 * j + 1]);
+    }
+    acc[0] = fmaf(scale_lo, sums[0], acc[0]);
+    acc[1] = fmaf(scale_lo, sums[1], acc[1]);
+    acc[2] = fmaf(scale_hi, sums[2], acc[2]);
+    acc[3] = fmaf(scale_hi, sums[3], acc[3]);
+}
+
+}  // namespace lampo
