@@ -7,7 +7,9 @@ NaN, in bounded chunks; it is the reference the CUDA engine's own census
 every tensor the text engine uses (the reference backend's load step) and raises
 `nonfinite_error`: one CheckpointError line naming the file, the tensor, how many values and the
 first one's index, and the other tensors affected. Of a quantized tensor (a converted checkpoint)
-the fp16 scales are scanned: a NaN/Inf scale is damage, a zero scale a group of zeros.
+the fp16 scales are scanned: a NaN/Inf scale is damage, a zero scale a group of zeros (the
+vocabulary's padding rows have them), and a tensor whose every scale is zero holds no weights at
+all: damage too (`zeroed_error`).
 """
 
 from __future__ import annotations
@@ -82,8 +84,23 @@ def nonfinite_error(ck: Checkpoint, found: list[NonFinite]) -> CheckpointError:
     return CheckpointError(msg + "; the checkpoint is damaged")
 
 
+def zeroed_error(ck: Checkpoint) -> CheckpointError | None:
+    """One line naming the first quantized tensor whose every scale is zero, or None."""
+    for name in ck.names():
+        lq = ck.quantized(name)
+        if lq is not None and not scales(ck.raw(name), lq).any():
+            return CheckpointError(f"checkpoint: {ck.path_of(name).name}: tensor {name!r}: every one of its "
+                                   f"{int(np.prod(lq.scale_shape)):,} scales is zero, so it holds no weights; "
+                                   f"the checkpoint is damaged (convert it again)")
+    return None
+
+
 def check_finite(ck: Checkpoint) -> None:
-    """Raise `nonfinite_error` when any tensor the engine uses holds NaN/Inf."""
+    """Raise `nonfinite_error` when any tensor the engine uses holds NaN/Inf, `zeroed_error` when a
+    quantized one holds no weights."""
     found = scan_checkpoint(ck)
     if found:
         raise nonfinite_error(ck, found)
+    zeroed = zeroed_error(ck)
+    if zeroed is not None:
+        raise zeroed

@@ -179,6 +179,18 @@ def test_zero_scale_is_a_group_of_zeros(copy):
     assert not w[0, :64].any() and w[0, 64:].any() and w[1, :64].any()
 
 
+def test_a_tensor_whose_every_scale_is_zero_is_refused(copy):
+    t = Checkpoint.open(copy).stored(Q_PROJ)
+    tiles = (1024 // 16) * (128 // 64)
+    for tile in range(tiles):  # zero the scales of every tile, keep the codes
+        with open(t.path, "r+b") as f:
+            f.seek(t.start + (tile + 1) * tile_bytes(6) - 32)
+            f.write(bytes(32))
+    with pytest.raises(CheckpointError) as e:
+        check_finite(Checkpoint.open(copy))
+    assert f"tensor '{Q_PROJ}': every one of its 2,048 scales is zero, so it holds no weights" in str(e.value)
+
+
 # ---- the reference engine on the dequantized weights -------------------------------------------
 def test_reference_logits_equal_those_of_the_dequantized_weights(dirs):
     ck, weights = _dequantized_source(dirs[0])
