@@ -104,3 +104,17 @@ def test_vram_with_a_context(capsys):
 def test_no_note_when_the_engine_loads_the_recommended_format():
     advice = _advice("qwen3.6-35b-a3b", 80)
     assert advice[-1] == "recommended: bf16, the best format that fits at 262,144 tokens"
+
+
+def test_a_reader_that_stops_early_ends_the_report_quietly():
+    import subprocess
+    import sys
+
+    code = ("import sys; from lampo.cli import main; "
+            "sys.stdout = open(sys.stdout.fileno(), 'w', buffering=1, closefd=False); "
+            "sys.exit(main(['info', 'qwen3.6-35b-a3b']))")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()  # as `| head -1` does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) in (0, 141) and "Traceback" not in err, err

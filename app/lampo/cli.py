@@ -54,6 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _report(command: str, argv: list[str]) -> int:
+    """A subcommand that prints a report; a reader that stops early (`lampo info | head`) ends it
+    quietly, as other command-line tools do."""
+    from importlib import import_module
+
+    try:
+        return import_module(f"lampo.{command}").main(argv)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        return 141  # 128 + SIGPIPE, as the shell reports it
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # The numpy reference backend does many small products: a multi-threaded BLAS spends more time
@@ -61,18 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     # is first imported; an explicit setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     # `info`, `bench` and `convert` own their options (argparse.REMAINDER would not pass "--flags" through).
-    if argv and argv[0] == "info":
-        from lampo.info import main as info_main
-
-        return info_main(argv[1:])
-    if argv and argv[0] == "bench":
-        from lampo.bench import main as bench_main
-
-        return bench_main(argv[1:])
-    if argv and argv[0] == "convert":
-        from lampo.convert import main as convert_main
-
-        return convert_main(argv[1:])
+    if argv and argv[0] in ("info", "bench", "convert"):
+        return _report(argv[0], argv[1:])
     if not argv or (argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help")):
         argv = ["chat", *argv]
     args = build_parser().parse_args(argv)
