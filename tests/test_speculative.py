@@ -1,0 +1,153 @@
+"""Speculative decoding on the numpy reference (models/speculative.py): greedy output equals plain
+greedy decoding whatever the drafts, the sampling rule keeps the target distribution, and the
+drafters propose what they should."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lampo.models.checkpoint import Checkpoint
+from lampo.models.reference.model import ReferenceModel
+from lampo.models.sampling_params import SamplingParams
+from lampo.models.speculative import (
+    SpeculativeReference,
+    accept_greedy,
+    accept_sampled,
+    ngram_drafts,
+)
+
+GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0)
+Z_ONE_IN_A_THOUSAND = 3.09  # one-sided normal quantile: the tests below fail by chance 1 time in 1,000
+PROMPT = [5, 17, 99, 1024, 5, 17, 99, 3000, 42]
+TOKENS = 40
+
+
+@pytest.fixture(scope="module")
+def models(tiny_dense_dir, tiny_moe_dir):
+    return {name: ReferenceModel.from_checkpoint(Checkpoint.open(d))
+            for name, d in (("dense", tiny_dense_dir), ("moe", tiny_moe_dir))}
+
+
+def matches_distribution(counts: np.ndarray, probs: np.ndarray) -> bool:
+    """Pearson's chi-square test of `counts` against `probs`, at the 1/1000 level (the critical
+    value by the Wilson-Hilferty approximation of the chi-square distribution)."""
+    expected = probs * counts.sum()
+    statistic = float(((counts - expected) ** 2 / expected).sum())
+    df = len(counts) - 1
+    critical = df * (1 - 2 / (9 * df) + Z_ONE_IN_A_THOUSAND * np.sqrt(2 / (9 * df))) ** 3
+    return statistic < critical
+
+
+def plain_greedy(model, prompt, n) -> list[int]:
+    model.reset()
+    logits, out = model.prefill(prompt, last_only=True), []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = model.decode(out[-1])
+    return out
+
+
+@pytest.mark.parametrize("name", ["dense", "moe"])
+@pytest.mark.parametrize("drafter", ["mtp", "ngram"])
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_greedy_speculation_equals_plain_greedy(models, name, drafter, k):
+    model = models[name]
+    want = plain_greedy(model, PROMPT, TOKENS)
+    spec = SpeculativeReference(model, GREEDY, k, drafter)
+    assert spec.generate(PROMPT, TOKENS) == want
+    assert spec.stats.steps >= 1 and spec.stats.accepted <= spec.stats.drafted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["dense", "moe"])
+@pytest.mark.parametrize("drafter", ["mtp", "ngram"])
+def test_greedy_speculation_equals_plain_greedy_for_256_tokens(models, name, drafter):
+    model = models[name]
+    spec = SpeculativeReference(model, GREEDY, 4, drafter)
+    assert spec.generate(PROMPT, 256) == plain_greedy(model, PROMPT, 256)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("corrupt", [0.0, 0.3, 1.0])
+def test_partly_right_drafts_are_kept_up_to_the_first_wrong_one(models, monkeypatch, k, corrupt):
+    """Drafts made of the target's own greedy tokens, each replaced by a wrong one with probability
+    `corrupt`: the output is still plain greedy's, and exactly the right prefix of each step's
+    drafts is kept (so the rollback and re-run after a partial acceptance are exercised)."""
+    model = models["moe"]
+    want = plain_greedy(model, PROMPT, TOKENS + k + 1)
+    rng = np.random.default_rng(int(corrupt * 10) + k)
+    spec = SpeculativeReference(model, GREEDY, k, "ngram")
+    expected_kept = []
+
+    def drafts(context, out):
+        truth = want[len(out):len(out) + k]
+        d = [t if rng.random() >= corrupt else (t + 1) % 1000 for t in truth]
+        expected_kept.append(next((i for i, (a, b) in enumerate(zip(d, truth)) if a != b), len(d)))
+        return d, None
+
+    monkeypatch.setattr(spec, "_drafts", drafts)
+    assert spec.generate(PROMPT, TOKENS) == want[:TOKENS]
+    assert spec.stats.accepted == sum(expected_kept)
+    if corrupt == 0.0:
+        assert spec.stats.accepted == spec.stats.drafted and spec.stats.steps <= -(-TOKENS // (k + 1))
+
+
+def test_accept_greedy():
+    logits = np.eye(6)[[3, 1, 4, 0]]  # target argmax 3, 1, 4, then 0
+    assert accept_greedy([3, 1, 4], logits) == (3, 0)
+    assert accept_greedy([3, 2, 4], logits) == (1, 1)
+    assert accept_greedy([], logits[:1]) == (0, 3)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_speculative_sampling_keeps_the_target_distribution(k):
+    """The emitted token after a step's kept drafts, and the first emitted token, are distributed as
+    the target says, for a drafter far from the target (chi-square, 40,000 trials)."""
+    rng = np.random.default_rng(k)
+    V, trials = 12, 40_000
+    p = rng.dirichlet(np.ones(V), size=k + 1)
+    q = rng.dirichlet(np.ones(V) * 0.3, size=k)
+    first = np.zeros(V)
+    for _ in range(trials):
+        drafts = [int(rng.choice(V, p=q[i])) for i in range(k)]
+        kept, nxt = accept_sampled(drafts, q, p, rng)
+        first[drafts[0] if kept > 0 else nxt] += 1
+    assert matches_distribution(first, p[0])
+    # and a drafter that is the target itself keeps every draft
+    assert all(accept_sampled([d], p[:1], p, rng)[0] == 1 for d in range(V) if p[0, d] > 0)
+
+
+def test_speculative_sampling_with_a_deterministic_drafter():
+    """A one-hot q (n-gram drafts): a draft is kept with probability p(draft), else the token is
+    drawn from p with the draft removed: together exactly p."""
+    rng = np.random.default_rng(7)
+    V, trials = 8, 40_000
+    p = rng.dirichlet(np.ones(V), size=2)
+    q = np.zeros((1, V))
+    q[0, 5] = 1.0
+    first = np.zeros(V)
+    for _ in range(trials):
+        kept, nxt = accept_sampled([5], q, p, rng)
+        first[5 if kept else nxt] += 1
+    assert matches_distribution(first, p[0])
+
+
+def test_sampled_speculation_runs_and_counts(models):
+    params = SamplingParams(temperature=0.8, top_k=50, top_p=0.95, seed=3)
+    spec = SpeculativeReference(models["moe"], params, 3, "mtp", seed=3)
+    out = spec.generate(PROMPT, 12)
+    assert len(out) == 12 and spec.stats.drafted == 3 * spec.stats.steps
+    assert len(spec.stats.accepted_at) == 3
+
+
+def test_ngram_drafts_quote_the_context():
+    ctx = [1, 2, 3, 4, 5, 6, 9, 9, 2, 3, 4]
+    assert ngram_drafts(ctx, 2) == [5, 6]  # "2 3 4" was followed by 5 6
+    assert ngram_drafts([1, 2, 3, 7, 2, 3], 4) == [7, 2, 3]  # the run stops at the context's end
+    assert ngram_drafts([1, 2, 3, 4], 3) == []
+
+
+def test_bad_arguments(models):
+    with pytest.raises(ValueError, match="k >= 1"):
+        SpeculativeReference(models["dense"], GREEDY, 0, "ngram")
