@@ -170,4 +170,19 @@ __device__ __forceinline__ void lq_tile_mma(const uint8_t* tile, int lane, const
     acc[3] = fmaf(scale_hi, sums[3], acc[3]);
 }
 
+// acc += the tiles [tbeg, tend) that `ring` streams, times x as lq_stage_x staged it at xs / start
+// for `tokens` tokens of width `in`/64 = `tiles` tiles (the lane's token g = lane / 4, the zero
+// token past them); the ring is drained afterwards.
+template <int BITS>
+__device__ __forceinline__ void lq_stream_tiles(LqRing<BITS>& ring, const uint4* xs, const float* start, int tiles,
+                                                int tokens, int tbeg, int tend, int lane, float (&acc)[4]) {
+    const uint4* x_frag = xs + (min(lane >> 2, tokens) * tiles * 4 + (lane & 3)) * 2;
+    const float2* tile_start = reinterpret_cast<const float2*>(start) + (lane & 3);  // tokens 2quad, 2quad + 1
+    for (int t = tbeg; t < tend; ++t) {
+        lq_tile_mma<BITS>(ring.next(), lane, x_frag + t * 8, tile_start[4 * t], acc);
+        ring.release();
+    }
+    ring.drain();
+}
+
 }  // namespace lampo

@@ -58,14 +58,8 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 3) gemv_lq_kernel(const GemvLqP
     lq_stage_x(xs, start, p.x, p.T, p.in, lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
     __syncthreads();
 
-    const uint4* x_frag = xs + (min(g, p.T) * tiles * 4 + quad) * 2;
-    const float2* tile_start = reinterpret_cast<const float2*>(start) + quad;  // tokens 2quad, 2quad + 1
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int t = tbeg; t < tend; ++t) {
-        lq_tile_mma<BITS>(ring.next(), lane, x_frag + t * 8, tile_start[4 * t], acc);
-        ring.release();
-    }
-    ring.drain();
+    lq_stream_tiles(ring, xs, start, tiles, p.T, tbeg, tend, lane, acc);
 
 #pragma unroll
     for (int i = 0; i < 4; ++i) partial[warp][lane][i] = acc[i];

@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(MLQ_WARPS * 32) moe_lq_gate_up_kernel(const Mo
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
     extern __shared__ uint4 mlq_smem[];
     __shared__ float partial[MLQ_WARPS][32][4];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, quad = lane & 3;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int strip = blockIdx.x, slot = blockIdx.y, t = slot / p.k;
     const int tiles = p.H / LQ_TILE_COLS, half = warp / GU_SLICES, slice = warp % GU_SLICES;
     const int tbeg = tiles * slice / GU_SLICES, tend = tiles * (slice + 1) / GU_SLICES;
@@ -61,14 +61,8 @@ __global__ void __launch_bounds__(MLQ_WARPS * 32) moe_lq_gate_up_kernel(const Mo
     lq_stage_x(xs, start, p.x + size_t(t) * p.H, 1, p.H, lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
     __syncthreads();
 
-    const uint4* x_frag = xs + (min(g, 1) * tiles * 4 + quad) * 2;
-    const float2* tile_start = reinterpret_cast<const float2*>(start) + quad;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int k = tbeg; k < tend; ++k) {
-        lq_tile_mma<BITS>(ring.next(), lane, x_frag + k * 8, tile_start[4 * k], acc);
-        ring.release();
-    }
-    ring.drain();
+    lq_stream_tiles(ring, xs, start, tiles, 1, tbeg, tend, lane, acc);
 #pragma unroll
     for (int i = 0; i < 4; ++i) partial[warp][lane][i] = acc[i];
     __syncthreads();
@@ -88,7 +82,7 @@ __global__ void __launch_bounds__(MLQ_WARPS * 32) moe_lq_down_kernel(const MoeLq
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
     extern __shared__ uint4 mlq_smem[];
     __shared__ float partial[MLQ_WARPS][32][4];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, quad = lane & 3;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int strip = blockIdx.x, t = blockIdx.y, tiles = p.I / LQ_TILE_COLS;
     // per warp: its ring, its slot's act row (and the zero token), its tiles' start values
     const int x_vecs = 2 * lq_x_bytes(p.I) / 16, start_floats = lq_start_bytes(p.I) / 4;
@@ -106,13 +100,7 @@ __global__ void __launch_bounds__(MLQ_WARPS * 32) moe_lq_down_kernel(const MoeLq
         ring.issue_first();
         lq_stage_x(xs, start, p.x + size_t(slot) * p.I, 1, p.I, lq_code_centre<BITS>(), lane, 32);
         __syncwarp();
-        const uint4* x_frag = xs + (min(g, 1) * tiles * 4 + quad) * 2;
-        const float2* tile_start = reinterpret_cast<const float2*>(start) + quad;
-        for (int k = 0; k < tiles; ++k) {
-            lq_tile_mma<BITS>(ring.next(), lane, x_frag + k * 8, tile_start[4 * k], acc);
-            ring.release();
-        }
-        ring.drain();
+        lq_stream_tiles(ring, xs, start, tiles, 1, 0, tiles, lane, acc);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) partial[warp][lane][i] = acc[i];
