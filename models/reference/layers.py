@@ -64,7 +64,8 @@ def gdn_mixer(cfg: ModelConfig, w: Mapping[str, np.ndarray], p: str, h: np.ndarr
     return o.reshape(T, cfg.value_dim) @ w[a + "out_proj.weight"].T
 
 
-def ffn_block(cfg: ModelConfig, w: Mapping[str, np.ndarray], p: str, h: np.ndarray) -> np.ndarray:
+def ffn_block(cfg: ModelConfig, w: Mapping[str, np.ndarray], p: str, h: np.ndarray,
+              routing: ffn.Routing | None = None) -> np.ndarray:
     m = p + "mlp."
     if not cfg.is_moe:
         return ffn.swiglu(h, w[m + "gate_proj.weight"], w[m + "up_proj.weight"], w[m + "down_proj.weight"])
@@ -72,17 +73,19 @@ def ffn_block(cfg: ModelConfig, w: Mapping[str, np.ndarray], p: str, h: np.ndarr
     return ffn.moe_block(
         h, w[m + "gate.weight"], w[m + "experts.gate_up_proj"], w[m + "experts.down_proj"],
         w[m + "shared_expert_gate.weight"], w[s + "gate_proj.weight"], w[s + "up_proj.weight"],
-        w[s + "down_proj.weight"], cfg.num_experts_per_tok,
+        w[s + "down_proj.weight"], cfg.num_experts_per_tok, routing,
     )
 
 
 def decoder_layer(cfg: ModelConfig, w: Mapping[str, np.ndarray], p: str, kind: str, x: np.ndarray,
-                  layer_state: KVCache | GdnState, positions: np.ndarray, serial: bool) -> np.ndarray:
-    """x [T, H] residual stream in, out. kind is FULL ("full_attention") or LINEAR."""
+                  layer_state: KVCache | GdnState, positions: np.ndarray, serial: bool,
+                  routing: ffn.Routing | None = None) -> np.ndarray:
+    """x [T, H] residual stream in, out. kind is FULL ("full_attention") or LINEAR; `routing`
+    records or replays the MoE experts (ffn.Routing)."""
     h = norms.rmsnorm1p(x, w[p + "input_layernorm.weight"], cfg.rms_norm_eps)
     if kind == FULL:
         x = x + attention_mixer(cfg, w, p, h, layer_state, positions)
     else:
         x = x + gdn_mixer(cfg, w, p, h, layer_state, serial)
     h = norms.rmsnorm1p(x, w[p + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-    return x + ffn_block(cfg, w, p, h)
+    return x + ffn_block(cfg, w, p, h, routing)

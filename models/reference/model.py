@@ -23,6 +23,7 @@ from lampo.models.config import FULL, ModelConfig
 from lampo.models.tensor_specs import EMBED, FINAL_NORM, LM_HEAD, MTP_PREFIX, expected_tensors, layer_prefix
 
 from . import layers, mtp, norms
+from .ffn import Routing
 from .state import GdnState, KVCache, SequenceState, Snapshot
 
 MTP_FC = MTP_PREFIX + "fc.weight"
@@ -145,14 +146,14 @@ class ReferenceModel:
         kv, gdn = iter(self.state.kv), iter(self.state.gdn)
         return [next(kv) if t == FULL else next(gdn) for t in self.cfg.layer_types]
 
-    def _forward(self, ids: np.ndarray) -> np.ndarray:
+    def _forward(self, ids: np.ndarray, routing: Routing | None = None) -> np.ndarray:
         """Run tokens at the next positions; returns the final-normed hidden rows [T, H]."""
         cfg, w = self.cfg, self.w
         positions = np.arange(self.position, self.position + len(ids))
         x = w[EMBED][ids]
         serial = len(ids) == 1
         for i, (kind, st) in enumerate(zip(cfg.layer_types, self._layer_states())):
-            x = layers.decoder_layer(cfg, w, layer_prefix(i), kind, x, st, positions, serial)
+            x = layers.decoder_layer(cfg, w, layer_prefix(i), kind, x, st, positions, serial, routing)
         self.state.position += len(ids)
         return norms.rmsnorm1p(x, w[FINAL_NORM], cfg.rms_norm_eps)
 
@@ -162,20 +163,24 @@ class ReferenceModel:
         out[..., self.cfg.real_vocab_size :] = -np.inf
         return out
 
-    def prefill(self, ids, chunk_size: int | None = None, last_only: bool = False) -> np.ndarray:
+    def prefill(self, ids, chunk_size: int | None = None, last_only: bool = False,
+                routing: Routing | None = None) -> np.ndarray:
         """Run `ids` from the current position, in calls of at most `chunk_size` tokens (all at once
-        by default). Returns logits for every row [T, V], or only the last row [V] if last_only."""
+        by default). Returns logits for every row [T, V], or only the last row [V] if last_only.
+        `routing` (ffn.Routing, one call: no chunks) records or replays the MoE experts."""
         ids = self._token_ids(ids)
         step = chunk_size or len(ids)
         if step < 1:
             raise ValueError(f"prefill: chunk_size must be >= 1 (got {chunk_size})")
-        hiddens = [self._forward(ids[s : s + step]) for s in range(0, len(ids), step)]
+        if routing is not None and step < len(ids):
+            raise ValueError("prefill: routing is recorded or replayed for one call, not for chunks")
+        hiddens = [self._forward(ids[s : s + step], routing) for s in range(0, len(ids), step)]
         self.hiddens = np.concatenate(hiddens)
         return self.logits(self.hiddens[-1]) if last_only else self.logits(self.hiddens)
 
-    def decode(self, token_id: int) -> np.ndarray:
-        """One token at the current position -> logits [V]."""
-        self.hiddens = self._forward(self._token_ids([token_id]))
+    def decode(self, token_id: int, routing: Routing | None = None) -> np.ndarray:
+        """One token at the current position -> logits [V] (`routing` as in prefill)."""
+        self.hiddens = self._forward(self._token_ids([token_id]), routing)
         return self.logits(self.hiddens[-1])
 
     # ---- MTP -------------------------------------------------------------------------------
