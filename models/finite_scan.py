@@ -54,13 +54,22 @@ def count_nonfinite(raw: np.ndarray) -> tuple[int, int]:
 
 def scan_checkpoint(ck: Checkpoint, names: Iterable[str] | None = None) -> list[NonFinite]:
     """The tensors (`names`, default all the engine uses) holding NaN/Inf, in checkpoint order."""
-    found = []
+    return _scan(ck, names)[0]
+
+
+def _scan(ck: Checkpoint, names: Iterable[str] | None = None) -> tuple[list[NonFinite], list[str]]:
+    """One pass over the tensors: those holding NaN/Inf, and the quantized ones whose every scale
+    is zero (their scales are read once for both)."""
+    found, zeroed = [], []
     for name in ck.names() if names is None else names:
         lq = ck.quantized(name)
-        count, first = count_nonfinite(ck.raw(name) if lq is None else scales(ck.raw(name), lq))
+        values = ck.raw(name) if lq is None else scales(ck.raw(name), lq)
+        count, first = count_nonfinite(values)
         if count:
             found.append(NonFinite(name, count, first))
-    return found
+        elif lq is not None and not values.any():
+            zeroed.append(name)
+    return found, zeroed
 
 
 def nonfinite_error(ck: Checkpoint, found: list[NonFinite]) -> CheckpointError:
@@ -84,23 +93,19 @@ def nonfinite_error(ck: Checkpoint, found: list[NonFinite]) -> CheckpointError:
     return CheckpointError(msg + "; the checkpoint is damaged")
 
 
-def zeroed_error(ck: Checkpoint) -> CheckpointError | None:
-    """One line naming the first quantized tensor whose every scale is zero, or None."""
-    for name in ck.names():
-        lq = ck.quantized(name)
-        if lq is not None and not scales(ck.raw(name), lq).any():
-            return CheckpointError(f"checkpoint: {ck.path_of(name).name}: tensor {name!r}: every one of its "
-                                   f"{int(np.prod(lq.scale_shape)):,} scales is zero, so it holds no weights; "
-                                   f"the checkpoint is damaged (convert it again)")
-    return None
+def zeroed_error(ck: Checkpoint, name: str) -> CheckpointError:
+    """One line naming a quantized tensor whose every scale is zero."""
+    lq = ck.quantized(name)
+    return CheckpointError(f"checkpoint: {ck.path_of(name).name}: tensor {name!r}: every one of its "
+                           f"{int(np.prod(lq.scale_shape)):,} scales is zero, so it holds no weights; "
+                           f"the checkpoint is damaged (convert it again)")
 
 
 def check_finite(ck: Checkpoint) -> None:
     """Raise `nonfinite_error` when any tensor the engine uses holds NaN/Inf, `zeroed_error` when a
     quantized one holds no weights."""
-    found = scan_checkpoint(ck)
+    found, zeroed = _scan(ck)
     if found:
         raise nonfinite_error(ck, found)
-    zeroed = zeroed_error(ck)
-    if zeroed is not None:
-        raise zeroed
+    if zeroed:
+        raise zeroed_error(ck, zeroed[0])

@@ -140,22 +140,26 @@ class SpeculativeReference:
         return [*drafts[:kept], nxt]
 
     def _drafts(self, context: list[int], out: list[int]) -> tuple[list[int], np.ndarray | None]:
-        """The step's drafts and, when sampling, the distributions q they were drawn from."""
+        """The step's drafts and, when sampling with drafts, the distributions q they were drawn from
+        (None otherwise: neither greedy acceptance nor an empty draft reads q)."""
+        greedy = self.params.temperature == 0
         if self.drafter == "ngram":
             drafts = ngram_drafts(context, self.k)
+            if greedy:
+                return drafts, None
             q = np.zeros((len(drafts), self.model.cfg.vocab_size))  # a deterministic drafter: one-hot
             q[np.arange(len(drafts)), drafts] = 1.0
             return drafts, q
         if self._first is None:  # a one-token prompt: nothing ran yet to draft from
-            return [], np.zeros((0, self.model.cfg.vocab_size))
+            return [], None
         drafts, qs, logits = [], [], self._first
         position = self.model.position  # the MTP row after the one that gave `_first`
         for i in range(self.k):
-            if self.params.temperature == 0:
+            if greedy:
                 drafts.append(int(np.argmax(logits)))
             else:
                 qs.append(filtered_probs(logits, self.params, seen_ids=out + drafts))
                 drafts.append(_draw(qs[-1], self.rng))
             if i + 1 < self.k:  # chain: the MTP's own hidden row and the draft it just made
                 logits = self.model.mtp_step(self.model.mtp_hidden_last, drafts[-1], position + i)
-        return drafts, (np.stack(qs) if qs else np.zeros((0, self.model.cfg.vocab_size)))
+        return drafts, (np.stack(qs) if qs else None)
