@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from lampo.models.config import ModelConfig
 from lampo.models.params import count_params, short_count
-from lampo.models.quant.recipes import get_recipe, recipe_size
+from lampo.models.quant.recipes import active_bytes_per_token, get_recipe, recipe_size
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -99,6 +99,13 @@ def weight_bytes(cfg: ModelConfig, weights: str) -> tuple[int, int]:
         return 2 * counts.total_text, 2 * counts.mtp
     size = recipe_size(get_recipe(weights), cfg)
     return int(size.text_bytes), int(size.mtp_bytes)
+
+
+def active_weight_bytes(cfg: ModelConfig, weights: str) -> int:
+    """Weight bytes one decoded token reads in a WEIGHT_FORMATS format (the roofline's weights)."""
+    if weights == "bf16":
+        return 2 * count_params(cfg).active_per_token
+    return int(active_bytes_per_token(get_recipe(weights), cfg))
 
 
 def _plural(n: int, word: str) -> str:

@@ -37,12 +37,14 @@ def next_token(history: list[int]) -> int:
 
 
 class FakeEngine:
-    def __init__(self, native: "FakeNative", config: ModelConfig, tensor_names: dict[str, str], *,
-                 context_max: int, prefill_chunk: int, snapshot_slots: int):
+    def __init__(self, native: "FakeNative", config: ModelConfig, tensor_names: dict[str, str],
+                 tensor_bits: dict[str, int], *, context_max: int, prefill_chunk: int, snapshot_slots: int,
+                 vram_limit: int):
         assert isinstance(config, ModelConfig) and tensor_names == engine_tensor_names(config)
-        self.native, self.config = native, config
+        self.native, self.config, self.tensor_bits, self.vram_limit = native, config, tensor_bits, vram_limit
         self.context_max, self.prefill_chunk, self.snapshot_slots = context_max, prefill_chunk, snapshot_slots
         self.loaded: list[str] = []
+        self.stored_bits: dict[str, int] = {}
         self.history: list[int] = []
         self.slots: dict[int, list[int]] = {}
         self.pending = -1
@@ -53,8 +55,9 @@ class FakeEngine:
     def weight_specs(self):
         return [(n, s.shape, s.dtype) for n, s in expected_tensors(self.native.cfg, include_mtp=False).items()]
 
-    def load_tensor(self, name, array):
+    def load_tensor(self, name, array, bits=0):
         self.loaded.append(name)
+        self.stored_bits[name] = bits
 
     def finish_loading(self):
         self.calls.append(("finish_loading",))
@@ -127,8 +130,8 @@ class FakeNative:
         self.healthy = True
         self.device_resets = 0
 
-    def Engine(self, config, tensor_names, **options):  # noqa: N802 (mirrors the class)
-        return FakeEngine(self, config, tensor_names, **options)
+    def Engine(self, config, tensor_names, tensor_bits, **options):  # noqa: N802 (mirrors the class)
+        return FakeEngine(self, config, tensor_names, tensor_bits, **options)
 
     def mem_info(self):
         return self.free, self.total
@@ -163,12 +166,66 @@ def fresh_generation(prompt, n):
 
 
 # ---- setup ------------------------------------------------------------------------------------
-def test_a_converted_checkpoint_is_refused_with_the_way_out(tiny_dense_dir, tmp_path):
+def test_a_converted_checkpoint_loads_as_stored(tiny_dense_dir, tmp_path):
+    from lampo.models.quant.convert import convert
+    from lampo.models.quant.engine_formats import engine_tensor_bits
+
+    convert(tiny_dense_dir, tmp_path / "q5", "q5")
+    native = FakeNative(get_preset("tiny-dense"))
+    b = CudaBackend(tmp_path / "q5", native=native, tokenizer=TagTokenizer())
+    engine = native.engines[-1]
+    ck = Checkpoint.open(tmp_path / "q5", include_mtp=False)
+    assert b.weight_format == "q5"
+    assert engine.tensor_bits == engine_tensor_bits(ck.config, {n: t.bits for n, t in ck.lq.tensors.items()})
+    assert engine.tensor_bits  # some matrices stay LQ in the engine
+    for name in engine.loaded:  # every tensor arrives as stored, packed ones with their width
+        packed = ck.quantized(name)
+        assert engine.stored_bits[name] == (packed.bits if packed else 0)
+    assert any(engine.stored_bits.values())
+
+
+def test_a_bf16_checkpoint_is_quantized_while_loading_unless_bf16_is_asked(tiny_dense_dir):
+    from lampo.models.quant.engine_formats import recipe_tensor_bits
+
+    cfg = get_preset("tiny-dense")
+    native = FakeNative(cfg)
+    assert CudaBackend(tiny_dense_dir, native=native, tokenizer=TagTokenizer()).weight_format == "q5"
+    assert native.engines[-1].tensor_bits == recipe_tensor_bits(native.engines[-1].config, "q5")
+    assert not any(native.engines[-1].stored_bits.values())  # bf16 arrives; the engine quantizes
+    assert CudaBackend(tiny_dense_dir, native=native, tokenizer=TagTokenizer(), weights="bf16").weight_format == "bf16"
+    assert native.engines[-1].tensor_bits == {}
+    assert CudaBackend(tiny_dense_dir, native=native, tokenizer=TagTokenizer(), weights="q4").weight_format == "q4"
+
+
+def test_a_converted_checkpoint_is_not_quantized_again(tiny_dense_dir, tmp_path):
     from lampo.models.quant.convert import convert
 
     convert(tiny_dense_dir, tmp_path / "q5", "q5")
-    with pytest.raises(EngineUnavailable, match="holds q5 weights.*bf16 only.*--backend reference"):
-        CudaBackend(tmp_path / "q5", native=FakeNative(get_preset("tiny-dense")), tokenizer=TagTokenizer())
+    native = FakeNative(get_preset("tiny-dense"))
+    with pytest.raises(EngineUnavailable, match="already quantized \\(q5\\).*--recipe q4"):
+        CudaBackend(tmp_path / "q5", native=native, tokenizer=TagTokenizer(), weights="q4")
+    b = CudaBackend(tmp_path / "q5", native=native, tokenizer=TagTokenizer(), weights="bf16")  # dequantized on load
+    assert b.weight_format == "bf16" and native.engines[-1].tensor_bits == {}
+
+
+def test_auto_weights_take_the_best_recipe_that_fits_the_card_or_the_limit():
+    from lampo.engine.cuda import resolve_weights
+
+    cfg = get_preset("qwen3.6-35b-a3b")
+    sizes = dict(context_max=cfg.max_position_embeddings, snapshot_slots=0)
+    assert resolve_weights(FakeNative(cfg, free=120 * GIB), cfg, "auto", None, **sizes)[0] == "q5"
+    assert resolve_weights(FakeNative(cfg, free=22 * GIB), cfg, "auto", None, **sizes)[0] == "q4"
+    assert resolve_weights(FakeNative(cfg, free=120 * GIB), cfg, "auto", None, vram_limit=22 * GIB, **sizes)[0] == "q4"
+
+
+def test_the_vram_limit_caps_the_plan_and_reaches_the_engine():
+    cfg = get_preset("qwen3.6-35b-a3b")
+    with pytest.raises(EngineUnavailable, match="not enough GPU memory.*--vram-limit 20.00 GiB"):
+        create_engine(FakeNative(cfg, free=120 * GIB), cfg, context_max=cfg.max_position_embeddings, weights="q4",
+                      vram_limit=20 * GIB)
+    engine = create_engine(FakeNative(cfg, free=120 * GIB), cfg, context_max=cfg.max_position_embeddings, weights="q4",
+                           vram_limit=23 * GIB)
+    assert engine.vram_limit == 23 * GIB
 
 
 def test_memory_plan_refusal_names_the_plan_and_a_context_that_fits():
@@ -188,8 +245,8 @@ def test_memory_plan_refusal_names_the_plan_and_a_context_that_fits():
 def test_load_weights_walks_the_shards_and_skips_mtp(tiny_dense_dir):
     ck = Checkpoint.open(tiny_dense_dir, include_mtp=False)
     native = FakeNative(ck.config)
-    engine = native.Engine(ck.config, engine_tensor_names(ck.config), context_max=64, prefill_chunk=4,
-                           snapshot_slots=1)
+    engine = native.Engine(ck.config, engine_tensor_names(ck.config), {}, context_max=64, prefill_chunk=4,
+                           snapshot_slots=1, vram_limit=0)
     seen = []
     n = load_weights(engine, ck, lambda done, total: seen.append((done, total)))
     expected = [name for _path, names in ck.shards() for name in names]

@@ -38,11 +38,12 @@ from pathlib import Path
 
 import numpy as np
 
+from lampo.cli import vram_bytes
 from lampo.engine.loop import chunk_ends
 from lampo.engine.picker import native_for
 from lampo.models.config import ModelConfig
-from lampo.models.memory_plan import gdn_state_bytes, kv_bytes_per_token_per_layer
-from lampo.models.params import count_params
+from lampo.models.memory_plan import active_weight_bytes, gdn_state_bytes, kv_bytes_per_token_per_layer
+from lampo.models.quant.engine_formats import WEIGHT_CHOICES
 from lampo.models.sampling_params import GREEDY
 
 CUDA_DEFAULTS = dict(prompt="8192,65536", depths="0,8192,65536", decode_tokens=128)  # + the model's context
@@ -85,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-steps", type=int, default=8, metavar="N",
                    help="un-graphed profiled decode steps per depth (0: skip; CUDA only)")
     p.add_argument("--backend", choices=("auto", "cuda", "reference"), default="auto")
+    p.add_argument("--weights", choices=WEIGHT_CHOICES, default="auto",
+                   help="weight format on CUDA: auto (a converted checkpoint's own, else the best LQ recipe that "
+                   "fits), bf16, q5, q4 (quantized while loading; random weights are filled in that format)")
+    p.add_argument("--vram-limit", type=vram_bytes, default=0, metavar="SIZE",
+                   help="cap the engine's device memory, e.g. 24GiB (CUDA only)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
     return p
@@ -149,6 +155,8 @@ class Target:
 
     kind = ""
 
+    weight_format = "bf16"  # the format the engine holds the weights in (a WEIGHT_FORMATS name)
+
     def __init__(self, cfg: ModelConfig, steps, source: str, load: dict):
         self.cfg, self.steps, self.source, self.load = cfg, steps, source, load
         self.position = 0
@@ -178,6 +186,9 @@ class Target:
     def device(self) -> dict:
         return {"name": "CPU (numpy reference)"}
 
+    def vram(self) -> dict:
+        return {}
+
     def launches(self) -> dict:
         return {}
 
@@ -188,15 +199,21 @@ class Target:
 class CudaTarget(Target):
     kind = "cuda"
 
-    def __init__(self, native, cfg: ModelConfig, w: Workload, model_dir: Path | None, seed: int):
-        from lampo.engine.cuda import NativeSteps, create_engine, load_weights
+    def __init__(self, native, cfg: ModelConfig, w: Workload, model_dir: Path | None, seed: int,
+                 weights: str = "auto", vram_limit: int = 0):
+        from lampo.engine.cuda import NativeSteps, create_engine, load_weights, resolve_weights
         from lampo.models.checkpoint import Checkpoint
 
         self.native = native
-        self.engine = create_engine(native, cfg, context_max=w.context_max, prefill_chunk=w.chunk, snapshot_slots=0)
+        ck = Checkpoint.open(model_dir, include_mtp=False) if model_dir is not None else None
+        sizes = dict(context_max=w.context_max, prefill_chunk=w.chunk, snapshot_slots=0)
+        self.weight_format, bits = resolve_weights(native, cfg, weights, ck.lq if ck else None, vram_limit=vram_limit,
+                                                   **sizes)
+        self.engine = create_engine(native, cfg, weights=self.weight_format, tensor_bits=bits, vram_limit=vram_limit,
+                                    **sizes)
         t0 = time.perf_counter()
-        if model_dir is not None:
-            with Checkpoint.open(model_dir, include_mtp=False) as ck:
+        if ck is not None:
+            with ck:
                 n = load_weights(self.engine, ck)
             source, load = f"checkpoint {model_dir}", {"bytes": n, "seconds": time.perf_counter() - t0}
         else:
@@ -214,10 +231,12 @@ class CudaTarget(Target):
 
     def device(self) -> dict:
         info = self.native.device_info()
-        free, total = self.native.mem_info()
-        info.update(vram_used=total - free, vram_total=total,
-                    copy_bandwidth=self.native.measure_copy_bandwidth(BANDWIDTH_PROBE_BYTES, 20))
+        info.update(self.vram(), copy_bandwidth=self.native.measure_copy_bandwidth(BANDWIDTH_PROBE_BYTES, 20))
         return info
+
+    def vram(self) -> dict:
+        free, total = self.native.mem_info()
+        return dict(vram_used=total - free, vram_total=total, engine_allocated=self.native.engine_allocated())
 
     def launches(self) -> dict:
         return dict(self.engine.decode_graph_info())
@@ -253,11 +272,12 @@ class ReferenceTarget(Target):
 
 
 # ---- measurements ---------------------------------------------------------------------------
-def bytes_per_token(cfg: ModelConfig, depth: int) -> dict[str, int]:
-    """Bytes one decode step reads (and, for the GDN state, writes) at `depth` tokens of context."""
+def bytes_per_token(cfg: ModelConfig, depth: int, weights: str = "bf16") -> dict[str, int]:
+    """Bytes one decode step reads (and, for the GDN state, writes) at `depth` tokens of context,
+    with the weights in a WEIGHT_FORMATS format."""
     recurrent, conv = gdn_state_bytes(cfg)
     parts = {
-        "weights": 2 * count_params(cfg).active_per_token,  # bf16
+        "weights": active_weight_bytes(cfg, weights),
         "kv_cache": len(cfg.full_layer_ids) * kv_bytes_per_token_per_layer(cfg, "int8") * depth,
         "gdn_state": 2 * (recurrent + conv),
     }
@@ -302,7 +322,7 @@ def measure_decode(target, depth: int, w: Workload, rng, bandwidth: float | None
     target.decode(w.decode_tokens)
     seconds = time.perf_counter() - t0
     tok_s = w.decode_tokens / seconds
-    bytes_tok = bytes_per_token(target.cfg, start)
+    bytes_tok = bytes_per_token(target.cfg, start, target.weight_format)
     out = {"depth": start, "reached_by": how, "tokens": w.decode_tokens, "seconds": seconds,
            "tokens_per_second": tok_s, "ms_per_token": 1000.0 / tok_s, "bytes_per_token": bytes_tok}
     if bandwidth:
@@ -329,13 +349,19 @@ def _gib(n: float) -> str:
 
 
 def format_report(r: dict) -> str:
-    lines = [f"model: {r['model']} ({r['layers']} layers, {r['backend']} backend) - {r['weights']}",
+    lines = [f"model: {r['model']} ({r['layers']} layers, {r['backend']} backend) - {r['weights']}, "
+             f"{r.get('weight_format', 'bf16')}",
              f"device: {r['device'].get('name', '?')}"]
     dev = r["device"]
     if dev.get("copy_bandwidth"):
         lines[-1] += f", copy bandwidth {dev['copy_bandwidth'] / 1e12:.2f} TB/s (read + written)"
     if dev.get("vram_total"):
         lines.append(f"VRAM used: {_gib(dev['vram_used'])} of {_gib(dev['vram_total'])}")
+        end = dev.get("vram_end") or {}
+        if end:
+            lines[-1] += (f" after loading, {_gib(end['vram_used'])} at the end (the engine's blocks "
+                          f"{_gib(end['engine_allocated'])}" +
+                          (f", limit {_gib(r['vram_limit'])})" if r.get("vram_limit") else ")"))
     census = r["load"].get("census")
     if census:
         lines.append(f"NaN/Inf census of the weights in VRAM: {census['seconds'] * 1e3:,.1f} ms "
@@ -392,18 +418,23 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     cfg, model_dir = resolve_model(args)
     native = native_for(args.backend)
     w = plan_workload(args, cfg, cuda=native is not None)
-    target = (CudaTarget(native, cfg, w, model_dir, args.seed) if native is not None
+    if native is None and (args.weights not in ("auto", "bf16") or args.vram_limit):
+        w.notes.append("--weights and --vram-limit apply to the CUDA engine; the reference runs the weights as stored")
+    target = (CudaTarget(native, cfg, w, model_dir, args.seed, args.weights, args.vram_limit) if native is not None
               else ReferenceTarget(cfg, model_dir, args.seed, w.chunk))
     device = target.device()
     rng = np.random.default_rng(args.seed)
     target.prefill(random_ids(cfg, min(w.chunk, max(w.prompts)), rng))  # warm-up
     prefill = [measure_prefill(target, p, w, rng) for p in w.prompts]
     decode = [measure_decode(target, d, w, rng, device.get("copy_bandwidth"), args.seed) for d in w.depths]
+    device["vram_end"] = target.vram()  # after the deepest context: the run's VRAM as measured
     return {
         "model": cfg.name or (model_dir.name if model_dir else "?"),
         "layers": cfg.num_hidden_layers,
         "backend": target.kind,
         "weights": target.source,
+        "weight_format": target.weight_format,
+        "vram_limit": args.vram_limit,
         "load": target.load,
         "device": device,
         "launches_per_token": target.launches(),

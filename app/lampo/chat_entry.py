@@ -35,13 +35,15 @@ def _model_dir(args: argparse.Namespace, settings) -> Path:
     return ensure_demo_checkpoint()
 
 
-def _backend(kind: str, model_dir: Path, context_max: int) -> tuple[Backend, object]:
+def _backend(kind: str, model_dir: Path, context_max: int, args: argparse.Namespace) -> tuple[Backend, object]:
     """(backend, tokenizer) for kind auto|cuda|reference."""
     from lampo.engine.picker import open_backend
     from lampo.models.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_checkpoint(model_dir)
-    return open_backend(kind, model_dir, context_max=context_max, tokenizer=tokenizer, say=_say), tokenizer
+    backend = open_backend(kind, model_dir, context_max=context_max, tokenizer=tokenizer, say=_say,
+                           weights=args.weights, vram_limit=args.vram_limit)
+    return backend, tokenizer
 
 
 def run_chat(args: argparse.Namespace) -> int:
@@ -58,7 +60,7 @@ def run_chat(args: argparse.Namespace) -> int:
     try:
         model_dir = _model_dir(args, settings)
         context_max = args.context or settings.context  # asked for: the model may hold less
-        backend, tokenizer = _backend(args.backend or settings.backend, model_dir, context_max)
+        backend, tokenizer = _backend(args.backend or settings.backend, model_dir, context_max, args)
     except (OSError, ValueError, RuntimeError) as e:  # checkpoint, config, tokenizer, engine errors
         _say(str(e))
         return EXIT_FAILURE

@@ -26,7 +26,22 @@ def context_tokens(text: str) -> int:
     return value
 
 
+_UNITS = {"": 1 << 30, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9, "m": 1 << 20, "mib": 1 << 20, "mb": 10**6}
+
+
+def vram_bytes(text: str) -> int:
+    """`--vram-limit SIZE`: bytes from "24GiB", "24G", "23.5" (GiB), "24GB", "800MiB"."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS or float(m.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: expected a size such as 24GiB, 23.5G or 800MiB")
+    return int(float(m.group(1)) * _UNITS[unit])
+
+
 def _chat_parser(sub: argparse._SubParsersAction) -> None:
+    from lampo.models.quant.engine_formats import WEIGHT_CHOICES
     from lampo.settings import CONTEXT_RANGE
 
     p = sub.add_parser("chat", help="chat with the model (default)")
@@ -38,6 +53,11 @@ def _chat_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"maximum context in tokens, {CONTEXT_RANGE[0]:,} to {CONTEXT_RANGE[1]:,} "
                    "(default: context in config.toml)")
     p.add_argument("--no-think", action="store_true", help="start with thinking off")
+    p.add_argument("--weights", choices=WEIGHT_CHOICES, default="auto",
+                   help="weight format on the GPU: auto (a converted checkpoint's own; a bf16 checkpoint is "
+                   "quantized while loading to the best recipe that fits, q5 else q4), bf16 to opt out")
+    p.add_argument("--vram-limit", type=vram_bytes, default=0, metavar="SIZE",
+                   help="cap what the engine allocates on the GPU, e.g. 24GiB (plans as if the card were that size)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 from lampo.cli import context_tokens
-from lampo.engine.cuda import ENGINE_WEIGHT_FORMATS
 from lampo.models.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint, CheckpointError
 from lampo.models.config import ConfigError, ModelConfig, load_config
 from lampo.models.memory_plan import (
@@ -92,9 +91,6 @@ def vram_advice(plans: list[MemoryPlan], vram: float) -> list[str]:
     else:
         lines.append(f"recommended: {best.weight_format} with --context {tokens} (no format fits at {context:,} "
                      f"tokens; {best.weight_format} allows the longest context)")
-    if best is not None and best.weight_format not in ENGINE_WEIGHT_FORMATS:
-        lines.append(f"note: this Lampo's CUDA engine loads {', '.join(ENGINE_WEIGHT_FORMATS)} weights only; "
-                     f"{best.weight_format} is planned, not yet runnable on the GPU")
     return lines
 
 

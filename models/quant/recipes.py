@@ -3,6 +3,8 @@
 A tensor's class comes from its role (`tensor_specs`); a recipe maps each class to 4, 5 or 6
 bits, or to bf16 for what stays unquantized: vectors, the conv weights, the router (its top-k
 decides which experts run), the shared-expert gate, and any matrix off the 16 x 64 tile grid.
+The Gated DeltaNet's small b and a projections share the class of its qkv and z: the engine holds
+the four as one block (quant/engine_formats.py).
 
 - `q5`: about 5 bits per weight on average; both models with the full 262,144-token INT8 KV
   cache on a 32 GB card.
@@ -16,7 +18,9 @@ from dataclasses import dataclass
 from lampo.models.config import FULL, ModelConfig
 from lampo.models.quant.layout import bits_per_weight, quantizable
 from lampo.models.tensor_specs import (
+    EMBED,
     LAYER_PREFIX,
+    ROUTED_EXPERT_TENSORS,
     MTP_PREFIX,
     TensorSpec,
     decoder_layer_roles,
@@ -32,7 +36,7 @@ ROLE_CLASS = {
     "embed": "embedding",
     "lm_head": "lm_head",
     "attn.q": "attention", "attn.k": "attention", "attn.v": "attention", "attn.o": "attention",
-    "gdn.qkv": "gdn", "gdn.z": "gdn", "gdn.out": "gdn",
+    "gdn.qkv": "gdn", "gdn.z": "gdn", "gdn.b": "gdn", "gdn.a": "gdn", "gdn.out": "gdn",
     "dense.gate": "ffn_gate_up", "dense.up": "ffn_gate_up", "dense.down": "ffn_down",
     "moe.experts_gate_up": "experts_gate_up", "moe.experts_down": "experts_down",
     "moe.shared_expert.gate": "shared_expert", "moe.shared_expert.up": "shared_expert",
@@ -120,3 +124,18 @@ def recipe_size(recipe: Recipe, cfg: ModelConfig) -> RecipeSize:
                       text_bytes * 8 / sum(s.numel for s, _ in text))
 
 
+
+
+def active_bytes_per_token(recipe: Recipe, cfg: ModelConfig) -> float:
+    """Weight bytes one decoded token reads at `recipe` (params.count_params' active_per_token in
+    bytes): every text tensor but the embedding (a row gather), the routed expert banks at
+    top-k / E of their size."""
+    bits = tensor_bits(recipe, cfg)
+    share = cfg.num_experts_per_tok / cfg.num_experts if cfg.is_moe else 1.0
+    total = 0.0
+    for name, spec in expected_tensors(cfg, include_mtp=False).items():
+        if name == EMBED:
+            continue
+        routed = name.endswith(ROUTED_EXPERT_TENSORS)
+        total += tensor_bytes(spec, bits[name]) * (share if routed else 1.0)
+    return total

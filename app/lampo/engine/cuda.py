@@ -1,11 +1,15 @@
 """`CudaBackend`: the `Backend` protocol on the C++/CUDA engine (`lampo._native.Engine`).
 
-Start-up: open and validate the checkpoint, compute the memory plan (`plan_memory`) and compare it
-with the free VRAM (`_native.mem_info()`) - refusing with the plan table and a context that would
-fit - then create the Engine from the parsed config itself and the tensor table's names by role
-(`tensor_specs.engine_tensor_names`; it allocates everything up front) and stream the checkpoint into
-it shard by shard (zero-copy memory-mapped tensors; the engine copies them through a pinned
-staging ring), after which the engine counts the NaN/Inf values of every tensor on the GPU and a
+Start-up: open and validate the checkpoint, choose the weight format (`--weights`: auto = a
+converted checkpoint's own recipe, or for a bf16 checkpoint the best LQ recipe that fits, quantized
+on the GPU while loading; quant/engine_formats.py), compute the memory plan (`plan_memory`) and
+compare it with the free VRAM (`_native.mem_info()`, or `--vram-limit` when smaller) - refusing
+with the plan table and a context that would fit - then create the Engine from the parsed config
+itself, the tensor table's names by role (`tensor_specs.engine_tensor_names`) and the width of
+each LQ matrix (it allocates everything up front, and no more than the VRAM limit) and stream the
+checkpoint into it shard by shard (zero-copy memory-mapped tensors; the engine copies them through
+a pinned staging ring, converting on the GPU where the stored format differs), after which the
+engine counts the NaN/Inf values of every tensor (of an LQ one: its scales) on the GPU and a
 damaged one is refused by name. The tokenizer is checked against the model's vocabulary before
 any of this (`Tokenizer.from_checkpoint`). MTP tensors are not loaded: this engine does not run
 speculative decoding yet.
@@ -35,7 +39,10 @@ from lampo.engine.loop import GenerationLoop
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.config import ModelConfig
 from lampo.models.finite_scan import NonFinite, nonfinite_error
-from lampo.models.memory_plan import plan_memory
+from lampo.models.memory_plan import WEIGHT_FORMATS, plan_memory
+from lampo.models.quant.checkpoint_format import LqFormat
+from lampo.models.quant.engine_formats import choose_weights, engine_tensor_bits, recipe_tensor_bits
+from lampo.models.quant.recipes import BF16
 from lampo.models.sampling_params import SamplingParams
 from lampo.models.tensor_specs import engine_tensor_names
 from lampo.engine.prefix_cache import PrefixCache
@@ -43,6 +50,7 @@ from lampo.engine.prefix_cache import PrefixCache
 DEFAULT_PREFILL_CHUNK = 2048
 DEFAULT_SNAPSHOT_SLOTS = 4
 STATS_INTERVAL_S = 0.05  # at most one Stats event per this many seconds while decoding
+GIB = 1 << 30
 
 LoadProgress = Callable[[int, int], None]  # (bytes loaded, bytes total)
 
@@ -62,39 +70,64 @@ def load_native():
     return _native
 
 
-# The weight formats this engine loads (the LQ kernels exist; the engine's LQ path comes next).
-ENGINE_WEIGHT_FORMATS = ("bf16",)
+def memory_budget(native, vram_limit: int = 0) -> int:
+    """The bytes the engine may plan for: the free VRAM, or the VRAM limit when smaller."""
+    free, _total = native.mem_info()
+    return min(free, vram_limit) if vram_limit else free
+
+
+def _plan(cfg: ModelConfig, weights: str, context_max: int, prefill_chunk: int, snapshot_slots: int):
+    return plan_memory(cfg, context_max=context_max, weights=weights, kv="int8", with_mtp=False,
+                       spec_slots=snapshot_slots, prefill_chunk=prefill_chunk)
+
+
+def resolve_weights(native, cfg: ModelConfig, requested: str, lq: LqFormat | None, *, context_max: int,
+                    prefill_chunk: int = DEFAULT_PREFILL_CHUNK, snapshot_slots: int = DEFAULT_SNAPSHOT_SLOTS,
+                    vram_limit: int = 0) -> tuple[str, dict[str, int]]:
+    """(weight format of the run, the engine's LQ widths by tensor name) for `--weights requested`
+    on a checkpoint whose converted format is `lq` (None: bf16)."""
+    plans = {f: _plan(cfg, f, context_max, prefill_chunk, snapshot_slots) for f in WEIGHT_FORMATS}
+    fmt = choose_weights(requested, lq.recipe if lq is not None else None, plans, memory_budget(native, vram_limit))
+    if fmt == BF16:
+        return fmt, {}
+    if lq is not None:
+        return fmt, engine_tensor_bits(cfg, {n: t.bits for n, t in lq.tensors.items()})
+    return fmt, recipe_tensor_bits(cfg, fmt)
 
 
 def create_engine(native, cfg: ModelConfig, *, context_max: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                  snapshot_slots: int = DEFAULT_SNAPSHOT_SLOTS):
-    """Check the memory plan against the free VRAM, then allocate the engine (bf16 weights, INT8
-    KV cache, no MTP) for the config itself, with its tensors' names by role from the tensor
-    table. Raises EngineUnavailable with the plan table when it does not fit."""
-    plan = plan_memory(cfg, context_max=context_max, weights="bf16", kv="int8",
-                       with_mtp=False, spec_slots=snapshot_slots, prefill_chunk=prefill_chunk)
-    free, total = native.mem_info()
-    ok, message = plan.fits(free)
+                  snapshot_slots: int = DEFAULT_SNAPSHOT_SLOTS, weights: str = BF16,
+                  tensor_bits: dict[str, int] | None = None, vram_limit: int = 0):
+    """Check the memory plan of `weights` (a WEIGHT_FORMATS name) against the free VRAM (or the
+    VRAM limit), then allocate the engine (INT8 KV cache, no MTP) for the config itself, with its
+    tensors' names by role from the tensor table and the LQ widths `tensor_bits`. Raises
+    EngineUnavailable with the plan table when it does not fit."""
+    plan = _plan(cfg, weights, context_max, prefill_chunk, snapshot_slots)
+    budget = memory_budget(native, vram_limit)
+    ok, message = plan.fits(budget)
     if not ok:
-        raise EngineUnavailable(f"{message}\n\nmemory plan ({cfg.name or 'model'}, context "
+        limit = f" (--vram-limit {vram_limit / GIB:.2f} GiB)" if vram_limit and budget == vram_limit else ""
+        raise EngineUnavailable(f"{message}{limit}\n\nmemory plan ({cfg.name or 'model'}, context "
                                 f"{context_max:,}):\n{plan.format_table()}")
-    return native.Engine(cfg, engine_tensor_names(cfg), context_max=context_max, prefill_chunk=prefill_chunk,
-                         snapshot_slots=snapshot_slots)
+    return native.Engine(cfg, engine_tensor_names(cfg), tensor_bits or {}, context_max=context_max,
+                         prefill_chunk=prefill_chunk, snapshot_slots=snapshot_slots, vram_limit=vram_limit)
 
 
 def load_weights(engine, ck: Checkpoint, progress: LoadProgress | None = None) -> int:
-    """Copy every tensor the engine needs from the checkpoint, shard by shard in file order;
+    """Copy every tensor the engine needs from the checkpoint, shard by shard in file order, as
+    stored (packed LQ tensors with their width; the engine converts what its format differs in);
     returns the bytes read. Tensors the engine does not use (MTP) are skipped. The engine then
     counts the NaN/Inf values of every tensor in VRAM; any found raise CheckpointError naming the
     file and tensor."""
-    wanted = {name for name, _shape, _dtype in engine.weight_specs()}
+    wanted = {name for name, _shape, _format in engine.weight_specs()}
     todo = [(path, [n for n in names if n in wanted]) for path, names in ck.shards()]
     total = sum(ck.raw(n).nbytes for _path, names in todo for n in names)
     done = 0
     for _path, names in todo:
         for name in names:
             array = ck.raw(name)
-            engine.load_tensor(name, array)
+            packed = ck.quantized(name)
+            engine.load_tensor(name, array, packed.bits if packed is not None else 0)
             done += array.nbytes
             if progress:
                 progress(done, total)
@@ -112,20 +145,23 @@ def random_seed(params: SamplingParams) -> int:
 class CudaBackend:
     def __init__(self, model_dir: str | Path, *, context_max: int | None = None,
                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK, snapshot_slots: int = DEFAULT_SNAPSHOT_SLOTS,
-                 on_load: LoadProgress | None = None, native=None, tokenizer=None):
+                 on_load: LoadProgress | None = None, native=None, tokenizer=None, weights: str = "auto",
+                 vram_limit: int = 0):
         self._native = native if native is not None else load_native()
         self._ck = Checkpoint.open(model_dir, include_mtp=False)
-        if self._ck.lq is not None and self._ck.lq.recipe not in ENGINE_WEIGHT_FORMATS:
-            raise EngineUnavailable(f"{model_dir} holds {self._ck.lq.recipe} weights, and this Lampo's CUDA engine "
-                                    f"loads {', '.join(ENGINE_WEIGHT_FORMATS)} only; run the bf16 checkpoint, or "
-                                    f"--backend reference (numpy on the CPU, for small models)")
         cfg = self._ck.config
         context_max = min(context_max or cfg.max_position_embeddings, cfg.max_position_embeddings)
         if tokenizer is None:
             from lampo.models.tokenizer import Tokenizer
 
             tokenizer = Tokenizer.from_checkpoint(model_dir)
-        self._settings = dict(context_max=context_max, prefill_chunk=prefill_chunk, snapshot_slots=snapshot_slots)
+        sizes = dict(context_max=context_max, prefill_chunk=prefill_chunk, snapshot_slots=snapshot_slots)
+        try:
+            self.weight_format, bits = resolve_weights(self._native, cfg, weights, self._ck.lq, vram_limit=vram_limit,
+                                                       **sizes)
+        except ValueError as e:
+            raise EngineUnavailable(str(e)) from None
+        self._settings = dict(sizes, weights=self.weight_format, tensor_bits=bits, vram_limit=vram_limit)
         self._on_load = on_load
         self._engine = self._build_engine()
         self._loop = GenerationLoop(tokenizer, PrefixCache(snapshot_slots), label="CUDA", forget=lambda: self._engine.reset(),

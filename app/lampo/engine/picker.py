@@ -34,12 +34,18 @@ def native_for(kind: str, say: Callable[[str], None] | None = None):
 
 
 def open_backend(kind: str, model_dir: Path, *, context_max: int, tokenizer,
-                 say: Callable[[str], None] | None = None) -> Backend:
+                 say: Callable[[str], None] | None = None, weights: str = "auto", vram_limit: int = 0) -> Backend:
+    """`weights` and `vram_limit` (the CUDA engine's): see CudaBackend; the reference engine runs
+    the checkpoint as stored (saying so when they ask for something else)."""
     native = native_for(kind, say)
     if native is not None:
         from lampo.engine.cuda import CudaBackend
 
-        return CudaBackend(model_dir, context_max=context_max, native=native, tokenizer=tokenizer)
+        return CudaBackend(model_dir, context_max=context_max, native=native, tokenizer=tokenizer, weights=weights,
+                           vram_limit=vram_limit)
     from lampo.engine.reference import ReferenceBackend
+
+    if say is not None and (weights not in ("auto", "bf16") or vram_limit):
+        say("--weights and --vram-limit apply to the CUDA engine: the reference backend runs the checkpoint as stored")
 
     return ReferenceBackend(model_dir, context_max=context_max, tokenizer=tokenizer)

@@ -121,9 +121,15 @@ ModelDims dims_from_config(const py::object& cfg) {
     return d;
 }
 
-void load_tensor(Engine& e, const std::string& name, const py::array& a) {
-    DType dtype;
-    if (a.dtype().is(py::dtype::of<uint16_t>())) {
+void load_tensor(Engine& e, const std::string& name, const py::array& a, int bits) {
+    DType dtype = DType::BF16;
+    if (bits) {
+        if (!a.dtype().is(py::dtype::of<uint8_t>())) {
+            throw std::invalid_argument("load_tensor: '" + name + "' at " + std::to_string(bits) +
+                                        " bits must be the packed uint8 bytes, got numpy dtype " +
+                                        py::str(a.dtype()).cast<std::string>());
+        }
+    } else if (a.dtype().is(py::dtype::of<uint16_t>())) {
         dtype = DType::BF16;  // bf16 travels as its uint16 bit pattern
     } else if (a.dtype().is(py::dtype::of<float>())) {
         dtype = DType::F32;
@@ -138,7 +144,7 @@ void load_tensor(Engine& e, const std::string& name, const py::array& a) {
     std::vector<int64_t> shape(a.shape(), a.shape() + a.ndim());
     const void* data = a.data();
     py::gil_scoped_release release;  // `a` stays alive: the caller holds a reference
-    e.weights().load(name, data, dtype, shape);
+    e.weights().load(name, data, dtype, shape, bits);
 }
 
 int prefill(Engine& e, const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& ids,
@@ -154,27 +160,32 @@ int prefill(Engine& e, const py::array_t<int32_t, py::array::c_style | py::array
 void register_engine(py::module_& m) {
     using release = py::call_guard<py::gil_scoped_release>;
     py::class_<Engine>(m, "Engine", "One model in VRAM and one conversation's state (engine.h)")
-        .def(py::init([](const py::object& config, const TensorNames& tensor_names, int context_max,
-                         int prefill_chunk, int snapshot_slots) {
-                 return std::make_unique<Engine>(dims_from_config(config), tensor_names,
-                                                 EngineOptions{context_max, prefill_chunk, snapshot_slots});
+        .def(py::init([](const py::object& config, const TensorNames& tensor_names, const TensorBits& tensor_bits,
+                         int context_max, int prefill_chunk, int snapshot_slots, size_t vram_limit) {
+                 return std::make_unique<Engine>(dims_from_config(config), tensor_names, tensor_bits,
+                                                 EngineOptions{context_max, prefill_chunk, snapshot_slots, vram_limit});
              }),
-             py::arg("config"), py::arg("tensor_names"), py::kw_only(), py::arg("context_max"),
-             py::arg("prefill_chunk") = 2048, py::arg("snapshot_slots") = 4,
+             py::arg("config"), py::arg("tensor_names"), py::arg("tensor_bits") = TensorBits{}, py::kw_only(),
+             py::arg("context_max"), py::arg("prefill_chunk") = 2048, py::arg("snapshot_slots") = 4,
+             py::arg("vram_limit") = size_t(0),
              "Allocate the engine for a lampo.models.config.ModelConfig: tensor_names maps each weight "
-             "role to its checkpoint name (lampo.models.tensor_specs.engine_tensor_names), context_max "
-             "is the tokens of KV cache")
+             "role to its checkpoint name (lampo.models.tensor_specs.engine_tensor_names), tensor_bits "
+             "each matrix held in the LQ format to its width (lampo.models.quant.engine_formats; the "
+             "others bf16), context_max is the tokens of KV cache, vram_limit caps the bytes of the "
+             "engine's device blocks (0: none)")
         .def("weight_specs",
              [](Engine& e) {
                  py::list out;
                  for (const TensorSlot& s : e.weights().slots()) {
-                     out.append(py::make_tuple(s.name, py::tuple(py::cast(s.shape)), dtype_name(s.dtype)));
+                     const std::string format = s.bits ? "LQ" + std::to_string(s.bits) : dtype_name(s.dtype);
+                     out.append(py::make_tuple(s.name, py::tuple(py::cast(s.shape)), format));
                  }
                  return out;
              },
-             "[(checkpoint name, shape, 'BF16'|'F32')] of every tensor the engine loads")
-        .def("load_tensor", &load_tensor, py::arg("name"), py::arg("array"),
-             "Copy one tensor (numpy uint16 bf16 bits or float32, C order) into VRAM")
+             "[(checkpoint name, logical shape, 'BF16'|'F32'|'LQ4'|'LQ5'|'LQ6')] of every tensor the engine loads")
+        .def("load_tensor", &load_tensor, py::arg("name"), py::arg("array"), py::arg("bits") = 0,
+             "Copy one tensor (numpy uint16 bf16 bits or float32, C order; with bits 4..6 the uint8 "
+             "packed LQ bytes of a converted checkpoint) into VRAM, converting it to the engine's format")
         .def("finish_loading", [](Engine& e) { e.weights().finish_loading(); }, release(),
              "Wait for every copy and check that all tensors arrived")
         .def("nonfinite_census",
@@ -268,6 +279,7 @@ void register_engine(py::module_& m) {
         .def("synchronize", &Engine::synchronize, release());
 
     m.def("mem_info", &mem_info, "(free, total) device memory in bytes");
+    m.def("engine_allocated", &DeviceMemory::allocated, "Bytes held in the engines' device blocks now");
     m.def("device_info", [] {
         const DeviceInfo i = device_info();
         py::dict d;

@@ -23,14 +23,15 @@ size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 }  // namespace
 
-Engine::Engine(const ModelDims& dims, const TensorNames& names, const EngineOptions& options)
+Engine::Engine(const ModelDims& dims, const TensorNames& names, const TensorBits& bits, const EngineOptions& options)
     : dims_(dims), opt_(options) {
     dims_.validate();
     if (opt_.context_max < 1) throw std::invalid_argument("context_max must be positive");
     if (opt_.prefill_chunk < 1) throw std::invalid_argument("prefill_chunk must be positive");
     if (opt_.snapshot_slots < 0) throw std::invalid_argument("snapshot_slots must be >= 0");
 
-    weights_ = std::make_unique<WeightStore>(dims_, names);
+    DeviceMemory::set_limit(opt_.vram_limit);
+    weights_ = std::make_unique<WeightStore>(dims_, names, bits);
 
     // KV cache: per attention layer K, V int8 [nkv, context_max, D] and fp16 scales per 64 values.
     const int L = dims_.n_layers();

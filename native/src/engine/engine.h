@@ -32,6 +32,7 @@ struct EngineOptions {
     int context_max = 0;  // tokens of KV cache; no default: the caller passes the model's, or less
     int prefill_chunk = 2048;
     int snapshot_slots = 4;
+    size_t vram_limit = 0;  // bytes the process may hold in cudaMalloc'ed blocks (0: no cap; weights.h)
 };
 
 struct DecodeGraphInfo {
@@ -41,8 +42,9 @@ struct DecodeGraphInfo {
 
 class Engine {
 public:
-    // `names`: the checkpoint name of each weight by role (weights.h, TensorNames).
-    Engine(const ModelDims& dims, const TensorNames& names, const EngineOptions& options);
+    // `names`: the checkpoint name of each weight by role (weights.h, TensorNames); `bits`: the
+    // matrices held in the LQ format and their widths (TensorBits; the others BF16).
+    Engine(const ModelDims& dims, const TensorNames& names, const TensorBits& bits, const EngineOptions& options);
     ~Engine();
     Engine(const Engine&) = delete;
     Engine& operator=(const Engine&) = delete;

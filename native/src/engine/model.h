@@ -76,8 +76,8 @@ struct DenseFfnWeights {
 
 struct MoeFfnWeights {
     const bf16* router = nullptr;           // [E, H]
-    const bf16* experts_gate_up = nullptr;  // [E, 2I, H]
-    const bf16* experts_down = nullptr;     // [E, H, I]
+    Linear experts_gate_up;                 // E matrices [2I, H] one after another (BF16 or LQ)
+    Linear experts_down;                    // E matrices [H, I], same
     Linear shared_gate_up;                  // fused rows: shared gate_proj | up_proj  [2Is, H]
     Linear shared_down;                     // [H, Is]
     const bf16* shared_gate = nullptr;      // [H]
@@ -93,10 +93,11 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-    const bf16* embed = nullptr;  // [V, H]
+    Linear embed;                 // [V, H] (BF16 or LQ), gathered by row
     std::vector<LayerWeights> layers;
     const bf16* final_norm = nullptr;
     Linear lm_head;               // [V, H]
+    bool all_bf16 = true;         // every matrix BF16: the decode step may fold its norms (linear.h)
 };
 
 // ---- conversation state (device pointers; owned by the Engine) ---------------------------------

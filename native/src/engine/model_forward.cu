@@ -191,6 +191,7 @@ namespace {
 // Everything one forward call needs, so the sub-blocks below read like the model's math.
 struct Ctx {
     const ModelDims& d;
+    const ModelWeights& w;
     const Workspace& ws;
     const ForwardStep& step;
     cudaStream_t st;
@@ -208,8 +209,8 @@ struct Ctx {
     }
     bool small() const { return step.T <= GEMV_MAX_T; }
     bool small_moe() const { return step.T <= MOE_DECODE_MAX_T; }
-    // The decode step with its norms and residual adds folded into the projections.
-    bool folded() const { return step.T == 1 && decode_fusion_enabled(DecodeFusion::Norms); }
+    // The decode step with its norms and residual adds folded into the projections (BF16 weights).
+    bool folded() const { return step.T == 1 && w.all_bf16 && decode_fusion_enabled(DecodeFusion::Norms); }
 };
 
 // A block's input projection y = W @ normed input: reads ws.normed, or, folded, builds the normed
@@ -342,10 +343,8 @@ void dense_ffn(const Ctx& c, const DenseFfnWeights& w, const bf16* norm_w) {
     output_projection(c, w.down, c.ws.act, "ffn down");
 }
 
-// The shared expert as the (k+1)-th slot of the decode-time MoE kernels (BF16 weights only).
+// The shared expert as the (k+1)-th slot of the decode-time BF16 MoE kernels.
 MoeSharedSlot decode_shared_slot(const Ctx& c, const MoeFfnWeights& w) {
-    if (w.shared_gate_up.format != WeightFormat::BF16 || w.shared_down.format != WeightFormat::BF16)
-        throw std::logic_error("moe decode: the shared-expert slot reads BF16 weights only");
     MoeSharedSlot shared;
     shared.gate_up = static_cast<const bf16*>(w.shared_gate_up.data);
     shared.down = static_cast<const bf16*>(w.shared_down.data);
@@ -355,16 +354,37 @@ MoeSharedSlot decode_shared_slot(const Ctx& c, const MoeFfnWeights& w) {
     return shared;
 }
 
-// Sparse MoE: router top-k, then for few tokens the selected experts plus the shared expert as
-// one more slot of the same two GEMV launches (their gated sum lands in ws.delta); for a prefill
-// chunk the grouped GEMMs for the routed experts, the shared expert's own projections and
-// moe_shared_combine. Folded (decode): router logits from the residual stream (which also leaves
+// The shared expert through its own projections, gated and added to the routed experts' sum in
+// ws.routed: ws.delta = routed + sigmoid(h . w_gate) * shared(h).
+void shared_expert_and_combine(const Ctx& c, const MoeFfnWeights& w) {
+    const Workspace& ws = c.ws;
+    const int T = c.step.T;
+    c.op(OpFamily::Projections, "shared expert gate_up",
+         [&] { linear_forward(w.shared_gate_up, ws.normed, ws.proj, T, c.st); });
+    c.op(OpFamily::Activations, "silu_mul", [&] { silu_mul(ws.proj, ws.act, T, c.d.shared_inter, c.st); });
+    c.op(OpFamily::Projections, "shared expert down",
+         [&] { linear_forward(w.shared_down, ws.act, ws.shared, T, c.st); });
+    c.op(OpFamily::Activations, "moe_shared_combine", [&] {
+        moe_shared_combine(ws.routed, ws.shared, ws.normed, w.shared_gate, ws.delta, T, c.d.hidden, c.st);
+    });
+}
+
+// Sparse MoE: router top-k, then the routed experts and the shared expert, their gated sum in
+// ws.delta. BF16 banks, few tokens: the shared expert rides as one more slot of the experts' two
+// GEMV launches. Folded (decode, BF16): router logits from the residual stream (which also leaves
 // the normed row in ws.normed), gate_up selecting its experts from the logits, down adding into
-// the residual: three launches.
+// the residual: three launches. LQ banks, few tokens: the LQ expert GEMVs. A prefill chunk: the
+// grouped GEMMs of the banks' format. Outside the one-slot forms the shared expert runs through
+// its own projections and moe_shared_combine.
 void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
     const int T = c.step.T, H = d.hidden, k = d.top_k, I = d.expert_inter;
+    const bool lq = w.experts_gate_up.format == WeightFormat::LQ;
+    if (lq != (w.experts_down.format == WeightFormat::LQ))
+        throw std::logic_error("moe: the gate_up and down banks differ in format");
+    const bf16* gate_up = static_cast<const bf16*>(w.experts_gate_up.data);
+    const bf16* down = static_cast<const bf16*>(w.experts_down.data);
     if (c.folded()) {
         const Linear router{WeightFormat::BF16, w.router, d.n_experts, H};
         const MoeSharedSlot shared = decode_shared_slot(c, w);
@@ -372,12 +392,12 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
             linear_forward_normed_f32(router, {ws.residual, norm_w, d.eps, ws.normed}, ws.router_logits, c.st);
         });
         c.op(OpFamily::MoeExperts, "moe_experts_gate_up_select", [&] {
-            moe_experts_gate_up_select(ws.normed, ws.router_logits, d.n_experts, w.experts_gate_up, ws.expert_ids,
+            moe_experts_gate_up_select(ws.normed, ws.router_logits, d.n_experts, gate_up, ws.expert_ids,
                                        ws.expert_weights, ws.act, 1, k, H, I, c.st, &shared);
         });
         c.op(OpFamily::MoeExperts, "moe_experts_down_add", [&] {
-            moe_experts_down_add(ws.act, w.experts_down, ws.expert_ids, ws.expert_weights, ws.residual, 1, k, H, I,
-                                 c.st, &shared);
+            moe_experts_down_add(ws.act, down, ws.expert_ids, ws.expert_weights, ws.residual, 1, k, H, I, c.st,
+                                 &shared);
         });
         return;
     }
@@ -385,32 +405,48 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
         moe_router_topk(ws.normed, w.router, ws.router_logits, ws.expert_ids, ws.expert_weights, T,
                         H, d.n_experts, k, c.st);
     });
-    if (c.small_moe()) {
+    const uint8_t* gate_up_lq = static_cast<const uint8_t*>(w.experts_gate_up.data);
+    const uint8_t* down_lq = static_cast<const uint8_t*>(w.experts_down.data);
+    if (c.small_moe() && !lq && w.shared_gate_up.format == WeightFormat::BF16 &&
+        w.shared_down.format == WeightFormat::BF16) {
         const MoeSharedSlot shared = decode_shared_slot(c, w);
         c.op(OpFamily::MoeExperts, "moe_experts_gate_up", [&] {
-            moe_experts_gate_up(ws.normed, w.experts_gate_up, ws.expert_ids, ws.act, T, k, H, I, c.st,
-                                &shared);
+            moe_experts_gate_up(ws.normed, gate_up, ws.expert_ids, ws.act, T, k, H, I, c.st, &shared);
         });
         c.op(OpFamily::MoeExperts, "moe_experts_down", [&] {
-            moe_experts_down(ws.act, w.experts_down, ws.expert_ids, ws.expert_weights, ws.delta, T,
-                             k, H, I, c.st, &shared);
+            moe_experts_down(ws.act, down, ws.expert_ids, ws.expert_weights, ws.delta, T, k, H, I, c.st, &shared);
         });
         return;
     }
-    c.op(OpFamily::MoeExperts, "moe_experts_prefill", [&] {
-        moe_experts_prefill(ws.normed, w.experts_gate_up, w.experts_down, ws.expert_ids,
-                            ws.expert_weights, ws.routed, ws.moe_prefill, T, k, H, I, d.n_experts,
-                            c.st);
-    });
-    c.op(OpFamily::Projections, "shared expert gate_up",
-         [&] { linear_forward(w.shared_gate_up, ws.normed, ws.proj, T, c.st); });
-    c.op(OpFamily::Activations, "silu_mul",
-         [&] { silu_mul(ws.proj, ws.act, T, d.shared_inter, c.st); });
-    c.op(OpFamily::Projections, "shared expert down",
-         [&] { linear_forward(w.shared_down, ws.act, ws.shared, T, c.st); });
-    c.op(OpFamily::Activations, "moe_shared_combine", [&] {
-        moe_shared_combine(ws.routed, ws.shared, ws.normed, w.shared_gate, ws.delta, T, H, c.st);
-    });
+    if (c.small_moe() && lq) {
+        c.op(OpFamily::MoeExperts, "moe_experts_lq_gate_up", [&] {
+            moe_experts_lq_gate_up(ws.normed, gate_up_lq, w.experts_gate_up.bits, ws.expert_ids, ws.act, T, k, H, I,
+                                   c.st);
+        });
+        c.op(OpFamily::MoeExperts, "moe_experts_lq_down", [&] {
+            moe_experts_lq_down(ws.act, down_lq, w.experts_down.bits, ws.expert_ids, ws.expert_weights, ws.routed,
+                                T, k, H, I, c.st);
+        });
+    } else if (c.small_moe()) {
+        c.op(OpFamily::MoeExperts, "moe_experts_gate_up", [&] {
+            moe_experts_gate_up(ws.normed, gate_up, ws.expert_ids, ws.act, T, k, H, I, c.st);
+        });
+        c.op(OpFamily::MoeExperts, "moe_experts_down", [&] {
+            moe_experts_down(ws.act, down, ws.expert_ids, ws.expert_weights, ws.routed, T, k, H, I, c.st);
+        });
+    } else if (lq) {
+        c.op(OpFamily::MoeExperts, "moe_experts_prefill_lq", [&] {
+            moe_experts_prefill_lq(ws.normed, gate_up_lq, w.experts_gate_up.bits, down_lq, w.experts_down.bits,
+                                   ws.expert_ids, ws.expert_weights, ws.routed, ws.moe_prefill, T, k, H, I,
+                                   d.n_experts, c.st);
+        });
+    } else {
+        c.op(OpFamily::MoeExperts, "moe_experts_prefill", [&] {
+            moe_experts_prefill(ws.normed, gate_up, down, ws.expert_ids, ws.expert_weights, ws.routed,
+                                ws.moe_prefill, T, k, H, I, d.n_experts, c.st);
+        });
+    }
+    shared_expert_and_combine(c, w);
 }
 
 // Bit i set for each names[i] in the comma-separated value of environment variable `var`
@@ -467,7 +503,7 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
                                     " tokens do not fit the workspace of " +
                                     std::to_string(ws.max_tokens));
     }
-    const Ctx c{d, ws, step, stream, timer};
+    const Ctx c{d, w, ws, step, stream, timer};
     const int T = step.T, H = d.hidden, L = d.n_layers();
     if constexpr (timeline_built()) timeline_forward_begin(T);
     struct OpsDone {  // launches after the forward pass (the sampler) are the engine's
@@ -475,8 +511,14 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
     } ops_done;
 
     const bool folded = c.folded();  // else each block's input is ws.normed, written by a norm launch
-    c.op(OpFamily::Embedding, "embedding_gather",
-         [&] { embedding_gather(w.embed, step.d_ids, ws.residual, T, H, stream); });
+    c.op(OpFamily::Embedding, "embedding_gather", [&] {
+        if (w.embed.format == WeightFormat::LQ) {
+            embedding_gather_lq(static_cast<const uint8_t*>(w.embed.data), w.embed.bits, step.d_ids, ws.residual, T,
+                                H, stream);
+        } else {
+            embedding_gather(static_cast<const bf16*>(w.embed.data), step.d_ids, ws.residual, T, H, stream);
+        }
+    });
     if (!folded)
         c.op(OpFamily::Norms, "rmsnorm",
              [&] { rmsnorm(ws.residual, w.layers[0].input_norm, ws.normed, T, H, d.eps, stream); });

@@ -1,7 +1,7 @@
 // linear.h - the weight-format seam: every projection of the layer loop is a `Linear`, and
-// `linear_forward` picks the kernel by format and token count. A quantized format (the ~5 bpw
-// format of the next milestone) adds an enum value, its storage fields and its kernels here,
-// without touching the layer loop.
+// `linear_forward` picks the kernel by format and token count: BF16 matrices, or the LQ format
+// (docs/weight-format.md; models/quant/layout.py: 16 x 64 tiles of 4-, 5- or 6-bit codes with fp16
+// scales), without the layer loop knowing which.
 #pragma once
 
 #include <cstddef>
@@ -11,22 +11,24 @@
 
 namespace lampo {
 
-enum class WeightFormat : int32_t { BF16 = 0 };
+enum class WeightFormat : int32_t { BF16 = 0, LQ = 1 };
 
 struct Linear {
     WeightFormat format = WeightFormat::BF16;
-    const void* data = nullptr;  // BF16: [out, in] row-major bf16
+    const void* data = nullptr;  // BF16: [out, in] row-major bf16; LQ: the packed tiles of [out, in]
     int out = 0;
     int in = 0;
-    size_t bytes() const { return size_t(out) * size_t(in) * 2; }
+    int bits = 0;                // LQ: 4, 5 or 6 (out % 16 == 0, in % 64 == 0)
+    size_t bytes() const;        // of one [out, in] matrix in its format
 };
 
 // Largest token count served by the GEMV path (decode and speculative verify windows).
 constexpr int GEMV_MAX_T = 8;
 
 // y [T, W.out] = x [T, W.in] @ W^T.  bf16 in/out, fp32 accumulation.
-// T <= GEMV_MAX_T: bandwidth-bound GEMV kernel (gemv.cu), graph-capturable.
-// T  > GEMV_MAX_T: our own tensor-core GEMM (gemm.cu, mma.sync bf16 -> fp32). Lampo links no
+// T <= GEMV_MAX_T: bandwidth-bound GEMV kernel (gemv.cu; LQ: gemv_lq.cu), graph-capturable.
+// T  > GEMV_MAX_T: our own tensor-core GEMM (gemm.cu, mma.sync bf16 -> fp32; LQ: gemm_lq.cu, the
+//                  tiles dequantized inside the tensor-core pipeline). Lampo links no
 //                  cuBLAS: the CPU machines that build it have nvcc but no cuBLAS, and the
 //                  engine needs only these two shapes of product.
 void linear_forward(const Linear& W, const __nv_bfloat16* x, __nv_bfloat16* y, int T,
@@ -40,6 +42,7 @@ void linear_forward_f32(const Linear& W, const __nv_bfloat16* x, float* y, int T
 // - a block's input projection reads x = bf16(rmsnorm(residual) * (1 + weight)), built by the
 //   projection kernel itself (the same values add_rmsnorm / rmsnorm would write);
 // - a block's output projection adds its rounded output to the residual: residual += float(bf16(y)).
+// BF16 weights only (the layer loop folds only when every projection is BF16: ModelWeights::all_bf16).
 struct ResidualNorm {
     const float* residual = nullptr;         // [W.in] fp32: the residual stream of the token
     const __nv_bfloat16* weight = nullptr;   // [W.in] the zero-centred norm weight

@@ -17,13 +17,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "kernels/matmul.cuh"
 #include "kernels/mma_sync.cuh"
 #include "kernels/ops.h"
 
 namespace lampo {
 
-constexpr int LQ_TILE_ROWS = 16;
-constexpr int LQ_TILE_COLS = 64;
 constexpr int LQ_STAGES = 6;  // ring slots per warp (5 tiles in flight)
 
 __host__ __device__ constexpr int lq_tile_bytes(int bits) { return 512 + 128 * (bits - 4) + 2 * LQ_TILE_ROWS; }

@@ -2,7 +2,8 @@
 //   y [T, out] = x [T, in] @ W^T,  W [out, in] bf16 row-major, fp32 accumulation, OutT bf16 or fp32.
 // gemv_bf16: T <= GEMV_MAX_T (gemv.cu);  gemm_bf16: any T (gemm.cu, tensor cores).
 // gemv_bf16_normed / gemv_bf16_add_residual: the decode step's folded forms (linear.h).
-// gemv_lq: the GEMV for weights in the LQ format.
+// gemv_lq / gemm_lq: the GEMV / GEMM for weights in the LQ format; gemm_lq_grouped: that GEMM over
+// groups of rows, one matrix per group (the MoE prefill experts).
 // Both need in % 8 == 0 (16-byte rows); gemm also out % 8 == 0.
 #pragma once
 
@@ -27,5 +28,36 @@ void gemm_bf16(const bf16* W, const bf16* x, OutT* y, int T, int out, int in, cu
 template <class OutT>
 void gemv_lq(const uint8_t* W, int bits, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream);
 size_t lq_packed_bytes(int out, int in, int bits);
+constexpr int LQ_TILE_ROWS = 16;  // an LQ tile: 16 rows x 64 columns (one fp16 scale per row)
+constexpr int LQ_TILE_COLS = 64;
+
+// gemm_lq: the same product for any T >= 1 (the prefill path, T > GEMV_MAX_T) on the tensor cores,
+// reading the packed tiles directly (gemm_lq.cu): fp32 sums of the exact products code * x, scaled
+// per tile as gemv_lq does. W and x 16-byte aligned.
+template <class OutT>
+void gemm_lq(const uint8_t* W, int bits, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream);
+
+// gemm_lq_grouped: gemm_lq's kernel over groups of rows, one LQ matrix [out, in] per group at
+// W + g * group_bytes. Rows come in tiles of LQ_GEMM_TILE_ROWS that never straddle two groups,
+// listed in a device table (built on the GPU, e.g. by the MoE prefill sort: no host sync):
+//   tile i < *num_tiles covers rows r in [tile_row0[i], min(tile_row0[i] + 64, group_end[g])),
+//   g = tile_group[i];  c[r, n] = sum_k x[x_rows ? x_rows[r] : r, k] * W_g[n, k]  (fp32)
+//   BF16:   y[r, n] = bf16(c[r, n])                                             y [rows, ldy]
+//   SWIGLU: y[r, i] = bf16(silu(c[r, i]) * c[r, out/2 + i]), i < out/2 (gate rows, then up rows;
+//           out a multiple of 32)
+// The grid has tile_slots row tiles (an upper bound of *num_tiles).
+constexpr int LQ_GEMM_TILE_ROWS = 64;
+enum class LqEpilogue : int { BF16, SWIGLU };
+struct LqRowGroups {
+    const int32_t* x_rows = nullptr;      // [rows] gathered x row of each row, or null
+    const int32_t* tile_group = nullptr;  // [tile_slots]
+    const int32_t* tile_row0 = nullptr;   // [tile_slots]
+    const int32_t* group_end = nullptr;   // [groups] first row past each group
+    const int32_t* num_tiles = nullptr;   // device scalar
+    int tile_slots = 0;
+    size_t group_bytes = 0;               // bytes between two groups' packed matrices
+};
+void gemm_lq_grouped(const uint8_t* W, int bits, const bf16* x, bf16* y, int ldy, int out, int in,
+                     const LqRowGroups& groups, LqEpilogue epilogue, cudaStream_t stream);
 
 }  // namespace lampo

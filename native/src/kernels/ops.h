@@ -35,6 +35,9 @@ using bf16 = __nv_bfloat16;
 // out[t, :] = table[ids[t], :]                       table [V, H] bf16, ids [T] int32 (device)
 void embedding_gather(const bf16* table, const int32_t* d_ids, float* out_residual, int T, int H,
                       cudaStream_t stream);
+// The same from a table in the LQ format ([V, H] at `bits`, V % 16 == 0, H % 64 == 0).
+void embedding_gather_lq(const uint8_t* table, int bits, const int32_t* d_ids, float* out_residual, int T, int H,
+                         cudaStream_t stream);
 
 // ---- rmsnorm.cu ---------------------------------------------------------------------------
 // Zero-centred RMSNorm: y = bf16(x * rsqrt(mean(x^2) + eps) * (1 + w)), statistics in fp32.
@@ -201,6 +204,12 @@ size_t moe_prefill_workspace_bytes(int T, int k, int H, int I, int E);
 void moe_experts_prefill(const bf16* h, const bf16* gate_up, const bf16* down, const int32_t* ids,
                          const float* weights, bf16* out, void* workspace, int T, int k, int H,
                          int I, int E, cudaStream_t stream);
+// The same with the banks in the LQ format (moe_prefill_lq.cu), as moe_experts_lq_*: expert e's
+// [2I, H] / [H, I] tiles at e * lq_packed_bytes(rows, cols, bits), bits in {4, 5, 6}; the grouped
+// GEMMs read the tiles directly (gemm_lq_grouped, matmul.cuh). The same workspace.
+void moe_experts_prefill_lq(const bf16* h, const uint8_t* gate_up, int gate_up_bits, const uint8_t* down,
+                            int down_bits, const int32_t* ids, const float* weights, bf16* out, void* workspace,
+                            int T, int k, int H, int I, int E, cudaStream_t stream);
 // out[t] = routed[t] + sigmoid(h_t . w_gate) * shared[t]      (w_gate [H] bf16; all [T, H] bf16)
 void moe_shared_combine(const bf16* routed, const bf16* shared, const bf16* h, const bf16* w_gate,
                         bf16* out, int T, int H, cudaStream_t stream);

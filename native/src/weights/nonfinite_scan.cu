@@ -7,11 +7,15 @@
 // aligned, else over single elements; the tail after the last whole vector is scalar. Each block
 // reduces its count (sum) and first index (min) in registers and shared memory, then thread 0
 // adds them to `out` with one atomicAdd and one atomicMin, only when the block found any.
+//   count_nonfinite_lq_kernel: the same over the fp16 scales of an LQ tensor (the codes are
+//   integers): tiles [n_tiles] of `tile_bytes`, each ending in 16 scales; index = tile * 16 + row
+//   (the scale's place in tile order), E = 0x7C00.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
 
 #include "kernels/common.cuh"
+#include "kernels/matmul.cuh"
 #include "weights/nonfinite_scan.h"
 
 namespace lampo {
@@ -20,13 +24,39 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxBlocks = 4096;
 
-template <class Bits>
+template <class Bits, Bits kExp = sizeof(Bits) == 2 ? Bits(0x7F80u) : Bits(0x7F800000u)>
 __device__ __forceinline__ void census(Bits bits, unsigned long long index, unsigned long long& count,
                                        unsigned long long& first) {
-    constexpr Bits kExp = sizeof(Bits) == 2 ? Bits(0x7F80u) : Bits(0x7F800000u);
     if ((bits & kExp) == kExp) {
         ++count;
         first = min(first, index);
+    }
+}
+
+// The block's counts (sum) and first indices (min) reduced in registers and shared memory; thread
+// 0 adds them to `out` when the block found any.
+__device__ void add_block_census(unsigned long long count, unsigned long long first, NonFiniteCount* out) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        count += __shfl_xor_sync(0xffffffffu, count, o);
+        first = min(first, __shfl_xor_sync(0xffffffffu, first, o));
+    }
+    __shared__ unsigned long long s_count[kThreads / 32], s_first[kThreads / 32];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+        s_count[warp] = count;
+        s_first[warp] = first;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < kThreads / 32; ++w) {
+            count += s_count[w];
+            first = min(first, s_first[w]);
+        }
+        if (count) {
+            atomicAdd(&out->count, count);
+            atomicMin(&out->first, first);
+        }
     }
 }
 
@@ -54,28 +84,25 @@ __global__ void __launch_bounds__(kThreads) count_nonfinite_kernel(const Bits* _
     }
     for (size_t i = n_vec * kVec + tid; i < n; i += stride) census(data[i], i, count, first);
 
+    add_block_census(count, first, out);
+}
+
+// One tile's 16 fp16 scales per thread, grid-stride over the tiles.
+__global__ void __launch_bounds__(kThreads) count_nonfinite_lq_kernel(const uint8_t* __restrict__ data, size_t n_tiles,
+                                                                      int tile_bytes, NonFiniteCount* __restrict__ out) {
+    unsigned long long count = 0, first = ULLONG_MAX;
+    const size_t stride = size_t(gridDim.x) * kThreads;
+    for (size_t t = size_t(blockIdx.x) * kThreads + threadIdx.x; t < n_tiles; t += stride) {
+        const uint4* scales = reinterpret_cast<const uint4*>(data + (t + 1) * tile_bytes - 32);
+        const uint4 q[2] = {__ldcs(scales), __ldcs(scales + 1)};
+        const uint32_t words[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        count += __shfl_xor_sync(0xffffffffu, count, o);
-        first = min(first, __shfl_xor_sync(0xffffffffu, first, o));
-    }
-    __shared__ unsigned long long s_count[kThreads / 32], s_first[kThreads / 32];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) {
-        s_count[warp] = count;
-        s_first[warp] = first;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < kThreads / 32; ++w) {
-            count += s_count[w];
-            first = min(first, s_first[w]);
-        }
-        if (count) {
-            atomicAdd(&out->count, count);
-            atomicMin(&out->first, first);
+        for (int w = 0; w < 8; ++w) {
+            census<uint16_t, 0x7C00u>(uint16_t(words[w] & 0xFFFFu), t * 16 + 2 * w, count, first);
+            census<uint16_t, 0x7C00u>(uint16_t(words[w] >> 16), t * 16 + 2 * w + 1, count, first);
         }
     }
+    add_block_census(count, first, out);
 }
 
 template <class Bits>
@@ -105,7 +132,13 @@ std::vector<NonFiniteCount> count_nonfinite(const std::vector<TensorSlot>& slots
     for (size_t i = 0; i < slots.size(); ++i) {
         const TensorSlot& s = slots[i];
         NonFiniteCount* out = results.as<NonFiniteCount>() + i;
-        if (s.dtype == DType::BF16) {
+        if (s.bits) {
+            const int tile_bytes = int(lq_packed_bytes(16, 64, s.bits));
+            const size_t n_tiles = s.bytes() / tile_bytes;
+            const int blocks = int(std::clamp<size_t>((n_tiles + kThreads - 1) / kThreads, 1, kMaxBlocks));
+            count_nonfinite_lq_kernel<<<blocks, kThreads, 0, stream.s>>>(static_cast<const uint8_t*>(s.device), n_tiles,
+                                                                        tile_bytes, out);
+        } else if (s.dtype == DType::BF16) {
             launch<uint16_t>(s.device, s.numel(), out, stream.s);
         } else {
             launch<uint32_t>(s.device, s.numel(), out, stream.s);

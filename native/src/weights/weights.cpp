@@ -3,18 +3,34 @@
 #include "weights/weights.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
 
 #include "kernels/common.cuh"
+#include "kernels/matmul.cuh"
+#include "weights/lq_quantize.h"
 
 namespace lampo {
 
 // ---- DeviceMemory --------------------------------------------------------------------------
+namespace {
+std::atomic<size_t> g_allocated{0};
+std::atomic<size_t> g_limit{0};
+}  // namespace
+
+void DeviceMemory::set_limit(size_t bytes) { g_limit = bytes; }
+size_t DeviceMemory::allocated() { return g_allocated; }
+
 DeviceMemory::DeviceMemory(size_t bytes, const std::string& what) : bytes_(bytes) {
     if (!bytes_) return;
+    const size_t limit = g_limit;
+    if (limit && g_allocated + bytes_ > limit) {
+        throw CudaError("cudaMalloc " + what + " (" + format_bytes(bytes_) + "): the VRAM limit of " +
+                        format_bytes(limit) + " would be passed (" + format_bytes(g_allocated) + " allocated)");
+    }
     const cudaError_t err = cudaMalloc(&ptr_, bytes_);
     if (err != cudaSuccess) {
         cudaGetLastError();  // an allocation failure is not sticky; clear it
@@ -25,10 +41,14 @@ DeviceMemory::DeviceMemory(size_t bytes, const std::string& what) : bytes_(bytes
                         cudaGetErrorString(err) + "; " + format_bytes(free_b) + " free of " +
                         format_bytes(total_b));
     }
+    g_allocated += bytes_;
 }
 
 DeviceMemory::~DeviceMemory() {
-    if (ptr_) cudaFree(ptr_);
+    if (ptr_) {
+        cudaFree(ptr_);
+        g_allocated -= bytes_;
+    }
 }
 
 DeviceMemory::DeviceMemory(DeviceMemory&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
@@ -38,7 +58,10 @@ DeviceMemory::DeviceMemory(DeviceMemory&& o) noexcept : ptr_(o.ptr_), bytes_(o.b
 
 DeviceMemory& DeviceMemory::operator=(DeviceMemory&& o) noexcept {
     if (this != &o) {
-        if (ptr_) cudaFree(ptr_);
+        if (ptr_) {
+            cudaFree(ptr_);
+            g_allocated -= bytes_;
+        }
         ptr_ = o.ptr_;
         bytes_ = o.bytes_;
         o.ptr_ = nullptr;
@@ -64,6 +87,13 @@ size_t TensorSlot::numel() const {
     size_t n = 1;
     for (int64_t s : shape) n *= size_t(s);
     return n;
+}
+
+int64_t TensorSlot::rows() const { return shape.empty() ? 0 : int64_t(numel() / size_t(shape.back())); }
+
+size_t TensorSlot::bytes() const {
+    if (bits) return lq_packed_bytes(int(rows()), int(shape.back()), bits);
+    return numel() * (dtype == DType::BF16 ? 2 : 4);
 }
 
 // ---- StagingRing ---------------------------------------------------------------------------
@@ -100,6 +130,24 @@ void StagingRing::copy(void* dst, size_t bytes, Fill&& fill) {
                                          cudaMemcpyHostToDevice, stream_));
         LAMPO_CUDA_CHECK(cudaEventRecord(done_[i], stream_));
         busy_[i] = true;
+    }
+}
+
+template <class Fill, class Convert>
+void StagingRing::convert(size_t bytes, size_t piece, Fill&& fill, Convert&& convert) {
+    if (!scratch_[0].get()) {
+        for (DeviceMemory& m : scratch_) m = DeviceMemory(kPieceBytes, "weight conversion scratch");
+    }
+    for (size_t off = 0; off < bytes; off += piece) {
+        const size_t n = std::min(piece, bytes - off);
+        const int i = next_;
+        next_ ^= 1;
+        if (busy_[i]) LAMPO_CUDA_CHECK(cudaEventSynchronize(done_[i]));
+        fill(pinned_[i], off, n);
+        LAMPO_CUDA_CHECK(cudaMemcpyAsync(scratch_[i].get(), pinned_[i], n, cudaMemcpyHostToDevice, stream_));
+        LAMPO_CUDA_CHECK(cudaEventRecord(done_[i], stream_));
+        busy_[i] = true;
+        convert(scratch_[i].get(), off, n, stream_);
     }
 }
 
@@ -227,24 +275,51 @@ void* WeightStore::block(const std::string& what, size_t bytes) {
     return blocks_.back().get();
 }
 
+int WeightStore::bits_of(const std::string& name) const {
+    const auto it = bits_.find(name);
+    return it == bits_.end() ? 0 : it->second;
+}
+
 void* WeightStore::add(const std::string& name, std::vector<int64_t> shape, DType dtype,
-                       FillKind fill, int fan_in, void* device) {
+                       FillKind fill, int fan_in, void* device, int bits) {
     if (!index_.emplace(name, slots_.size()).second) {
         throw std::invalid_argument("weights: two tensors of the plan are named '" + name + "'");
     }
-    slots_.push_back(TensorSlot{name, std::move(shape), dtype, fill, fan_in, device});
+    slots_.push_back(TensorSlot{name, std::move(shape), dtype, fill, fan_in, device, bits});
     return device;
 }
 
 void* WeightStore::add_own(const std::string& name, std::vector<int64_t> shape, DType dtype,
-                           FillKind fill, int fan_in) {
-    TensorSlot probe{name, shape, dtype, fill, fan_in, nullptr};
-    return add(name, std::move(shape), dtype, fill, fan_in, block(name, probe.bytes()));
+                           FillKind fill, int fan_in, int bits) {
+    TensorSlot probe{name, shape, dtype, fill, fan_in, nullptr, bits};
+    return add(name, std::move(shape), dtype, fill, fan_in, block(name, probe.bytes()), bits);
 }
 
-Linear WeightStore::add_linear(const std::string& name, int out, int in) {
+namespace {
+
+// Throws unless a matrix of `rows` x `in` can be held at `bits` (0: BF16, anything goes).
+void check_lq_shape(const std::string& name, int bits, int64_t rows, int in) {
+    if (!bits) return;
+    if (bits < 4 || bits > 6) {
+        throw std::invalid_argument("weights: '" + name + "' at " + std::to_string(bits) +
+                                    " bits: the LQ widths are 4, 5 and 6");
+    }
+    if (rows % LQ_TILE_ROWS || in % LQ_TILE_COLS) {
+        throw std::invalid_argument("weights: '" + name + "' [" + std::to_string(rows) + ", " + std::to_string(in) +
+                                    "] is off the LQ tile grid (rows a multiple of 16, columns of 64): keep it bf16");
+    }
+}
+
+}  // namespace
+
+Linear WeightStore::add_linear(const std::string& name, int out, int in, FillKind fill, int experts) {
     Linear l;
-    l.data = add_own(name, {out, in}, DType::BF16, FillKind::Matrix, in);
+    l.bits = bits_of(name);
+    l.format = l.bits ? WeightFormat::LQ : WeightFormat::BF16;
+    check_lq_shape(name, l.bits, out, in);
+    std::vector<int64_t> shape = {out, in};
+    if (experts) shape.insert(shape.begin(), experts);
+    l.data = add_own(name, std::move(shape), DType::BF16, fill, in, l.bits);
     l.out = out;
     l.in = in;
     return l;
@@ -260,25 +335,38 @@ Linear WeightStore::add_fused(const std::vector<std::pair<std::string, int>>& pa
     }
     const std::string what = fused_name(names);
     if (rows_total < rows) throw std::logic_error("weights: " + what + " has more rows than its block");
-    char* base = static_cast<char*>(block(what, size_t(rows_total) * size_t(in) * 2));
-    if (rows_total > rows) {
-        LAMPO_CUDA_CHECK(cudaMemset(base + size_t(rows) * size_t(in) * 2, 0,
-                                    size_t(rows_total - rows) * size_t(in) * 2));
-    }
-    size_t row = 0;
-    for (const auto& [name, r] : parts) {
-        add(name, {r, in}, DType::BF16, FillKind::Matrix, in, base + row * size_t(in) * 2);
-        row += size_t(r);
-    }
     Linear l;
-    l.data = base;
+    l.bits = bits_of(parts.front().first);
+    l.format = l.bits ? WeightFormat::LQ : WeightFormat::BF16;
     l.out = rows_total;
     l.in = in;
+    for (const auto& [name, r] : parts) {
+        if (bits_of(name) != l.bits) {
+            throw std::invalid_argument("weights: the parts of " + what + " are stored in one block and need one "
+                                        "format, but '" + parts.front().first + "' is " +
+                                        (l.bits ? "LQ" + std::to_string(l.bits) : "bf16") + " and '" + name + "' " +
+                                        (bits_of(name) ? "LQ" + std::to_string(bits_of(name)) : "bf16"));
+        }
+        check_lq_shape(name, l.bits, r, in);
+    }
+    check_lq_shape(what, l.bits, rows_total, in);
+    auto row_bytes = [&](int r) { return l.bits ? lq_packed_bytes(r, in, l.bits) : size_t(r) * size_t(in) * 2; };
+    char* base = static_cast<char*>(block(what, row_bytes(rows_total)));
+    if (rows_total > rows) {  // zero rows (LQ: zero scales and codes, weights 0 too)
+        LAMPO_CUDA_CHECK(cudaMemset(base + row_bytes(rows), 0, row_bytes(rows_total) - row_bytes(rows)));
+    }
+    int row = 0;
+    for (const auto& [name, r] : parts) {
+        add(name, {r, in}, DType::BF16, FillKind::Matrix, in, base + row_bytes(row), l.bits);
+        row += r;
+    }
+    l.data = base;
     return l;
 }
 
 // ---- WeightStore: the plan -------------------------------------------------------------------
-WeightStore::WeightStore(const ModelDims& d, const TensorNames& names) : dims_(d) {
+WeightStore::WeightStore(const ModelDims& d, const TensorNames& names, const TensorBits& bits)
+    : dims_(d), bits_(bits) {
     d.validate();
     check_names(d, names);
     const int H = d.hidden, V = d.vocab;
@@ -286,8 +374,7 @@ WeightStore::WeightStore(const ModelDims& d, const TensorNames& names) : dims_(d
         return static_cast<const bf16*>(add_own(tensor, {n}, DType::BF16, kind));
     };
 
-    model_.embed = static_cast<const bf16*>(
-        add_own(names.at("embed"), {V, H}, DType::BF16, FillKind::Embedding));
+    model_.embed = add_linear(names.at("embed"), V, H, FillKind::Embedding);
     model_.layers.resize(d.n_layers());
     for (int l = 0; l < d.n_layers(); ++l) {
         auto name = [&](const char* role) { return layer_name(names.at(role), l); };
@@ -325,10 +412,8 @@ WeightStore::WeightStore(const ModelDims& d, const TensorNames& names) : dims_(d
             const int E = d.n_experts, I = d.expert_inter, Is = d.shared_inter;
             m.router = static_cast<const bf16*>(
                 add_own(name("moe.router"), {E, H}, DType::BF16, FillKind::Matrix, H));
-            m.experts_gate_up = static_cast<const bf16*>(add_own(
-                name("moe.experts_gate_up"), {E, 2 * I, H}, DType::BF16, FillKind::Matrix, H));
-            m.experts_down = static_cast<const bf16*>(add_own(
-                name("moe.experts_down"), {E, H, I}, DType::BF16, FillKind::Matrix, I));
+            m.experts_gate_up = add_linear(name("moe.experts_gate_up"), 2 * I, H, FillKind::Matrix, E);
+            m.experts_down = add_linear(name("moe.experts_down"), H, I, FillKind::Matrix, E);
             m.shared_gate_up = add_fused({{name("moe.shared_expert.gate"), Is},
                                           {name("moe.shared_expert.up"), Is}},
                                          H, 2 * Is);
@@ -344,41 +429,114 @@ WeightStore::WeightStore(const ModelDims& d, const TensorNames& names) : dims_(d
     }
     model_.final_norm = norm(names.at("final_norm"), H);
     model_.lm_head = add_linear(names.at("lm_head"), V, H);
+    for (const auto& [name, b] : bits_) {
+        if (!index_.count(name)) {
+            throw std::invalid_argument("weights: a width is given for '" + name + "', which is not a tensor of "
+                                        "this model's plan");
+        }
+    }
+    for (const TensorSlot& s : slots_) model_.all_bf16 = model_.all_bf16 && !s.bits;
     loaded_.assign(slots_.size(), false);
     LAMPO_CUDA_CHECK(cudaDeviceSynchronize());  // the padding memsets ran on the legacy stream
 }
 
 // ---- WeightStore: loading ------------------------------------------------------------------
 void WeightStore::load(const std::string& name, const void* data, DType dtype,
-                       const std::vector<int64_t>& shape) {
+                       const std::vector<int64_t>& shape, int stored_bits) {
     const auto it = index_.find(name);
     if (it == index_.end()) throw std::invalid_argument("load_tensor: '" + name + "' is not a tensor of this model");
     const TensorSlot& s = slots_[it->second];
-    if (shape != s.shape) {
-        throw std::invalid_argument("load_tensor: '" + name + "' has shape " + shape_str(shape) +
-                                    ", expected " + shape_str(s.shape));
-    }
-    const size_t n = s.numel();
     if (!staging_) staging_ = std::make_unique<StagingRing>();
-    if (dtype == s.dtype) {
-        staging_->copy(s.device, s.bytes(), [&](void* pinned, size_t off, size_t len) {
-            std::memcpy(pinned, static_cast<const char*>(data) + off, len);
-        });
-    } else if (s.dtype == DType::F32) {  // bf16 checkpoint tensor -> f32 slot
-        const uint16_t* src = static_cast<const uint16_t*>(data);
-        staging_->copy(s.device, n * 4, [&](void* pinned, size_t off, size_t len) {
-            float* out = static_cast<float*>(pinned);
-            for (size_t i = 0; i < len / 4; ++i) out[i] = bf16_bits_to_f32(src[off / 4 + i]);
-        });
-    } else {  // f32 checkpoint tensor -> bf16 slot
-        const float* src = static_cast<const float*>(data);
-        staging_->copy(s.device, n * 2, [&](void* pinned, size_t off, size_t len) {
-            uint16_t* out = static_cast<uint16_t*>(pinned);
-            for (size_t i = 0; i < len / 2; ++i) out[i] = f32_to_bf16_bits(src[off / 2 + i]);
-        });
+    if (stored_bits) {
+        load_packed(s, data, shape, stored_bits);
+    } else {
+        if (shape != s.shape) {
+            throw std::invalid_argument("load_tensor: '" + name + "' has shape " + shape_str(shape) +
+                                        ", expected " + shape_str(s.shape));
+        }
+        const size_t n = s.numel();
+        const uint16_t* src16 = static_cast<const uint16_t*>(data);
+        const float* src32 = static_cast<const float*>(data);
+        // bf16 bytes [off, off + len) of the tensor, from a bf16 or an f32 source
+        auto fill_bf16 = [&](void* pinned, size_t off, size_t len) {
+            if (dtype == DType::BF16) {
+                std::memcpy(pinned, static_cast<const char*>(data) + off, len);
+            } else {
+                uint16_t* out = static_cast<uint16_t*>(pinned);
+                for (size_t i = 0; i < len / 2; ++i) out[i] = f32_to_bf16_bits(src32[off / 2 + i]);
+            }
+        };
+        if (s.bits) {  // quantize on load: whole row strips of bf16 per piece
+            const int cols = int(s.shape.back());
+            const size_t strip = size_t(LQ_TILE_ROWS) * cols * 2;
+            const size_t piece = StagingRing::kPieceBytes / strip * strip;
+            uint8_t* dst = static_cast<uint8_t*>(s.device);
+            staging_->convert(n * 2, piece, fill_bf16, [&](void* scratch, size_t off, size_t len, cudaStream_t st) {
+                const int rows = int(len / (size_t(cols) * 2)), row0 = int(off / (size_t(cols) * 2));
+                lq_quantize(static_cast<const bf16*>(scratch), rows, cols, s.bits,
+                            dst + lq_packed_bytes(row0, cols, s.bits), st);
+                LAMPO_CHECK_LAUNCH("lq_quantize");
+            });
+        } else if (s.dtype == DType::BF16) {
+            staging_->copy(s.device, n * 2, fill_bf16);
+        } else if (dtype == DType::F32) {
+            staging_->copy(s.device, n * 4, [&](void* pinned, size_t off, size_t len) {
+                std::memcpy(pinned, static_cast<const char*>(data) + off, len);
+            });
+        } else {  // bf16 checkpoint tensor -> f32 slot
+            staging_->copy(s.device, n * 4, [&](void* pinned, size_t off, size_t len) {
+                float* out = static_cast<float*>(pinned);
+                for (size_t i = 0; i < len / 4; ++i) out[i] = bf16_bits_to_f32(src16[off / 4 + i]);
+            });
+        }
     }
     if (!loaded_[it->second]) loaded_bytes_ += s.bytes();
     loaded_[it->second] = true;
+}
+
+// The packed bytes of a tensor stored at `stored_bits`: copied into an LQ slot of that width, or
+// dequantized into a BF16 slot (whole row strips per piece).
+void WeightStore::load_packed(const TensorSlot& s, const void* data, const std::vector<int64_t>& shape,
+                              int stored_bits) {
+    const std::string& name = s.name;
+    if (stored_bits < 4 || stored_bits > 6) {
+        throw std::invalid_argument("load_tensor: '" + name + "' is stored at " + std::to_string(stored_bits) +
+                                    " bits; the LQ widths are 4, 5 and 6");
+    }
+    if (s.dtype != DType::BF16 || s.shape.size() < 2) {
+        throw std::invalid_argument("load_tensor: '" + name + "' is a " + dtype_name(s.dtype) +
+                                    " tensor of the engine, not a matrix that can arrive packed");
+    }
+    const int cols = int(s.shape.back());
+    const int64_t rows = s.rows();
+    check_lq_shape(name, stored_bits, rows, cols);
+    const size_t packed = lq_packed_bytes(int(rows), cols, stored_bits);
+    size_t got = 1;
+    for (int64_t e : shape) got *= size_t(e);
+    if (got != packed) {
+        throw std::invalid_argument("load_tensor: '" + name + "' " + shape_str(s.shape) + " at " +
+                                    std::to_string(stored_bits) + " bits packs into " + std::to_string(packed) +
+                                    " bytes, got " + std::to_string(got) + " (shape " + shape_str(shape) + ")");
+    }
+    auto fill = [&](void* pinned, size_t off, size_t len) {
+        std::memcpy(pinned, static_cast<const char*>(data) + off, len);
+    };
+    if (s.bits == stored_bits) {
+        staging_->copy(s.device, packed, fill);
+        return;
+    }
+    if (s.bits) {
+        throw std::invalid_argument("load_tensor: '" + name + "' is stored at " + std::to_string(stored_bits) +
+                                    " bits and the engine holds it at " + std::to_string(s.bits));
+    }
+    const size_t strip = lq_packed_bytes(LQ_TILE_ROWS, cols, stored_bits);
+    const size_t piece = StagingRing::kPieceBytes / strip * strip;
+    bf16* dst = static_cast<bf16*>(s.device);
+    staging_->convert(packed, piece, fill, [&](void* scratch, size_t off, size_t len, cudaStream_t st) {
+        const int row0 = int(off / strip) * LQ_TILE_ROWS, rows_here = int(len / strip) * LQ_TILE_ROWS;
+        lq_dequantize(static_cast<const uint8_t*>(scratch), rows_here, cols, stored_bits, dst + size_t(row0) * cols, st);
+        LAMPO_CHECK_LAUNCH("lq_dequantize");
+    });
 }
 
 void WeightStore::finish_loading() {
@@ -413,7 +571,10 @@ void WeightStore::fill_random(uint64_t seed, cudaStream_t stream) {
             case FillKind::DtBias: lo = -0.5f; hi = 0.5f; break;
         }
         const uint64_t tensor_seed = seed * 0x9E3779B97F4A7C15ull + i;
-        if (s.dtype == DType::BF16) {
+        if (s.bits) {  // uniform codes with scales giving the same standard deviation as U(lo, hi)
+            lq_fill_random(static_cast<uint8_t*>(s.device), int(s.rows()), int(s.shape.back()), s.bits,
+                           (hi - lo) / std::sqrt(12.0f), tensor_seed, stream);
+        } else if (s.dtype == DType::BF16) {
             fill_uniform_bf16(static_cast<bf16*>(s.device), s.numel(), lo, hi, tensor_seed, stream);
         } else {
             fill_uniform_f32(static_cast<float*>(s.device), s.numel(), lo, hi, tensor_seed, stream);

@@ -9,6 +9,12 @@
 // copies them into place through a double-buffered pinned staging ring, so reading the next piece
 // from disk overlaps the PCIe copy of the previous one. MTP tensors are not part of the plan (the
 // engine does not run MTP yet).
+//
+// Weight formats: TensorBits names the matrices held in the LQ format (4, 5 or 6 bits; the others
+// are BF16). A tensor arrives as stored in the checkpoint and is converted on the GPU where its
+// slot differs: bf16 (or f32) into an LQ slot is quantized (lq_quantize: quantize-on-load), LQ into
+// a BF16 slot is dequantized (a fused block whose parts were stored at different widths). The parts
+// of one fused block share one format.
 #pragma once
 
 #include <cstddef>
@@ -22,9 +28,13 @@
 
 namespace lampo {
 
-// One cudaMalloc'ed block; a failed allocation throws CudaError naming `what` and the size.
+// One cudaMalloc'ed block; a failed allocation throws CudaError naming `what` and the size. The
+// blocks alive are counted; with a limit set (set_limit, bytes; 0: none) an allocation that would
+// take the count past it throws the same way, as if the device were that small (--vram-limit).
 class DeviceMemory {
 public:
+    static void set_limit(size_t bytes);
+    static size_t allocated();  // bytes in the blocks alive now
     DeviceMemory() = default;
     DeviceMemory(size_t bytes, const std::string& what);
     ~DeviceMemory();
@@ -62,6 +72,8 @@ enum class FillKind : int {
 // from lampo.models.tensor_specs.engine_tensor_names. A per-layer role's name holds "{layer}",
 // which the plan replaces by the layer index.
 using TensorNames = std::unordered_map<std::string, std::string>;
+// Checkpoint name -> LQ width (4, 5 or 6) of each matrix the engine keeps in the LQ format.
+using TensorBits = std::unordered_map<std::string, int>;
 
 struct TensorSlot {
     std::string name;             // checkpoint name (from TensorNames, {layer} filled in)
@@ -70,8 +82,10 @@ struct TensorSlot {
     FillKind fill;
     int fan_in;                   // for FillKind::Matrix
     void* device;                 // where the tensor lives (inside a possibly fused block)
+    int bits = 0;                 // LQ width (4, 5, 6) of a matrix [N, K] or bank [E, N, K]; 0: dtype
     size_t numel() const;
-    size_t bytes() const { return numel() * (dtype == DType::BF16 ? 2 : 4); }
+    int64_t rows() const;         // a matrix's (or bank's) rows: product of all but the last extent
+    size_t bytes() const;         // in VRAM (LQ: the packed tiles)
 };
 
 // Double-buffered pinned host staging for host -> device copies on its own stream.
@@ -86,10 +100,17 @@ public:
     // [offset, offset + n) into the pinned piece (a memcpy, or a dtype conversion).
     template <class Fill>
     void copy(void* dst, size_t bytes, Fill&& fill);
+    // Converting copy: `bytes` staged in pieces of `piece` (<= kPieceBytes) bytes, each copied to
+    // a device scratch buffer and handed to `convert(scratch, offset, n, stream)`, which launches
+    // the kernel writing its converted output (on the ring's stream, so the scratch is reused
+    // only after it ran).
+    template <class Fill, class Convert>
+    void convert(size_t bytes, size_t piece, Fill&& fill, Convert&& convert);
     void wait();  // all copies issued so far have landed
 
 private:
     void* pinned_[2] = {nullptr, nullptr};
+    DeviceMemory scratch_[2];  // device side of `convert`, allocated at its first use
     cudaEvent_t done_[2] = {nullptr, nullptr};
     bool busy_[2] = {false, false};
     int next_ = 0;
@@ -99,13 +120,19 @@ private:
 class WeightStore {
 public:
     // Throws std::invalid_argument naming the roles of this model that `names` lacks.
-    WeightStore(const ModelDims& dims, const TensorNames& names);
+    // Throws std::invalid_argument naming the roles of this model that `names` lacks, or a width
+    // that cannot be: `bits` names a tensor the model does not have, a width other than 4, 5, 6,
+    // a matrix off the 16 x 64 tile grid, or fused parts of different formats.
+    WeightStore(const ModelDims& dims, const TensorNames& names, const TensorBits& bits = {});
     const std::vector<TensorSlot>& slots() const { return slots_; }
     bool has(const std::string& name) const { return index_.count(name) > 0; }
     // Copy one checkpoint tensor from host memory into place. `data` holds the elements (dtype
-    // `dtype`, C order) of a tensor of `shape`, which must match the slot; bf16 <-> f32 converted.
+    // `dtype`, C order) of a tensor of `shape`, which must match the slot; bf16 <-> f32 converted;
+    // into an LQ slot quantized on the GPU. With `stored_bits` > 0, `data` is the packed LQ bytes
+    // (`shape` their stored shape: [bytes], or [E, bytes per matrix] of a bank) of the slot's
+    // tensor at that width: copied into an LQ slot of the same width, dequantized into a BF16 one.
     void load(const std::string& name, const void* data, DType dtype,
-              const std::vector<int64_t>& shape);
+              const std::vector<int64_t>& shape, int stored_bits = 0);
     // Waits for every copy and frees the staging buffers; throws naming the tensors never loaded.
     void finish_loading();
     // Bench mode: every tensor filled with deterministic random values in VRAM.
@@ -123,18 +150,25 @@ private:
     std::unordered_map<std::string, size_t> index_;
     ModelWeights model_;
     std::unique_ptr<StagingRing> staging_;  // exists while loading (pinned host memory)
+    TensorBits bits_;
     size_t bytes_ = 0, loaded_bytes_ = 0;
     bool ready_ = false;
 
+    int bits_of(const std::string& name) const;  // 0 when BF16
+
     void* block(const std::string& what, size_t bytes);
     void* add(const std::string& name, std::vector<int64_t> shape, DType dtype, FillKind fill,
-              int fan_in, void* device);
+              int fan_in, void* device, int bits = 0);
     void* add_own(const std::string& name, std::vector<int64_t> shape, DType dtype, FillKind fill,
-                  int fan_in = 0);
-    // Allocates one block holding the row-concatenation of `parts` ([rows_i, in] bf16 matrices,
-    // by name), followed by zero rows up to `rows_total`, and returns it as a Linear.
+                  int fan_in = 0, int bits = 0);
+    // Allocates one block holding the row-concatenation of `parts` ([rows_i, in] matrices, by
+    // name, all BF16 or all LQ at one width), followed by zero rows up to `rows_total`, and
+    // returns it as a Linear.
     Linear add_fused(const std::vector<std::pair<std::string, int>>& parts, int in, int rows_total);
-    Linear add_linear(const std::string& name, int out, int in);
+    // A matrix [out, in], or with `experts` > 0 a bank of that many (Linear: one expert's shape),
+    // in the format `bits_` gives its name.
+    Linear add_linear(const std::string& name, int out, int in, FillKind fill = FillKind::Matrix, int experts = 0);
+    void load_packed(const TensorSlot& s, const void* data, const std::vector<int64_t>& shape, int stored_bits);
 };
 
 // ---- fill_random.cu (bench only) -----------------------------------------------------------

@@ -1,24 +1,43 @@
-// linear.cu - the weight-format seam's dispatch (contract in linear.h): BF16 weights go to the
-// GEMV kernel for T <= GEMV_MAX_T and to the tensor-core GEMM above; T == 0 is a no-op. The
-// decode step's folded forms (one token) are GEMVs.
+// linear.cu - the weight-format seam's dispatch (contract in linear.h): T <= GEMV_MAX_T goes to
+// the GEMV kernel of the weights' format, larger T to its tensor-core GEMM; T == 0 is a no-op. The
+// decode step's folded forms (one token) are BF16 GEMVs.
 #include "kernels/launch_utils.cuh"
 #include "kernels/linear.h"
 #include "kernels/matmul.cuh"
 
 namespace lampo {
+
+size_t Linear::bytes() const {
+    if (format == WeightFormat::LQ) return lq_packed_bytes(out, in, bits);
+    return size_t(out) * size_t(in) * 2;
+}
+
 namespace {
 
-const bf16* bf16_weights(const Linear& W) {
-    require(W.format == WeightFormat::BF16, "linear_forward",
-            "unsupported weight format " + std::to_string(int32_t(W.format)));
+void check_weight(const Linear& W) {
     require(W.data != nullptr && W.out > 0 && W.in > 0, "linear_forward", "empty weight");
+    require(W.format == WeightFormat::BF16 || W.format == WeightFormat::LQ, "linear_forward",
+            "unsupported weight format " + std::to_string(int32_t(W.format)));
+}
+
+const bf16* bf16_weights(const Linear& W) {
+    check_weight(W);
+    require(W.format == WeightFormat::BF16, "linear_forward",
+            "the folded decode forms read BF16 weights only (this matrix is LQ)");
     return static_cast<const bf16*>(W.data);
 }
 
 template <class OutT>
 void linear_dispatch(const Linear& W, const bf16* x, OutT* y, int T, cudaStream_t stream) {
-    const bf16* w = bf16_weights(W);
+    check_weight(W);
     if (T <= 0) return;
+    if (W.format == WeightFormat::LQ) {
+        const uint8_t* w = static_cast<const uint8_t*>(W.data);
+        if (T <= GEMV_MAX_T) gemv_lq(w, W.bits, x, y, T, W.out, W.in, stream);
+        else gemm_lq(w, W.bits, x, y, T, W.out, W.in, stream);
+        return;
+    }
+    const bf16* w = static_cast<const bf16*>(W.data);
     if (T <= GEMV_MAX_T) gemv_bf16(w, x, y, T, W.out, W.in, stream);
     else gemm_bf16(w, x, y, T, W.out, W.in, stream);
 }
