@@ -1,22 +1,12 @@
 // fill_random.cu - bench only: deterministic uniform random tensors written directly in VRAM
 // (full-size models without a checkpoint file, and KV cache / state contents for --fast-depth).
-// value[i] = lo + (hi - lo) * u(seed, i), u a splitmix64 hash of (seed, i) mapped to [0, 1).
+// value[i] = lo + (hi - lo) * random_unit(seed, i), a hash of (seed, i) in [0, 1) (random_hash.cuh).
 #include "kernels/common.cuh"
+#include "weights/random_hash.cuh"
 #include "weights/weights.h"
 
 namespace lampo {
 namespace {
-
-__device__ __forceinline__ uint64_t splitmix64(uint64_t x) {
-    x += 0x9E3779B97F4A7C15ull;
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-    return x ^ (x >> 31);
-}
-
-__device__ __forceinline__ float unit(uint64_t seed, size_t i) {
-    return float(splitmix64(seed ^ splitmix64(i)) >> 40) * (1.0f / 16777216.0f);
-}
 
 template <class T>
 __device__ __forceinline__ T convert(float v);
@@ -28,14 +18,14 @@ template <class T>
 __global__ void fill_uniform_kernel(T* dst, size_t n, float lo, float span, uint64_t seed) {
     const size_t stride = size_t(gridDim.x) * blockDim.x;
     for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-        dst[i] = convert<T>(lo + span * unit(seed, i));
+        dst[i] = convert<T>(lo + span * random_unit(seed, i));
     }
 }
 
 __global__ void fill_int8_kernel(int8_t* dst, size_t n, uint64_t seed) {
     const size_t stride = size_t(gridDim.x) * blockDim.x;
     for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-        dst[i] = int8_t(int(unit(seed, i) * 255.0f) - 127);
+        dst[i] = int8_t(int(random_unit(seed, i) * 255.0f) - 127);
     }
 }
 
