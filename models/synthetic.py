@@ -19,8 +19,15 @@ then tensors are generated and written one block at a time (never a whole tensor
 One shard is written as `model.safetensors`; more as `model-0000i-of-0000N.safetensors` plus
 `model.safetensors.index.json`, as HF `save_pretrained` does.
 
+With a recipe (`recipe="q5"`) the checkpoint is written in Lampo's converted (LQ) format directly,
+as `lampo convert` would lay it out (lampo-format.json, packed U8 tensors), without quantizing
+anything: each tensor the recipe quantizes gets uniformly random codes and fp16 scales
+s (1 + 0.1 u), u ~ U(-1, 1), with s chosen so the weights have the standard deviation of the
+bf16 rule above (uniform codes have standard deviation sqrt((4^b - 1) / 12)). This writes the
+full-size quantized checkpoints for the benchmarks in seconds per GB.
+
 CLI: `python -m lampo.models.synthetic PRESET OUT_DIR [--layers N] [--seed S] [--shard-mb M]
-[--no-mtp] [--tokenizer PATH]`.
+[--no-mtp] [--tokenizer PATH] [--recipe q5|q4]`.
 """
 
 from __future__ import annotations
@@ -127,10 +134,36 @@ def plan_shards(specs: dict[str, TensorSpec], shard_bytes: int) -> list[list[str
     return shards
 
 
-def _write_shard(f: BinaryIO, names: list[str], specs: dict[str, TensorSpec], seed: int) -> None:
+def packed_blocks(name: str, spec: TensorSpec, bits: int, seed: int) -> Iterator[bytes]:
+    """The random packed LQ tiles of a tensor of logical `spec` at `bits` (module docstring), in
+    blocks of whole tiles."""
+    from lampo.models.quant import layout
+
+    rng = np.random.Generator(np.random.PCG64(tensor_seed(seed, name)))
+    *banks, n, k = spec.shape
+    tiles = int(np.prod(banks, dtype=np.int64)) * (n // layout.TILE_ROWS) * (k // layout.TILE_COLS)
+    size = layout.tile_bytes(bits)
+    scale = init_for(name, spec).scale / np.sqrt((4.0**bits - 1) / 12)
+    per_block = max(1, BLOCK_ELEMENTS // size)
+    for first in range(0, tiles, per_block):
+        count = min(per_block, tiles - first)
+        block = np.empty((count, size), dtype=np.uint8)
+        block[:, : size - 2 * layout.TILE_ROWS] = rng.integers(0, 256, (count, size - 2 * layout.TILE_ROWS),
+                                                               dtype=np.uint8)
+        scales = scale * (1 + 0.1 * rng.uniform(-1, 1, (count, layout.TILE_ROWS)))
+        block[:, size - 2 * layout.TILE_ROWS:] = scales.astype("<f2").view(np.uint8)
+        yield block.tobytes()
+
+
+def _write_shard(f: BinaryIO, names: list[str], specs: dict[str, TensorSpec], seed: int,
+                 packed: dict[str, tuple[TensorSpec, int]]) -> None:
     header, _ = build_header((n, specs[n].dtype, specs[n].shape) for n in names)
     f.write(header)
     for name in names:
+        if name in packed:
+            for block in packed_blocks(name, *packed[name], seed):
+                f.write(block)
+            continue
         for block in tensor_blocks(name, specs[name], seed):
             f.write(_encode(block, specs[name].dtype).data)
 
@@ -143,11 +176,13 @@ def write_checkpoint(
     with_mtp: bool = True,
     tokenizer: Path | str | None = None,
     vector_dtype: str = BF16,
+    recipe: str | None = None,
 ) -> Path:
     """Write a synthetic checkpoint of `cfg` into `out_dir` (created; earlier model files there are
     replaced) and return its path. `shard_mb`: shard size limit in MB (10^6 bytes). `tokenizer`: a
     tokenizer.json to copy in. `vector_dtype`: BF16 or F32 for
-    the 1-D tensors that may be either (real checkpoints differ)."""
+    the 1-D tensors that may be either (real checkpoints differ). `recipe`: write the converted
+    (LQ) format of that recipe instead (module docstring)."""
     if vector_dtype not in (BF16, F32):
         raise ValueError(f"synthetic: vector_dtype must be {BF16!r} or {F32!r}, got {vector_dtype!r}")
     if shard_mb <= 0:
@@ -157,13 +192,24 @@ def write_checkpoint(
         raise FileNotFoundError(f"tokenizer file {tok} not found")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for old in [*out.glob("model-*-of-*.safetensors"), out / SINGLE_NAME, out / INDEX_NAME]:
+    for old in [*out.glob("model-*-of-*.safetensors"), out / SINGLE_NAME, out / INDEX_NAME, out / "lampo-format.json"]:
         old.unlink(missing_ok=True)
 
     specs = {
         name: TensorSpec(spec.shape, vector_dtype, spec.allowed_dtypes) if spec.accepts(vector_dtype) else spec
         for name, spec in expected_tensors(cfg, include_mtp=with_mtp).items()
     }
+    packed: dict[str, tuple[TensorSpec, int]] = {}
+    fmt = None
+    if recipe is not None:
+        from lampo.models.quant.checkpoint_format import LqFormat, LqTensor
+        from lampo.models.quant.recipes import get_recipe, tensor_bits
+
+        bits = tensor_bits(get_recipe(recipe), cfg)
+        tensors = {n: LqTensor(bits[n], s.shape) for n, s in specs.items()}
+        packed = {n: (specs[n], t.bits) for n, t in tensors.items() if t.quantized}
+        fmt = LqFormat(recipe, tensors, f"synthetic seed {seed}", ())
+        specs = {n: t.stored_spec(specs[n]) for n, t in tensors.items()}
     shards = plan_shards(specs, int(shard_mb * 1_000_000))
     files = (
         [SINGLE_NAME]
@@ -173,7 +219,7 @@ def write_checkpoint(
     (out / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n", encoding="utf-8")
     for fname, names in zip(files, shards):
         with open(out / fname, "wb") as f:
-            _write_shard(f, names, specs, seed)
+            _write_shard(f, names, specs, seed, packed)
     if len(shards) > 1:
         index = {
             "metadata": {"total_size": sum(s.nbytes for s in specs.values())},
@@ -182,6 +228,10 @@ def write_checkpoint(
         (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     if tok is not None:
         shutil.copyfile(tok, out / "tokenizer.json")
+    if fmt is not None:  # last, as lampo convert: the directory is a model only once it is complete
+        from lampo.models.quant.checkpoint_format import FORMAT_FILE
+
+        (out / FORMAT_FILE).write_text(fmt.to_json(), encoding="utf-8")
     return out
 
 
@@ -199,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shard-mb", type=float, default=2048, help="shard size limit in MB (default 2048)")
     p.add_argument("--no-mtp", action="store_true", help="leave out the MTP module's tensors")
     p.add_argument("--tokenizer", type=Path, help="tokenizer.json to copy into the checkpoint")
+    p.add_argument("--recipe", help="write the converted LQ format of this recipe (random codes and scales)")
     args = p.parse_args(argv)
     try:
         cfg = get_preset(args.preset)
@@ -207,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"synthetic: --layers must be in 1..{cfg.num_hidden_layers}, got {args.layers}")
             cfg = cfg.with_layers(args.layers)
         out = write_checkpoint(args.out_dir, cfg, seed=args.seed, shard_mb=args.shard_mb,
-                               with_mtp=not args.no_mtp, tokenizer=args.tokenizer)
+                               with_mtp=not args.no_mtp, tokenizer=args.tokenizer, recipe=args.recipe)
     except ValueError as e:  # ConfigError included; messages carry their own prefix
         print(e, file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ import pytest
 from lampo.models.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint
 from lampo.models.presets import get_preset
 from lampo.models.synthetic import main, plan_shards, write_checkpoint
-from lampo.models.tensor_specs import expected_tensors
+from lampo.models.tensor_specs import EMBED, expected_tensors
 
 MICRO_MOE = replace(get_preset("tiny-moe"), vocab_size=512, name="micro-moe")
 L = "model.language_model.layers."
@@ -108,3 +108,23 @@ def test_cli(tmp_path: Path, capsys):
     assert main(["qwen9", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "--layers" in err[0] and "qwen9" in err[1]
+
+
+def test_a_recipe_writes_the_converted_format_directly(tmp_path: Path):
+    from lampo.models.quant.recipes import get_recipe, tensor_bits
+
+    cfg = get_preset("tiny-moe")
+    write_checkpoint(tmp_path / "a", cfg, seed=3, recipe="q4", shard_mb=0.5)
+    write_checkpoint(tmp_path / "b", cfg, seed=3, recipe="q4")
+    a, b = Checkpoint.open(tmp_path / "a"), Checkpoint.open(tmp_path / "b")
+    assert a.lq.recipe == "q4"
+    bits = tensor_bits(get_recipe("q4"), cfg)
+    for name in a.names():
+        t = a.quantized(name)
+        assert (t.bits if t else "bf16") == bits[name]
+        np.testing.assert_array_equal(a.raw(name), b.raw(name))  # the shard size changes nothing
+        if t is not None:
+            w = a.tensor_f32(name)
+            target = 1.0 if name == EMBED else w.shape[-1] ** -0.5
+            assert abs(w.std() / target - 1) < 0.1, name
+    assert any(a.quantized(n) for n in a.names())

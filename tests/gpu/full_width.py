@@ -6,7 +6,9 @@ kept), so that writing them and running the numpy reference over them take secon
 (the full 248,320-row LM head and all 256 experts are exercised by the tiny models and by
 `lampo bench` respectively). tests/gpu/run.sh writes them while the extension builds:
 
-    python3 tests/gpu/full_width.py DIR PRESET      # -> DIR/PRESET
+    python3 tests/gpu/full_width.py DIR PRESET [RECIPE]   # -> DIR/PRESET, or DIR/PRESET-RECIPE
+
+With a recipe the checkpoint is written in the converted LQ format (random codes and scales).
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ def full_width_config(preset: str) -> ModelConfig:
     return replace(cfg, num_experts=EXPERTS) if cfg.is_moe else cfg
 
 
-def write(root: Path, preset: str) -> Path:
-    return write_checkpoint(Path(root) / preset, full_width_config(preset), seed=SEED, with_mtp=False,
-                            shard_mb=8000)
+def write(root: Path, preset: str, recipe: str | None = None) -> Path:
+    name = preset if recipe is None else f"{preset}-{recipe}"
+    return write_checkpoint(Path(root) / name, full_width_config(preset), seed=SEED, with_mtp=False,
+                            shard_mb=8000, recipe=recipe)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[2] not in PRESETS:
-        sys.exit(f"usage: {sys.argv[0]} DIR {{{','.join(PRESETS)}}}")
-    print(write(Path(sys.argv[1]), sys.argv[2]))
+    if len(sys.argv) not in (3, 4) or sys.argv[2] not in PRESETS:
+        sys.exit(f"usage: {sys.argv[0]} DIR {{{','.join(PRESETS)}}} [RECIPE]")
+    print(write(Path(sys.argv[1]), sys.argv[2], *sys.argv[3:]))

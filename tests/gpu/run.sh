@@ -10,6 +10,10 @@
 #   check  build + pytest -m cuda + one short full-size bench per model (random weights: the
 #          load and its NaN/Inf census, prefill 2,048 tokens, decode at depth 1): the whole suite
 #          and both models at full size in a few minutes, after a change that moves code around
+#   lq     build + pytest -m cuda (LAMPO_GPU_TESTS) + the LQ-format benches: 35B-A3B and 27B at q5,
+#          prefill 8,192 and decode at 8,192 by real prefill, beside bf16 prefill 8,192; the
+#          measured VRAM at 262,144 tokens of 35B-A3B q4 under --vram-limit 23GiB and 27B q5 under
+#          31GiB; decode near 262,144 by random fill (LQ_BENCHES picks a subset: q5 bf16 vram long)
 #   kernel build + pytest -m cuda (LAMPO_GPU_TESTS) + Nsight Compute (--set full) over the LQ GEMV
 #          launches of tests/gpu/op_profile.py for the shapes in KERNEL_SHAPES ("OUT,IN,BITS[,T] ...")
 #   final  build + pytest -m cuda (the engine tests again with LAMPO_DECODE_FUSION=none and =all;
@@ -54,7 +58,7 @@
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|check|kernel|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline) ;; *) echo "usage: $0 quick|check|kernel|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline" >&2; exit 2 ;; esac
+case "$MODE" in quick|check|lq|kernel|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline) ;; *) echo "usage: $0 quick|check|lq|kernel|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -111,9 +115,11 @@ fi
 $PY -c "import lampo.models.config" || { log "lampo is not importable"; exit 1; }
 
 WRITERS=()
-if { [ "$MODE" = quick ] || [ "$MODE" = check ] || [ "$MODE" = final ]; } && [ "${TESTS:-}" != 0 ]; then
+if { [ "$MODE" = quick ] || [ "$MODE" = check ] || [ "$MODE" = lq ] || [ "$MODE" = final ]; } && [ "${TESTS:-}" != 0 ]; then
   for preset in qwen3.6-35b-a3b qwen3.6-27b; do
     $PY tests/gpu/full_width.py "$WORK/full-width" "$preset" >"$OUT/write-$preset.log" 2>&1 &
+    WRITERS+=($!)
+    $PY tests/gpu/full_width.py "$WORK/full-width" "$preset" q5 >"$OUT/write-$preset-q5.log" 2>&1 &
     WRITERS+=($!)
   done
 fi
@@ -191,6 +197,24 @@ quick)
   bench tiny-moe 60 --preset tiny-moe --random-weights --prompt 2048 --depths 0,2048 --decode-tokens 64
   bench 35b-a3b-4layers 90 --preset qwen3.6-35b-a3b --layers 4 --random-weights --prompt 8192 --depths 0,8192 --decode-tokens 64
   bench 27b-4layers 90 --preset qwen3.6-27b --layers 4 --random-weights --prompt 8192 --depths 0,8192 --decode-tokens 64 ;;
+lq)
+  for b in ${LQ_BENCHES:-q5 bf16 vram long}; do case "$b" in
+  q5) for m in 35b-a3b 27b; do
+        bench "$m-q5" 100 --preset "qwen3.6-$m" --random-weights --weights q5 --prompt 8192 --depths 8192 --profile-steps 3
+      done ;;
+  bf16) for m in 35b-a3b 27b; do
+        bench "$m-bf16-prefill" 60 --preset "qwen3.6-$m" --random-weights --weights bf16 --prompt 8192 --depths 0 \
+          --decode-tokens 16 --profile-steps 0
+      done ;;
+  vram) bench 35b-a3b-q4-vram 60 --preset qwen3.6-35b-a3b --random-weights --weights q4 --vram-limit 23GiB \
+          --context 262144 --prompt 2048 --depths 2048 --profile-steps 0
+        bench 27b-q5-vram 60 --preset qwen3.6-27b --random-weights --weights q5 --vram-limit 31GiB \
+          --context 262144 --prompt 2048 --depths 2048 --profile-steps 0 ;;
+  long) for m in 35b-a3b 27b; do
+        bench "$m-q5-long" 60 --preset "qwen3.6-$m" --random-weights --weights q5 --prompt 512 --depths 262000 \
+          --fast-depth --profile-steps 0
+      done ;;
+  esac; done ;;
 kernel)
   timeout 300 ncu --set full -k regex:gemv_lq --clock-control none \
     $PY tests/gpu/op_profile.py ${KERNEL_SHAPES:-248320,2048,4 8192,2048,5} >"$OUT/bench/ncu-kernel.txt" 2>&1

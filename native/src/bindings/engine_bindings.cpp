@@ -248,6 +248,17 @@ void register_engine(py::module_& m) {
                  std::copy(v.begin(), v.end(), out.mutable_data());
                  return out;
              })
+        .def("set_record_routing", &Engine::set_record_routing, py::arg("on"),
+             "MoE models: keep each prefill's expert ids per layer and token (routing())")
+        .def("routing",
+             [](Engine& e) {
+                 const std::vector<int32_t> r = e.routing();
+                 const py::ssize_t L = e.dims().n_layers(), k = e.dims().top_k;
+                 py::array_t<int32_t> out({L, py::ssize_t(r.size()) / std::max<py::ssize_t>(L * k, 1), k});
+                 std::copy(r.begin(), r.end(), out.mutable_data());
+                 return out;
+             },
+             "Expert ids [layers, T, k] of the last prefill (record_routing on; T = 0 before)")
         .def("decode_graph_info",
              [](Engine& e) {
                  DecodeGraphInfo g;

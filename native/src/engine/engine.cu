@@ -237,7 +237,13 @@ int Engine::prefill(const int32_t* ids, int n, bool sample_next) {
     step.d_pos = d_pos_;
     step.pos0 = pos_;
     step.logits = sample_next;
+    step.routing_out = routing_mem_.as<int32_t>();
     model_forward(dims_, weights_->model(), state_, ws_, step, stream_, nullptr);
+    if (step.routing_out) {
+        routing_.resize(size_t(dims_.n_layers()) * n * dims_.top_k);
+        LAMPO_CUDA_CHECK(cudaMemcpyAsync(routing_.data(), step.routing_out, routing_.size() * sizeof(int32_t),
+                                         cudaMemcpyDeviceToHost, stream_));
+    }
     if (sample_next) sample(nullptr);
     launch_pdl("advance_position", advance_position, 1, 1, 0, stream_, d_pos_, n);
     LAMPO_CHECK_LAUNCH("advance_position");
@@ -245,6 +251,14 @@ int Engine::prefill(const int32_t* ids, int n, bool sample_next) {
     LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
     pos_ += n;
     return token;
+}
+
+void Engine::set_record_routing(bool on) {
+    if (on && !dims_.moe) throw std::invalid_argument("record_routing: the model has no MoE layers");
+    routing_mem_ = on ? DeviceMemory(size_t(dims_.n_layers()) * opt_.prefill_chunk * dims_.top_k * sizeof(int32_t),
+                                     "routing record")
+                      : DeviceMemory();
+    routing_.clear();
 }
 
 // ---- decode --------------------------------------------------------------------------------

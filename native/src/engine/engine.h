@@ -85,6 +85,11 @@ public:
     int decode_collect();
     int decode_queued() const { return queued_; }
     std::vector<float> logits();       // fp32 logits [V] of the last row of the last call
+    // With recording on (MoE models), each prefill keeps the experts every layer chose for each of
+    // its tokens: routing() = ids [layers * T * k] of the last prefill (the exact oracle of the
+    // tests: the reference replays them, lampo.models.reference.ffn.Routing).
+    void set_record_routing(bool on);
+    std::vector<int32_t> routing() const { return routing_; }
     DecodeGraphInfo decode_graph_info();
     // Runs `steps` decode steps un-graphed with events around each op family (the first feeds
     // `token`, or the last sampled one when token < 0); returns mean ms per step for each family
@@ -102,7 +107,8 @@ private:
     cudaStream_t stream_ = nullptr;
     std::unique_ptr<WeightStore> weights_;
     std::vector<DeviceMemory> kv_mem_;
-    DeviceMemory gdn_mem_, snapshot_mem_, workspace_mem_, io_mem_;
+    DeviceMemory gdn_mem_, snapshot_mem_, workspace_mem_, io_mem_, routing_mem_;
+    std::vector<int32_t> routing_;
     size_t gdn_state_bytes_ = 0;
     ModelState state_;
     Workspace ws_;

@@ -193,6 +193,7 @@ struct ForwardStep {
     const int32_t* d_pos = nullptr;   // [1] position of the first token (device)
     int pos0 = 0;                     // same position on the host (prefill attention only)
     bool logits = false;              // final norm + LM head on the last row -> ws.logits
+    int32_t* routing_out = nullptr;   // optional [layers, T, k] (device): each MoE layer's expert ids
 };
 
 // Runs every layer over T tokens at positions d_pos[0].., appending to the KV cache and advancing

@@ -538,6 +538,11 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
 
         if (d.moe) {
             moe_ffn(c, lw.moe, lw.post_norm);
+            if (step.routing_out) {
+                const size_t n = size_t(T) * d.top_k;
+                LAMPO_CUDA_CHECK(cudaMemcpyAsync(step.routing_out + l * n, ws.expert_ids, n * sizeof(int32_t),
+                                                 cudaMemcpyDeviceToDevice, stream));
+            }
         } else {
             dense_ffn(c, lw.dense, lw.post_norm);
         }

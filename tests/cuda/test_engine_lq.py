@@ -1,0 +1,187 @@
+"""The CUDA engine with LQ weights (docs/weight-format.md) against the numpy reference on the same
+weights: a converted checkpoint as stored (the reference dequantizes it), a bf16 checkpoint
+quantized on the GPU while loading (the reference gets the numpy quantizer's weights), a converted
+one dequantized into bf16 blocks, and full-width 4-layer checkpoints written in the packed format.
+
+MoE oracle, exact: the engine records the experts it chose per layer and token (set_record_routing),
+the reference replays them (ffn.Routing), so a router near-tie cannot move a row, and every row of
+both model kinds must meet the dense tolerance of test_engine.py (rel L2 <= 4e-2, 4 of the top 5).
+Decode rows are one-token prefills (the decode step's kernels, un-graphed, so their routing can be
+recorded); the graphed step is then checked against them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lampo.engine.cuda import load_weights
+from lampo.models.checkpoint import Checkpoint, CheckpointError
+from lampo.models.presets import get_preset
+from lampo.models.quant import layout, quantizer
+from lampo.models.quant.convert import convert
+from lampo.models.quant.engine_formats import engine_tensor_bits, recipe_tensor_bits
+from lampo.models.reference.ffn import Routing
+from lampo.models.reference.model import ReferenceModel
+from lampo.models.synthetic import write_checkpoint
+from lampo.models.tensor_specs import engine_tensor_names
+
+from .test_engine import _full_width_module, assert_rows_match_reference, fresh, prompt_ids, rel_l2
+
+_native = pytest.importorskip("lampo._native")
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(_native.device_count() < 1, reason="no CUDA device"),
+]
+
+
+def lq_engine(ck: Checkpoint, bits: dict[str, int], context_max=1024, chunk=256, **options):
+    engine = _native.Engine(ck.config, engine_tensor_names(ck.config), bits, context_max=context_max,
+                            prefill_chunk=chunk, snapshot_slots=2, **options)
+    load_weights(engine, ck)
+    if ck.config.is_moe:
+        engine.set_record_routing(True)
+    return fresh(engine)
+
+
+def stored_bits(ck: Checkpoint) -> dict[str, int]:
+    return engine_tensor_bits(ck.config, {n: t.bits for n, t in ck.lq.tensors.items()})
+
+
+def routing(engine, cfg) -> Routing | None:
+    return Routing(engine.routing()) if cfg.is_moe else None
+
+
+def rows_against_reference(engine, ref: ReferenceModel, cfg, n_prompt=150, steps=6, seed=0):
+    """Prefill (one call) and `steps` teacher-forced one-token steps, each row of the reference
+    run with the engine's experts."""
+    vocab = cfg.real_vocab_size
+    ids = prompt_ids(n_prompt, seed=seed, vocab=vocab)
+    fresh(engine)
+    ref.reset()
+    engine.prefill(ids, True)
+    rows = [(engine.logits(), ref.prefill(ids, last_only=True, routing=routing(engine, cfg)))]
+    for token in prompt_ids(steps, seed=seed + 5, vocab=vocab):
+        engine.prefill(np.asarray([token], np.int32), True)
+        rows.append((engine.logits(), ref.decode(int(token), routing=routing(engine, cfg))))
+    return rows
+
+
+def quantized_reference(ck: Checkpoint, bits: dict[str, int]) -> ReferenceModel:
+    """The reference on the weights the numpy quantizer makes of each tensor in `bits` (a bank
+    expert by expert), the checkpoint's own elsewhere."""
+    weights = {}
+    for name in ck.names():
+        w = ck.tensor_f32(name)
+        if name in bits:
+            flat = w.reshape(-1, *w.shape[-2:])
+            w = np.stack([layout.values(*quantizer.quantize(m, bits[name]), bits[name]) for m in flat]).reshape(w.shape)
+        weights[name] = w
+    return ReferenceModel(ck.config, weights)
+
+
+@pytest.fixture(scope="module", params=["tiny-dense", "tiny-moe"])
+def bf16_dir(request, tmp_path_factory) -> Path:
+    return write_checkpoint(tmp_path_factory.mktemp(request.param), get_preset(request.param), seed=1,
+                            with_mtp=False)
+
+
+@pytest.mark.parametrize("recipe", ["q5", "q4"])
+def test_a_converted_checkpoint_matches_the_reference_on_its_weights(bf16_dir, recipe, tmp_path):
+    convert(bf16_dir, tmp_path / recipe, recipe)
+    ck = Checkpoint.open(tmp_path / recipe, include_mtp=False)
+    bits = stored_bits(ck)
+    engine = lq_engine(ck, bits)
+    assert bits and {f for _n, _s, f in engine.weight_specs()} >= {f"LQ{b}" for b in set(bits.values())}
+    rows = rows_against_reference(engine, ReferenceModel.from_checkpoint(ck), ck.config)
+    assert_rows_match_reference(rows, f"{ck.config.name} {recipe} (as stored)", moe=False)
+
+
+def test_quantize_on_load_matches_the_numpy_quantizer(bf16_dir):
+    ck = Checkpoint.open(bf16_dir, include_mtp=False)
+    bits = recipe_tensor_bits(ck.config, "q5")
+    engine = lq_engine(ck, bits)
+    rows = rows_against_reference(engine, quantized_reference(ck, bits), ck.config)
+    assert_rows_match_reference(rows, f"{ck.config.name} quantized on load", moe=False)
+
+
+def test_a_converted_checkpoint_dequantized_into_bf16(bf16_dir, tmp_path):
+    convert(bf16_dir, tmp_path / "q4", "q4")
+    ck = Checkpoint.open(tmp_path / "q4", include_mtp=False)
+    engine = lq_engine(ck, {})  # every packed tensor arrives at a BF16 slot
+    assert {f for _n, _s, f in engine.weight_specs()} <= {"BF16", "F32"}
+    rows = rows_against_reference(engine, ReferenceModel.from_checkpoint(ck), ck.config)
+    assert_rows_match_reference(rows, f"{ck.config.name} q4 dequantized on load", moe=False)
+
+
+def test_the_graphed_decode_step_equals_the_one_token_prefill(bf16_dir):
+    ck = Checkpoint.open(bf16_dir, include_mtp=False)
+    engine = lq_engine(ck, recipe_tensor_bits(ck.config, "q4"))
+    ids = prompt_ids(70, seed=3, vocab=ck.config.real_vocab_size)
+    engine.prefill(ids, True)
+    engine.snapshot(0)
+    for token in (11, 12, 13):
+        engine.decode(token)
+    graphed = engine.logits()
+    engine.restore(0)
+    for token in (11, 12, 13):
+        engine.prefill(np.asarray([token], np.int32), True)
+    assert rel_l2(engine.logits(), graphed) <= 1e-3
+
+
+def test_greedy_generation_follows_the_reference(bf16_dir, tmp_path):
+    convert(bf16_dir, tmp_path / "q5", "q5")
+    ck = Checkpoint.open(tmp_path / "q5", include_mtp=False)
+    engine = lq_engine(ck, stored_bits(ck))
+    ref = ReferenceModel.from_checkpoint(ck)
+    ids = prompt_ids(40, seed=4, vocab=ck.config.real_vocab_size)
+    ref.reset()
+    token = engine.prefill(ids, True)
+    want = ref.prefill(ids, last_only=True, routing=routing(engine, ck.config))
+    for step in range(48):
+        top = np.sort(want[:ck.config.real_vocab_size])[-2:]
+        near_tie = top[1] - top[0] < 0.1 * want.std()
+        assert token == int(np.argmax(want[:ck.config.real_vocab_size])) or near_tie, f"step {step}"
+        token_in = token
+        token = engine.prefill(np.asarray([token_in], np.int32), True)
+        want = ref.decode(token_in, routing=routing(engine, ck.config))
+
+
+@pytest.mark.parametrize("preset", ["qwen3.6-35b-a3b", "qwen3.6-27b"])
+def test_full_width_four_layer_packed_checkpoints(preset, tmp_path_factory):
+    full_width = _full_width_module()
+    root = os.environ.get("LAMPO_FULL_WIDTH_DIR")  # written by tests/gpu/run.sh during the build
+    d = Path(root) / f"{preset}-q5" if root else full_width.write(tmp_path_factory.mktemp("fw-q5"), preset, "q5")
+    ck = Checkpoint.open(d, include_mtp=False)
+    assert ck.lq.recipe == "q5" and ck.config.hidden_size == get_preset(preset).hidden_size
+    engine = lq_engine(ck, stored_bits(ck))
+    rows = rows_against_reference(engine, ReferenceModel.from_checkpoint(ck), ck.config, n_prompt=100, steps=4)
+    assert_rows_match_reference(rows, f"{preset} 4 layers q5", moe=False)
+
+
+def test_a_nan_scale_is_refused_by_name(tmp_path):
+    d = write_checkpoint(tmp_path / "nan", get_preset("tiny-dense"), seed=2, with_mtp=False, recipe="q5")
+    ck = Checkpoint.open(d, include_mtp=False)
+    name = next(n for n in ck.names() if ck.quantized(n) and "mlp.down_proj" in n)
+    stored = ck.stored(name)
+    ck.close()
+    with open(stored.path, "r+b") as f:  # the second tile's first scale := fp16 NaN
+        f.seek(stored.start + 2 * layout.tile_bytes(ck.quantized(name).bits) - 2 * layout.TILE_ROWS)
+        f.write(np.array([0x7E00], "<u2").tobytes())
+    ck = Checkpoint.open(d, include_mtp=False)
+    engine = _native.Engine(ck.config, engine_tensor_names(ck.config), stored_bits(ck), context_max=256,
+                            prefill_chunk=64, snapshot_slots=1)
+    with pytest.raises(CheckpointError, match=name.replace(".", r"\.")):
+        load_weights(engine, ck)
+
+
+def test_the_vram_limit_refuses_an_allocation_past_it(bf16_dir):
+    ck = Checkpoint.open(bf16_dir, include_mtp=False)
+    with pytest.raises(_native.CudaError, match="VRAM limit of 1.00 MiB would be passed"):
+        _native.Engine(ck.config, engine_tensor_names(ck.config), {}, context_max=256, prefill_chunk=64,
+                       snapshot_slots=1, vram_limit=1 << 20)
+    engine = lq_engine(ck, recipe_tensor_bits(ck.config, "q4"), vram_limit=4 << 30)
+    assert 0 < _native.engine_allocated() <= 4 << 30 and engine.position == 0
