@@ -12,10 +12,12 @@
 // Differences from the decode path: y is rounded to bf16 per expert before the weighted sum.
 // Workspace (moe_prefill_workspace_bytes): the tables above, act and y; about
 // T*k*(I + H)*2 bytes (35B-A3B, T = 2048: 80 MiB).
+// Steps 1 and 4 are shared with the LQ banks' prefill (moe_prefill_lq.cu) through moe_prefill.h.
 #include "kernels/common.cuh"
 #include "kernels/gdn_moe_vec.cuh"
 #include "kernels/moe/moe_common.h"
 #include "kernels/moe/moe_grouped_gemm.cuh"
+#include "kernels/moe/moe_prefill.h"
 #include "kernels/ops.h"
 
 namespace lampo {
@@ -23,6 +25,7 @@ namespace {
 
 constexpr int SORT_THREADS = 1024;  // >= MOE_MAX_EXPERTS: one thread per expert in the scans
 constexpr int COMBINE_THREADS = 256;
+static_assert(moe_gemm::BM == MOE_PREFILL_TILE_ROWS, "the sort's row tiles are the grouped GEMM's");
 
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
@@ -34,7 +37,7 @@ struct PrefillLayout {
 PrefillLayout prefill_layout(int T, int k, int H, int I, int E) {
     PrefillLayout L{};
     const size_t slots = size_t(T) * k;
-    L.tile_slots = int((slots + moe_gemm::BM - 1) / moe_gemm::BM) + E;
+    L.tile_slots = int((slots + MOE_PREFILL_TILE_ROWS - 1) / MOE_PREFILL_TILE_ROWS) + E;
     size_t at = 0;
     auto take = [&](size_t bytes) { const size_t here = at; at += align256(bytes); return here; };
     L.offsets = take(sizeof(int32_t) * (E + 1));
@@ -92,13 +95,13 @@ moe_sort(const int32_t* __restrict__ ids, int slots, int k, int E, int32_t* __re
     const int n = count[tid];  // zero past E
     int total_rows, total_tiles;
     const int row_start = block_exclusive_scan(n, warp_sums, total_rows);
-    const int tiles = (n + moe_gemm::BM - 1) / moe_gemm::BM;
+    const int tiles = (n + MOE_PREFILL_TILE_ROWS - 1) / MOE_PREFILL_TILE_ROWS;
     const int tile_start = block_exclusive_scan(tiles, warp_sums, total_tiles);
     if (tid < E) {
         offsets[tid] = row_start;
         for (int i = 0; i < tiles; ++i) {
             tile_group[tile_start + i] = tid;
-            tile_row0[tile_start + i] = row_start + i * moe_gemm::BM;
+            tile_row0[tile_start + i] = row_start + i * MOE_PREFILL_TILE_ROWS;
         }
     }
     if (tid == 0) {
@@ -138,50 +141,59 @@ size_t moe_prefill_workspace_bytes(int T, int k, int H, int I, int E) {
     return prefill_layout(T, k, H, I, E).total;
 }
 
-void moe_experts_prefill(const bf16* h, const bf16* gate_up, const bf16* down, const int32_t* ids,
-                         const float* weights, bf16* out, void* workspace, int T, int k, int H,
-                         int I, int E, cudaStream_t stream) {
-    moe_check_tokens("moe_experts_prefill", T, k, H);
-    moe_check_experts("moe_experts_prefill", E, k);
-    moe_check_intermediate("moe_experts_prefill", I);
+MoePrefillRows moe_prefill_sort(const char* op, const int32_t* ids, void* workspace, int T, int k, int H, int I,
+                                int E, cudaStream_t stream) {
+    moe_check_tokens(op, T, k, H);
+    moe_check_experts(op, E, k);
+    moe_check_intermediate(op, I);
     const PrefillLayout L = prefill_layout(T, k, H, I, E);
     char* ws = static_cast<char*>(workspace);
     auto at = [&](size_t off) { return reinterpret_cast<int32_t*>(ws + off); };
-    bf16* act = reinterpret_cast<bf16*>(ws + L.act);
-    bf16* y = reinterpret_cast<bf16*>(ws + L.y);
-    const int slots = T * k;
+    const MoePrefillRows rows{at(L.offsets), at(L.num_tiles), at(L.tile_group), at(L.tile_row0),
+                              at(L.sorted_token), at(L.pos_of_slot), reinterpret_cast<bf16*>(ws + L.act),
+                              reinterpret_cast<bf16*>(ws + L.y), L.tile_slots};
+    moe_sort<<<1, SORT_THREADS, 0, stream>>>(ids, T * k, k, E, rows.offsets, rows.num_tiles, rows.tile_group,
+                                             rows.tile_row0, rows.sorted_token, rows.pos_of_slot);
+    return rows;
+}
 
-    moe_sort<<<1, SORT_THREADS, 0, stream>>>(ids, slots, k, E, at(L.offsets), at(L.num_tiles),
-                                             at(L.tile_group), at(L.tile_row0), at(L.sorted_token),
-                                             at(L.pos_of_slot));
+void moe_prefill_combine(const MoePrefillRows& rows, const float* weights, bf16* out, int T, int k, int H,
+                         cudaStream_t stream) {
+    moe_combine<<<T, COMBINE_THREADS, 0, stream>>>(rows.y, rows.pos_of_slot, weights, out, k, H);
+}
+
+void moe_experts_prefill(const bf16* h, const bf16* gate_up, const bf16* down, const int32_t* ids,
+                         const float* weights, bf16* out, void* workspace, int T, int k, int H,
+                         int I, int E, cudaStream_t stream) {
+    const MoePrefillRows rows = moe_prefill_sort("moe_experts_prefill", ids, workspace, T, k, H, I, E, stream);
 
     moe_gemm::Problem p{};
-    p.tile_group = at(L.tile_group);
-    p.tile_row0 = at(L.tile_row0);
-    p.group_end = at(L.offsets) + 1;
-    p.num_tiles = at(L.num_tiles);
+    p.tile_group = rows.tile_group;
+    p.tile_row0 = rows.tile_row0;
+    p.group_end = rows.offsets + 1;
+    p.num_tiles = rows.num_tiles;
 
     p.A = h;
-    p.a_rows = at(L.sorted_token);
+    p.a_rows = rows.sorted_token;
     p.B = gate_up;
     p.b_group_stride = size_t(2) * I * H;
-    p.C = act;
+    p.C = rows.act;
     p.ldc = I;
     p.N = 2 * I;
     p.K = H;
-    moe_gemm::launch_grouped_gemm<moe_gemm::Epilogue::SWIGLU>(p, L.tile_slots, stream);
+    moe_gemm::launch_grouped_gemm<moe_gemm::Epilogue::SWIGLU>(p, rows.tile_slots, stream);
 
-    p.A = act;
+    p.A = rows.act;
     p.a_rows = nullptr;
     p.B = down;
     p.b_group_stride = size_t(H) * I;
-    p.C = y;
+    p.C = rows.y;
     p.ldc = H;
     p.N = H;
     p.K = I;
-    moe_gemm::launch_grouped_gemm<moe_gemm::Epilogue::BF16>(p, L.tile_slots, stream);
+    moe_gemm::launch_grouped_gemm<moe_gemm::Epilogue::BF16>(p, rows.tile_slots, stream);
 
-    moe_combine<<<T, COMBINE_THREADS, 0, stream>>>(y, at(L.pos_of_slot), weights, out, k, H);
+    moe_prefill_combine(rows, weights, out, T, k, H, stream);
 }
 
 }  // namespace lampo
