@@ -137,17 +137,18 @@ def test_greedy_generation_follows_the_reference(bf16_dir, tmp_path):
     ck = Checkpoint.open(tmp_path / "q5", include_mtp=False)
     engine = lq_engine(ck, stored_bits(ck))
     ref = ReferenceModel.from_checkpoint(ck)
-    ids = prompt_ids(40, seed=4, vocab=ck.config.real_vocab_size)
+    vocab = ck.config.real_vocab_size
+    ids = prompt_ids(40, seed=4, vocab=vocab)
     ref.reset()
     token = engine.prefill(ids, True)
-    want = ref.prefill(ids, last_only=True, routing=routing(engine, ck.config))
+    want = ref.prefill(ids, last_only=True, routing=routing(engine, ck.config))[:vocab]
     for step in range(48):
-        top = np.sort(want[:ck.config.real_vocab_size])[-2:]
-        near_tie = top[1] - top[0] < 0.1 * want.std()
-        assert token == int(np.argmax(want[:ck.config.real_vocab_size])) or near_tie, f"step {step}"
+        top = np.sort(want)[-2:]
+        near_tie = top[1] - top[0] < 0.1 * want.std()  # bf16 activations may flip those
+        assert token == int(np.argmax(want)) or near_tie, f"step {step}"
         token_in = token
         token = engine.prefill(np.asarray([token_in], np.int32), True)
-        want = ref.decode(token_in, routing=routing(engine, ck.config))
+        want = ref.decode(token_in, routing=routing(engine, ck.config))[:vocab]
 
 
 @pytest.mark.parametrize("preset", ["qwen3.6-35b-a3b", "qwen3.6-27b"])
