@@ -2,7 +2,8 @@
 //   y [T, out] = x [T, in] @ W^T,  W [out, in] bf16 row-major, fp32 accumulation, OutT bf16 or fp32.
 // gemv_bf16: T <= GEMV_MAX_T (gemv.cu);  gemm_bf16: any T (gemm.cu, tensor cores).
 // gemv_bf16_normed / gemv_bf16_add_residual: the decode step's folded forms (linear.h).
-// gemv_lq / gemm_lq: the GEMV / GEMM for weights in the LQ format; gemm_lq_grouped: that GEMM over
+// gemv_lq / gemm_lq: the GEMV / GEMM for weights in the LQ format (gemv_lq_normed /
+// gemv_lq_add_residual: the GEMV's folded forms); gemm_lq_grouped: that GEMM over
 // groups of rows, one matrix per group (the MoE prefill experts).
 // Both need in % 8 == 0 (16-byte rows); gemm also out % 8 == 0.
 #pragma once
@@ -28,6 +29,12 @@ void gemm_bf16(const bf16* W, const bf16* x, OutT* y, int T, int out, int in, cu
 template <class OutT>
 void gemv_lq(const uint8_t* W, int bits, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream);
 size_t lq_packed_bytes(int out, int in, int bits);
+// The decode step's folded forms of gemv_lq (T = 1; contract in linear.h, as gemv_bf16_normed /
+// gemv_bf16_add_residual): gemv_lq_normed is bit for bit rmsnorm followed by gemv_lq.
+template <class OutT>
+void gemv_lq_normed(const uint8_t* W, int bits, const ResidualNorm& x, OutT* y, int out, int in, cudaStream_t stream);
+void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int out, int in,
+                          cudaStream_t stream);
 constexpr int LQ_TILE_ROWS = 16;  // an LQ tile: 16 rows x 64 columns (one fp16 scale per row)
 constexpr int LQ_TILE_COLS = 64;
 

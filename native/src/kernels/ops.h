@@ -193,11 +193,31 @@ void moe_experts_down_add(const bf16* act, const bf16* down, const int32_t* ids,
                           const MoeSharedSlot* shared = nullptr);
 // The same gate_up and down for T <= 8 with the banks in the LQ format (moe_experts_lq.cu;
 // kernels/lq_tile.cuh): expert e's [2I, H] / [H, I] tiles at e * lq_packed_bytes(rows, cols, bits),
-// bits in {4, 5, 6}, k <= 8, H and I multiples of 64.
+// bits in {4, 5, 6}, k <= 8, H and I multiples of 64; and their decode-step forms
+// (moe_experts_lq_gate_up_select, moe_experts_lq_down_add: as moe_experts_gate_up_select /
+// moe_experts_down_add, the same selection bits). `shared` (optional): the shared expert as slot k
+// of both launches, its matrices in the LQ format at their own widths, with the function of
+// MoeSharedSlot (act then [T, k, I] followed by [T, Is]; gate written by gate_up, read by down).
+struct MoeSharedSlotLq {
+    const uint8_t* gate_up = nullptr;  // [2 Is, H] LQ tiles (rows 0..Is-1 gate, Is..2Is-1 up)
+    int gate_up_bits = 0;
+    const uint8_t* down = nullptr;     // [H, Is] LQ tiles
+    int down_bits = 0;
+    const bf16* w_gate = nullptr;      // [H] bf16
+    float* gate = nullptr;             // [T] fp32 scratch: written by gate_up, read by down
+    int inter = 0;                     // Is
+};
 void moe_experts_lq_gate_up(const bf16* h, const uint8_t* gate_up, int bits, const int32_t* ids, bf16* act, int T,
-                            int k, int H, int I, cudaStream_t stream);
+                            int k, int H, int I, cudaStream_t stream, const MoeSharedSlotLq* shared = nullptr);
 void moe_experts_lq_down(const bf16* act, const uint8_t* down, int bits, const int32_t* ids, const float* weights,
-                         bf16* out, int T, int k, int H, int I, cudaStream_t stream);
+                         bf16* out, int T, int k, int H, int I, cudaStream_t stream,
+                         const MoeSharedSlotLq* shared = nullptr);
+void moe_experts_lq_gate_up_select(const bf16* h, const float* logits, int E, const uint8_t* gate_up, int bits,
+                                   int32_t* ids, float* weights, bf16* act, int T, int k, int H, int I,
+                                   cudaStream_t stream, const MoeSharedSlotLq* shared = nullptr);
+void moe_experts_lq_down_add(const bf16* act, const uint8_t* down, int bits, const int32_t* ids,
+                             const float* weights, float* residual, int T, int k, int H, int I, cudaStream_t stream,
+                             const MoeSharedSlotLq* shared = nullptr);
 // Routed experts for a prefill chunk (T large): tokens grouped by expert, one grouped GEMM per
 // projection. workspace of moe_prefill_workspace_bytes(). Same function as the two above.
 size_t moe_prefill_workspace_bytes(int T, int k, int H, int I, int E);

@@ -9,34 +9,52 @@
 // fragment order (token g = lane / 4; zeros past T). KS slices of a strip are summed through
 // shared memory. Every weight byte is read once and serves all T tokens. Launched with PDL: the
 // first tiles' copies are issued before the wait (weights are immutable).
+//
+// The decode step's two folded forms (T = 1; linear.h), as gemv.cu's for BF16 weights:
+// - LqIn::NormedResidual (gemv_lq_normed): every block builds x = bf16(rmsnorm(residual) * (1 + w))
+//   itself (norm_row.cuh: add_rmsnorm's thread mapping and order, so the values are rmsnorm's bits)
+//   in shared memory and stages it from there (lq_stage.cuh); block 0 may also write it out. The
+//   norm weight is copied in before the wait; the residual row is kept in the x staging area
+//   between the norm's two passes. The grid and the sums are gemv_lq's: the result is bit for bit
+//   rmsnorm followed by gemv_lq.
+// - LqOut::AddToResidual (gemv_lq_add_residual): residual[row] += float(bf16(y[row])), the rounding
+//   of a bf16 output added by add_rmsnorm; the rows' residual values are read right after the wait.
 #include <algorithm>
+#include <type_traits>
 
 #include "kernels/launch_utils.cuh"
-#include "kernels/lq_tile.cuh"
+#include "kernels/lq_stage.cuh"
 #include "kernels/matmul.cuh"
+#include "kernels/norm_row.cuh"
 
 namespace lampo {
 namespace {
 
 constexpr int LQ_WARPS = 8;
 constexpr size_t LQ_PARTIAL_BYTES = sizeof(float) * LQ_WARPS * 32 * 4;  // the static shared partial sums
+static_assert(LQ_WARPS * 32 == NORM_THREADS, "the folded norm runs on the GEMV block");
+
+enum class LqIn { X, NormedResidual };
+enum class LqOut { Store, AddToResidual };
 
 // Dynamic shared memory of a launch: the warps' rings, the tiles' start values, x of `tokens`
-// tokens plus the zero token (at most 8 in all).
-size_t lq_smem_bytes(int bits, int in, int tokens) {
+// tokens plus the zero token (at most 8 in all); NormedResidual: the norm weight / normed row.
+size_t lq_smem_bytes(int bits, int in, int tokens, LqIn input) {
     return size_t(LQ_WARPS) * LQ_STAGES * lq_tile_bytes(bits) + lq_start_bytes(in) +
-           size_t(std::min(tokens + 1, 8)) * lq_x_bytes(in);
+           size_t(std::min(tokens + 1, 8)) * lq_x_bytes(in) + (input == LqIn::NormedResidual ? lq_x_bytes(in) : 0);
 }
 
 struct GemvLqParams {
     const uint8_t* W;
-    const bf16* x;  // [T, in]
-    void* y;        // [T, out]
+    const bf16* x;      // LqIn::X: [T, in]
+    void* y;            // [T, out] OutT, or the fp32 residual [out] for AddToResidual
     int T, out, in, ks_count;
+    ResidualNorm norm;  // LqIn::NormedResidual
 };
 
-template <int BITS, class OutT>
+template <int BITS, class OutT, LqIn IN, LqOut OUT>
 __global__ void __launch_bounds__(LQ_WARPS * 32, 3) gemv_lq_kernel(const GemvLqParams p) {
+    static_assert(OUT == LqOut::Store || std::is_same_v<OutT, float>, "residual add: an fp32 row");
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
     extern __shared__ uint4 lq_smem[];
     __shared__ float partial[LQ_WARPS][32][4];
@@ -49,13 +67,45 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 3) gemv_lq_kernel(const GemvLqP
     const int tbeg = int(int64_t(tiles) * slice / p.ks_count), tend = int(int64_t(tiles) * (slice + 1) / p.ks_count);
     float* start = reinterpret_cast<float*>(lq_smem + LQ_WARPS * LQ_STAGES * TILE_BYTES / 16);
     uint4* xs = reinterpret_cast<uint4*>(start + 8 * tiles);
+    // NormedResidual (T = 1): the norm weight, overwritten in place by the normed row, after x and
+    // the zero token; the fp32 residual row (in * 4 bytes) lives in x's place until x is staged.
+    bf16* row = reinterpret_cast<bf16*>(xs + 2 * lq_x_bytes(p.in) / 16);
+    if constexpr (IN == LqIn::NormedResidual) {  // one commit group before the ring's
+        for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x) cp_async_16(row + 8 * i, p.norm.weight + 8 * i, true);
+        cp_async_commit();
+    }
 
     LqRing<BITS> ring(lq_smem + warp * LQ_STAGES * TILE_BYTES / 16,
                       p.W + (size_t(strip_live ? strip : 0) * tiles + tbeg) * TILE_BYTES,
                       strip_live ? tend - tbeg : 0, lane);
     ring.issue_first();  // weights only: before the wait
     pdl_begin();
-    lq_stage_x(xs, start, p.x, p.T, p.in, lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
+    // AddToResidual: the writing lanes' rows g and g + 8 (token 0), read now, off the kernel's tail.
+    const bool writes = slice == 0 && strip_live;
+    float residual_in[2] = {0.0f, 0.0f};
+    if constexpr (OUT == LqOut::AddToResidual) {
+        if (writes && quad == 0) {
+            const float* residual = static_cast<const float*>(p.y) + strip * LQ_TILE_ROWS + g;
+            residual_in[0] = __ldcg(residual);
+            residual_in[1] = __ldcg(residual + 8);
+        }
+    }
+    if constexpr (IN == LqIn::NormedResidual) {
+        // The norm weight's group, older than the LQ_STAGES - 1 that issue_first committed (those
+        // tiles may still be in flight); visible to every thread after norm_row_inv's block sum.
+        cp_async_wait<LQ_STAGES - 1>();
+        float* r_row = reinterpret_cast<float*>(xs);
+        const float inv = norm_row_inv(p.norm.residual, nullptr, r_row, p.in, p.norm.eps);
+        norm_row_scale<true>(r_row, inv, row, row, p.in);  // a thread reads its weights, then writes them over
+        __syncthreads();
+        if (p.norm.normed_out && blockIdx.x == 0)
+            for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x)
+                reinterpret_cast<uint4*>(p.norm.normed_out)[i] = reinterpret_cast<const uint4*>(row)[i];
+        lq_stage_x_from<LqXSource::Shared>(xs, start, row, 1, p.in, lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
+    } else {
+        lq_stage_x_from<LqXSource::Global>(xs, start, p.x, p.T, p.in, lq_code_centre<BITS>(), threadIdx.x,
+                                           blockDim.x);
+    }
     __syncthreads();
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -64,25 +114,58 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 3) gemv_lq_kernel(const GemvLqP
 #pragma unroll
     for (int i = 0; i < 4; ++i) partial[warp][lane][i] = acc[i];
     __syncthreads();
-    if (slice != 0 || !strip_live) return;
+    if (!writes) return;
     // C fragment: acc[0..1] row g, tokens 2quad, 2quad + 1; acc[2..3] row g + 8, same tokens.
     OutT* y = static_cast<OutT*>(p.y);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const int token = 2 * quad + (i & 1), row = strip * LQ_TILE_ROWS + g + 8 * (i >> 1);
+        const int token = 2 * quad + (i & 1), row_i = strip * LQ_TILE_ROWS + g + 8 * (i >> 1);
         if (token >= p.T) continue;
         float sum = 0.0f;
         for (int k = 0; k < p.ks_count; ++k) sum += partial[warp + k][lane][i];
-        if constexpr (std::is_same_v<OutT, float>) y[size_t(token) * p.out + row] = sum;
-        else y[size_t(token) * p.out + row] = __float2bfloat16(sum);
+        if constexpr (OUT == LqOut::AddToResidual)
+            y[row_i] = residual_in[i >> 1] + __bfloat162float(__float2bfloat16(sum));
+        else if constexpr (std::is_same_v<OutT, float>) y[size_t(token) * p.out + row_i] = sum;
+        else y[size_t(token) * p.out + row_i] = __float2bfloat16(sum);
     }
 }
 
-template <int BITS, class OutT>
-void launch_gemv_lq(const GemvLqParams& p, int blocks, cudaStream_t stream) {
-    const size_t smem = lq_smem_bytes(BITS, p.in, p.T);
-    if (smem + LQ_PARTIAL_BYTES > 48 * 1024) allow_dynamic_smem(gemv_lq_kernel<BITS, OutT>, smem, "gemv_lq");
-    launch_pdl("gemv_lq", gemv_lq_kernel<BITS, OutT>, blocks, LQ_WARPS * 32, smem, stream, p);
+template <int BITS, class OutT, LqIn IN, LqOut OUT>
+void launch_gemv_lq(const char* op, const GemvLqParams& p, int blocks, cudaStream_t stream) {
+    const size_t smem = lq_smem_bytes(BITS, p.in, p.T, IN);
+    if (smem + LQ_PARTIAL_BYTES > 48 * 1024) allow_dynamic_smem(gemv_lq_kernel<BITS, OutT, IN, OUT>, smem, op);
+    launch_pdl(op, gemv_lq_kernel<BITS, OutT, IN, OUT>, blocks, LQ_WARPS * 32, smem, stream, p);
+}
+
+// The checks, the grid and the launches of every form; p.x / p.y point at token 0 (p.T tokens).
+template <class OutT, LqIn IN = LqIn::X, LqOut OUT = LqOut::Store>
+void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t stream) {
+    require(bits >= 4 && bits <= 6, op, "bits must be 4, 5 or 6, got " + std::to_string(bits));
+    require(p.out > 0 && p.out % LQ_TILE_ROWS == 0 && p.in > 0 && p.in % LQ_TILE_COLS == 0, op,
+            "W must be [16n, 64k], got [" + std::to_string(p.out) + ", " + std::to_string(p.in) + "]");
+    require(p.T >= 1 && p.T <= GEMV_MAX_T, op, "T must be 1..8, got " + std::to_string(p.T));
+    const int strips = p.out / LQ_TILE_ROWS, tiles = p.in / LQ_TILE_COLS, wave = 4 * sm_count();
+    int ks = 1;
+    while (ks < LQ_WARPS && ceil_div(strips, LQ_WARPS / ks) < wave && tiles / (2 * ks) >= 2) ks *= 2;
+    const int blocks = ceil_div(strips, LQ_WARPS / ks);
+    // x lives in shared memory beside the rings: tokens go in groups that fit (one group unless
+    // T * in is large, e.g. the 27B down-projection with more than 5 tokens).
+    const size_t room = smem_optin_bytes() - LQ_PARTIAL_BYTES;
+    require(lq_smem_bytes(bits, p.in, 1, IN) <= room, op, "in = " + std::to_string(p.in) + " is too wide");
+    int group = p.T;
+    while (lq_smem_bytes(bits, p.in, group, IN) > room) --group;
+    for (int t0 = 0; t0 < p.T; t0 += group) {
+        GemvLqParams q = p;
+        q.x = p.x ? p.x + size_t(t0) * p.in : nullptr;
+        q.y = static_cast<OutT*>(p.y) + size_t(t0) * p.out;
+        q.T = std::min(group, p.T - t0);
+        q.ks_count = ks;
+        switch (bits) {
+            case 4: launch_gemv_lq<4, OutT, IN, OUT>(op, q, blocks, stream); break;
+            case 5: launch_gemv_lq<5, OutT, IN, OUT>(op, q, blocks, stream); break;
+            default: launch_gemv_lq<6, OutT, IN, OUT>(op, q, blocks, stream); break;
+        }
+    }
 }
 
 }  // namespace
@@ -93,31 +176,24 @@ size_t lq_packed_bytes(int out, int in, int bits) {
 
 template <class OutT>
 void gemv_lq(const uint8_t* W, int bits, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream) {
-    require(bits >= 4 && bits <= 6, "gemv_lq", "bits must be 4, 5 or 6, got " + std::to_string(bits));
-    require(out > 0 && out % LQ_TILE_ROWS == 0 && in > 0 && in % LQ_TILE_COLS == 0, "gemv_lq",
-            "W must be [16n, 64k], got [" + std::to_string(out) + ", " + std::to_string(in) + "]");
-    require(T >= 1 && T <= GEMV_MAX_T, "gemv_lq", "T must be 1..8, got " + std::to_string(T));
-    const int strips = out / LQ_TILE_ROWS, tiles = in / LQ_TILE_COLS, wave = 4 * sm_count();
-    int ks = 1;
-    while (ks < LQ_WARPS && ceil_div(strips, LQ_WARPS / ks) < wave && tiles / (2 * ks) >= 2) ks *= 2;
-    const int blocks = ceil_div(strips, LQ_WARPS / ks);
-    // x lives in shared memory beside the rings: tokens go in groups that fit (one group unless
-    // T * in is large, e.g. the 27B down-projection with more than 5 tokens).
-    const size_t room = smem_optin_bytes() - LQ_PARTIAL_BYTES;
-    require(lq_smem_bytes(bits, in, 1) <= room, "gemv_lq", "in = " + std::to_string(in) + " is too wide");
-    int group = T;
-    while (lq_smem_bytes(bits, in, group) > room) --group;
-    for (int t0 = 0; t0 < T; t0 += group) {
-        const GemvLqParams p{W, x + size_t(t0) * in, y + size_t(t0) * out, std::min(group, T - t0), out, in, ks};
-        switch (bits) {
-            case 4: launch_gemv_lq<4, OutT>(p, blocks, stream); break;
-            case 5: launch_gemv_lq<5, OutT>(p, blocks, stream); break;
-            default: launch_gemv_lq<6, OutT>(p, blocks, stream); break;
-        }
-    }
+    run_gemv_lq<OutT>("gemv_lq", bits, {W, x, y, T, out, in, 1, {}}, stream);
+}
+
+template <class OutT>
+void gemv_lq_normed(const uint8_t* W, int bits, const ResidualNorm& x, OutT* y, int out, int in, cudaStream_t stream) {
+    require(x.residual && x.weight, "gemv_lq_normed", "needs the residual row and the norm weight");
+    run_gemv_lq<OutT, LqIn::NormedResidual>("gemv_lq_normed", bits, {W, nullptr, y, 1, out, in, 1, x}, stream);
+}
+
+void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int out, int in,
+                          cudaStream_t stream) {
+    run_gemv_lq<float, LqIn::X, LqOut::AddToResidual>("gemv_lq_add_residual", bits,
+                                                      {W, x, residual, 1, out, in, 1, {}}, stream);
 }
 
 template void gemv_lq<bf16>(const uint8_t*, int, const bf16*, bf16*, int, int, int, cudaStream_t);
 template void gemv_lq<float>(const uint8_t*, int, const bf16*, float*, int, int, int, cudaStream_t);
+template void gemv_lq_normed<bf16>(const uint8_t*, int, const ResidualNorm&, bf16*, int, int, cudaStream_t);
+template void gemv_lq_normed<float>(const uint8_t*, int, const ResidualNorm&, float*, int, int, cudaStream_t);
 
 }  // namespace lampo

@@ -1,0 +1,54 @@
+// lq_stage.cuh - x staged for the LQ tiles' mma (lq_tile.cuh) from either memory space, for the
+// LQ GEMV (matmul/gemv_lq.cu) and the LQ expert GEMVs (moe/moe_experts_lq.cu): the decode step's
+// folded-norm GEMV (gemv_lq_normed) builds its normed row in shared memory and stages it from there.
+//
+// lq_stage_x_from<SRC> is lq_tile.cuh's lq_stage_x with the row's loads taken from global memory
+// (SRC = Global: __ldg, exactly lq_stage_x) or shared memory (SRC = Shared): the same fragment
+// order and the same fp32 sums in the same order, so a row staged from shared memory gives the
+// same bits as the same row staged from global memory. It replaces lq_stage_x, which no kernel
+// calls any more.
+#pragma once
+
+#include "kernels/lq_tile.cuh"
+
+namespace lampo {
+
+enum class LqXSource { Global, Shared };
+
+// xs / start / tokens / in / centre / thread / threads: as lq_stage_x; x [tokens, in] bf16 in SRC.
+template <LqXSource SRC>
+__device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const bf16* x, int tokens, int in,
+                                                float centre, int thread, int threads) {
+    const int tiles = in / LQ_TILE_COLS, items = 4 * tiles * min(tokens + 1, 8);
+    for (int base = 0; base < items; base += threads) {  // every lane of a warp takes part in the shuffles
+        const int i = base + thread, q = i & 3, t = (i >> 2) % tiles, n = (i >> 2) / tiles;
+        uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        float sum = 0.0f;
+        if (i < items && n < tokens) {
+            const uint32_t* row = reinterpret_cast<const uint32_t*>(x + size_t(n) * in + t * LQ_TILE_COLS) + q;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if constexpr (SRC == LqXSource::Global) {
+                    v[2 * j] = __ldg(row + 8 * j);
+                    v[2 * j + 1] = __ldg(row + 8 * j + 4);
+                } else {
+                    v[2 * j] = row[8 * j];
+                    v[2 * j + 1] = row[8 * j + 4];
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < 8; ++k) sum += __uint_as_float(v[k] << 16) + __uint_as_float(v[k] & 0xffff0000u);
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (i < items) {
+            xs[2 * i] = make_uint4(v[0], v[1], v[2], v[3]);
+            xs[2 * i + 1] = make_uint4(v[4], v[5], v[6], v[7]);
+            if (q == 0 && n < 8) start[t * 8 + n] = -centre * sum;
+        }
+    }
+    for (int i = thread; i < tiles * 8; i += threads)  // tokens past the staged ones
+        if ((i & 7) > tokens) start[i] = 0.0f;
+}
+
+}  // namespace lampo
