@@ -104,7 +104,7 @@ class CensusNative:
     def mem_info(self):
         return 100 << 30, 141 << 30
 
-    def Engine(self, config, tensor_names, **options):  # noqa: N802 (mirrors the class)
+    def Engine(self, config, tensor_names, tensor_bits, **options):  # noqa: N802 (mirrors the class)
         return CensusEngine(config)
 
 
@@ -119,7 +119,7 @@ class CensusEngine:
     def weight_specs(self):
         return [(n, s.shape, s.dtype) for n, s in self.specs.items()]
 
-    def load_tensor(self, name, array):
+    def load_tensor(self, name, array, bits=0):
         self.arrays[name] = array
 
     def finish_loading(self):

@@ -83,6 +83,9 @@ struct MoeFfnWeights {
     const bf16* shared_gate = nullptr;      // [H]
 };
 
+// Whether an MoE layer's banks and shared expert share one format (the one-slot MoE launches).
+bool moe_one_format(const MoeFfnWeights& m);
+
 struct LayerWeights {
     const bf16* input_norm = nullptr;  // 1 + w
     const bf16* post_norm = nullptr;   // 1 + w
@@ -97,7 +100,10 @@ struct ModelWeights {
     std::vector<LayerWeights> layers;
     const bf16* final_norm = nullptr;
     Linear lm_head;               // [V, H]
-    bool all_bf16 = true;         // every matrix BF16: the decode step may fold its norms (linear.h)
+    // The decode step may fold its norms (linear.h): its MoE launches take the shared expert as
+    // one more slot, which they read in the banks' format, so every layer's four expert matrices
+    // must share one format (a dense model always folds).
+    bool decode_foldable = true;
 };
 
 // ---- conversation state (device pointers; owned by the Engine) ---------------------------------

@@ -209,8 +209,8 @@ struct Ctx {
     }
     bool small() const { return step.T <= GEMV_MAX_T; }
     bool small_moe() const { return step.T <= MOE_DECODE_MAX_T; }
-    // The decode step with its norms and residual adds folded into the projections (BF16 weights).
-    bool folded() const { return step.T == 1 && w.all_bf16 && decode_fusion_enabled(DecodeFusion::Norms); }
+    // The decode step with its norms and residual adds folded into the projections.
+    bool folded() const { return step.T == 1 && w.decode_foldable && decode_fusion_enabled(DecodeFusion::Norms); }
 };
 
 // A block's input projection y = W @ normed input: reads ws.normed, or, folded, builds the normed
@@ -343,11 +343,23 @@ void dense_ffn(const Ctx& c, const DenseFfnWeights& w, const bf16* norm_w) {
     output_projection(c, w.down, c.ws.act, "ffn down");
 }
 
-// The shared expert as the (k+1)-th slot of the decode-time BF16 MoE kernels.
-MoeSharedSlot decode_shared_slot(const Ctx& c, const MoeFfnWeights& w) {
+// The shared expert as the (k+1)-th slot of the few-token MoE launches, in the banks' format.
+MoeSharedSlot shared_slot_bf16(const Ctx& c, const MoeFfnWeights& w) {
     MoeSharedSlot shared;
     shared.gate_up = static_cast<const bf16*>(w.shared_gate_up.data);
     shared.down = static_cast<const bf16*>(w.shared_down.data);
+    shared.w_gate = w.shared_gate;
+    shared.gate = c.ws.shared_gate;
+    shared.inter = c.d.shared_inter;
+    return shared;
+}
+
+MoeSharedSlotLq shared_slot_lq(const Ctx& c, const MoeFfnWeights& w) {
+    MoeSharedSlotLq shared;
+    shared.gate_up = static_cast<const uint8_t*>(w.shared_gate_up.data);
+    shared.gate_up_bits = w.shared_gate_up.bits;
+    shared.down = static_cast<const uint8_t*>(w.shared_down.data);
+    shared.down_bits = w.shared_down.bits;
     shared.w_gate = w.shared_gate;
     shared.gate = c.ws.shared_gate;
     shared.inter = c.d.shared_inter;
@@ -370,12 +382,12 @@ void shared_expert_and_combine(const Ctx& c, const MoeFfnWeights& w) {
 }
 
 // Sparse MoE: router top-k, then the routed experts and the shared expert, their gated sum in
-// ws.delta. BF16 banks, few tokens: the shared expert rides as one more slot of the experts' two
-// GEMV launches. Folded (decode, BF16): router logits from the residual stream (which also leaves
-// the normed row in ws.normed), gate_up selecting its experts from the logits, down adding into
-// the residual: three launches. LQ banks, few tokens: the LQ expert GEMVs. A prefill chunk: the
-// grouped GEMMs of the banks' format. Outside the one-slot forms the shared expert runs through
-// its own projections and moe_shared_combine.
+// ws.delta. Few tokens: the expert GEMVs of the banks' format (BF16 or LQ), with the shared expert
+// as one more slot of the same two launches when it is in that format too. Folded (decode):
+// router logits from the residual stream (which also leaves the normed row in ws.normed), gate_up
+// selecting its experts from the logits, down adding into the residual: three launches. A prefill
+// chunk: the grouped GEMMs of the banks' format. Outside the one-slot forms the shared expert
+// runs through its own projections and moe_shared_combine.
 void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
@@ -383,21 +395,36 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
     const bool lq = w.experts_gate_up.format == WeightFormat::LQ;
     if (lq != (w.experts_down.format == WeightFormat::LQ))
         throw std::logic_error("moe: the gate_up and down banks differ in format");
+    const bool one_slot = moe_one_format(w);
     const bf16* gate_up = static_cast<const bf16*>(w.experts_gate_up.data);
     const bf16* down = static_cast<const bf16*>(w.experts_down.data);
-    if (c.folded()) {
+    const uint8_t* gate_up_lq = static_cast<const uint8_t*>(w.experts_gate_up.data);
+    const uint8_t* down_lq = static_cast<const uint8_t*>(w.experts_down.data);
+    const int gu_bits = w.experts_gate_up.bits, down_bits = w.experts_down.bits;
+    const MoeSharedSlot shared = shared_slot_bf16(c, w);
+    const MoeSharedSlotLq shared_lq = shared_slot_lq(c, w);
+    if (c.folded()) {  // decode_foldable: one_slot holds
         const Linear router{WeightFormat::BF16, w.router, d.n_experts, H};
-        const MoeSharedSlot shared = decode_shared_slot(c, w);
         c.op(OpFamily::MoeRouter, "moe router logits", [&] {
             linear_forward_normed_f32(router, {ws.residual, norm_w, d.eps, ws.normed}, ws.router_logits, c.st);
         });
         c.op(OpFamily::MoeExperts, "moe_experts_gate_up_select", [&] {
-            moe_experts_gate_up_select(ws.normed, ws.router_logits, d.n_experts, gate_up, ws.expert_ids,
-                                       ws.expert_weights, ws.act, 1, k, H, I, c.st, &shared);
+            if (lq) {
+                moe_experts_lq_gate_up_select(ws.normed, ws.router_logits, d.n_experts, gate_up_lq, gu_bits,
+                                              ws.expert_ids, ws.expert_weights, ws.act, 1, k, H, I, c.st, &shared_lq);
+            } else {
+                moe_experts_gate_up_select(ws.normed, ws.router_logits, d.n_experts, gate_up, ws.expert_ids,
+                                           ws.expert_weights, ws.act, 1, k, H, I, c.st, &shared);
+            }
         });
         c.op(OpFamily::MoeExperts, "moe_experts_down_add", [&] {
-            moe_experts_down_add(ws.act, down, ws.expert_ids, ws.expert_weights, ws.residual, 1, k, H, I, c.st,
-                                 &shared);
+            if (lq) {
+                moe_experts_lq_down_add(ws.act, down_lq, down_bits, ws.expert_ids, ws.expert_weights, ws.residual, 1,
+                                        k, H, I, c.st, &shared_lq);
+            } else {
+                moe_experts_down_add(ws.act, down, ws.expert_ids, ws.expert_weights, ws.residual, 1, k, H, I, c.st,
+                                     &shared);
+            }
         });
         return;
     }
@@ -405,40 +432,31 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
         moe_router_topk(ws.normed, w.router, ws.router_logits, ws.expert_ids, ws.expert_weights, T,
                         H, d.n_experts, k, c.st);
     });
-    const uint8_t* gate_up_lq = static_cast<const uint8_t*>(w.experts_gate_up.data);
-    const uint8_t* down_lq = static_cast<const uint8_t*>(w.experts_down.data);
-    if (c.small_moe() && !lq && w.shared_gate_up.format == WeightFormat::BF16 &&
-        w.shared_down.format == WeightFormat::BF16) {
-        const MoeSharedSlot shared = decode_shared_slot(c, w);
+    if (c.small_moe()) {
+        bf16* out = one_slot ? ws.delta : ws.routed;  // with the shared slot: the whole block
         c.op(OpFamily::MoeExperts, "moe_experts_gate_up", [&] {
-            moe_experts_gate_up(ws.normed, gate_up, ws.expert_ids, ws.act, T, k, H, I, c.st, &shared);
+            if (lq) {
+                moe_experts_lq_gate_up(ws.normed, gate_up_lq, gu_bits, ws.expert_ids, ws.act, T, k, H, I, c.st,
+                                       one_slot ? &shared_lq : nullptr);
+            } else {
+                moe_experts_gate_up(ws.normed, gate_up, ws.expert_ids, ws.act, T, k, H, I, c.st,
+                                    one_slot ? &shared : nullptr);
+            }
         });
         c.op(OpFamily::MoeExperts, "moe_experts_down", [&] {
-            moe_experts_down(ws.act, down, ws.expert_ids, ws.expert_weights, ws.delta, T, k, H, I, c.st, &shared);
+            if (lq) {
+                moe_experts_lq_down(ws.act, down_lq, down_bits, ws.expert_ids, ws.expert_weights, out, T, k, H, I,
+                                    c.st, one_slot ? &shared_lq : nullptr);
+            } else {
+                moe_experts_down(ws.act, down, ws.expert_ids, ws.expert_weights, out, T, k, H, I, c.st,
+                                 one_slot ? &shared : nullptr);
+            }
         });
-        return;
-    }
-    if (c.small_moe() && lq) {
-        c.op(OpFamily::MoeExperts, "moe_experts_lq_gate_up", [&] {
-            moe_experts_lq_gate_up(ws.normed, gate_up_lq, w.experts_gate_up.bits, ws.expert_ids, ws.act, T, k, H, I,
-                                   c.st);
-        });
-        c.op(OpFamily::MoeExperts, "moe_experts_lq_down", [&] {
-            moe_experts_lq_down(ws.act, down_lq, w.experts_down.bits, ws.expert_ids, ws.expert_weights, ws.routed,
-                                T, k, H, I, c.st);
-        });
-    } else if (c.small_moe()) {
-        c.op(OpFamily::MoeExperts, "moe_experts_gate_up", [&] {
-            moe_experts_gate_up(ws.normed, gate_up, ws.expert_ids, ws.act, T, k, H, I, c.st);
-        });
-        c.op(OpFamily::MoeExperts, "moe_experts_down", [&] {
-            moe_experts_down(ws.act, down, ws.expert_ids, ws.expert_weights, ws.routed, T, k, H, I, c.st);
-        });
+        if (one_slot) return;
     } else if (lq) {
         c.op(OpFamily::MoeExperts, "moe_experts_prefill_lq", [&] {
-            moe_experts_prefill_lq(ws.normed, gate_up_lq, w.experts_gate_up.bits, down_lq, w.experts_down.bits,
-                                   ws.expert_ids, ws.expert_weights, ws.routed, ws.moe_prefill, T, k, H, I,
-                                   d.n_experts, c.st);
+            moe_experts_prefill_lq(ws.normed, gate_up_lq, gu_bits, down_lq, down_bits, ws.expert_ids,
+                                   ws.expert_weights, ws.routed, ws.moe_prefill, T, k, H, I, d.n_experts, c.st);
         });
     } else {
         c.op(OpFamily::MoeExperts, "moe_experts_prefill", [&] {

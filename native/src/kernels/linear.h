@@ -42,7 +42,6 @@ void linear_forward_f32(const Linear& W, const __nv_bfloat16* x, float* y, int T
 // - a block's input projection reads x = bf16(rmsnorm(residual) * (1 + weight)), built by the
 //   projection kernel itself (the same values add_rmsnorm / rmsnorm would write);
 // - a block's output projection adds its rounded output to the residual: residual += float(bf16(y)).
-// BF16 weights only (the layer loop folds only when every projection is BF16: ModelWeights::all_bf16).
 struct ResidualNorm {
     const float* residual = nullptr;         // [W.in] fp32: the residual stream of the token
     const __nv_bfloat16* weight = nullptr;   // [W.in] the zero-centred norm weight

@@ -2,11 +2,17 @@
 // LQ GEMV (matmul/gemv_lq.cu) and the LQ expert GEMVs (moe/moe_experts_lq.cu): the decode step's
 // folded-norm GEMV (gemv_lq_normed) builds its normed row in shared memory and stages it from there.
 //
-// lq_stage_x_from<SRC> is lq_tile.cuh's lq_stage_x with the row's loads taken from global memory
-// (SRC = Global: __ldg, exactly lq_stage_x) or shared memory (SRC = Shared): the same fragment
-// order and the same fp32 sums in the same order, so a row staged from shared memory gives the
-// same bits as the same row staged from global memory. It replaces lq_stage_x, which no kernel
-// calls any more.
+// lq_stage_x_from<SRC> takes the rows' loads from global memory (SRC = Global: __ldg) or shared
+// memory (SRC = Shared): the same fragment order and the same fp32 sums in the same order, so a
+// row staged from shared memory gives the same bits as the same row staged from global memory.
+//
+// x staged in shared memory for the mma B operand: for token n, tile t and quad q, 16 bf16 = the
+// b0, b1 pairs of k16 steps 0..3 (b0: columns 16j + 2q, +1; b1: 16j + 2q + 8, +9), 32 bytes, so a
+// lane reads its tile's B fragments with two 16-byte loads. Token `tokens` (when < 8) is all
+// zeros: the fragment of the lanes past the last token. start[t * 8 + n] = -centre * (sum of tile
+// t's x of token n), zero for n >= tokens. `thread` / `threads` (a multiple of 32) share the work:
+// one thread per (n, t, q); a tile's four quads are adjacent lanes and add their sums by shuffles.
+// xs: min(tokens + 1, 8) * lq_x_bytes(in) bytes; start: lq_start_bytes(in).
 #pragma once
 
 #include "kernels/lq_tile.cuh"
@@ -15,7 +21,7 @@ namespace lampo {
 
 enum class LqXSource { Global, Shared };
 
-// xs / start / tokens / in / centre / thread / threads: as lq_stage_x; x [tokens, in] bf16 in SRC.
+// x [tokens, in] bf16 in SRC.
 template <LqXSource SRC>
 __device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const bf16* x, int tokens, int in,
                                                 float centre, int thread, int threads) {

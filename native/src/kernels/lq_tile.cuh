@@ -7,7 +7,7 @@
 // quad = t % 4) turns register s of k16 step j into two bf16 values 2^BITS + code with
 //   ((word_j >> (4s - P)) & (0x000F000F << P)) | magic     (P = 7 - BITS: the code in the top
 // mantissa bits of a bf16 with exponent BITS, exact), plus one shift and LOP3 for the fifth / sixth
-// bits. The B operand is x in fragment order (LqStage), and each tile's mma chain starts from
+// bits. The B operand is x in fragment order (lq_stage.cuh), and each tile's mma chain starts from
 // -(2^BITS + 2^(BITS-1)) * (sum of the tile's x): the tensor cores sum the exact products
 // (code - 2^(BITS-1)) * x in fp32, which the lane scales by its rows' fp16 scales (lq_tile_mma).
 // Tiles stream through a per-warp ring in shared memory (LqRing, cp.async, 5 in flight).
@@ -26,7 +26,7 @@ namespace lampo {
 constexpr int LQ_STAGES = 6;  // ring slots per warp (5 tiles in flight)
 
 __host__ __device__ constexpr int lq_tile_bytes(int bits) { return 512 + 128 * (bits - 4) + 2 * LQ_TILE_ROWS; }
-// x of one token in fragment order (lq_stage_x) and its tiles' start values, in bytes.
+// x of one token in fragment order (lq_stage.cuh) and its tiles' start values, in bytes.
 __host__ __device__ constexpr int lq_x_bytes(int in) { return in * 2; }
 __host__ __device__ constexpr int lq_start_bytes(int in) { return in / LQ_TILE_COLS * 8 * 4; }
 
@@ -55,42 +55,6 @@ __device__ __forceinline__ uint32_t lq_a_register(uint32_t word, const uint32_t 
     if constexpr (BITS == 5) r = lq_and_or<0x00400040u>(lq_shift_right(high[0], i - 6), r);
     if constexpr (BITS == 6) r = lq_and_or<0x00600060u>(lq_shift_right(high[i / 8], 2 * (i % 8) - 5), r);
     return r;
-}
-
-// x staged in shared memory for the mma B operand: for token n, tile t and quad q, 16 bf16 = the
-// b0, b1 pairs of k16 steps 0..3 (b0: columns 16j + 2q, +1; b1: 16j + 2q + 8, +9), 32 bytes, so a
-// lane reads its tile's B fragments with two 16-byte loads. Token `tokens` (when < 8) is all
-// zeros: the fragment of the lanes past the last token. start[t * 8 + n] = -centre * (sum of tile
-// t's x of token n), zero for n >= tokens. `thread` / `threads` (a multiple of 32) share the work:
-// one thread per (n, t, q); a tile's four quads are adjacent lanes and add their sums by shuffles.
-// xs: min(tokens + 1, 8) * lq_x_bytes(in) bytes; start: lq_start_bytes(in).
-__device__ __forceinline__ void lq_stage_x(uint4* xs, float* start, const bf16* x, int tokens, int in,
-                                           float centre, int thread, int threads) {
-    const int tiles = in / LQ_TILE_COLS, items = 4 * tiles * min(tokens + 1, 8);
-    for (int base = 0; base < items; base += threads) {  // every lane of a warp takes part in the shuffles
-        const int i = base + thread, q = i & 3, t = (i >> 2) % tiles, n = (i >> 2) / tiles;
-        uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
-        float sum = 0.0f;
-        if (i < items && n < tokens) {
-            const uint32_t* row = reinterpret_cast<const uint32_t*>(x + size_t(n) * in + t * LQ_TILE_COLS) + q;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                v[2 * j] = __ldg(row + 8 * j);
-                v[2 * j + 1] = __ldg(row + 8 * j + 4);
-            }
-#pragma unroll
-            for (int k = 0; k < 8; ++k) sum += __uint_as_float(v[k] << 16) + __uint_as_float(v[k] & 0xffff0000u);
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (i < items) {
-            xs[2 * i] = make_uint4(v[0], v[1], v[2], v[3]);
-            xs[2 * i + 1] = make_uint4(v[4], v[5], v[6], v[7]);
-            if (q == 0 && n < 8) start[t * 8 + n] = -centre * sum;
-        }
-    }
-    for (int i = thread; i < tiles * 8; i += threads)  // tokens past the staged ones
-        if ((i & 7) > tokens) start[i] = 0.0f;
 }
 
 // One warp's ring of LQ_STAGES tile slots in shared memory, filled by cp.async (16 bytes per lane
@@ -169,7 +133,7 @@ __device__ __forceinline__ void lq_tile_mma(const uint8_t* tile, int lane, const
     acc[3] = fmaf(scale_hi, sums[3], acc[3]);
 }
 
-// acc += the tiles [tbeg, tend) that `ring` streams, times x as lq_stage_x staged it at xs / start
+// acc += the tiles [tbeg, tend) that `ring` streams, times x as lq_stage_x_from (lq_stage.cuh) staged it at xs / start
 // for `tokens` tokens of width `in`/64 = `tiles` tiles (the lane's token g = lane / 4, the zero
 // token past them); the ring is drained afterwards.
 template <int BITS>

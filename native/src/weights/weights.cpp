@@ -365,6 +365,11 @@ Linear WeightStore::add_fused(const std::vector<std::pair<std::string, int>>& pa
 }
 
 // ---- WeightStore: the plan -------------------------------------------------------------------
+bool moe_one_format(const MoeFfnWeights& m) {
+    const WeightFormat f = m.experts_gate_up.format;
+    return m.experts_down.format == f && m.shared_gate_up.format == f && m.shared_down.format == f;
+}
+
 WeightStore::WeightStore(const ModelDims& d, const TensorNames& names, const TensorBits& bits)
     : dims_(d), bits_(bits) {
     d.validate();
@@ -435,7 +440,10 @@ WeightStore::WeightStore(const ModelDims& d, const TensorNames& names, const Ten
                                         "this model's plan");
         }
     }
-    for (const TensorSlot& s : slots_) model_.all_bf16 = model_.all_bf16 && !s.bits;
+    for (const LayerWeights& lw : model_.layers) {
+        const MoeFfnWeights& m = lw.moe;
+        if (d.moe) model_.decode_foldable = model_.decode_foldable && moe_one_format(m);
+    }
     loaded_.assign(slots_.size(), false);
     LAMPO_CUDA_CHECK(cudaDeviceSynchronize());  // the padding memsets ran on the legacy stream
 }

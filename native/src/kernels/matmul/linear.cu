@@ -1,6 +1,6 @@
 // linear.cu - the weight-format seam's dispatch (contract in linear.h): T <= GEMV_MAX_T goes to
 // the GEMV kernel of the weights' format, larger T to its tensor-core GEMM; T == 0 is a no-op. The
-// decode step's folded forms (one token) are BF16 GEMVs.
+// decode step's folded forms (one token) are the GEMVs' normed / add-residual forms.
 #include "kernels/launch_utils.cuh"
 #include "kernels/linear.h"
 #include "kernels/matmul.cuh"
@@ -18,13 +18,6 @@ void check_weight(const Linear& W) {
     require(W.data != nullptr && W.out > 0 && W.in > 0, "linear_forward", "empty weight");
     require(W.format == WeightFormat::BF16 || W.format == WeightFormat::LQ, "linear_forward",
             "unsupported weight format " + std::to_string(int32_t(W.format)));
-}
-
-const bf16* bf16_weights(const Linear& W) {
-    check_weight(W);
-    require(W.format == WeightFormat::BF16, "linear_forward",
-            "the folded decode forms read BF16 weights only (this matrix is LQ)");
-    return static_cast<const bf16*>(W.data);
 }
 
 template <class OutT>
@@ -52,16 +45,32 @@ void linear_forward_f32(const Linear& W, const bf16* x, float* y, int T, cudaStr
     linear_dispatch(W, x, y, T, stream);
 }
 
+namespace {
+
+template <class OutT>
+void normed_dispatch(const Linear& W, const ResidualNorm& x, OutT* y, cudaStream_t stream) {
+    check_weight(W);
+    if (W.format == WeightFormat::LQ) gemv_lq_normed(static_cast<const uint8_t*>(W.data), W.bits, x, y, W.out, W.in, stream);
+    else gemv_bf16_normed(static_cast<const bf16*>(W.data), x, y, W.out, W.in, stream);
+}
+
+}  // namespace
+
 void linear_forward_normed(const Linear& W, const ResidualNorm& x, bf16* y, cudaStream_t stream) {
-    gemv_bf16_normed(bf16_weights(W), x, y, W.out, W.in, stream);
+    normed_dispatch(W, x, y, stream);
 }
 
 void linear_forward_normed_f32(const Linear& W, const ResidualNorm& x, float* y, cudaStream_t stream) {
-    gemv_bf16_normed(bf16_weights(W), x, y, W.out, W.in, stream);
+    normed_dispatch(W, x, y, stream);
 }
 
 void linear_forward_add_residual(const Linear& W, const bf16* x, float* residual, cudaStream_t stream) {
-    gemv_bf16_add_residual(bf16_weights(W), x, residual, W.out, W.in, stream);
+    check_weight(W);
+    if (W.format == WeightFormat::LQ) {
+        gemv_lq_add_residual(static_cast<const uint8_t*>(W.data), W.bits, x, residual, W.out, W.in, stream);
+    } else {
+        gemv_bf16_add_residual(static_cast<const bf16*>(W.data), x, residual, W.out, W.in, stream);
+    }
 }
 
 }  // namespace lampo
