@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from lampo.models.presets import get_preset
 from lampo.models.quant import layout, quality, quantizer
 from lampo.models.quant.recipes import RECIPES, tensor_classes
 from lampo.models.tokenizer_build import build_tokenizer
@@ -123,3 +125,17 @@ def test_text_tokens_are_folded_into_a_cut_vocabulary(tmp_path):
     text.write_text("<|im_start|>user\nHello<|im_end|>", encoding="utf-8")  # ids 248045, ..., 248046
     ids = quality.text_tokens(text, 3, VOCAB)
     assert ids[0] == 248045 % VOCAB and ids.max() < VOCAB
+
+
+@pytest.mark.usefixtures("built_once")
+def test_the_runner_measures_a_checkpoint(tmp_path):
+    from lampo.models.synthetic import write_checkpoint
+
+    model = write_checkpoint(tmp_path / "m", replace(get_preset("tiny-dense"), vocab_size=VOCAB), seed=4)
+    text = tmp_path / "text.md"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 8, encoding="utf-8")
+    out = tmp_path / "q.json"
+    assert quality.main(["--model", str(model), "--text", str(text), "--tokens", "16", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["weights"] == "checkpoint" and doc["vocab"] == VOCAB
+    assert {r["method"] for r in doc["rows"] if r["part"] == "next_token"} == {"lq", "rtn"}

@@ -20,10 +20,12 @@ next-token distribution), so class `mtp` is not measured.
 
 On synthetic checkpoints (`synthetic.synthetic_tensor`) the weights are random, not trained:
 i.i.d. Gaussian matrices of std 1/sqrt(fan_in) and an N(0, 1) embedding. These numbers measure
-the format on that distribution, not the quality of a quantized Qwen3.6.
+the format on that distribution, not the quality of a quantized Qwen3.6. `--model DIR` measures a
+checkpoint instead (the trained measurement model of tests/gpu/train_measure_model.py), on text
+it never saw.
 
-CLI: python -m lampo.models.quant.quality --preset NAME [--layers N] [--vocab N] [--experts N]
-     [--seed S] [--tokens N] [--text FILE] --json OUT
+CLI: python -m lampo.models.quant.quality (--preset NAME [--layers N] [--vocab N] [--experts N]
+     [--seed S] | --model DIR) [--tokens N] [--text FILE] --json OUT
 (--vocab / --experts cut the vocabulary / routed experts as tests/gpu/full_width.py does.)
 """
 
@@ -75,6 +77,14 @@ def synthetic_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
     """Every tensor of the text model (no MTP) as float32: the values `write_checkpoint(cfg, seed)`
     stores."""
     return {n: synthetic_tensor(n, s, seed) for n, s in expected_tensors(cfg, include_mtp=False).items()}
+
+
+def checkpoint_weights(model_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:
+    """The config and every text-model tensor (no MTP) of a checkpoint, as float32."""
+    from lampo.models.checkpoint import Checkpoint
+
+    with Checkpoint.open(model_dir, include_mtp=False) as ck:
+        return ck.config, {n: np.array(ck.tensor_f32(n)) for n in ck.names()}
 
 
 def text_tokens(path: Path, count: int, vocab: int) -> np.ndarray:
@@ -188,7 +198,9 @@ def evaluate(cfg: ModelConfig, weights: Mapping[str, np.ndarray], ids: np.ndarra
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lampo.models.quant.quality", description=__doc__.split("\n\n")[0])
-    p.add_argument("--preset", required=True, choices=PRESETS)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--preset", choices=PRESETS, help="synthetic weights of a preset's shapes")
+    src.add_argument("--model", type=Path, help="a bf16 checkpoint directory")
     p.add_argument("--layers", type=int, help="keep the first N layers")
     p.add_argument("--vocab", type=int, help="cut the vocabulary to N rows")
     p.add_argument("--experts", type=int, help="keep N routed experts (MoE)")
@@ -199,13 +211,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     start = time.monotonic()
     try:
-        cfg = model_config(args.preset, args.layers, args.vocab, args.experts)
+        if args.model is not None:
+            cfg, weights = checkpoint_weights(args.model)
+        else:
+            cfg = model_config(args.preset, args.layers, args.vocab, args.experts)
+            weights = synthetic_weights(cfg, args.seed)
         ids = text_tokens(args.text, args.tokens, cfg.real_vocab_size)
-    except (ValueError, OSError) as e:  # ConfigError included
+    except (ValueError, OSError) as e:  # ConfigError and CheckpointError included
         print(f"quality: {e}", file=sys.stderr)
         return 2
-    rows = evaluate(cfg, synthetic_weights(cfg, args.seed), ids)
-    doc = {"model": cfg.name, "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
+    rows = evaluate(cfg, weights, ids)
+    doc = {"model": cfg.name or str(args.model), "weights": "checkpoint" if args.model else "synthetic",
+           "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
            "vocab": cfg.vocab_size, "experts": cfg.num_experts, "seed": args.seed, "tokens": args.tokens,
            "text": str(args.text), "seconds": round(time.monotonic() - start, 1), "rows": rows}
     args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")

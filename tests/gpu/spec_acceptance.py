@@ -1,0 +1,104 @@
+"""Draft acceptance of speculative decoding on the trained measurement model, with the numpy
+reference's algorithm (lampo.models.speculative): for MTP and n-gram (prompt lookup) drafts and
+k = 1..4, greedy, on a chat-style prompt and a document-quoting prompt taken from source files the
+model was not trained on (tests/gpu/train_measure_model.py's held-out split). Every speculative run
+must reproduce plain greedy decoding token for token (asserted); the JSON gives per run the
+acceptance per draft position, the acceptance %, the mean tokens per target forward and the
+numpy run's seconds.
+
+    python3 tests/gpu/spec_acceptance.py MODEL_DIR --json OUT [--tokens 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from lampo.models.chat_format import Message, render
+from lampo.models.checkpoint import Checkpoint
+from lampo.models.reference.model import ReferenceModel
+from lampo.models.sampling_params import GREEDY
+from lampo.models.speculative import SpeculativeReference
+from lampo.models.tokenizer import Tokenizer
+
+
+def _training_script():
+    path = Path(__file__).with_name("train_measure_model.py")
+    spec = importlib.util.spec_from_file_location("lampo_train_measure_model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def held_out_prompts(doc_chars: int = 2500) -> dict[str, str]:
+    """A chat question about a documented function, and a file given whole with a request to quote
+    part of it, both from the first held-out source file that has a documented function."""
+    train = _training_script()
+    for key, path in train.source_files():
+        if train.stable_hash("split:" + key) % 50:
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        chats = train.chat_samples(text, key, limit=1)
+        if not chats or len(text) < doc_chars:
+            continue
+        question = chats[0].split("<|im_start|>assistant")[0] + "<|im_start|>assistant\n"
+        doc = render([Message("user", f"{text[:doc_chars]}\n\nQuote the first twenty lines of this file exactly.")])
+        return {"chat": question, "document": doc, "source": key}
+    raise RuntimeError("no held-out source file with a documented function")
+
+
+def plain_greedy(model: ReferenceModel, prompt: list[int], n: int) -> list[int]:
+    model.reset()
+    logits = model.prefill(prompt, last_only=True)
+    out = []
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = model.decode(out[-1])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("model", type=Path)
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--tokens", type=int, default=256)
+    args = p.parse_args(argv)
+    ck = Checkpoint.open(args.model, include_mtp=True)
+    model = ReferenceModel.from_checkpoint(ck)
+    tok = Tokenizer.from_checkpoint(args.model)
+    prompts = held_out_prompts()
+    rows = []
+    for kind in ("chat", "document"):
+        ids = tok.encode(prompts[kind])
+        t0 = time.monotonic()
+        want = plain_greedy(model, ids, args.tokens)
+        plain_s = time.monotonic() - t0
+        for drafter in ("mtp", "ngram"):
+            for k in (1, 2, 3, 4):
+                spec = SpeculativeReference(model, GREEDY, k, drafter)
+                t0 = time.monotonic()
+                got = spec.generate(ids, args.tokens)
+                s = spec.stats
+                if got != want:
+                    raise AssertionError(f"{kind} {drafter} k={k}: speculative output differs from plain greedy")
+                rows.append({"prompt": kind, "prompt_tokens": len(ids), "drafter": drafter, "k": k,
+                             "steps": s.steps, "drafted": s.drafted, "accepted": s.accepted,
+                             "acceptance_pct": 100 * s.accepted / max(s.drafted, 1),
+                             "accepted_at_pct": [100 * a / s.steps for a in s.accepted_at],
+                             "tokens_per_forward": args.tokens / s.steps,
+                             "seconds": time.monotonic() - t0, "plain_seconds": plain_s})
+                print(json.dumps(rows[-1]), flush=True)
+    doc = {"model": str(args.model), "tokens": args.tokens, "source_file": prompts["source"],
+           "equal_to_plain_greedy": True, "rows": rows}
+    args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
