@@ -2,12 +2,20 @@
 native/src/kernels/moe/moe_prefill_lq.cu) against numpy on the dequantized matrices
 (models/quant/layout.py).
 
-gemm_lq forms the products code * x exactly on the tensor cores (fp32 sums, one scale per 64-column
-tile), so fp32 outputs agree with x @ dequantize(W).T to summation order (tol 1e-4 of |ref| +
-rms(ref), as the GEMV's); bf16 outputs to the bf16 rounding (1e-2). The MoE prefill rounds act and
-each expert's down output to bf16 before the weighted sum (as moe_experts_prefill); the reference
-does the same. test_zz_lq_gemm_timings prints the TFLOP/s of the prefill shapes of both models
-beside the bf16 GEMM's (never asserted).
+gemm_lq's mma.sync kernel forms the products code * x exactly on the tensor cores (fp32 sums, one
+scale per 64-column tile), so fp32 outputs agree with x @ dequantize(W).T to summation order (tol
+1e-4 of |ref| + rms(ref), as the GEMV's); bf16 outputs to the bf16 rounding (1e-2). On an H100 /
+H200 with the sm_90a code built in, T >= 128 tokens run on the wgmma kernel (gemm_lq_sm90.cu),
+whose contract is y = x @ bf16(W).T: each weight rounded once (relative 2^-8) to bf16, fp32
+sums. Those cases are checked against that product (the weights rounded in numpy) at 5e-4 for fp32
+outputs (wgmma's fp32 accumulation over up to 17,408 columns; any index error is O(1)) and at 1e-2
+for bf16 (a bf16-level 3e-3 against x @ dequantize(W).T would fail: the rounding alone reaches
+~2e-2 of |ref| + rms(ref) on short rows); test_gemm_lq_sm90_agrees_with_mma_sync forces both
+kernels (LAMPO_GEMM_LQ_SM90=1 / 0) on the same inputs, including small and ragged shapes. The MoE
+prefill rounds act and each expert's down output to bf16 before the weighted sum (as
+moe_experts_prefill); the reference does the same. test_zz_lq_gemm_timings prints the TFLOP/s of
+the prefill shapes of both models beside the bf16 GEMM's (never asserted; gemm_lq's default path,
+at T = 2048 the wgmma kernel on an H100 / H200).
 """
 
 from __future__ import annotations
@@ -40,9 +48,47 @@ def test_gemm_lq_matches_the_dequantized_product(ops, bits, out, inn, T):
     rng = rng_for("gemm_lq", bits, out, inn, T)
     packed, w = random_lq(rng, out, inn, bits)
     x = bf16_randn(rng, (T, inn))
-    ref = from_bf16(x).astype(np.float64) @ w.astype(np.float64).T
-    check_close(ops.gemm_lq(packed, bits, out, inn, x, True), ref, 1e-4, f"gemm_lq f32 bits={bits}")
-    check_bf16(ops.gemm_lq(packed, bits, out, inn, x, False), ref, what=f"gemm_lq bf16 bits={bits}")
+    # The sm_90a kernel (T >= 128 on an H100 / H200) multiplies by bf16(W): its contract, so its
+    # reference rounds the weights the same way, at a tolerance for wgmma's long fp32 sums.
+    sm90 = ops.gemm_lq_takes_sm90(T)
+    ref = from_bf16(x).astype(np.float64) @ (round_bf16(w) if sm90 else w).astype(np.float64).T
+    check_close(ops.gemm_lq(packed, bits, out, inn, x, True), ref, 5e-4 if sm90 else 1e-4,
+                f"gemm_lq f32 bits={bits} sm90={sm90}")
+    check_bf16(ops.gemm_lq(packed, bits, out, inn, x, False), ref, what=f"gemm_lq bf16 bits={bits} sm90={sm90}")
+
+
+@pytest.mark.parametrize("bits", layout.WIDTHS)
+@pytest.mark.parametrize("out, inn, T", [
+    (16, 64, 9),             # one strip of a 128-row block, one K slice (odd: a padded empty slice)
+    (48, 192, 100),          # 3 K slices, ragged tokens
+    (272, 64, 300),          # 17 strips: a block with one live strip; 128-token tiles, ragged
+    (1024, 128, 2300),       # 18 token tiles of 128: raster groups of 8 and a partial one
+    (4096, 128, 2300),       # 256-token tiles (>= one wave): groups of 8 and 1, ragged
+    (8192, 2048, 600),       # 35B-A3B GDN in-like, 256-token tiles, ragged
+    (512, 17_408, 300),      # 27B down-projection width
+])
+def test_gemm_lq_sm90_agrees_with_mma_sync(ops, monkeypatch, bits, out, inn, T):
+    """Both kernels of gemm_lq on the same input: LAMPO_GEMM_LQ_SM90=1 forces the wgmma kernel for
+    any T (x @ bf16(W).T), =0 the mma.sync one (x @ W.T, exact products); each against its own
+    contract, and the two against each other at the level of the weights' bf16 rounding."""
+    monkeypatch.setenv("LAMPO_GEMM_LQ_SM90", "1")
+    if not ops.gemm_lq_takes_sm90(T):
+        pytest.skip("the sm_90a LQ GEMM is not built in or the GPU is not compute capability 9.0")
+    rng = rng_for("gemm_lq_sm90", bits, out, inn, T)
+    packed, w = random_lq(rng, out, inn, bits)
+    x = bf16_randn(rng, (T, inn))
+    xf = from_bf16(x).astype(np.float64)
+    sm90 = ops.gemm_lq(packed, bits, out, inn, x, True)
+    check_close(sm90, xf @ round_bf16(w).astype(np.float64).T, 5e-4, f"sm90 f32 bits={bits}")
+    check_bf16(ops.gemm_lq(packed, bits, out, inn, x, False), xf @ round_bf16(w).astype(np.float64).T,
+               what=f"sm90 bf16 bits={bits}")
+    monkeypatch.setenv("LAMPO_GEMM_LQ_SM90", "0")
+    assert not ops.gemm_lq_takes_sm90(T)
+    mma = ops.gemm_lq(packed, bits, out, inn, x, True)
+    check_close(mma, xf @ w.astype(np.float64).T, 1e-4, f"mma.sync f32 bits={bits}")
+    # x @ (bf16(W) - W).T: relative 2^-8 per weight, up to ~2e-2 of |y| + rms(y) on these shapes
+    # (numpy, short K the worst)
+    check_close(sm90, mma, 3e-2, f"sm90 vs mma.sync bits={bits}")
 
 
 def test_gemm_lq_agrees_with_the_gemv(ops):

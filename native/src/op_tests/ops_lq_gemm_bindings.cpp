@@ -2,11 +2,14 @@
 // tests/cuda/test_ops_lq_gemm.py:
 //   gemm_lq(packed uint8 [bytes], bits, out, in, x bf16 bits [T, in], f32_out) -> y [T, out]
 //   bench_gemm_lq(out, in, bits, T, iters) -> {us, TFLOPs} (a CUDA graph of `iters` calls)
+//   gemm_lq_takes_sm90(T) -> whether gemm_lq runs T tokens on its sm_90a wgmma kernel (weights
+//     rounded to bf16) under the current LAMPO_GEMM_LQ_SM90 (gemm_lq_sm90.cuh)
 //   moe_lq_prefill(h [T, H], gate_up uint8 [E, bytes], gu_bits, down uint8 [E, bytes], down_bits,
 //                  ids [T, k], weights [T, k], I, repeat) -> out [T, H] bf16 bits
 //     (+ the mean ms of `repeat` cold-L2 launches when repeat > 0)
 // The packed bytes are those of models/quant/layout.py `pack`. Helpers: op_helpers.h.
 #include "kernels/matmul.cuh"
+#include "kernels/matmul/gemm_lq_sm90.cuh"
 #include "kernels/ops.h"
 #include "op_tests/op_helpers.h"
 
@@ -92,6 +95,8 @@ void register_lq_gemm_ops(py::module_& ops) {
             "x @ dequantize(packed).T for an LQ matrix (any T, tensor cores) -> bf16 bits / f32");
     ops.def("bench_gemm_lq", &py_bench_gemm_lq, "out"_a, "in_"_a, "bits"_a, "T"_a = 2048, "iters"_a = 20,
             "time gemm_lq in a CUDA graph -> {us, TFLOPs}");
+    ops.def("gemm_lq_takes_sm90", &gemm_lq_takes_sm90, "T"_a,
+            "whether gemm_lq hands T tokens to its sm_90a wgmma kernel (bf16-rounded weights)");
     ops.def("moe_lq_prefill", &py_moe_lq_prefill, "h"_a, "gate_up"_a, "gu_bits"_a, "down"_a, "down_bits"_a, "ids"_a,
             "weights"_a, "I"_a, "repeat"_a = 0,
             "routed experts of a prefill chunk with LQ banks [E, bytes] -> out [T, H] bf16 bits");

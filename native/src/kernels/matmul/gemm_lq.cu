@@ -31,11 +31,17 @@
 // stays in L2). SWIGLU: a block's 16 slots are 8 gate strips and their 8 up strips, paired per
 // warp (slots 4w, 4w + 1 gate; 4w + 2, 4w + 3 the matching up), so silu(gate) * up is formed in
 // registers.
+//
+// On an H200 / H100 with the sm_90a code compiled in, gemm_lq hands T >= GEMM_LQ_SM90_MIN_T tokens
+// to gemm_lq_sm90.cu (wgmma, weights rounded once to bf16; LAMPO_GEMM_LQ_SM90=0 / 1 forces this
+// kernel / that one for any T: gemm_lq_sm90.cuh).
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/launch_utils.cuh"
 #include "kernels/lq_tile.cuh"
 #include "kernels/matmul.cuh"
+#include "kernels/matmul/gemm_lq_sm90.cuh"
 
 namespace lampo {
 namespace {
@@ -296,10 +302,24 @@ void check_gemm_lq(const char* op, const uint8_t* W, int bits, const bf16* x, in
 
 }  // namespace
 
+bool gemm_lq_takes_sm90(int T) {
+#if defined(LAMPO_GEMM_SM90A)
+    const char* mode = std::getenv("LAMPO_GEMM_LQ_SM90");
+    const bool forced = mode && mode[0] == '1' && mode[1] == '\0';
+    return (forced || T >= GEMM_LQ_SM90_MIN_T) && gemm_lq_sm90_usable(nullptr, nullptr, nullptr);
+#else
+    (void)T;
+    return false;
+#endif
+}
+
 template <class OutT>
 void gemm_lq(const uint8_t* W, int bits, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream) {
     check_gemm_lq("gemm_lq", W, bits, x, out, in);
     require(T >= 1, "gemm_lq", "T must be >= 1, got " + std::to_string(T));
+#if defined(LAMPO_GEMM_SM90A)
+    if (gemm_lq_takes_sm90(T) && gemm_lq_sm90_usable(W, x, y)) return gemm_lq_sm90(W, bits, x, y, T, out, in, stream);
+#endif
     const GemmLqParams p{W, 0, x, nullptr, y, out, out, in, nullptr, nullptr, nullptr, nullptr, T};
     constexpr Ep EP = std::is_same_v<OutT, float> ? Ep::F32 : Ep::BF16;
     launch_gemm_lq<EP>(p, bits, ceil_div(T, GL_TOKENS), ceil_div(out, GL_SLOTS * LQ_TILE_ROWS), stream);

@@ -14,10 +14,7 @@
 #if defined(LAMPO_GEMM_SM90A)
 
 #include <cstdlib>
-#include <mutex>
 #include <type_traits>
-#include <cuda.h>
-#include <cudaTypedefs.h>
 
 #include "kernels/matmul/gemm_wgmma.cuh"
 #include "kernels/launch_utils.cuh"
@@ -25,7 +22,7 @@
 namespace lampo {
 namespace {
 
-constexpr int BM = 128, BK = 64, THREADS = 384;
+constexpr int BM = 128, BK = WGMMA_BOX_K, THREADS = 384;
 
 template <int BN>
 struct Sm90Tile {
@@ -126,34 +123,6 @@ gemm_sm90_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constan
         }
     }
 #endif
-}
-
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
-    static std::once_flag once;
-    std::call_once(once, [] {
-        void* p = nullptr;
-        cudaDriverEntryPointQueryResult found{};
-        LAMPO_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &found));
-        if (found == cudaDriverEntryPointSuccess) fn = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
-    });
-    if (!fn) throw CudaError("gemm: the CUDA driver has no cuTensorMapEncodeTiled");
-    return fn;
-}
-
-// Row-major [rows, cols] bf16 matrix read in boxes of box_rows x BK, 128-byte swizzled.
-CUtensorMap tensor_map(const bf16* base, int rows, int cols, int box_rows) {
-    CUtensorMap map;
-    const cuuint64_t dims[2] = {cuuint64_t(cols), cuuint64_t(rows)};
-    const cuuint64_t strides[1] = {cuuint64_t(cols) * sizeof(bf16)};
-    const cuuint32_t box[2] = {cuuint32_t(BK), cuuint32_t(box_rows)};
-    const cuuint32_t elem_strides[2] = {1, 1};
-    const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<bf16*>(base), dims,
-                                            strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) throw CudaError("gemm: cuTensorMapEncodeTiled failed with CUresult " + std::to_string(int(r)));
-    return map;
 }
 
 template <int BN, class OutT>
