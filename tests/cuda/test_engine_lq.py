@@ -186,3 +186,22 @@ def test_the_vram_limit_refuses_an_allocation_past_it(bf16_dir):
                        snapshot_slots=1, vram_limit=1 << 20)
     engine = lq_engine(ck, recipe_tensor_bits(ck.config, "q4"), vram_limit=4 << 30)
     assert 0 < _native.engine_allocated() <= 4 << 30 and engine.position == 0
+
+
+@pytest.mark.skipif(not os.environ.get("LAMPO_TRAINED_DIR"), reason="no trained measurement model (run.sh trained)")
+@pytest.mark.parametrize("weights", ["bf16", "q5"])
+def test_the_trained_model_matches_the_reference(weights):
+    """The trained measurement model (tests/gpu/train_measure_model.py): its checkpoint loads as
+    written, MTP included, and the engine follows the reference on trained weights (bf16; q5 as the
+    LQ format's rows of the reference on the same quantized weights, from a q5 conversion)."""
+    d = Path(os.environ["LAMPO_TRAINED_DIR"])
+    assert Checkpoint.open(d, include_mtp=True).config.mtp_num_hidden_layers == 1
+    if weights == "q5":
+        d_q5 = d.with_name(d.name + "-q5")
+        if not d_q5.exists():
+            convert(d, d_q5, "q5")
+        d = d_q5
+    ck = Checkpoint.open(d, include_mtp=False)
+    engine = lq_engine(ck, stored_bits(ck) if ck.lq else {})
+    rows = rows_against_reference(engine, ReferenceModel.from_checkpoint(ck), ck.config, n_prompt=120, steps=4)
+    assert_rows_match_reference(rows, f"trained model {weights}", moe=False)

@@ -14,6 +14,13 @@
 #          prefill 8,192 and decode at 8,192 by real prefill, beside bf16 prefill 8,192; the
 #          measured VRAM at 262,144 tokens of 35B-A3B q4 under --vram-limit 23GiB and 27B q5 under
 #          31GiB; decode near 262,144 by random fill (LQ_BENCHES picks a subset: q5 bf16 vram long)
+#   trained  tests/gpu/train_measure_model.py trains the measurement model (TRAIN_MINUTES, default 3)
+#          on the GPU while the extension builds and pytest -m cuda runs (LAMPO_TRAINED_DIR points
+#          the tests at it once written); then lampo bench on it (bf16 and q5) and the full-size q5
+#          benches (prefill and decode at 8,192) beside the numpy
+#          measurements: quant/quality.py --model (KL vs bf16, q5/q4, ours vs round-to-nearest) and
+#          tests/gpu/spec_acceptance.py (MTP and n-gram drafts, k = 1..4). Needs .gpu/qwen3.6
+#          (tokenizer.json, chat_template.jinja) carried.
 #   kernel build + pytest -m cuda (LAMPO_GPU_TESTS) + Nsight Compute (--set full) over the LQ GEMV
 #          launches of tests/gpu/op_profile.py for the shapes in KERNEL_SHAPES ("OUT,IN,BITS[,T] ...")
 #   final  build + pytest -m cuda (the engine tests again with LAMPO_DECODE_FUSION=none and =all;
@@ -58,7 +65,7 @@
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|check|lq|kernel|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline) ;; *) echo "usage: $0 quick|check|lq|kernel|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline" >&2; exit 2 ;; esac
+case "$MODE" in quick|check|lq|trained|kernel|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline) ;; *) echo "usage: $0 quick|check|lq|trained|kernel|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -113,6 +120,14 @@ if ! $PY -m pip install -q --no-build-isolation --no-deps -e . -Ccmake.define.LA
   export PYTHONPATH="$WORK/py${PYTHONPATH:+:$PYTHONPATH}"
 fi
 $PY -c "import lampo.models.config" || { log "lampo is not importable"; exit 1; }
+
+if [ "$MODE" = trained ]; then  # the GPU trains while the CPU builds
+  TRAINED="$WORK/measure-moe"
+  (timeout 480 $PY tests/gpu/train_measure_model.py --out "$TRAINED" --minutes "${TRAIN_MINUTES:-3}" \
+     >"$OUT/bench/train.txt" 2>&1; cp "$TRAINED/results.json" "$OUT/bench/train-results.json") &
+  TRAINER=$!
+  log "training the measurement model (pid $TRAINER)"
+fi
 
 WRITERS=()
 if { [ "$MODE" = quick ] || [ "$MODE" = check ] || [ "$MODE" = lq ] || [ "$MODE" = final ]; } && [ "${TESTS:-}" != 0 ]; then
@@ -197,6 +212,26 @@ quick)
   bench tiny-moe 60 --preset tiny-moe --random-weights --prompt 2048 --depths 0,2048 --decode-tokens 64
   bench 35b-a3b-4layers 90 --preset qwen3.6-35b-a3b --layers 4 --random-weights --prompt 8192 --depths 0,8192 --decode-tokens 64
   bench 27b-4layers 90 --preset qwen3.6-27b --layers 4 --random-weights --prompt 8192 --depths 0,8192 --decode-tokens 64 ;;
+trained)
+  wait "$TRAINER"; log "training exit $? ($(tail -1 "$OUT/bench/train.txt"))"
+  export LAMPO_TRAINED_DIR="$TRAINED"
+  (timeout 300 $PY -m lampo.models.quant.quality --model "$TRAINED" --text docs/architecture.md --tokens 256 \
+     --json "$OUT/bench/quality-trained.json" >"$OUT/bench/quality-trained.txt" 2>&1) &
+  QUALITY=$!
+  (timeout 300 $PY tests/gpu/spec_acceptance.py "$TRAINED" --tokens 256 --json "$OUT/bench/spec-trained.json" \
+     >"$OUT/bench/spec-trained.txt" 2>&1) &
+  SPEC=$!
+  timeout 200 $PY -m pytest -m cuda tests/cuda/test_engine_lq.py -k trained -q -rs -p no:cacheprovider \
+    >"$OUT/pytest-trained.log" 2>&1
+  log "pytest (trained model) exit $?: $(tail -1 "$OUT/pytest-trained.log")"
+  for w in bf16 q5; do
+    bench "trained-$w" 60 --model "$TRAINED" --weights "$w" --prompt 2048 --depths 0,2048 --profile-steps 0
+  done
+  for m in 35b-a3b 27b; do
+    bench "$m-q5" 60 --preset "qwen3.6-$m" --random-weights --weights q5 --prompt 8192 --depths 8192 --profile-steps 0
+  done
+  wait "$QUALITY"; log "quality exit $?"
+  wait "$SPEC"; log "spec acceptance exit $?" ;;
 lq)
   for b in ${LQ_BENCHES:-q5 bf16 vram long}; do case "$b" in
   q5) for m in 35b-a3b 27b; do
