@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -127,15 +126,16 @@ def test_text_tokens_are_folded_into_a_cut_vocabulary(tmp_path):
     assert ids[0] == 248045 % VOCAB and ids.max() < VOCAB
 
 
-@pytest.mark.usefixtures("built_once")
-def test_the_runner_measures_a_checkpoint(tmp_path):
+def test_the_runner_measures_a_checkpoint(tmp_path, tokenizer, monkeypatch):
     from lampo.models.synthetic import write_checkpoint
 
-    model = write_checkpoint(tmp_path / "m", replace(get_preset("tiny-dense"), vocab_size=VOCAB), seed=4)
+    model = write_checkpoint(tmp_path / "m", get_preset("tiny-dense"), seed=4, with_mtp=False)
+    (model / "tokenizer.json").write_text(tokenizer.to_str(), encoding="utf-8")  # the checkpoint's own is read
+    monkeypatch.setattr(quality, "build_tokenizer", lambda: pytest.fail("the package tokenizer was built"))
     text = tmp_path / "text.md"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 8, encoding="utf-8")
     out = tmp_path / "q.json"
     assert quality.main(["--model", str(model), "--text", str(text), "--tokens", "16", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["weights"] == "checkpoint" and doc["vocab"] == VOCAB
+    assert doc["weights"] == "checkpoint" and doc["vocab"] == get_preset("tiny-dense").vocab_size
     assert {r["method"] for r in doc["rows"] if r["part"] == "next_token"} == {"lq", "rtn"}

@@ -87,10 +87,12 @@ def checkpoint_weights(model_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarr
         return ck.config, {n: np.array(ck.tensor_f32(n)) for n in ck.names()}
 
 
-def text_tokens(path: Path, count: int, vocab: int) -> np.ndarray:
-    """The first `count` token ids of a text file (the Qwen3.6 tokenizer), folded modulo `vocab`
-    for a model with a cut vocabulary (with random weights an id only picks an embedding row)."""
-    ids = Tokenizer(build_tokenizer()).encode(Path(path).read_text(encoding="utf-8"))
+def text_tokens(path: Path, count: int, vocab: int, tokenizer: Tokenizer | None = None) -> np.ndarray:
+    """The first `count` token ids of a text file (`tokenizer`, default the Qwen3.6 tokenizer
+    built from its package), folded modulo `vocab` for a model with a cut vocabulary (with random
+    weights an id only picks an embedding row)."""
+    tokenizer = tokenizer or Tokenizer(build_tokenizer())
+    ids = tokenizer.encode(Path(path).read_text(encoding="utf-8"))
     if len(ids) < count:
         raise ValueError(f"{path} has {len(ids)} tokens, fewer than the {count} asked for")
     return np.asarray(ids[:count], dtype=np.int64) % vocab
@@ -211,12 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     start = time.monotonic()
     try:
+        tokenizer = None
         if args.model is not None:
             cfg, weights = checkpoint_weights(args.model)
+            tokenizer = Tokenizer.from_checkpoint(args.model)  # its own tokenizer.json
         else:
             cfg = model_config(args.preset, args.layers, args.vocab, args.experts)
             weights = synthetic_weights(cfg, args.seed)
-        ids = text_tokens(args.text, args.tokens, cfg.real_vocab_size)
+        ids = text_tokens(args.text, args.tokens, cfg.real_vocab_size, tokenizer)
     except (ValueError, OSError) as e:  # ConfigError and CheckpointError included
         print(f"quality: {e}", file=sys.stderr)
         return 2

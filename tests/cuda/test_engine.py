@@ -365,7 +365,7 @@ def test_bad_token_and_context_limits_are_refused_with_numbers(tiny):
 # ---- the backend on the GPU -------------------------------------------------------------------
 def test_backend_prefix_reuse_and_snapshots_match_a_fresh_prefill(tiny, monkeypatch):
     ck, engine, ref = tiny
-    backend = CudaBackend(ck.model_dir, context_max=1024, prefill_chunk=64, snapshot_slots=2,
+    backend = CudaBackend(ck.model_dir, context_max=1024, prefill_chunk=64, snapshot_slots=2, weights="bf16",
                           tokenizer=TagTokenizer())
     greedy = SamplingParams(**{**GREEDY.to_dict(), "max_tokens": 12})
 
