@@ -182,7 +182,8 @@ class PlainRepl:
 
     def banner(self) -> None:
         info = self.session.backend.info
-        self.say(f"Lampo · {info.model_name} on the {info.backend} backend · context {info.context_max:,} tokens")
+        weights = f" ({info.weights} weights)" if info.weights else ""
+        self.say(f"Lampo · {info.model_name} on the {info.backend} backend{weights} · context {info.context_max:,} tokens")
         if info.is_demo:
             self.say("DEMO: random-weight checkpoint - replies are gibberish. Set `model` in "
                      f"{paths.config_file()} or pass --model DIR for a real model.")

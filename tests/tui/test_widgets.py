@@ -217,3 +217,11 @@ async def test_far_messages_are_parked_and_come_back_when_scrolled_to():
             if not first.parked:
                 break
         assert not first.parked and first.answer.startswith("Reply 0.")
+
+
+def test_the_hud_names_the_weight_format_the_engine_runs():
+    from lampo.tui.hud import hud_cells
+
+    state = HudState(BackendInfo("cuda", "Qwen3.6-35B-A3B", "/m", 262_144, weights="q5"))
+    assert "cuda q5" in hud_cells(state)["model"].plain
+    assert hud_cells(HudState(INFO))["model"].plain.endswith("· cuda")

@@ -167,7 +167,7 @@ class CudaBackend:
         self._loop = GenerationLoop(tokenizer, PrefixCache(snapshot_slots), label="CUDA", forget=lambda: self._engine.reset(),
                                     recover=self._recover, stats_interval_s=STATS_INTERVAL_S)
         self._info = BackendInfo("cuda", cfg.name or Path(model_dir).name, str(model_dir), context_max,
-                                 is_demo=is_demo_checkpoint(Path(model_dir)))
+                                 is_demo=is_demo_checkpoint(Path(model_dir)), weights=self.weight_format)
 
     def _build_engine(self):
         engine = create_engine(self._native, self._ck.config, **self._settings)

@@ -101,6 +101,7 @@ class BackendInfo:
     context_max: int
     is_demo: bool = False  # random-weight demo checkpoint: say so in the UI
     speculative: bool = False
+    weights: str = ""  # the weight format the engine runs ("q5", "q4", "bf16"); "" = as stored
 
 
 class ContextOverflow(ValueError):

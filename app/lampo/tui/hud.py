@@ -72,7 +72,8 @@ def hud_cells(state: HudState) -> dict[str, Content]:
         ),
     )
     demo = "[reverse $warning] DEMO (random weights) [/] " if state.info.is_demo else ""
-    model = _cell("model", demo + "[b]$name[/] · $backend", name=state.info.model_name, backend=state.info.backend)
+    backend = f"{state.info.backend} {state.info.weights}" if state.info.weights else state.info.backend
+    model = _cell("model", demo + "[b]$name[/] · $backend", name=state.info.model_name, backend=backend)
     return dict(zip(CELL_IDS, (decode, prefill, spec, vram, context, model)))
 
 
