@@ -98,6 +98,25 @@ struct LqRing {
     __device__ void drain() { cp_async_wait<0>(); }
 };
 
+// A lane's code words of a tile: its low-nibble word of each k16 step and its fifth / sixth-bit
+// words, as lq_a_register reads them.
+struct LqLaneCodes {
+    uint32_t low[4];
+    uint32_t high[2];
+};
+template <int BITS>
+__device__ __forceinline__ LqLaneCodes lq_lane_codes(const uint8_t* tile, int lane) {
+    const uint4 low = *reinterpret_cast<const uint4*>(tile + 16 * lane);
+    LqLaneCodes c = {{low.x, low.y, low.z, low.w}, {0u, 0u}};
+    if constexpr (BITS == 5) c.high[0] = reinterpret_cast<const uint32_t*>(tile + 512)[lane];
+    if constexpr (BITS == 6) {
+        const uint2 h = reinterpret_cast<const uint2*>(tile + 512)[lane];
+        c.high[0] = h.x;
+        c.high[1] = h.y;
+    }
+    return c;
+}
+
 // acc (the lane's C fragment: [0..1] row g, tokens 2quad, 2quad + 1; [2..3] row g + 8) +=
 // scale_row * sum over the tile's 64 columns of (code - 2^(BITS-1)) * x, x_frag the lane's
 // two 16-byte B fragments of this tile, start its tokens' start values.
@@ -105,26 +124,18 @@ template <int BITS>
 __device__ __forceinline__ void lq_tile_mma(const uint8_t* tile, int lane, const uint4* x_frag, float2 start,
                                             float (&acc)[4]) {
     const int g = lane >> 2;
-    const uint4 low = *reinterpret_cast<const uint4*>(tile + 16 * lane);
-    uint32_t high[2] = {0u, 0u};
-    if constexpr (BITS == 5) high[0] = reinterpret_cast<const uint32_t*>(tile + 512)[lane];
-    if constexpr (BITS == 6) {
-        const uint2 h = reinterpret_cast<const uint2*>(tile + 512)[lane];
-        high[0] = h.x;
-        high[1] = h.y;
-    }
+    const LqLaneCodes codes = lq_lane_codes<BITS>(tile, lane);
     const __half* scales = reinterpret_cast<const __half*>(tile + lq_tile_bytes(BITS) - 2 * LQ_TILE_ROWS);
     const float scale_lo = __half2float(scales[g]), scale_hi = __half2float(scales[g + 8]);
     const uint4 xb[2] = {x_frag[0], x_frag[1]};
     const uint32_t b[8] = {xb[0].x, xb[0].y, xb[0].z, xb[0].w, xb[1].x, xb[1].y, xb[1].z, xb[1].w};
-    const uint32_t words[4] = {low.x, low.y, low.z, low.w};
     const uint32_t magic = lq_code_magic<BITS>();
     float sums[4] = {start.x, start.y, start.x, start.y};
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         uint32_t a[4];
 #pragma unroll
-        for (int s = 0; s < 4; ++s) a[s] = lq_a_register<BITS>(words[j], high, j, s, magic);
+        for (int s = 0; s < 4; ++s) a[s] = lq_a_register<BITS>(codes.low[j], codes.high, j, s, magic);
         mma_bf16_16816(sums, a, b[2 * j], b[2 * j + 1]);
     }
     acc[0] = fmaf(scale_lo, sums[0], acc[0]);

@@ -242,17 +242,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     const size_t tile = size_t(blockIdx.x) * kWarps + warp;
     if (tile >= tiles) return;  // warp-uniform
     const uint8_t* t = packed + tile * TILE_BYTES;
-    const uint4 low = __ldcs(reinterpret_cast<const uint4*>(t) + lane);
-    uint32_t high[2] = {0u, 0u};
-    if constexpr (BITS == 5) high[0] = __ldcs(reinterpret_cast<const uint32_t*>(t + 512) + lane);
-    if constexpr (BITS == 6) {
-        const uint2 h = __ldcs(reinterpret_cast<const uint2*>(t + 512) + lane);
-        high[0] = h.x;
-        high[1] = h.y;
-    }
+    const LqLaneCodes codes = lq_lane_codes<BITS>(t, lane);
     const __half* scales = reinterpret_cast<const __half*>(t + TILE_BYTES - 32);
     const float scale[2] = {__half2float(scales[g]), __half2float(scales[g + 8])};
-    const uint32_t words[4] = {low.x, low.y, low.z, low.w};
     const uint32_t magic = lq_code_magic<BITS>();
     constexpr float centre = lq_code_centre<BITS>();
     uint32_t* mine = staged[warp];
@@ -260,7 +252,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int j = 0; j < 4; ++j) {
 #pragma unroll
         for (int s = 0; s < 4; ++s) {  // register s: row g (+8 for odd s), columns 16j + 2quad (+8 for s >= 2), +1
-            const uint32_t r = lq_a_register<BITS>(words[j], high, j, s, magic);
+            const uint32_t r = lq_a_register<BITS>(codes.low[j], codes.high, j, s, magic);
             const float lo = (__uint_as_float(r << 16) - centre) * scale[s % 2];
             const float hi = (__uint_as_float(r & 0xFFFF0000u) - centre) * scale[s % 2];
             const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

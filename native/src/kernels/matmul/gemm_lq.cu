@@ -195,24 +195,16 @@ __global__ void __launch_bounds__(GL_THREADS, 1) gemm_lq_kernel(const GemmLqPara
 #pragma unroll
         for (int nt = 0; nt < 4; ++nt) {
             const uint8_t* t = ws + nt * TILE_BYTES;
-            const uint4 low = *reinterpret_cast<const uint4*>(t + 16 * lane);
-            uint32_t high[2] = {0u, 0u};
-            if constexpr (BITS == 5) high[0] = reinterpret_cast<const uint32_t*>(t + 512)[lane];
-            if constexpr (BITS == 6) {
-                const uint2 h = reinterpret_cast<const uint2*>(t + 512)[lane];
-                high[0] = h.x;
-                high[1] = h.y;
-            }
+            const LqLaneCodes codes = lq_lane_codes<BITS>(t, lane);
             const __half2* scales = reinterpret_cast<const __half2*>(t + TILE_BYTES - 2 * LQ_TILE_ROWS);
             // the scales of rows 2q, 2q + 1 (half 0) and 8 + 2q, 9 + 2q (half 1)
             const float2 sc[2] = {__half22float2(scales[quad]), __half22float2(scales[4 + quad])};
-            const uint32_t words[4] = {low.x, low.y, low.z, low.w};
             float chain[2][2][4];  // [m16 tile][half: rows 0-7, 8-15]
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 uint32_t b[4];
 #pragma unroll
-                for (int s = 0; s < 4; ++s) b[s] = lq_a_register<BITS>(words[kk], high, kk, s, magic);
+                for (int s = 0; s < 4; ++s) b[s] = lq_a_register<BITS>(codes.low[kk], codes.high, kk, s, magic);
 #pragma unroll
                 for (int mi = 0; mi < 2; ++mi) {
                     if (kk == 0) {

@@ -93,26 +93,18 @@ __device__ __forceinline__ uint32_t lq90_scale_pair(uint32_t pair, float scale, 
 template <int BITS>
 __device__ __forceinline__ void lq90_decode(const uint8_t* tile, int lane, bool live, uint32_t (&a)[16]) {
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
-    const uint4 low = *reinterpret_cast<const uint4*>(tile + 16 * lane);
-    uint32_t high[2] = {0u, 0u};
-    if constexpr (BITS == 5) high[0] = reinterpret_cast<const uint32_t*>(tile + 512)[lane];
-    if constexpr (BITS == 6) {
-        const uint2 h = reinterpret_cast<const uint2*>(tile + 512)[lane];
-        high[0] = h.x;
-        high[1] = h.y;
-    }
+    const LqLaneCodes codes = lq_lane_codes<BITS>(tile, lane);
     const __half* scales = reinterpret_cast<const __half*>(tile + TILE_BYTES - 2 * LQ_TILE_ROWS);
     const int g = lane >> 2;
     const float s_lo = live ? __half2float(scales[g]) : 0.0f;      // row g: registers 0, 2
     const float s_hi = live ? __half2float(scales[g + 8]) : 0.0f;  // row g + 8: registers 1, 3
     const float n_lo = -s_lo * lq_code_centre<BITS>(), n_hi = -s_hi * lq_code_centre<BITS>();
-    const uint32_t words[4] = {low.x, low.y, low.z, low.w};
     const uint32_t magic = lq_code_magic<BITS>();
 #pragma unroll
     for (int j = 0; j < 4; ++j)
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
-            const uint32_t pair = lq_a_register<BITS>(words[j], high, j, s, magic);
+            const uint32_t pair = lq_a_register<BITS>(codes.low[j], codes.high, j, s, magic);
             a[4 * j + s] = (s & 1) ? lq90_scale_pair(pair, s_hi, n_hi) : lq90_scale_pair(pair, s_lo, n_lo);
         }
 }
@@ -188,14 +180,7 @@ gemm_lq_sm90_kernel(const __grid_constant__ CUtensorMap x_map, const uint8_t* __
     const int kslices = (ktiles + 1) & ~1;
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
 
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(&full[s], 1);
-            mbarrier_init(&empty[s], 8);  // one arrival per consumer warp
-        }
-        mbarrier_init_fence();
-    }
-    __syncthreads();
+    ring_barriers_init(full, empty, STAGES, 8);  // 8 consumer warps
 
     if (wg == 0) {  // producer
         setmaxnreg_dec<40>();

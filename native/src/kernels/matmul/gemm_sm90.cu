@@ -70,14 +70,7 @@ gemm_sm90_kernel(const __grid_constant__ CUtensorMap x_map, const __grid_constan
     const int ktiles = (K + BK - 1) / BK;
     const int wg = threadIdx.x / 128, t = threadIdx.x % 128;
 
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < STAGES; ++s) {
-            mbarrier_init(&full[s], 1);
-            mbarrier_init(&empty[s], 8);  // one arrival per consumer warp
-        }
-        mbarrier_init_fence();
-    }
-    __syncthreads();
+    ring_barriers_init(full, empty, STAGES, 8);  // 8 consumer warps
 
     if (wg == 0) {  // producer
         setmaxnreg_dec<40>();

@@ -41,6 +41,20 @@ __device__ __forceinline__ void mbarrier_init_fence() {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
 
+// A producer / consumer ring's barriers, by the whole block: thread 0 makes each stage's `full`
+// barrier wait for one arrival (the producer's, with its transaction bytes) and its `empty`
+// barrier for one arrival per consumer warp, then every thread waits for that.
+__device__ __forceinline__ void ring_barriers_init(uint64_t* full, uint64_t* empty, int stages, int consumer_warps) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < stages; ++s) {
+            mbarrier_init(&full[s], 1);
+            mbarrier_init(&empty[s], consumer_warps);
+        }
+        mbarrier_init_fence();
+    }
+    __syncthreads();
+}
+
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
