@@ -18,8 +18,10 @@ distributed exactly as plain decoding's:
 Drafters: `mtp_drafts` chains the checkpoint's MTP layer (each draft feeds the next step its own
 hidden state); `ngram_drafts` looks the context's last n tokens up earlier in the context (prompt
 lookup) and proposes what followed them there, for answers that quote a document.
-`SpeculativeReference` runs generation on a `ReferenceModel` with either drafter and counts the
-drafted and accepted tokens.
+`SpeculativeReference` runs generation on a `ReferenceModel` with either drafter, or with
+drafter "auto": each step's drafter and number of drafts chosen by a `draft_policy.DraftPolicy`
+from the acceptance measured so far (a plain step where no choice is expected to pay), and counts
+the drafted and accepted tokens.
 """
 
 from __future__ import annotations
@@ -29,10 +31,11 @@ from typing import Literal, Sequence
 
 import numpy as np
 
+from lampo.models.draft_policy import DraftPolicy
 from lampo.models.sampling import filtered_probs
 from lampo.models.sampling_params import SamplingParams
 
-Drafter = Literal["mtp", "ngram"]
+Drafter = Literal["mtp", "ngram", "auto"]
 NGRAM_MAX, NGRAM_MIN = 4, 2  # the longest and shortest context suffix looked up
 
 
@@ -94,19 +97,24 @@ class SpeculativeStats:
 
 
 class SpeculativeReference:
-    """Generation on a `ReferenceModel` with k drafts per step. Between steps the trunk has run
-    the context but its last token, and (MTP drafts) the MTP layer has a row for every trunk
-    position, the last one's logits being the next step's first draft (`_first`)."""
+    """Generation on a `ReferenceModel` with up to k drafts per step. Between steps the trunk has
+    run the context but its last token, and (when MTP drafts may be used) the MTP layer has a row
+    for every trunk position, the last one's logits being the next step's first draft (`_first`).
+    With drafter "auto", `policy` (default: a DraftPolicy with k_max = k) picks each step's drafter
+    and draft count."""
 
-    def __init__(self, model, params: SamplingParams, k: int, drafter: Drafter, seed: int = 0):
+    def __init__(self, model, params: SamplingParams, k: int, drafter: Drafter, seed: int = 0,
+                 policy: DraftPolicy | None = None):
         if k < 1:
             raise ValueError(f"speculative decoding needs k >= 1 drafts, got {k}")
         if drafter == "mtp" and not model.has_mtp:
             raise ValueError("MTP drafts need a checkpoint with an MTP layer")
         self.model, self.params, self.k, self.drafter = model, params, k, drafter
+        self.policy = (policy or DraftPolicy(k_max=k)) if drafter == "auto" else None
         self.rng = np.random.default_rng(seed)
         self.stats = SpeculativeStats()
         self._first: np.ndarray | None = None
+        self._uses_mtp = drafter == "mtp" or (drafter == "auto" and model.has_mtp)
 
     def generate(self, prompt: Sequence[int], max_tokens: int) -> list[int]:
         model, prompt = self.model, list(prompt)
@@ -114,7 +122,7 @@ class SpeculativeReference:
         self._first = None
         if len(prompt) > 1:
             model.prefill(prompt[:-1])
-            if self.drafter == "mtp":
+            if self._uses_mtp:
                 self._first = model.mtp_prefill(model.hiddens, prompt[1:], 0, last_only=True)
         out: list[int] = []
         while len(out) < max_tokens:
@@ -124,7 +132,8 @@ class SpeculativeReference:
     def _step(self, context: list[int], out: list[int]) -> list[int]:
         model = self.model
         snap, start = model.snapshot(), model.position  # `start`: the position of context[-1]
-        drafts, q = self._drafts(context, out)
+        drafter, k = self._choose(context)
+        drafts, q = self._drafts(drafter, k, context, out) if drafter else ([], None)
         logits = model.prefill([context[-1], *drafts])  # k + 1 positions in one forward
         if self.params.temperature == 0:
             kept, nxt = accept_greedy(drafts, logits)
@@ -133,18 +142,28 @@ class SpeculativeReference:
                           for i in range(len(drafts) + 1)])
             kept, nxt = accept_sampled(drafts, q, p, self.rng)
         self.stats.record(len(drafts), kept)
+        if self.policy is not None and drafts:
+            self.policy.record(drafter, len(drafts), kept)
         model.restore(snap)  # back to before the step (the MTP's draft rows too); run what was kept
         model.prefill([context[-1], *drafts[:kept]])
-        if self.drafter == "mtp":
+        if self._uses_mtp:
             self._first = model.mtp_prefill(model.hiddens, [*drafts[:kept], nxt], start, last_only=True)
         return [*drafts[:kept], nxt]
 
-    def _drafts(self, context: list[int], out: list[int]) -> tuple[list[int], np.ndarray | None]:
+    def _choose(self, context: list[int]) -> tuple[str | None, int]:
+        """The step's drafter and number of drafts (None, 0: a plain step)."""
+        if self.policy is None:
+            return self.drafter, self.k
+        available = {"ngram": len(ngram_drafts(context, self.k)),
+                     "mtp": self.k if self._uses_mtp and self._first is not None else 0}
+        return self.policy.choose(available)
+
+    def _drafts(self, drafter: str, k: int, context: list[int], out: list[int]) -> tuple[list[int], np.ndarray | None]:
         """The step's drafts and, when sampling with drafts, the distributions q they were drawn from
         (None otherwise: neither greedy acceptance nor an empty draft reads q)."""
         greedy = self.params.temperature == 0
-        if self.drafter == "ngram":
-            drafts = ngram_drafts(context, self.k)
+        if drafter == "ngram":
+            drafts = ngram_drafts(context, k)
             if greedy:
                 return drafts, None
             q = np.zeros((len(drafts), self.model.cfg.vocab_size))  # a deterministic drafter: one-hot
@@ -154,12 +173,12 @@ class SpeculativeReference:
             return [], None
         drafts, qs, logits = [], [], self._first
         position = self.model.position  # the MTP row after the one that gave `_first`
-        for i in range(self.k):
+        for i in range(k):
             if greedy:
                 drafts.append(int(np.argmax(logits)))
             else:
                 qs.append(filtered_probs(logits, self.params, seen_ids=out + drafts))
                 drafts.append(_draw(qs[-1], self.rng))
-            if i + 1 < self.k:  # chain: the MTP's own hidden row and the draft it just made
+            if i + 1 < k:  # chain: the MTP's own hidden row and the draft it just made
                 logits = self.model.mtp_step(self.model.mtp_hidden_last, drafts[-1], position + i)
         return drafts, (np.stack(qs) if qs else None)

@@ -80,8 +80,8 @@ def test_partly_right_drafts_are_kept_up_to_the_first_wrong_one(models, monkeypa
     spec = SpeculativeReference(model, GREEDY, k, "ngram")
     expected_kept = []
 
-    def drafts(context, out):
-        truth = want[len(out):len(out) + k]
+    def drafts(drafter, n, context, out):
+        truth = want[len(out):len(out) + n]
         d = [t if rng.random() >= corrupt else (t + 1) % 1000 for t in truth]
         expected_kept.append(next((i for i, (a, b) in enumerate(zip(d, truth)) if a != b), len(d)))
         return d, None
@@ -151,3 +151,20 @@ def test_ngram_drafts_quote_the_context():
 def test_bad_arguments(models):
     with pytest.raises(ValueError, match="k >= 1"):
         SpeculativeReference(models["dense"], GREEDY, 0, "ngram")
+
+
+@pytest.mark.parametrize("name", ["dense", "moe"])
+def test_auto_drafts_keep_the_greedy_output_and_choose_per_step(models, name):
+    model = models[name]
+    prompt = PROMPT * 3  # repeats: the n-gram drafter has something to propose
+    want = plain_greedy(model, prompt, TOKENS)
+    spec = SpeculativeReference(model, GREEDY, 4, "auto")
+    assert spec.generate(prompt, TOKENS) == want
+    assert spec.stats.steps >= 1 and spec.stats.accepted <= spec.stats.drafted
+    assert spec.policy.accept["mtp"] != spec.policy.accept["ngram"]  # both measured on their own rounds
+
+
+def test_auto_drafts_with_sampling(models):
+    spec = SpeculativeReference(models["moe"], SamplingParams(temperature=0.8, top_p=0.95, seed=3), 3, "auto")
+    out = spec.generate(PROMPT * 2, 24)
+    assert len(out) == 24 and spec.stats.accepted <= spec.stats.drafted
