@@ -132,8 +132,9 @@ class SpeculativeReference:
     def _step(self, context: list[int], out: list[int]) -> list[int]:
         model = self.model
         snap, start = model.snapshot(), model.position  # `start`: the position of context[-1]
-        drafter, k = self._choose(context)
-        drafts, q = self._drafts(drafter, k, context, out) if drafter else ([], None)
+        ngram = ngram_drafts(context, self.k) if self.drafter in ("ngram", "auto") else []  # one lookup a step
+        drafter, k = self._choose(len(ngram))
+        drafts, q = self._drafts(drafter, k, ngram, out) if drafter else ([], None)
         logits = model.prefill([context[-1], *drafts])  # k + 1 positions in one forward
         if self.params.temperature == 0:
             kept, nxt = accept_greedy(drafts, logits)
@@ -150,20 +151,21 @@ class SpeculativeReference:
             self._first = model.mtp_prefill(model.hiddens, [*drafts[:kept], nxt], start, last_only=True)
         return [*drafts[:kept], nxt]
 
-    def _choose(self, context: list[int]) -> tuple[str | None, int]:
-        """The step's drafter and number of drafts (None, 0: a plain step)."""
+    def _choose(self, ngram_available: int) -> tuple[str | None, int]:
+        """The step's drafter and number of drafts (None, 0: a plain step); `ngram_available`: how
+        many n-gram drafts the context offers."""
         if self.policy is None:
             return self.drafter, self.k
-        available = {"ngram": len(ngram_drafts(context, self.k)),
-                     "mtp": self.k if self._uses_mtp and self._first is not None else 0}
+        available = {"ngram": ngram_available, "mtp": self.k if self._uses_mtp and self._first is not None else 0}
         return self.policy.choose(available)
 
-    def _drafts(self, drafter: str, k: int, context: list[int], out: list[int]) -> tuple[list[int], np.ndarray | None]:
-        """The step's drafts and, when sampling with drafts, the distributions q they were drawn from
-        (None otherwise: neither greedy acceptance nor an empty draft reads q)."""
+    def _drafts(self, drafter: str, k: int, ngram: list[int], out: list[int]) -> tuple[list[int], np.ndarray | None]:
+        """The step's drafts (`ngram`: the context's n-gram drafts, up to self.k) and, when sampling
+        with drafts, the distributions q they were drawn from (None otherwise: neither greedy
+        acceptance nor an empty draft reads q)."""
         greedy = self.params.temperature == 0
         if drafter == "ngram":
-            drafts = ngram_drafts(context, k)
+            drafts = ngram[:k]
             if greedy:
                 return drafts, None
             q = np.zeros((len(drafts), self.model.cfg.vocab_size))  # a deterministic drafter: one-hot

@@ -80,7 +80,7 @@ def test_partly_right_drafts_are_kept_up_to_the_first_wrong_one(models, monkeypa
     spec = SpeculativeReference(model, GREEDY, k, "ngram")
     expected_kept = []
 
-    def drafts(drafter, n, context, out):
+    def drafts(drafter, n, ngram, out):
         truth = want[len(out):len(out) + n]
         d = [t if rng.random() >= corrupt else (t + 1) % 1000 for t in truth]
         expected_kept.append(next((i for i, (a, b) in enumerate(zip(d, truth)) if a != b), len(d)))

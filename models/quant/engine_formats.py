@@ -57,7 +57,7 @@ def recipe_tensor_bits(cfg: ModelConfig, recipe: str) -> dict[str, int]:
 def choose_weights(requested: str, stored_recipe: str | None, plans: Mapping[str, MemoryPlan],
                    free_bytes: int) -> str:
     """The weight format of a run: "bf16" or a recipe name. `stored_recipe`: the recipe of a
-    converted checkpoint (None: a bf16 one); `plans`: the memory plan of each format at the run's
+    converted checkpoint (None: a bf16 one); `plans`: the memory plan of each recipe at the run's
     context. Raises ValueError for a choice that cannot be made."""
     if requested not in WEIGHT_CHOICES:
         raise ValueError(f"--weights {requested!r}: choose one of {', '.join(WEIGHT_CHOICES)}")

@@ -39,10 +39,10 @@ from lampo.engine.loop import GenerationLoop
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.config import ModelConfig
 from lampo.models.finite_scan import NonFinite, nonfinite_error
-from lampo.models.memory_plan import WEIGHT_FORMATS, plan_memory
+from lampo.models.memory_plan import plan_memory
 from lampo.models.quant.checkpoint_format import LqFormat
 from lampo.models.quant.engine_formats import choose_weights, engine_tensor_bits, recipe_tensor_bits
-from lampo.models.quant.recipes import BF16
+from lampo.models.quant.recipes import BF16, RECIPES
 from lampo.models.sampling_params import SamplingParams
 from lampo.models.tensor_specs import engine_tensor_names
 from lampo.engine.prefix_cache import PrefixCache
@@ -86,7 +86,7 @@ def resolve_weights(native, cfg: ModelConfig, requested: str, lq: LqFormat | Non
                     vram_limit: int = 0) -> tuple[str, dict[str, int]]:
     """(weight format of the run, the engine's LQ widths by tensor name) for `--weights requested`
     on a checkpoint whose converted format is `lq` (None: bf16)."""
-    plans = {f: _plan(cfg, f, context_max, prefill_chunk, snapshot_slots) for f in WEIGHT_FORMATS}
+    plans = {r: _plan(cfg, r, context_max, prefill_chunk, snapshot_slots) for r in RECIPES}  # what auto weighs
     fmt = choose_weights(requested, lq.recipe if lq is not None else None, plans, memory_budget(native, vram_limit))
     if fmt == BF16:
         return fmt, {}

@@ -440,9 +440,10 @@ WeightStore::WeightStore(const ModelDims& d, const TensorNames& names, const Ten
                                         "this model's plan");
         }
     }
-    for (const LayerWeights& lw : model_.layers) {
-        const MoeFfnWeights& m = lw.moe;
-        if (d.moe) model_.decode_foldable = model_.decode_foldable && moe_one_format(m);
+    if (d.moe) {
+        for (const LayerWeights& lw : model_.layers) {
+            model_.decode_foldable = model_.decode_foldable && moe_one_format(lw.moe);
+        }
     }
     loaded_.assign(slots_.size(), false);
     LAMPO_CUDA_CHECK(cudaDeviceSynchronize());  // the padding memsets ran on the legacy stream
