@@ -8,11 +8,12 @@
 //
 // x staged in shared memory for the mma B operand: for token n, tile t and quad q, 16 bf16 = the
 // b0, b1 pairs of k16 steps 0..3 (b0: columns 16j + 2q, +1; b1: 16j + 2q + 8, +9), 32 bytes, so a
-// lane reads its tile's B fragments with two 16-byte loads. Token `tokens` (when < 8) is all
-// zeros: the fragment of the lanes past the last token. start[t * 8 + n] = -centre * (sum of tile
-// t's x of token n), zero for n >= tokens. `thread` / `threads` (a multiple of 32) share the work:
-// one thread per (n, t, q); a tile's four quads are adjacent lanes and add their sums by shuffles.
-// xs: min(tokens + 1, 8) * lq_x_bytes(in) bytes; start: lq_start_bytes(in).
+// lane reads its tile's B fragments with two 16-byte loads. After the tokens, LQ_ZERO_X_BYTES of
+// zeros: the one tile's fragments that every lane past the last token reads (lq_lane_x).
+// start[t * 8 + n] = -centre * (sum of tile t's x of token n), zero for n >= tokens. `thread` /
+// `threads` (a multiple of 32) share the work: one thread per (n, t, q); a tile's four quads are
+// adjacent lanes and add their sums by shuffles.
+// xs: tokens * lq_x_bytes(in) + LQ_ZERO_X_BYTES bytes; start: lq_start_bytes(in).
 #pragma once
 
 #include "kernels/lq_tile.cuh"
@@ -25,12 +26,12 @@ enum class LqXSource { Global, Shared };
 template <LqXSource SRC>
 __device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const bf16* x, int tokens, int in,
                                                 float centre, int thread, int threads) {
-    const int tiles = in / LQ_TILE_COLS, items = 4 * tiles * min(tokens + 1, 8);
+    const int tiles = in / LQ_TILE_COLS, items = 4 * tiles * tokens;
     for (int base = 0; base < items; base += threads) {  // every lane of a warp takes part in the shuffles
         const int i = base + thread, q = i & 3, t = (i >> 2) % tiles, n = (i >> 2) / tiles;
         uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
         float sum = 0.0f;
-        if (i < items && n < tokens) {
+        if (i < items) {
             const uint32_t* row = reinterpret_cast<const uint32_t*>(x + size_t(n) * in + t * LQ_TILE_COLS) + q;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
@@ -50,11 +51,12 @@ __device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const b
         if (i < items) {
             xs[2 * i] = make_uint4(v[0], v[1], v[2], v[3]);
             xs[2 * i + 1] = make_uint4(v[4], v[5], v[6], v[7]);
-            if (q == 0 && n < 8) start[t * 8 + n] = -centre * sum;
+            if (q == 0) start[t * 8 + n] = -centre * sum;
         }
     }
     for (int i = thread; i < tiles * 8; i += threads)  // tokens past the staged ones
-        if ((i & 7) > tokens) start[i] = 0.0f;
+        if ((i & 7) >= tokens) start[i] = 0.0f;
+    if (thread < LQ_ZERO_X_BYTES / 16) xs[tokens * tiles * 8 + thread] = make_uint4(0u, 0u, 0u, 0u);
 }
 
 }  // namespace lampo

@@ -4,11 +4,11 @@
 //   tiles of 16 rows x 64 columns, out % 16 == 0, in % 64 == 0; x, y bf16 (or fp32 y), fp32 sums.
 //
 // A warp owns a strip of 16 rows and a slice of its tiles (KS slices per strip, KS in {1, 2, 4, 8},
-// chosen so the grid has >= 4 blocks per SM); its tiles stream through its LqRing, each one
-// multiplied on the tensor cores by lq_tile_mma against x, which the block stages once in
+// chosen so the grid has >= 4 blocks per SM); its tiles stream into registers (lq_stream_tiles),
+// each one multiplied on the tensor cores by lq_tile_mma against x, which the block stages once in
 // fragment order (token g = lane / 4; zeros past T). KS slices of a strip are summed through
 // shared memory. Every weight byte is read once and serves all T tokens. Launched with PDL: the
-// first tiles' copies are issued before the wait (weights are immutable).
+// first group of tiles is requested before the wait (weights are immutable).
 //
 // The decode step's two folded forms (T = 1; linear.h), as gemv.cu's for BF16 weights:
 // - LqIn::NormedResidual (gemv_lq_normed): every block builds x = bf16(rmsnorm(residual) * (1 + w))
@@ -37,11 +37,18 @@ static_assert(LQ_WARPS * 32 == NORM_THREADS, "the folded norm runs on the GEMV b
 enum class LqIn { X, NormedResidual };
 enum class LqOut { Store, AddToResidual };
 
-// Dynamic shared memory of a launch: the warps' rings, the tiles' start values, x of `tokens`
-// tokens plus the zero token (at most 8 in all); NormedResidual: the norm weight / normed row.
-size_t lq_smem_bytes(int bits, int in, int tokens, LqIn input) {
-    return size_t(LQ_WARPS) * LQ_STAGES * lq_tile_bytes(bits) + lq_start_bytes(in) +
-           size_t(std::min(tokens + 1, 8)) * lq_x_bytes(in) + (input == LqIn::NormedResidual ? lq_x_bytes(in) : 0);
+// Shared memory for x: `tokens` staged tokens and the zero fragment; NormedResidual (one token):
+// room for the fp32 residual row that the norm keeps there before x is staged.
+__host__ __device__ size_t lq_x_area_bytes(int in, int tokens, LqIn input) {
+    const size_t staged = size_t(tokens) * lq_x_bytes(in) + LQ_ZERO_X_BYTES;
+    return input == LqIn::NormedResidual && sizeof(float) * in > staged ? sizeof(float) * in : staged;
+}
+
+// Dynamic shared memory of a launch: the tiles' start values, the x area; NormedResidual: the norm
+// weight / normed row after it.
+size_t lq_smem_bytes(int in, int tokens, LqIn input) {
+    return lq_start_bytes(in) + lq_x_area_bytes(in, tokens, input) +
+           (input == LqIn::NormedResidual ? lq_x_bytes(in) : 0);
 }
 
 struct GemvLqParams {
@@ -53,7 +60,7 @@ struct GemvLqParams {
 };
 
 template <int BITS, class OutT, LqIn IN, LqOut OUT>
-__global__ void __launch_bounds__(LQ_WARPS * 32, 3) gemv_lq_kernel(const GemvLqParams p) {
+__global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqParams p) {
     static_assert(OUT == LqOut::Store || std::is_same_v<OutT, float>, "residual add: an fp32 row");
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
     extern __shared__ uint4 lq_smem[];
@@ -65,20 +72,20 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 3) gemv_lq_kernel(const GemvLqP
     const int tiles = p.in / LQ_TILE_COLS;
     const bool strip_live = strip < p.out / LQ_TILE_ROWS;
     const int tbeg = int(int64_t(tiles) * slice / p.ks_count), tend = int(int64_t(tiles) * (slice + 1) / p.ks_count);
-    float* start = reinterpret_cast<float*>(lq_smem + LQ_WARPS * LQ_STAGES * TILE_BYTES / 16);
+    float* start = reinterpret_cast<float*>(lq_smem);
     uint4* xs = reinterpret_cast<uint4*>(start + 8 * tiles);
-    // NormedResidual (T = 1): the norm weight, overwritten in place by the normed row, after x and
-    // the zero token; the fp32 residual row (in * 4 bytes) lives in x's place until x is staged.
-    bf16* row = reinterpret_cast<bf16*>(xs + 2 * lq_x_bytes(p.in) / 16);
-    if constexpr (IN == LqIn::NormedResidual) {  // one commit group before the ring's
+    // NormedResidual (T = 1): the norm weight, overwritten in place by the normed row, after the x
+    // area; the fp32 residual row (in * 4 bytes) lives in the x area until x is staged.
+    bf16* row = reinterpret_cast<bf16*>(xs + lq_x_area_bytes(p.in, 1, IN) / 16);
+    if constexpr (IN == LqIn::NormedResidual) {
         for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x) cp_async_16(row + 8 * i, p.norm.weight + 8 * i, true);
         cp_async_commit();
     }
 
-    LqRing<BITS> ring(lq_smem + warp * LQ_STAGES * TILE_BYTES / 16,
-                      p.W + (size_t(strip_live ? strip : 0) * tiles + tbeg) * TILE_BYTES,
-                      strip_live ? tend - tbeg : 0, lane);
-    ring.issue_first();  // weights only: before the wait
+    const int count = strip_live ? tend - tbeg : 0;
+    const uint8_t* src = p.W + (size_t(strip_live ? strip : 0) * tiles + tbeg) * TILE_BYTES;
+    LqGroup<BITS> first;
+    lq_load_group(first, src, count, lane);  // weights only: before the wait
     pdl_begin();
     // AddToResidual: the writing lanes' rows g and g + 8 (token 0), read now, off the kernel's tail.
     const bool writes = slice == 0 && strip_live;
@@ -91,9 +98,8 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 3) gemv_lq_kernel(const GemvLqP
         }
     }
     if constexpr (IN == LqIn::NormedResidual) {
-        // The norm weight's group, older than the LQ_STAGES - 1 that issue_first committed (those
-        // tiles may still be in flight); visible to every thread after norm_row_inv's block sum.
-        cp_async_wait<LQ_STAGES - 1>();
+        // The norm weight, visible to every thread after norm_row_inv's block sum.
+        cp_async_wait<0>();
         float* r_row = reinterpret_cast<float*>(xs);
         const float inv = norm_row_inv(p.norm.residual, nullptr, r_row, p.in, p.norm.eps);
         norm_row_scale<true>(r_row, inv, row, row, p.in);  // a thread reads its weights, then writes them over
@@ -109,7 +115,7 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 3) gemv_lq_kernel(const GemvLqP
     __syncthreads();
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    lq_stream_tiles(ring, xs, start, tiles, p.T, tbeg, tend, lane, acc);
+    lq_stream_tiles(first, src, lq_lane_x(xs, start, tiles, p.T, lane), tbeg, tbeg + count, lane, acc);
 
 #pragma unroll
     for (int i = 0; i < 4; ++i) partial[warp][lane][i] = acc[i];
@@ -132,7 +138,7 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 3) gemv_lq_kernel(const GemvLqP
 
 template <int BITS, class OutT, LqIn IN, LqOut OUT>
 void launch_gemv_lq(const char* op, const GemvLqParams& p, int blocks, cudaStream_t stream) {
-    const size_t smem = lq_smem_bytes(BITS, p.in, p.T, IN);
+    const size_t smem = lq_smem_bytes(p.in, p.T, IN);
     if (smem + LQ_PARTIAL_BYTES > 48 * 1024) allow_dynamic_smem(gemv_lq_kernel<BITS, OutT, IN, OUT>, smem, op);
     launch_pdl(op, gemv_lq_kernel<BITS, OutT, IN, OUT>, blocks, LQ_WARPS * 32, smem, stream, p);
 }
@@ -148,12 +154,12 @@ void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t s
     int ks = 1;
     while (ks < LQ_WARPS && ceil_div(strips, LQ_WARPS / ks) < wave && tiles / (2 * ks) >= 2) ks *= 2;
     const int blocks = ceil_div(strips, LQ_WARPS / ks);
-    // x lives in shared memory beside the rings: tokens go in groups that fit (one group unless
-    // T * in is large, e.g. the 27B down-projection with more than 5 tokens).
+    // x lives in shared memory: tokens go in groups that fit (one group unless
+    // T * in is large, e.g. the 27B down-projection with more than 6 tokens).
     const size_t room = smem_optin_bytes() - LQ_PARTIAL_BYTES;
-    require(lq_smem_bytes(bits, p.in, 1, IN) <= room, op, "in = " + std::to_string(p.in) + " is too wide");
+    require(lq_smem_bytes(p.in, 1, IN) <= room, op, "in = " + std::to_string(p.in) + " is too wide");
     int group = p.T;
-    while (lq_smem_bytes(bits, p.in, group, IN) > room) --group;
+    while (lq_smem_bytes(p.in, group, IN) > room) --group;
     for (int t0 = 0; t0 < p.T; t0 += group) {
         GemvLqParams q = p;
         q.x = p.x ? p.x + size_t(t0) * p.in : nullptr;

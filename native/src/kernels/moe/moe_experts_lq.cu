@@ -85,7 +85,7 @@ __device__ __forceinline__ void gate_up_block(const MoeLqParams& p, uint4* smem,
     const int inter = SHARED ? p.shared.inter : p.I;
     const int tiles = p.H / LQ_TILE_COLS, half = warp / GU_SLICES, slice = warp % GU_SLICES;
     const int tbeg = tiles * slice / GU_SLICES, tend = tiles * (slice + 1) / GU_SLICES;
-    float* start = reinterpret_cast<float*>(smem + MLQ_WARPS * LQ_STAGES * TILE_BYTES / 16);
+    float* start = reinterpret_cast<float*>(smem);
     uint4* xs = reinterpret_cast<uint4*>(start + 8 * tiles);
 
     const uint8_t* matrix = p.shared.gate_up;  // known up front: its tiles go before the wait
@@ -95,16 +95,16 @@ __device__ __forceinline__ void gate_up_block(const MoeLqParams& p, uint4* smem,
         timeline_mark(TL_SELECTED);
     }
     const int row_strip = strip + half * (inter / LQ_TILE_ROWS);  // the gate strip, or its up strip
-    LqRing<BITS> ring(smem + warp * LQ_STAGES * TILE_BYTES / 16,
-                      matrix + (size_t(row_strip) * tiles + tbeg) * TILE_BYTES, tend - tbeg, lane);
-    ring.issue_first();
+    const uint8_t* src = matrix + (size_t(row_strip) * tiles + tbeg) * TILE_BYTES;
+    LqGroup<BITS> first;
+    lq_load_group(first, src, tend - tbeg, lane);
     if constexpr (SHARED) pdl_begin();
     lq_stage_x_from<LqXSource::Global>(xs, start, p.x + size_t(t) * p.H, 1, p.H, lq_code_centre<BITS>(),
                                        threadIdx.x, blockDim.x);
     __syncthreads();
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    lq_stream_tiles(ring, xs, start, tiles, 1, tbeg, tend, lane, acc);
+    lq_stream_tiles(first, src, lq_lane_x(xs, start, tiles, 1, lane), tbeg, tend, lane, acc);
 #pragma unroll
     for (int i = 0; i < 4; ++i) partial[warp][lane][i] = acc[i];
     __syncthreads();
@@ -139,31 +139,29 @@ __global__ void __launch_bounds__(MLQ_WARPS * 32) moe_lq_gate_up_kernel(const Mo
 // strip_tiles, times x [width] (an act row, staged by the warp). before_wait: the tiles are
 // requested before the PDL wait (the shared slot); else the caller has waited.
 template <int BITS>
-__device__ __forceinline__ void down_slot(uint4* ring_slots, uint4* xs, float* start, const uint8_t* strip_tiles,
-                                          const bf16* x, int width, bool before_wait, int lane, float (&acc)[4]) {
+__device__ __forceinline__ void down_slot(uint4* xs, float* start, const uint8_t* strip_tiles, const bf16* x, int width,
+                                          bool before_wait, int lane, float (&acc)[4]) {
     const int tiles = width / LQ_TILE_COLS;
-    LqRing<BITS> ring(ring_slots, strip_tiles, tiles, lane);
-    ring.issue_first();
+    LqGroup<BITS> first;
+    lq_load_group(first, strip_tiles, tiles, lane);
     if (before_wait) pdl_begin();
     lq_stage_x_from<LqXSource::Global>(xs, start, x, 1, width, lq_code_centre<BITS>(), lane, 32);
     __syncwarp();
-    lq_stream_tiles(ring, xs, start, tiles, 1, 0, tiles, lane, acc);
+    lq_stream_tiles(first, strip_tiles, lq_lane_x(xs, start, tiles, 1, lane), 0, tiles, lane, acc);
 }
 
 // The block has one warp per slot: k routed (+ 1 shared). BITS / SBITS as the gate_up kernel's.
 template <int BITS, int SBITS>
 __global__ void __launch_bounds__(DN_MAX_WARPS * 32) moe_lq_down_kernel(const MoeLqParams p) {
-    constexpr int RING_VECS = LQ_STAGES * (BITS > SBITS ? lq_tile_bytes(BITS) : lq_tile_bytes(SBITS)) / 16;
     extern __shared__ uint4 mlq_smem[];
     __shared__ float partial[DN_MAX_WARPS][32][4];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const int strip = blockIdx.x, t = blockIdx.y;
-    // per warp: its ring, its slot's act row (and the zero token), its tiles' start values
+    // per warp: its slot's act row (and the zero fragment), its tiles' start values
     const int width = max(p.I, p.shared.down ? p.shared.inter : 0);
-    const int x_vecs = 2 * lq_x_bytes(width) / 16, start_floats = lq_start_bytes(width) / 4;
-    uint4* ring_slots = mlq_smem + warp * RING_VECS;
-    uint4* xs = mlq_smem + warps * RING_VECS + warp * x_vecs;
-    float* start = reinterpret_cast<float*>(mlq_smem + warps * (RING_VECS + x_vecs)) + warp * start_floats;
+    const int x_vecs = (lq_x_bytes(width) + LQ_ZERO_X_BYTES) / 16, start_floats = lq_start_bytes(width) / 4;
+    uint4* xs = mlq_smem + warp * x_vecs;
+    float* start = reinterpret_cast<float*>(mlq_smem + warps * x_vecs) + warp * start_floats;
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float residual_in = 0.0f;  // add: the epilogue thread's residual value, read now, off the tail
@@ -173,12 +171,11 @@ __global__ void __launch_bounds__(DN_MAX_WARPS * 32) moe_lq_down_kernel(const Mo
             residual_in = __ldcg(p.residual + size_t(t) * p.H + strip * LQ_TILE_ROWS + threadIdx.x);
         const int slot = t * p.k + warp, e = __ldcg(p.ids + slot), tiles = p.I / LQ_TILE_COLS;
         const size_t strip_bytes = size_t(tiles) * lq_tile_bytes(BITS);
-        down_slot<BITS>(ring_slots, xs, start, p.bank + (size_t(e) * (p.H / LQ_TILE_ROWS) + strip) * strip_bytes,
+        down_slot<BITS>(xs, start, p.bank + (size_t(e) * (p.H / LQ_TILE_ROWS) + strip) * strip_bytes,
                         p.x + size_t(slot) * p.I, p.I, false, lane, acc);
     } else {  // the shared slot
         const int inter = p.shared.inter;
-        down_slot<SBITS>(ring_slots, xs, start,
-                         p.shared.down + size_t(strip) * (inter / LQ_TILE_COLS) * lq_tile_bytes(SBITS),
+        down_slot<SBITS>(xs, start, p.shared.down + size_t(strip) * (inter / LQ_TILE_COLS) * lq_tile_bytes(SBITS),
                          p.x + size_t(p.T) * p.k * p.I + size_t(t) * inter, inter, true, lane, acc);
     }
 #pragma unroll
@@ -251,8 +248,7 @@ void launch_gate_up(const char* op, MoeLqParams p, int bits, cudaStream_t stream
     const bool has_shared = p.shared.gate_up != nullptr;
     const int sbits = has_shared ? p.shared.gate_up_bits : bits;
     const dim3 grid(std::max(p.I, p.shared.inter) / LQ_TILE_ROWS, p.T * (has_shared ? p.k + 1 : p.k));
-    const size_t smem = size_t(MLQ_WARPS) * LQ_STAGES * std::max(lq_tile_bytes(bits), lq_tile_bytes(sbits)) +
-                        lq_start_bytes(p.H) + 2 * size_t(lq_x_bytes(p.H));
+    const size_t smem = lq_start_bytes(p.H) + size_t(lq_x_bytes(p.H)) + LQ_ZERO_X_BYTES;
     with_widths(bits, sbits, [&](auto b, auto sb) {
         launch_moe_lq(op, moe_lq_gate_up_kernel<decltype(b)::value, decltype(sb)::value>, grid, MLQ_WARPS,
                       MLQ_WARPS, smem, p, stream);
@@ -266,8 +262,7 @@ void launch_down(const char* op, MoeLqParams p, int bits, cudaStream_t stream, c
     const bool has_shared = p.shared.down != nullptr;
     const int sbits = has_shared ? p.shared.down_bits : bits, warps = has_shared ? p.k + 1 : p.k;
     const int width = std::max(p.I, p.shared.inter);
-    const size_t smem = size_t(warps) * (LQ_STAGES * size_t(std::max(lq_tile_bytes(bits), lq_tile_bytes(sbits))) +
-                                         2 * size_t(lq_x_bytes(width)) + lq_start_bytes(width));
+    const size_t smem = size_t(warps) * (size_t(lq_x_bytes(width)) + LQ_ZERO_X_BYTES + lq_start_bytes(width));
     with_widths(bits, sbits, [&](auto b, auto sb) {
         launch_moe_lq(op, moe_lq_down_kernel<decltype(b)::value, decltype(sb)::value>, dim3(p.H / LQ_TILE_ROWS, p.T),
                       warps, DN_MAX_WARPS, smem, p, stream);
