@@ -25,3 +25,22 @@ def test_fast_depth_needs_the_cuda_engine(capsys):
     assert main(["--preset", "tiny-moe", "--random-weights", "--depths", "0,50", "--fast-depth",
                  "--backend", "reference"]) == 2
     assert "--fast-depth needs the CUDA engine" in capsys.readouterr().err
+
+
+def test_the_report_says_where_the_weights_came_from_and_the_host_memory(tmp_path, capsys):
+    from lampo.models.presets import get_preset
+    from lampo.models.synthetic import write_checkpoint
+
+    small = ["--prompt", "8", "--depths", "0", "--decode-tokens", "2", "--backend", "reference"]
+    model = write_checkpoint(tmp_path / "q5", get_preset("tiny-dense"), with_mtp=False, recipe="q5")
+    runs = {"random": ["--preset", "tiny-dense", "--random-weights"], "files": ["--model", str(model)]}
+    for source, argv in runs.items():
+        out = tmp_path / f"{source}.json"
+        assert main([*argv, *small, "--json", str(out)]) == 0
+        r = json.loads(out.read_text())
+        assert r["weights_from"] == source and r["stored_format"] == (None if source == "random" else "q5")
+        host = r["host_memory"]
+        assert 0 < host["peak_rss_after_load_mib"] <= host["peak_rss_end_mib"]
+        assert 0 < host["load_peak_anon_mib"] <= host["peak_rss_end_mib"]  # /proc: the tests run on Linux
+        assert r["load"]["seconds"] > 0
+        assert f"from {source}; anonymous at most" in capsys.readouterr().out

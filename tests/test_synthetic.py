@@ -32,6 +32,17 @@ def test_identical_tensors_across_shard_sizes(tmp_path: Path):
     assert all(other[n] != single[n] for n in single)
 
 
+def test_shards_written_in_parallel_are_the_same(tmp_path: Path):
+    for recipe in (None, "q5"):
+        one = write_checkpoint(tmp_path / f"one-{recipe}", MICRO_MOE, seed=3, shard_mb=0.1, recipe=recipe)
+        many = write_checkpoint(tmp_path / f"many-{recipe}", MICRO_MOE, seed=3, shard_mb=0.1, recipe=recipe, jobs=3)
+        files = sorted(f.name for f in one.iterdir())
+        assert len(files) > 3 and files == sorted(f.name for f in many.iterdir())
+        assert all((one / f).read_bytes() == (many / f).read_bytes() for f in files)
+    with pytest.raises(ValueError, match="jobs"):
+        write_checkpoint(tmp_path / "x", MICRO_MOE, jobs=0)
+
+
 def test_index_describes_the_shards(tmp_path: Path):
     write_checkpoint(tmp_path, MICRO_MOE, shard_mb=0.1)
     index = json.loads((tmp_path / INDEX_NAME).read_text())

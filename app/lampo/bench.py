@@ -14,6 +14,9 @@ Measured (CUDA engine):
 - launches per decode step (kernel nodes of the captured graph), VRAM used, and a per-op-family
   breakdown from an un-graphed profiled run (event pairs around each op: the sum exceeds the graph
   step time by the launch gaps the graph removes);
+- host memory: the process's peak RSS (ru_maxrss) after the load and at the end, and the largest
+  anonymous RSS sampled during the load (the peak RSS also counts the pages of the memory-mapped
+  checkpoint, which the kernel can drop; the anonymous part is what quantize-on-load must have);
 - the fraction of the bandwidth roofline: bytes read per token (active weights from
   `lampo.models.params`, bf16, + INT8 KV rows at that depth + GDN recurrent and conv state read and
   written) / time, divided by the measured device copy bandwidth (big D2D cudaMemcpy, bytes read +
@@ -29,9 +32,11 @@ import argparse
 import datetime as dt
 import json
 import os
+import resource
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -148,6 +153,13 @@ def plan_workload(args: argparse.Namespace, cfg: ModelConfig, cuda: bool) -> Wor
 
 
 # ---- targets: what is being measured --------------------------------------------------------
+def checkpoint_format(ck) -> str | None:
+    """A checkpoint's weight format as stored: its LQ recipe, or "bf16" (HF); None without one."""
+    if ck is None:
+        return None
+    return ck.lq.recipe if ck.lq is not None else "bf16"
+
+
 class Target:
     """An engine under measurement, driven through the same `EngineSteps` adapter as the chat
     (greedy), so the bench times the chat's own calls. Subclasses make the adapter and add what
@@ -156,6 +168,7 @@ class Target:
     kind = ""
 
     weight_format = "bf16"  # the format the engine holds the weights in (a WEIGHT_FORMATS name)
+    stored_format: str | None = None  # the checkpoint's: its recipe, or "bf16"; None for random weights
 
     def __init__(self, cfg: ModelConfig, steps, source: str, load: dict):
         self.cfg, self.steps, self.source, self.load = cfg, steps, source, load
@@ -206,6 +219,7 @@ class CudaTarget(Target):
 
         self.native = native
         ck = Checkpoint.open(model_dir, include_mtp=False) if model_dir is not None else None
+        self.stored_format = checkpoint_format(ck)
         sizes = dict(context_max=w.context_max, prefill_chunk=w.chunk, snapshot_slots=0)
         self.weight_format, bits = resolve_weights(native, cfg, weights, ck.lq if ck else None, vram_limit=vram_limit,
                                                    **sizes)
@@ -258,7 +272,9 @@ class ReferenceTarget(Target):
         if model_dir is not None:
             from lampo.models.checkpoint import Checkpoint
 
-            model = ReferenceModel.from_checkpoint(Checkpoint.open(model_dir))
+            ck = Checkpoint.open(model_dir)
+            self.stored_format = checkpoint_format(ck)
+            model = ReferenceModel.from_checkpoint(ck)
             source = f"checkpoint {model_dir}"
         else:
             from lampo.models.synthetic import synthetic_tensor
@@ -272,6 +288,40 @@ class ReferenceTarget(Target):
 
 
 # ---- measurements ---------------------------------------------------------------------------
+def peak_rss_mib() -> float:
+    """The process's peak resident set so far (ru_maxrss: KiB on Linux), in MiB."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class AnonPeak:
+    """The largest anonymous resident set (RssAnon of /proc/self/status, MiB) seen while in the
+    `with` block, sampled every 10 ms by a thread; `mib` stays None where there is no /proc."""
+
+    def __init__(self):
+        self.mib: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while True:
+            try:
+                with open("/proc/self/status", encoding="ascii") as f:
+                    kib = next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
+            except (OSError, StopIteration, ValueError):
+                return
+            self.mib = max(self.mib or 0.0, kib / 1024)
+            if self._stop.wait(0.01):
+                return
+
+    def __enter__(self) -> AnonPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def bytes_per_token(cfg: ModelConfig, depth: int, weights: str = "bf16") -> dict[str, int]:
     """Bytes one decode step reads (and, for the GDN state, writes) at `depth` tokens of context,
     with the weights in a WEIGHT_FORMATS format."""
@@ -362,6 +412,13 @@ def format_report(r: dict) -> str:
             lines[-1] += (f" after loading, {_gib(end['vram_used'])} at the end (the engine's blocks "
                           f"{_gib(end['engine_allocated'])}" +
                           (f", limit {_gib(r['vram_limit'])})" if r.get("vram_limit") else ")"))
+    host = r.get("host_memory")
+    if host:
+        anon = host.get("load_peak_anon_mib")
+        lines.append(f"host memory: peak RSS {host['peak_rss_after_load_mib']:,.0f} MiB after loading "
+                     f"({r['load']['seconds']:,.1f} s from {r['weights_from']}"
+                     + (f"; anonymous at most {anon:,.0f} MiB while loading" if anon is not None else "")
+                     + f"), {host['peak_rss_end_mib']:,.0f} MiB at the end")
     census = r["load"].get("census")
     if census:
         lines.append(f"NaN/Inf census of the weights in VRAM: {census['seconds'] * 1e3:,.1f} ms "
@@ -420,22 +477,30 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     w = plan_workload(args, cfg, cuda=native is not None)
     if native is None and (args.weights not in ("auto", "bf16") or args.vram_limit):
         w.notes.append("--weights and --vram-limit apply to the CUDA engine; the reference runs the weights as stored")
-    target = (CudaTarget(native, cfg, w, model_dir, args.seed, args.weights, args.vram_limit) if native is not None
-              else ReferenceTarget(cfg, model_dir, args.seed, w.chunk))
+    with AnonPeak() as anon:
+        target = (CudaTarget(native, cfg, w, model_dir, args.seed, args.weights, args.vram_limit) if native is not None
+                  else ReferenceTarget(cfg, model_dir, args.seed, w.chunk))
+    host = {"peak_rss_after_load_mib": peak_rss_mib()}
+    if anon.mib is not None:
+        host["load_peak_anon_mib"] = anon.mib
     device = target.device()
     rng = np.random.default_rng(args.seed)
     target.prefill(random_ids(cfg, min(w.chunk, max(w.prompts)), rng))  # warm-up
     prefill = [measure_prefill(target, p, w, rng) for p in w.prompts]
     decode = [measure_decode(target, d, w, rng, device.get("copy_bandwidth"), args.seed) for d in w.depths]
     device["vram_end"] = target.vram()  # after the deepest context: the run's VRAM as measured
+    host["peak_rss_end_mib"] = peak_rss_mib()
     return {
         "model": cfg.name or (model_dir.name if model_dir else "?"),
         "layers": cfg.num_hidden_layers,
         "backend": target.kind,
         "weights": target.source,
+        "weights_from": "files" if target.stored_format else "random",
+        "stored_format": target.stored_format,
         "weight_format": target.weight_format,
         "vram_limit": args.vram_limit,
         "load": target.load,
+        "host_memory": host,  # MiB
         "device": device,
         "launches_per_token": target.launches(),
         "context_max": w.context_max,

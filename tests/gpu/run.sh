@@ -55,6 +55,17 @@
 #   timeline  build with -DLAMPO_TIMELINE=ON (no tests unless TESTS=1) + tests/gpu/timeline.py: block
 #          timestamps of the graphed 35B-A3B decode step, each launch's share of the critical path
 #          (TIMELINE_DEPTHS, default 8192)
+#   files  build (no tests unless TESTS=1) + full-size checkpoints loaded from FILES, each written into
+#          $WORK/files by the synthetic generator (one process per CPU, no MTP), benched, deleted:
+#          the 35B-A3B at q5 in the packed LQ format (21.6 GB; prefill 8,192 and decode at 8,192,
+#          --weights auto), then the 27B in bf16 (53.8 GB, when df shows the room: the 64 GiB disk
+#          of nvidia-h200 may not, nvidia-h200-x2's has) quantized on load to q5 (prefill and decode
+#          at 2,048: the load's peak host memory is the number). A summary line per step: size,
+#          seconds, peak RSS (of the bench: after the load, and the anonymous part while loading;
+#          of the generator), tok/s. FILES_CONVERT=SECONDS also runs `lampo convert` on the 27B
+#          for that long (then SIGINT: it leaves nothing) for its peak RSS and rate (a whole
+#          conversion is over an hour of numpy). Expected ~4 minutes; the steps' limits add up to
+#          ~8.5 with the build, so keep FILES_CONVERT <= 60
 #   full   build + pytest -m cuda + the whole benchmark: full-size random-weight models, prompts
 #          8,192 / 65,536, decode at depths 0 / 8,192 / 65,536 / 262,144 by real prefill, and the
 #          --fast-depth variant of the 35B-A3B
@@ -65,7 +76,7 @@
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|check|lq|trained|kernel|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline) ;; *) echo "usage: $0 quick|check|lq|trained|kernel|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline" >&2; exit 2 ;; esac
+case "$MODE" in quick|check|lq|trained|kernel|files|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline) ;; *) echo "usage: $0 quick|check|lq|trained|kernel|files|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -178,7 +189,7 @@ for pid in "${WRITERS[@]}"; do
 done
 [ ${#WRITERS[@]} -gt 0 ] && export LAMPO_FULL_WIDTH_DIR="$WORK/full-width" && log "full-width checkpoints written"
 
-case "$MODE" in profile|omit|fusions|ab|timeline) RUN_TESTS=${TESTS:-} ;; *) RUN_TESTS=1; [ "${TESTS:-}" = 0 ] && RUN_TESTS= ;; esac
+case "$MODE" in files|profile|omit|fusions|ab|timeline) RUN_TESTS=${TESTS:-} ;; *) RUN_TESTS=1; [ "${TESTS:-}" = 0 ] && RUN_TESTS= ;; esac
 if [ -n "$RUN_TESTS" ]; then
 log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
 timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
@@ -258,6 +269,67 @@ check)
   for m in 35b-a3b 27b; do
     bench "$m-check" 90 --preset "qwen3.6-$m" --random-weights --prompt 2048 --depths 0 --decode-tokens 32 --profile-steps 0
   done ;;
+files)  # full-size checkpoints written, benched from the files, deleted (a warm machine keeps $WORK)
+  CK="$WORK/files"; rm -rf "$CK"; mkdir -p "$CK"
+  avail_gb() { df -B1000000000 --output=avail "$CK" | tail -1 | tr -d ' '; }
+  measured() {  # measured SECONDS LOG CMD...: CMD (output to LOG) under timeout -s INT; prints "EXIT SECONDS PEAK_MIB"
+    $PY - "$@" <<'PYEOF'  # the peak: ru_maxrss of the largest process of CMD's tree (timeout waits for CMD)
+import resource, subprocess, sys, time
+limit, log, cmd = sys.argv[1], sys.argv[2], sys.argv[3:]
+t = time.monotonic()
+with open(log, "w") as f:
+    rc = subprocess.call(["timeout", "-s", "INT", "-k", "10", limit, *cmd], stdout=f, stderr=subprocess.STDOUT)
+print(rc, round(time.monotonic() - t), resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss // 1024)
+PYEOF
+  }
+  write_ckpt() {  # write_ckpt NAME SECONDS PRESET ARGS...: the generator into $CK/NAME; its exit status
+    local name=$1 limit=$2 preset=$3 rc s mib; shift 3
+    read -r rc s mib < <(measured "$limit" "$OUT/bench/write-$name.txt" \
+      $PY -m lampo.models.synthetic "$preset" "$CK/$name" --no-mtp --jobs "$(nproc)" "$@")
+    log "write $name exit $rc: $(du -sb "$CK/$name" 2>/dev/null | awk '{printf "%.2f", $1 / 1e9}') GB on disk" \
+      "in $s s (generator peak RSS $mib MiB, largest process), $(avail_gb) GB left"
+    return "${rc:-1}"
+  }
+  bench_line() {  # bench_line NAME: the bench JSON's load, host memory and speeds in one line
+    $PY - "$OUT/bench/$1.json" <<'PYEOF' 2>/dev/null || echo "no JSON"
+import json, sys
+r = json.load(open(sys.argv[1]))
+load, host = r["load"], r["host_memory"]
+parts = [f"{r['weights_from']} ({r['stored_format']}) as {r['weight_format']}: load {load['bytes'] / 1e9:.2f} GB "
+         f"in {load['seconds']:.1f} s", f"peak RSS {host['peak_rss_after_load_mib']:,.0f} MiB after the load (anonymous "
+         f"at most {host['load_peak_anon_mib']:,.0f} while loading), {host['peak_rss_end_mib']:,.0f} at the end"]
+parts += [f"prefill {p['tokens']:,}: {p['tokens_per_second']:,.0f} tok/s" for p in r["prefill"]]
+parts += [f"decode at {d['depth']:,}: {d['tokens_per_second']:,.1f} tok/s" for d in r["decode"]]
+print("; ".join(parts))
+PYEOF
+  }
+  # (a) the 35B-A3B at q5, as converted: --weights auto keeps the checkpoint's recipe
+  if [ "$(avail_gb)" -ge 24 ]; then
+    write_ckpt 35b-a3b-q5 70 qwen3.6-35b-a3b --recipe q5 \
+      && bench 35b-a3b-q5-files 100 --model "$CK/35b-a3b-q5" --weights auto --prompt 8192 --depths 8192 \
+        --profile-steps 0 \
+      && log "35b-a3b-q5-files: $(bench_line 35b-a3b-q5-files)"
+  else
+    log "35B-A3B q5 from files skipped: $(avail_gb) GB free in $CK, it needs 24 (21.6 GB of shards)"
+  fi
+  rm -rf "$CK/35b-a3b-q5"
+  # (b) the 27B in bf16, quantized on load to q5; (c) FILES_CONVERT=SECONDS: lampo convert on it
+  if [ "$(avail_gb)" -ge 56 ]; then
+    if write_ckpt 27b-bf16 170 qwen3.6-27b; then
+      bench 27b-bf16-files-q5 110 --model "$CK/27b-bf16" --weights q5 --prompt 2048 --depths 2048 --profile-steps 0
+      log "27b-bf16-files-q5: $(bench_line 27b-bf16-files-q5)"
+      if [ "${FILES_CONVERT:-0}" -gt 0 ]; then
+        read -r rc s mib < <(measured "$FILES_CONVERT" "$OUT/bench/convert-27b.txt" \
+          $PY -m lampo convert "$CK/27b-bf16" "$CK/27b-q5")
+        log "convert 27b bf16 -> q5 exit $rc after $s s (124: stopped at FILES_CONVERT), peak RSS $mib MiB:" \
+          "$(tail -1 "$OUT/bench/convert-27b.txt")"
+      fi
+    fi
+  else
+    log "27B bf16 from files skipped: $(avail_gb) GB free in $CK, it needs 56 (53.8 GB of shards;" \
+      "nvidia-h200-x2's disk has the room)"
+  fi
+  rm -rf "$CK" ;;
 full)
   bench 35b-a3b 150 --preset qwen3.6-35b-a3b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144
   bench 27b 260 --preset qwen3.6-27b --random-weights --prompt 8192,65536 --depths 0,8192,65536,262144
