@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from lampo.engine.protocol import ContextOverflow, Done, GenerationRequest, PrefillProgress, Stats, TokenEvent
-from lampo.engine.loop import GenerationLoop, SyncDecode, chunk_ends
+from lampo.engine.loop import Decoded, GenerationLoop, SyncDecode, chunk_ends
 from lampo.models.sampling_params import GREEDY, SamplingParams
 from lampo.engine.prefix_cache import PrefixCache
 
@@ -47,11 +47,11 @@ class FakeSteps(SyncDecode):
         self.history += ids
         return self._sample() if last else None
 
-    def decode(self, fed):
+    def decode(self, fed, max_drafts):
         if self.fail_at_decode is not None and len(self.history) >= self.fail_at_decode:
             raise RuntimeError("decode failed")
         self.history.append(fed)
-        return self._sample()
+        return Decoded((self._sample(),))
 
     def vram(self):
         self.vram_queries += 1
@@ -206,3 +206,102 @@ def test_a_failure_forgets_every_state_and_recovers():
     assert events[-1].reason == "length" and events[-1].stats.cached_n == 0 and steps.vram_queries > queries
     loop.reset()
     assert forgotten == [1]
+
+
+# ---- steps that keep drafts (speculative decoding) ---------------------------------------------
+class DraftingSteps(FakeSteps):
+    """A speculative engine on the same "model": each step drafts min(4, max_drafts) tokens and
+    keeps the next `pattern` number of them (cycling; the kept ones are the true tokens), so the
+    stream must equal FakeSteps' whatever the pattern. `log`: (drafted, kept) per step."""
+
+    def __init__(self, pattern, context_max, **kw):
+        super().__init__(**kw)
+        self.pattern, self.context_max = list(pattern), context_max
+        self.log: list[tuple[int, int]] = []
+
+    def decode(self, fed, max_drafts):
+        self.history.append(fed)
+        drafted = min(4, max_drafts)
+        kept = min(self.pattern[len(self.log) % len(self.pattern)], drafted)
+        self.log.append((drafted, kept))
+        tokens = []
+        for _ in range(kept):
+            tokens.append(self._sample())
+            self.history.append(tokens[-1])
+        assert len(self.history) <= self.context_max  # the loop leaves drafts no room past the context
+        return Decoded((*tokens, self._sample()), drafted)
+
+    def rewind(self, n):
+        assert 0 < n <= self.log[-1][1]
+        del self.history[-n:]
+
+
+def run_with(steps, prompt, max_tokens, context_max, cancel_after=None):
+    """(events, loop) of one request; `cancel_after`: the cancel flag is set once that many ids
+    were streamed."""
+    loop, _, _ = make_loop()
+    request = GenerationRequest(tuple(prompt), SamplingParams(**{**GREEDY.to_dict(), "max_tokens": max_tokens}),
+                                stop_ids=(STOP,))
+    cancel, events = threading.Event(), []
+    for event in loop.start(request, cancel, steps, context_max):
+        events.append(event)
+        if cancel_after is not None and len(token_ids(events)) >= cancel_after:
+            cancel.set()
+    return events, loop
+
+
+@pytest.mark.parametrize("pattern", [(0,), (4,), (3, 0, 2, 4, 1)])
+@pytest.mark.parametrize("max_tokens", [1, 2, 6, 30])
+@pytest.mark.parametrize("stop_at", [None, 13, 16])
+@pytest.mark.parametrize("context_max", [64, 19])
+def test_kept_drafts_stream_as_plain_decoding_would(pattern, max_tokens, stop_at, context_max):
+    prompt = list(range(1, 11))
+    plain_steps, steps = FakeSteps(stop_at=stop_at), DraftingSteps(pattern, context_max, stop_at=stop_at)
+    plain, _ = run_with(plain_steps, prompt, max_tokens, context_max)
+    spec, loop = run_with(steps, prompt, max_tokens, context_max)
+    assert token_ids(spec) == token_ids(plain) and spec[-1].reason == plain[-1].reason
+    assert [e.text for e in spec if isinstance(e, TokenEvent)] == [e.text for e in plain if isinstance(e, TokenEvent)]
+    # kept drafts a stop left unstreamed were taken back: the state is plain decoding's
+    assert loop.cache.current == tuple(steps.history) == tuple(plain_steps.history)
+    a, b = spec[-1].stats, plain[-1].stats
+    assert (a.predicted_n, a.context_used, a.prompt_n) == (b.predicted_n, b.context_used, b.prompt_n)
+    drafting = [(d, k) for d, k in steps.log if d]
+    assert (a.draft_n, a.draft_n_accepted, a.draft_rounds) == (sum(d for d, _ in drafting), sum(k for _, k in drafting),
+                                                               len(drafting))
+    assert (b.draft_n, b.draft_rounds) == (0, 0)
+
+
+@pytest.mark.parametrize("cancel_after", [1, 2, 3, 4, 5, 7])
+def test_cancel_inside_a_round_keeps_exactly_the_streamed_tokens(cancel_after):
+    prompt = list(range(1, 11))
+    steps = DraftingSteps((4,), 64)
+    events, loop = run_with(steps, prompt, 30, 64, cancel_after=cancel_after)
+    plain_steps = FakeSteps()
+    plain, _ = run_with(plain_steps, prompt, 30, 64, cancel_after=cancel_after)
+    ids = token_ids(events)
+    assert events[-1].reason == "cancelled" and ids == token_ids(plain) and len(ids) < 30
+    assert loop.cache.current == tuple(steps.history) == tuple(prompt + ids) == tuple(plain_steps.history)
+
+
+def test_a_stream_closed_inside_a_round_takes_the_unstreamed_drafts_back():
+    prompt = list(range(1, 11))
+    steps = DraftingSteps((4,), 64)
+    loop, _, _ = make_loop()
+    stream = loop.start(GenerationRequest(tuple(prompt), SamplingParams(**{**GREEDY.to_dict(), "max_tokens": 50})),
+                        threading.Event(), steps, 64)
+    shown = []
+    for event in stream:
+        shown += event.ids if isinstance(event, TokenEvent) else []
+        if len(shown) >= 3:  # the first round kept 4 drafts: some are still unstreamed
+            break
+    stream.close()
+    assert loop.cache.current == tuple(steps.history) == tuple(prompt + shown)  # as plain decoding leaves it
+
+
+def test_drafts_are_asked_only_where_the_reply_has_room():
+    steps = DraftingSteps((4,), 64)
+    events, _ = run_with(steps, list(range(1, 11)), 7, 64)
+    assert len(token_ids(events)) == 7 and [d for d, _ in steps.log] == [4, 0]  # 1 + 4 kept + 1, then a plain step
+    steps = DraftingSteps((0,), 14)
+    events, _ = run_with(steps, list(range(1, 11)), 30, 14)
+    assert events[-1].reason == "context" and [d for d, _ in steps.log] == [3, 2, 1, 0]

@@ -11,6 +11,7 @@ from lampo.models.checkpoint import Checkpoint
 from lampo.models.reference.model import ReferenceModel
 from lampo.models.sampling_params import SamplingParams
 from lampo.models.speculative import (
+    SpeculativeDecoder,
     SpeculativeReference,
     accept_greedy,
     accept_sampled,
@@ -80,13 +81,13 @@ def test_partly_right_drafts_are_kept_up_to_the_first_wrong_one(models, monkeypa
     spec = SpeculativeReference(model, GREEDY, k, "ngram")
     expected_kept = []
 
-    def drafts(drafter, n, ngram, out):
-        truth = want[len(out):len(out) + n]
+    def drafts(drafter, n, ngram, reply):
+        truth = want[len(reply):len(reply) + n]
         d = [t if rng.random() >= corrupt else (t + 1) % 1000 for t in truth]
         expected_kept.append(next((i for i, (a, b) in enumerate(zip(d, truth)) if a != b), len(d)))
         return d, None
 
-    monkeypatch.setattr(spec, "_drafts", drafts)
+    monkeypatch.setattr(spec.decoder, "_drafts", drafts)
     assert spec.generate(PROMPT, TOKENS) == want[:TOKENS]
     assert spec.stats.accepted == sum(expected_kept)
     if corrupt == 0.0:
@@ -94,10 +95,16 @@ def test_partly_right_drafts_are_kept_up_to_the_first_wrong_one(models, monkeypa
 
 
 def test_accept_greedy():
-    logits = np.eye(6)[[3, 1, 4, 0]]  # target argmax 3, 1, 4, then 0
-    assert accept_greedy([3, 1, 4], logits) == (3, 0)
-    assert accept_greedy([3, 2, 4], logits) == (1, 1)
-    assert accept_greedy([], logits[:1]) == (0, 3)
+    asked = []
+
+    def target(i):  # the target's greedy picks: 3, 1, 4, then 0
+        asked.append(i)
+        return [3, 1, 4, 0][i]
+
+    assert accept_greedy([3, 1, 4], target) == (3, 0) and asked == [0, 1, 2, 3]
+    asked.clear()
+    assert accept_greedy([3, 2, 4], target) == (1, 1) and asked == [0, 1]  # nothing after the first miss
+    assert accept_greedy([], target) == (0, 3)
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -168,3 +175,41 @@ def test_auto_drafts_with_sampling(models):
     spec = SpeculativeReference(models["moe"], SamplingParams(temperature=0.8, top_p=0.95, seed=3), 3, "auto")
     out = spec.generate(PROMPT * 2, 24)
     assert len(out) == 24 and spec.stats.accepted <= spec.stats.drafted
+
+
+def test_the_mtp_rows_follow_the_trunk_through_chunks_rounds_and_rewinds(models, monkeypatch):
+    """After prefill chunks, rounds that keep all, some or none of their drafts, and a rewind, the
+    MTP layer's next first draft is the one a fresh MTP pass over the whole context gives."""
+    model = models["moe"]
+    want = plain_greedy(model, PROMPT, 12)
+    decoder = SpeculativeDecoder(model, GREEDY, 3, "mtp", np.random.default_rng(0))
+    right = iter([3, 1, 0, 3])  # how many of each round's drafts are the target's own tokens
+    chain = decoder._drafts  # the MTP's own drafts, so that the chain writes its rows too
+
+    def drafts(drafter, k, ngram, reply):
+        n = next(right)
+        chain(drafter, k, ngram, reply)
+        truth = want[len(reply):len(reply) + k]
+        return truth[:n] + [(t + 1) % 1000 for t in truth[n:]], None
+
+    monkeypatch.setattr(decoder, "_drafts", drafts)
+    model.reset()
+    decoder.advance(PROMPT[:4])
+    decoder.advance(PROMPT[4:])
+    first = int(np.argmax(model.logits(model.hidden_last)))
+    reply = [first]
+    for kept in (3, 1, 0, 3):
+        step = decoder.round(PROMPT + reply, reply)
+        assert step.tokens == want[len(reply):len(reply) + kept + 1] and step.drafted == 3
+        assert model.state.kv[-1].length == model.position - 1  # no row of the draft chain is left
+        reply += step.tokens
+    decoder.rewind(2)
+    assert model.state.kv[-1].length == model.position - 1
+    fed = PROMPT + reply[:-3]  # the last round's first draft is still in; its next token is `token`
+    token = reply[-3]
+    decoder._mtp_row(token)
+    got = model.logits(model.mtp_hidden_last)
+    model.reset()
+    model.prefill(fed)
+    fresh = model.mtp_prefill(model.hiddens, fed[1:] + [token], 0, last_only=True)
+    np.testing.assert_allclose(got, fresh, rtol=1e-4, atol=1e-4)

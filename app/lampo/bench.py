@@ -189,8 +189,8 @@ class Target:
 
     def decode(self, n: int) -> None:
         for _ in range(n):
-            self.steps.decode_submit(self._next)
-            self._next = self.steps.decode_collect()
+            self.steps.decode_submit(self._next, 0)  # plain steps: no drafts
+            self._next = self.steps.decode_collect().tokens[0]
             self.position += 1
 
     def fill_depth(self, depth: int, seed: int) -> None:

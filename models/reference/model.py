@@ -4,10 +4,12 @@
 window + recurrent state per GDN layer, the MTP layer's own KV cache) and advances it:
 - `prefill(ids)` runs tokens from the current `position` (multi-token calls use the chunked GDN form,
   single tokens the token loop, as HF does) and returns logits [T, V] (or [V] with last_only);
+  `advance(ids)` runs them in one call without computing logits (`logits(hiddens)` on demand);
 - `decode(id)` one token -> logits [V];
 - `hiddens` / `hidden_last`: final-normed hidden rows of the last prefill/decode call (MTP input);
 - `snapshot()` / `restore(s)`: roll the sequence back to a saved point;
-- `mtp_prefill(hiddens, next_ids, start)` / `mtp_step(hidden, next_id, position)`: draft logits.
+- `mtp_prefill(hiddens, next_ids, start)` / `mtp_step(hidden, next_id, position)`: draft logits;
+  `mtp_advance(hiddens, next_ids, start)` the same rows without logits.
 Logits of padding ids (>= cfg.real_vocab_size) are -inf.
 """
 
@@ -178,6 +180,10 @@ class ReferenceModel:
         self.hiddens = np.concatenate(hiddens)
         return self.logits(self.hiddens[-1]) if last_only else self.logits(self.hiddens)
 
+    def advance(self, ids) -> None:
+        """Run `ids` from the current position in one call, as `prefill` does, but compute no logits."""
+        self.hiddens = self._forward(self._token_ids(ids))
+
     def decode(self, token_id: int, routing: Routing | None = None) -> np.ndarray:
         """One token at the current position -> logits [V] (`routing` as in prefill)."""
         self.hiddens = self._forward(self._token_ids([token_id]), routing)
@@ -188,6 +194,14 @@ class ReferenceModel:
         """MTP rows for (hiddens[t], next_ids[t]) at positions start.. ; rows of the MTP cache at or
         after `start` are replaced. For a prompt x_0..x_n: hiddens h_0..h_n (the prefill's
         `hiddens`), next_ids x_1..x_{n+1}, start 0. Returns draft logits [T, V] (or [V])."""
+        d = self._mtp_rows(hiddens, next_ids, start)
+        return self.logits(d[-1]) if last_only else self.logits(d)
+
+    def mtp_advance(self, hiddens: np.ndarray, next_ids, start: int) -> None:
+        """The MTP rows of `mtp_prefill` (and `mtp_hidden_last`) without their logits."""
+        self._mtp_rows(hiddens, next_ids, start)
+
+    def _mtp_rows(self, hiddens: np.ndarray, next_ids, start: int) -> np.ndarray:
         if not self.has_mtp:
             raise ValueError("this model has no MTP weights")
         ids = self._token_ids(next_ids)
@@ -201,7 +215,7 @@ class ReferenceModel:
         positions = np.arange(start, start + len(ids))
         d = mtp.mtp_layer(self.cfg, self.w, self.w[EMBED][ids], hiddens, cache, positions)
         self.mtp_hidden_last = d[-1]
-        return self.logits(d[-1]) if last_only else self.logits(d)
+        return d
 
     def mtp_step(self, hidden: np.ndarray, next_id: int, position: int) -> np.ndarray:
         """One MTP row (hidden: a trunk hidden, or `mtp_hidden_last` to chain drafts) -> logits [V]."""

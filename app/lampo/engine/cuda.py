@@ -35,7 +35,7 @@ import numpy as np
 
 from lampo.engine.protocol import BackendInfo, Event, GenerationRequest
 from lampo.demo import is_demo_checkpoint
-from lampo.engine.loop import GenerationLoop
+from lampo.engine.loop import Decoded, GenerationLoop
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.config import ModelConfig
 from lampo.models.finite_scan import NonFinite, nonfinite_error
@@ -230,11 +230,11 @@ class NativeSteps:
         token = self._engine.prefill(np.asarray(ids, dtype=np.int32), last)
         return token if last else None
 
-    def decode_submit(self, fed: int) -> None:
-        self._engine.decode_submit(-1)  # -1: the engine feeds its own last sample, which is `fed`
+    def decode_submit(self, fed: int, max_drafts: int) -> None:
+        self._engine.decode_submit(-1)  # -1: the engine feeds its own last sample, which is `fed`; it never drafts
 
-    def decode_collect(self) -> int:
-        return self._engine.decode_collect()
+    def decode_collect(self) -> Decoded:
+        return Decoded((self._engine.decode_collect(),))
 
     def vram(self) -> tuple[int, int]:
         free, total = self._native.mem_info()

@@ -9,15 +9,18 @@ adapter per call, and the loop does the rest, following `PrefixCache`'s engine l
   the rest in calls of at most `steps.chunk` tokens, cut at the request's `snapshot_at` positions
   where a snapshot is saved, with a `PrefillProgress` after each call and the cancel flag checked
   between calls;
-- the last prefill call samples the first token; then stream it and decode token by token until
-  a stop id (the request's, else the tokenizer's; never fed to the model), `max_tokens`, the context end (prompt + reply ==
-  context_max) or cancel, checked before every step. Each step is queued on the engine before
-  the token it feeds is streamed, so the device computes while the host decodes text, yields
-  events and waits for its consumer (`decode_submit`, then `decode_collect`). Text goes through
-  the tokenizer's `StreamDecoder`; ids whose text is not complete yet travel with the next
-  `TokenEvent`.
+- the last prefill call samples the first token; then stream it and decode until a stop id (the
+  request's, else the tokenizer's; never fed to the model), `max_tokens`, the context end (prompt +
+  reply == context_max) or cancel, checked before every token. Each step is queued on the engine
+  before the token it feeds is streamed, so the device computes while the host decodes text, yields
+  events and waits for its consumer (`decode_submit`, then `decode_collect`). A speculative step
+  returns the drafts it kept (already fed) before its own next token; they are streamed one by one
+  under the same checks, and the ones a stop leaves unstreamed are taken back (`rewind`), so the
+  engine's state always holds exactly the ids the cache says. Text goes through the tokenizer's
+  `StreamDecoder`; ids whose text is not complete yet travel with the next `TokenEvent`.
 - `Stats` after prefill, while decoding (at most one per `stats_interval_s`) and before `Done`;
-  live tok/s is measured over the last `LIVE_WINDOW_S` seconds.
+  live tok/s is measured over the last `LIVE_WINDOW_S` seconds; the draft counts are the reply's
+  rounds so far (drafted, kept by the target, rounds that drafted).
 - any exception ends the call with `Done("error")`: every cached state is forgotten and the
   backend's `recover` hook runs (the state of a failed call is never reused).
 """
@@ -27,12 +30,22 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 from lampo.engine.protocol import ContextOverflow, Done, DoneReason, Event, GenerationRequest, PrefillProgress, Stats, TokenEvent
 from lampo.engine.prefix_cache import PrefixCache
 
 LIVE_WINDOW_S = 0.5  # live tok/s is measured over this trailing window
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One decode step's output: `tokens`, the drafts it kept (already fed to the model) and then
+    the token it sampled (not fed); `drafted`, how many drafts it verified (0: a plain step)."""
+
+    tokens: tuple[int, ...]
+    drafted: int = 0
 
 
 class EngineSteps(Protocol):
@@ -55,11 +68,17 @@ class EngineSteps(Protocol):
     def prefill(self, ids: Sequence[int], last: bool) -> int | None:
         """Run `ids` through the model; when `last`, return the token sampled from the last row."""
 
-    def decode_submit(self, fed: int) -> None:
-        """Start the step that feeds the sampled token `fed` (one step at a time)."""
+    def decode_submit(self, fed: int, max_drafts: int) -> None:
+        """Start the step that feeds the sampled token `fed` (one step at a time); a drafting
+        engine verifies at most `max_drafts` drafts (what the reply and the context have room for)."""
 
-    def decode_collect(self) -> int:
-        """Wait for the started step; return the token it sampled."""
+    def decode_collect(self) -> Decoded:
+        """Wait for the started step; return what it produced."""
+
+    def rewind(self, n: int) -> None:
+        """Take the last `n` drafts the collected step kept back out of the state (they will not
+        be streamed); called only after a step that kept at least `n` (engines that never draft
+        need not define it)."""
 
     def vram(self) -> tuple[int, int]:
         """(bytes used, bytes total) of the device; (0, 0) on the CPU."""
@@ -67,16 +86,16 @@ class EngineSteps(Protocol):
 
 class SyncDecode:
     """`decode_submit` / `decode_collect` for engines that compute a step in the calling thread
-    (CPU models): the subclass defines `decode(fed) -> next token`, which runs at collect time,
-    where an asynchronous engine would report a failed step."""
+    (CPU models): the subclass defines `decode(fed, max_drafts) -> Decoded`, which runs at collect
+    time, where an asynchronous engine would report a failed step."""
 
-    _fed: int
+    _submitted: tuple[int, int]
 
-    def decode_submit(self, fed: int) -> None:
-        self._fed = fed
+    def decode_submit(self, fed: int, max_drafts: int) -> None:
+        self._submitted = (fed, max_drafts)
 
-    def decode_collect(self) -> int:
-        return self.decode(self._fed)
+    def decode_collect(self) -> Decoded:
+        return self.decode(*self._submitted)
 
 
 def chunk_ends(start: int, end: int, chunk: int, cuts: Iterable[int] = ()) -> list[int]:
@@ -167,14 +186,18 @@ class GenerationLoop:
         run.first_token()
         yield run.stats()
 
-        # ---- decode: `token` is sampled, not yet fed to the model ----
+        # ---- decode: `queue` holds the sampled tokens not streamed yet; the engine has fed all
+        # but the last (drafts a speculative step kept), the cache none of them ----
         decoder = self._tokenizer.stream_decoder()
         stop_ids = set(self._tokenizer.stop_ids if request.stop_ids is None else request.stop_ids)
+        max_tokens = request.sampling.max_tokens
         n, pending, last_stats = 0, [], run.t_first
         reason: DoneReason
+        queue = [token]
         queued = False  # a step feeding `token` runs on the engine
         try:
             while True:
+                token = queue[0]
                 if cancel.is_set():
                     reason = "cancelled"
                     break
@@ -185,10 +208,15 @@ class GenerationLoop:
                     reason = "stop"
                     break
                 n += 1
-                more = n < request.sampling.max_tokens
-                if more:
-                    steps.decode_submit(token)
-                    queued = True
+                more = n < max_tokens
+                if more:  # `token` is fed: by a step started now, or already (a kept draft)
+                    del queue[0]
+                    if queue:
+                        cache.append([token])
+                        run.context_used += 1
+                    else:
+                        steps.decode_submit(token, min(max_tokens - n - 1, run.context_max - len(prompt) - n))
+                        queued = True
                 pending.append(token)
                 text = decoder.push(token)
                 if text:
@@ -198,17 +226,22 @@ class GenerationLoop:
                 if not more:
                     reason = "length"
                     break
-                queued = False
-                fed, token = token, steps.decode_collect()
-                cache.append([fed])
-                run.context_used += 1
+                if queued:
+                    queued = False
+                    step = steps.decode_collect()
+                    run.decoded(step)
+                    queue = list(step.tokens)
+                    cache.append([token])
+                    run.context_used += 1
                 if now - last_stats >= self._stats_interval:
                     last_stats = now
                     yield run.stats()
         finally:
             if queued:  # the stream was closed while a step ran: the state did take `token`
-                steps.decode_collect()
+                queue = list(steps.decode_collect().tokens)
                 cache.append([token])
+            if len(queue) > 1:  # kept drafts that were not streamed: out of the state again
+                steps.rewind(len(queue) - 1)
         tail = decoder.flush()
         if tail or pending:
             yield TokenEvent(tail, tuple(pending))
@@ -225,6 +258,7 @@ class _Counters:
         self.context_max, self._steps = context_max, steps
         self.t0 = self.t_first = time.perf_counter()
         self.cached_n = self.prompt_n = self.predicted_n = self.context_used = 0
+        self.draft_n = self.draft_n_accepted = self.draft_rounds = 0
         self.prompt_ms = self.ttft_ms = self.predicted_ms = self.live = 0.0
         self._vram = (0, 0)
         self._marks: deque[tuple[float, int]] = deque()  # (time, tokens) over the live window
@@ -250,6 +284,14 @@ class _Counters:
         self.live = (n - n_a) / (now - t_a) if now > t_a else 0.0
         return now
 
+    def decoded(self, step: Decoded) -> None:
+        """Count a decode step's drafts (kept: as the target judged them, also those a stop
+        leaves unstreamed)."""
+        if step.drafted:
+            self.draft_rounds += 1
+            self.draft_n += step.drafted
+            self.draft_n_accepted += len(step.tokens) - 1
+
     def stats(self, query_vram: bool = True) -> Stats:
         """Current numbers; the VRAM reading is the last one when `query_vram` is False (after an
         engine failure the device may not answer)."""
@@ -257,5 +299,7 @@ class _Counters:
             self._vram = self._steps.vram()
         return Stats(prompt_n=self.prompt_n, prompt_ms=self.prompt_ms, cached_n=self.cached_n,
                      predicted_n=self.predicted_n, predicted_ms=self.predicted_ms, ttft_ms=self.ttft_ms,
-                     live_tokens_per_second=self.live, context_used=self.context_used,
+                     live_tokens_per_second=self.live, draft_n=self.draft_n,
+                     draft_n_accepted=self.draft_n_accepted, draft_rounds=self.draft_rounds,
+                     context_used=self.context_used,
                      context_max=self.context_max, vram_used=self._vram[0], vram_total=self._vram[1])

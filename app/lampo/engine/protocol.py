@@ -5,8 +5,8 @@ rendered prompt as token ids every turn and reuses whatever prefix it still hold
 Gated DeltaNet states saved at turn boundaries), so a new turn prefills only the new tokens.
 
 `generate` is a blocking iterator meant to run in a worker thread; `cancel` (a threading.Event)
-is checked between prefill chunks and between decode steps. Every call ends with exactly one
-`Done` event, also on cancellation and errors.
+is checked between prefill chunks and before every decoded token (also between the tokens of one
+speculative step). Every call ends with exactly one `Done` event, also on cancellation and errors.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ class Stats:
     predicted_ms: float = 0.0
     ttft_ms: float = 0.0
     live_tokens_per_second: float = 0.0  # decode speed over the last ~0.5 s
-    draft_n: int = 0
-    draft_n_accepted: int = 0
-    draft_rounds: int = 0
+    draft_n: int = 0  # speculative drafts verified in this reply
+    draft_n_accepted: int = 0  # of those, the ones the model kept
+    draft_rounds: int = 0  # decode steps that verified drafts
     context_used: int = 0
     context_max: int = 0
     vram_used: int = 0  # bytes; 0 when not applicable (CPU backend)
@@ -100,7 +100,7 @@ class BackendInfo:
     model_dir: str
     context_max: int
     is_demo: bool = False  # random-weight demo checkpoint: say so in the UI
-    speculative: bool = False
+    speculative: bool = False  # decode steps may verify drafts (speculative decoding is not off)
     weights: str = ""  # the weight format the engine runs ("q5", "q4", "bf16"); "" = as stored
 
 
