@@ -35,7 +35,7 @@ def test_a_model_with_a_shorter_context_says_so(tmp_path, monkeypatch, capsys):
     """The backend holds 4,096 tokens (its model's max_position_embeddings) but 8,192 were asked."""
     monkeypatch.setenv("LAMPO_HOME", str(tmp_path))
     backend = ScriptedBackend(["Hi."], context_max=4096)
-    monkeypatch.setattr(chat_entry, "_backend", lambda kind, model_dir, context, args: (backend, real_tokenizer()))
+    monkeypatch.setattr(chat_entry, "_backend", lambda kind, model_dir, context, args, speculation: (backend, real_tokenizer()))
     monkeypatch.setattr(chat_entry, "_model_dir", lambda args, settings: tmp_path)
     monkeypatch.setattr(sys, "stdin", io.StringIO("hello"))  # not a terminal: pipe mode
     assert chat_entry.run_chat(build_parser().parse_args(["chat", "--context", "8192", "--no-think"])) == 0
@@ -46,7 +46,7 @@ def test_a_model_with_a_shorter_context_says_so(tmp_path, monkeypatch, capsys):
 def test_no_notice_when_the_model_holds_the_asked_context(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LAMPO_HOME", str(tmp_path))
     backend = ScriptedBackend(["Hi."], context_max=4096)
-    monkeypatch.setattr(chat_entry, "_backend", lambda kind, model_dir, context, args: (backend, real_tokenizer()))
+    monkeypatch.setattr(chat_entry, "_backend", lambda kind, model_dir, context, args, speculation: (backend, real_tokenizer()))
     monkeypatch.setattr(chat_entry, "_model_dir", lambda args, settings: tmp_path)
     monkeypatch.setattr(sys, "stdin", io.StringIO("hello"))
     assert chat_entry.run_chat(build_parser().parse_args(["chat", "--context", "4096", "--no-think"])) == 0

@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 
 from lampo import paths
+from lampo.engine.speculation import Speculation
 from lampo.models.sampling_params import SamplingParams
 from lampo.settings import (
     DEFAULT_KEYS,
@@ -40,7 +41,7 @@ def test_round_trip_of_non_default_values(home):
         model_dir='/models/Qwen3.6 "35B"\\x', backend="reference", context=32768,
         sampling=SamplingParams(temperature=1e-05, top_k=0, top_p=0.8, min_p=0.05,
                                 presence_penalty=-1.5, max_tokens=77, seed=42),
-        thinking=False, theme="light", paste_threshold=0,
+        thinking=False, speculation=Speculation("mtp", 3), theme="light", paste_threshold=0,
         keys={**DEFAULT_KEYS, "regenerate": "f5"},
     )
     assert load_settings(write_settings(s)) == s
@@ -74,6 +75,14 @@ def assert_refused_in_one_line(words) -> None:
     ("[sampling]\ntop_k = 2.5", ["sampling.top_k", "2.5", "an integer"]),
     ("[sampling]\ntemperature = true", ["sampling.temperature", "True", "a number"]),
     ("[sampling]\ntemprature = 1", ["sampling.temprature", "sampling.temperature"]),
+    ('[speculation]\nmode = "always"', ["speculation.mode", "'always'", "auto | off | mtp | ngram"]),
+    ("[speculation]\nmode = 1", ["speculation.mode", "a string"]),
+    ("[speculation]\ndrafts = 5", ["speculation.drafts", "5", '"auto" or a draft count from 1 to 4']),
+    ('[speculation]\ndrafts = "3"', ["speculation.drafts", "'3'", "from 1 to 4"]),
+    ("[speculation]\ndrafts = true", ["speculation.drafts", "True", "from 1 to 4"]),
+    ('[speculation]\nmode = "off"\ndrafts = 2', ["speculation.drafts = 2", 'while speculation.mode is "off"']),
+    ("[speculation]\nk = 2", ["speculation.k", "speculation.mode, speculation.drafts"]),
+    ("speculation = \"mtp\"", ["speculation", "table"]),
     ('[ui]\ntheme = "blue"', ["ui.theme", "'blue'", "dark | light"]),
     ("[ui]\npaste_threshold = -5", ["ui.paste_threshold", "-5"]),
     ('[keys]\nfly = "f1"', ["keys.fly", "keys.regenerate"]),
@@ -85,6 +94,17 @@ def assert_refused_in_one_line(words) -> None:
 def test_invalid_values_name_key_value_and_allowed(home, text, words):
     paths.config_file().write_text(text + "\n")
     assert_refused_in_one_line(words)
+
+
+@pytest.mark.parametrize("text, want", [
+    ('mode = "ngram"', Speculation("ngram")),
+    ('drafts = 2', Speculation("auto", 2)),
+    ('mode = "mtp"\ndrafts = "auto"', Speculation("mtp")),
+    ('mode = "off"', Speculation("off")),
+])
+def test_speculation_table(home, text, want):
+    paths.config_file().write_text(f"[speculation]\n{text}\n")
+    assert load_settings().speculation == want
 
 
 def test_parse_sampling_over_a_base():

@@ -79,7 +79,7 @@ def toml_document(doc: dict) -> str:
 scalars = st.one_of(
     st.booleans(), st.integers(), st.integers(min_value=-300, max_value=300_000),
     st.floats(), st.text(max_size=20), st.dates(), st.times(),
-    st.sampled_from(["auto", "cuda", "reference", "dark", "light", ""]),
+    st.sampled_from(["auto", "cuda", "reference", "dark", "light", "", "off", "mtp", "ngram"]),
 )
 values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3), max_leaves=6)
 misspelt = st.text(max_size=12)
@@ -103,6 +103,7 @@ hostile_documents = st.fixed_dictionaries({}, optional={
     "context": st.one_of(st.integers(CONTEXT_RANGE[0] - 2, CONTEXT_RANGE[1] + 2), values),
     "thinking": values,
     "sampling": st.one_of(table(SAMPLING_KEYS, values), values),
+    "speculation": st.one_of(table(["mode", "drafts"], values), values),
     "ui": st.one_of(table(["theme", "paste_threshold"], values), values),
     "keys": st.one_of(table(list(DEFAULT_KEYS), st.one_of(key_specs, values)), values),
 }).flatmap(lambda doc: st.dictionaries(misspelt, values, max_size=1).map(lambda extra: {**doc, **extra}))
@@ -122,6 +123,8 @@ typed_documents = st.fixed_dictionaries({}, optional={
         "temperature": st.floats(0, 2), "top_k": st.integers(0, 100), "top_p": st.floats(0.01, 1),
         "min_p": st.floats(0, 0.99), "presence_penalty": st.floats(-2, 2),
         "max_tokens": st.integers(1, 100_000), "seed": st.integers(0, 2**63 - 1)}),
+    "speculation": st.fixed_dictionaries({}, optional={"mode": st.sampled_from(["auto", "off", "mtp", "ngram"]),
+                                                       "drafts": st.one_of(st.just("auto"), st.integers(0, 5))}),
     "ui": st.fixed_dictionaries({}, optional={"theme": st.sampled_from(["dark", "light"]),
                                               "paste_threshold": st.integers(0, 10**6)}),
     "keys": st.dictionaries(st.sampled_from(list(DEFAULT_KEYS)), bound_keys, max_size=3),

@@ -25,7 +25,7 @@ def test_no_settings_file_and_no_way_to_write_one_is_settings_unsaved(tmp_path):
 def _pipe_chat(monkeypatch, home, text="hello"):
     monkeypatch.setenv("LAMPO_HOME", str(home))
     backend = ScriptedBackend(["Hi."])
-    monkeypatch.setattr(chat_entry, "_backend", lambda kind, model_dir, context, args: (backend, real_tokenizer()))
+    monkeypatch.setattr(chat_entry, "_backend", lambda kind, model_dir, context, args, speculation: (backend, real_tokenizer()))
     monkeypatch.setattr(chat_entry, "_model_dir", lambda args, settings: home)
     monkeypatch.setattr(sys, "stdin", io.StringIO(text))  # not a terminal: pipe mode
     return chat_entry.run_chat(build_parser().parse_args(["chat", "--no-think"]))

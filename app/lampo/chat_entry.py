@@ -2,7 +2,8 @@
 
 Model: `--model`, else `model` in config.toml, else the random-weight demo checkpoint (created on
 first use). Backend: `--backend`, else the setting; "auto" picks cuda when the CUDA extension
-imports and sees a GPU, else the numpy reference. Stdin that is not a terminal means pipe mode.
+imports and sees a GPU, else the numpy reference. Speculative decoding: `--speculate`, else the
+[speculation] setting. Stdin that is not a terminal means pipe mode.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from lampo import paths
 from lampo.demo import DEMO_MAX_TOKENS, demo_dir, ensure_demo_checkpoint, is_demo_checkpoint
 from lampo.engine.protocol import Backend
+from lampo.engine.speculation import Speculation
 
 EXIT_FAILURE = 1
 
@@ -35,14 +37,15 @@ def _model_dir(args: argparse.Namespace, settings) -> Path:
     return ensure_demo_checkpoint()
 
 
-def _backend(kind: str, model_dir: Path, context_max: int, args: argparse.Namespace) -> tuple[Backend, object]:
+def _backend(kind: str, model_dir: Path, context_max: int, args: argparse.Namespace,
+             speculation: Speculation) -> tuple[Backend, object]:
     """(backend, tokenizer) for kind auto|cuda|reference."""
     from lampo.engine.picker import open_backend
     from lampo.models.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_checkpoint(model_dir)
     backend = open_backend(kind, model_dir, context_max=context_max, tokenizer=tokenizer, say=_say,
-                           weights=args.weights, vram_limit=args.vram_limit)
+                           weights=args.weights, vram_limit=args.vram_limit, speculation=speculation)
     return backend, tokenizer
 
 
@@ -60,7 +63,8 @@ def run_chat(args: argparse.Namespace) -> int:
     try:
         model_dir = _model_dir(args, settings)
         context_max = args.context or settings.context  # asked for: the model may hold less
-        backend, tokenizer = _backend(args.backend or settings.backend, model_dir, context_max, args)
+        backend, tokenizer = _backend(args.backend or settings.backend, model_dir, context_max, args,
+                                      args.speculate or settings.speculation)
     except (OSError, ValueError, RuntimeError) as e:  # checkpoint, config, tokenizer, engine errors
         _say(str(e))
         return EXIT_FAILURE

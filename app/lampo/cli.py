@@ -26,6 +26,16 @@ def context_tokens(text: str) -> int:
     return value
 
 
+def speculation(text: str):
+    """`--speculate MODE[:DRAFTS]`: the spelling `lampo.engine.speculation` parses."""
+    from lampo.engine.speculation import parse_speculation
+
+    try:
+        return parse_speculation(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 _UNITS = {"": 1 << 30, "g": 1 << 30, "gib": 1 << 30, "gb": 10**9, "m": 1 << 20, "mib": 1 << 20, "mb": 10**6}
 
 
@@ -53,6 +63,9 @@ def _chat_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"maximum context in tokens, {CONTEXT_RANGE[0]:,} to {CONTEXT_RANGE[1]:,} "
                    "(default: context in config.toml)")
     p.add_argument("--no-think", action="store_true", help="start with thinking off")
+    p.add_argument("--speculate", type=speculation, metavar="MODE[:DRAFTS]",
+                   help="speculative decoding (reference backend): auto, off, mtp or ngram, optionally with "
+                   "the drafts per round, 1 to 4 (e.g. mtp:3; default: [speculation] in config.toml, auto)")
     p.add_argument("--weights", choices=WEIGHT_CHOICES, default="auto",
                    help="weight format on the GPU: auto (a converted checkpoint's own; a bf16 checkpoint is "
                    "quantized while loading to the best recipe that fits, q5 else q4), bf16 to opt out")

@@ -23,7 +23,9 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from lampo import paths
+from lampo.engine.speculation import MAX_DRAFTS, Speculation
 from lampo.keymap import MODIFIERS, canonical_keys, types_text
+from lampo.models.draft_policy import MODES as SPECULATION_MODES
 from lampo.models.config_schema import FAMILY_CONTEXT_MAX
 from lampo.models.sampling_params import SamplingParams
 
@@ -76,6 +78,7 @@ class Settings:
     context: int = FAMILY_CONTEXT_MAX
     sampling: SamplingParams = field(default_factory=SamplingParams)
     thinking: bool = True
+    speculation: Speculation = Speculation()
     theme: str = "dark"
     paste_threshold: int = 2500  # pasted text at least this long becomes an attachment; 0 = never
     keys: Mapping[str, str] = field(default_factory=lambda: DEFAULT_KEYS)
@@ -169,7 +172,7 @@ def _check_keys(table: Mapping[str, Any], prefix: str, allowed: tuple[str, ...])
 
 def parse_settings(raw: Mapping[str, Any]) -> Settings:
     d = Settings()
-    _check_keys(raw, "", ("model", "backend", "context", "thinking", "sampling", "ui", "keys"))
+    _check_keys(raw, "", ("model", "backend", "context", "thinking", "sampling", "speculation", "ui", "keys"))
     model = _get(raw, "", "model", str, d.model_dir)
     backend = _get(raw, "", "backend", str, d.backend)
     if backend not in BACKENDS:
@@ -181,6 +184,7 @@ def parse_settings(raw: Mapping[str, Any]) -> Settings:
     return Settings(
         model_dir=model, backend=backend, context=context, thinking=thinking,
         sampling=parse_sampling(_table(raw, "sampling"), "sampling."),
+        speculation=_parse_speculation(_table(raw, "speculation")),
         **_parse_ui(_table(raw, "ui")),
         keys=_parse_keys(_table(raw, "keys")),
     )
@@ -205,6 +209,19 @@ def _table(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     if not isinstance(value, dict):
         raise _bad(key, value, "a table")
     return value
+
+
+def _parse_speculation(table: Mapping[str, Any]) -> Speculation:
+    _check_keys(table, "speculation.", ("mode", "drafts"))
+    mode = _get(table, "speculation.", "mode", str, Settings().speculation.mode)
+    if mode not in SPECULATION_MODES:
+        raise _bad("speculation.mode", mode, " | ".join(SPECULATION_MODES))
+    drafts = table.get("drafts", "auto")
+    if drafts != "auto" and (type(drafts) is not int or not 1 <= drafts <= MAX_DRAFTS):
+        raise _bad("speculation.drafts", drafts, f'"auto" or a draft count from 1 to {MAX_DRAFTS}')
+    if mode == "off" and drafts != "auto":
+        raise _bad("speculation.drafts", drafts, '"auto" while speculation.mode is "off" (it makes no drafts)')
+    return Speculation(mode, None if drafts == "auto" else drafts)
 
 
 def _parse_ui(table: Mapping[str, Any]) -> dict[str, Any]:
@@ -261,7 +278,8 @@ def _toml(value: Any) -> str:
 
 
 def render_settings(s: Settings) -> str:
-    sp = s.sampling
+    sp, spec = s.sampling, s.speculation
+    drafts = _toml("auto" if spec.drafts is None else spec.drafts)
     seed = f"seed = {sp.seed}" if sp.seed is not None else "# seed = 1234"
     keys = "\n".join(f"{action} = {_toml(key)}" for action, key in s.keys.items())
     fixed = ", ".join(FIXED_KEYS)
@@ -292,6 +310,13 @@ min_p = {_toml(sp.min_p)}   # 0.0 = off
 presence_penalty = {_toml(sp.presence_penalty)}   # -2.0 to 2.0
 max_tokens = {_toml(sp.max_tokens)}   # per reply
 {seed}   # fixed seed for reproducible sampling; leave commented for a random one
+
+# Speculative decoding on the reference backend (the CUDA engine does not draft yet): cheap drafts
+# checked by the model in one pass, so a step can emit several tokens; the output is the same.
+# `--speculate MODE[:DRAFTS]` overrides this for one run.
+[speculation]
+mode = {_toml(spec.mode)}   # "auto" (MTP drafts, n-gram drafts where the context repeats), "mtp", "ngram" or "off"
+drafts = {drafts}   # per round: "auto" (as they pay) or 1 to {MAX_DRAFTS} (forced)
 
 [ui]
 theme = {_toml(s.theme)}   # "dark" or "light"

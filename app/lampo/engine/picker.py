@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from lampo.engine.protocol import Backend
+from lampo.engine.speculation import Speculation
 
 KINDS = ("auto", "cuda", "reference")
 
@@ -34,13 +35,19 @@ def native_for(kind: str, say: Callable[[str], None] | None = None):
 
 
 def open_backend(kind: str, model_dir: Path, *, context_max: int, tokenizer,
-                 say: Callable[[str], None] | None = None, weights: str = "auto", vram_limit: int = 0) -> Backend:
+                 say: Callable[[str], None] | None = None, weights: str = "auto", vram_limit: int = 0,
+                 speculation: Speculation = Speculation()) -> Backend:
     """`weights` and `vram_limit` (the CUDA engine's): see CudaBackend; the reference engine runs
-    the checkpoint as stored (saying so when they ask for something else)."""
+    the checkpoint as stored (saying so when they ask for something else). `speculation` (the
+    reference engine's: see ReferenceBackend): the CUDA engine does not draft yet, and says so when
+    asked for anything but the default or off."""
     native = native_for(kind, say)
     if native is not None:
         from lampo.engine.cuda import CudaBackend
 
+        if say is not None and speculation not in (Speculation(), Speculation("off")):
+            say(f"speculation {speculation} applies to the reference backend: the CUDA engine does not run "
+                "speculative decoding yet")
         return CudaBackend(model_dir, context_max=context_max, native=native, tokenizer=tokenizer, weights=weights,
                            vram_limit=vram_limit)
     from lampo.engine.reference import ReferenceBackend
@@ -48,4 +55,4 @@ def open_backend(kind: str, model_dir: Path, *, context_max: int, tokenizer,
     if say is not None and (weights not in ("auto", "bf16") or vram_limit):
         say("--weights and --vram-limit apply to the CUDA engine: the reference backend runs the checkpoint as stored")
 
-    return ReferenceBackend(model_dir, context_max=context_max, tokenizer=tokenizer)
+    return ReferenceBackend(model_dir, context_max=context_max, tokenizer=tokenizer, speculation=speculation, say=say)
