@@ -152,13 +152,14 @@ struct LqGroup {
     LqTileRegs<BITS> tile[LQ_GROUP];
 };
 
-// Requests the first min(count, LQ_GROUP) tiles at `first` (none when count <= 0). Weights are
-// immutable: a kernel may request its first group before the PDL wait.
-template <int BITS>
+// Requests the first min(count, LQ_GROUP) tiles at `first` (none when count <= 0; FULL: count ==
+// LQ_GROUP, no checks). Weights are immutable: a kernel may request its first group before the
+// PDL wait.
+template <int BITS, bool FULL = false>
 __device__ __forceinline__ void lq_load_group(LqGroup<BITS>& group, const uint8_t* first, int count, int lane) {
 #pragma unroll
     for (int u = 0; u < LQ_GROUP; ++u)
-        if (u < count) lq_load_tile<BITS>(group.tile[u], first + u * lq_tile_bytes(BITS), lane);
+        if (FULL || u < count) lq_load_tile<BITS>(group.tile[u], first + u * lq_tile_bytes(BITS), lane);
 }
 
 // x as lq_stage_x_from (lq_stage.cuh) staged it, seen from one lane: its B fragments of tile 0
@@ -200,7 +201,7 @@ __device__ __forceinline__ void lq_stream_tiles(LqGroup<BITS>& first, const uint
     int left = tend - tbeg;  // tiles not yet multiplied; `first` holds the next ones
     // Whole pairs of groups: the loads of one group go out before the other's products.
     for (; left >= 2 * LQ_GROUP; left -= 2 * LQ_GROUP) {
-        lq_load_group(second, src + GROUP_BYTES, left - LQ_GROUP, lane);
+        lq_load_group<BITS, true>(second, src + GROUP_BYTES, LQ_GROUP, lane);
         lq_mma_group<BITS, true>(first, frag, step, start, LQ_GROUP, acc);
         lq_load_group(first, src + 2 * GROUP_BYTES, left - 2 * LQ_GROUP, lane);
         lq_mma_group<BITS, true>(second, frag + LQ_GROUP * step, step, start + 4 * LQ_GROUP, LQ_GROUP, acc);

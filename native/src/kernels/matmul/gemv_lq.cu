@@ -3,22 +3,30 @@
 //   W[n, k] = scale[n, k/64] * (code[n, k] - 2^(BITS-1)),  BITS in {4, 5, 6}, fp16 scales,
 //   tiles of 16 rows x 64 columns, out % 16 == 0, in % 64 == 0; x, y bf16 (or fp32 y), fp32 sums.
 //
-// A warp owns a strip of 16 rows and a slice of its tiles (KS slices per strip, KS in {1, 2, 4, 8},
-// chosen so the grid has >= 4 blocks per SM); its tiles stream into registers (lq_stream_tiles),
-// each one multiplied on the tensor cores by lq_tile_mma against x, which the block stages once in
-// fragment order (token g = lane / 4; zeros past T). KS slices of a strip are summed through
-// shared memory. Every weight byte is read once and serves all T tokens. Launched with PDL: the
-// first group of tiles is requested before the wait (weights are immutable).
+// Balanced split: a strip (16 rows) is cut into groups of LQ_GROUP tiles (its last group may be
+// short), and the strips' groups, in order, are dealt out in equal contiguous ranges to every warp
+// of a grid no larger than what the GPU holds at once, so each warp streams about the same number
+// of bytes and no second wave idles most SMs. A warp's tiles go through registers (LqGroup: the
+// next group's loads are in flight while the current group's products run on the tensor cores,
+// across strip boundaries too), each multiplied by lq_tile_mma against x, which every block stages
+// once in fragment order. A strip that lies wholly in one warp's range is written by that warp; a
+// strip cut between warps gets one partial sum per warp (its C fragment, in a slot: 0 for the
+// warp's first strip, 1 for its last), and the warp that arrives last at the strip's counter adds
+// the pieces in warp order (deterministic) and writes the rows, then resets the counter. The slots
+// and counters are the block's shared memory when the strip's warps are all in one block (small
+// matrices), else a device scratch (fenced device-wide; its counters stay zero between launches). Every weight byte is read once and serves all T tokens. Launched
+// with PDL: the first group is requested before the wait (weights are immutable); the scratch and
+// counters are touched only after it, so consecutive launches never share them.
 //
 // The decode step's two folded forms (T = 1; linear.h), as gemv.cu's for BF16 weights:
 // - LqIn::NormedResidual (gemv_lq_normed): every block builds x = bf16(rmsnorm(residual) * (1 + w))
 //   itself (norm_row.cuh: add_rmsnorm's thread mapping and order, so the values are rmsnorm's bits)
 //   in shared memory and stages it from there (lq_stage.cuh); block 0 may also write it out. The
 //   norm weight is copied in before the wait; the residual row is kept in the x staging area
-//   between the norm's two passes. The grid and the sums are gemv_lq's: the result is bit for bit
+//   between the norm's two passes. The split and the sums are gemv_lq's: the result is bit for bit
 //   rmsnorm followed by gemv_lq.
 // - LqOut::AddToResidual (gemv_lq_add_residual): residual[row] += float(bf16(y[row])), the rounding
-//   of a bf16 output added by add_rmsnorm; the rows' residual values are read right after the wait.
+//   of a bf16 output added by add_rmsnorm.
 #include <algorithm>
 #include <type_traits>
 
@@ -31,8 +39,15 @@ namespace lampo {
 namespace {
 
 constexpr int LQ_WARPS = 8;
-constexpr size_t LQ_PARTIAL_BYTES = sizeof(float) * LQ_WARPS * 32 * 4;  // the static shared partial sums
 static_assert(LQ_WARPS * 32 == NORM_THREADS, "the folded norm runs on the GEMV block");
+constexpr int LQ_MIN_GROUPS = 2;           // groups per warp the split aims for at least
+constexpr int LQ_SPLIT_MAX_WARPS = 4096;   // the scratch's size: warps of one launch at most
+constexpr int LQ_SPLIT_MAX_STRIPS = 1 << 16;
+
+// Partial sums of strips cut between warps: [warp][slot][lane] C fragments; per strip, the count
+// of pieces arrived (zero between launches).
+__device__ float4 lq_split_pieces[LQ_SPLIT_MAX_WARPS * 2 * 32];
+__device__ unsigned lq_split_arrivals[LQ_SPLIT_MAX_STRIPS];
 
 enum class LqIn { X, NormedResidual };
 enum class LqOut { Store, AddToResidual };
@@ -55,23 +70,112 @@ struct GemvLqParams {
     const uint8_t* W;
     const bf16* x;      // LqIn::X: [T, in]
     void* y;            // [T, out] OutT, or the fp32 residual [out] for AddToResidual
-    int T, out, in, ks_count;
+    int T, out, in;
+    int warps;          // the split's ranges: at most the grid's warps and the number of groups
     ResidualNorm norm;  // LqIn::NormedResidual
 };
+
+// The split (header): groups of LQ_GROUP tiles, `per_strip` per strip, `total` in all, warp w <
+// warps <= total taking [first(w), first(w + 1)) (never empty); owner(group): the warp taking it.
+struct LqSplit {
+    int64_t total;
+    int per_strip, warps;
+    __device__ int64_t first(int w) const { return total * w / warps; }
+    __device__ int owner(int64_t group) const { return int(((group + 1) * warps - 1) / total); }
+};
+
+// rows g and g + 8 of `strip` for tokens 2 quad, 2 quad + 1 from the lane's C fragment `v`.
+template <class OutT, LqOut OUT>
+__device__ __forceinline__ void lq_store_rows(const GemvLqParams& p, int strip, int lane, const float (&v)[4]) {
+    const int g = lane >> 2, quad = lane & 3;
+    OutT* y = static_cast<OutT*>(p.y);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int token = 2 * quad + (i & 1), row = strip * LQ_TILE_ROWS + g + 8 * (i >> 1);
+        if (token >= p.T) continue;
+        if constexpr (OUT == LqOut::AddToResidual) y[row] = __ldcg(y + row) + __bfloat162float(__float2bfloat16(v[i]));
+        else if constexpr (std::is_same_v<OutT, float>) y[size_t(token) * p.out + row] = v[i];
+        else y[size_t(token) * p.out + row] = __float2bfloat16(v[i]);
+    }
+}
+
+// The kernel's static shared memory at most: the block's pieces and counters (lq_finish_strip) and
+// 256 bytes for the folded norm's block sums (norm_row.cuh).
+constexpr size_t LQ_STATIC_SMEM_BYTES = sizeof(float4) * LQ_WARPS * 2 * 32 + sizeof(unsigned) * LQ_WARPS + 256;
+
+// Where the pieces of strips cut between warps meet: the device scratch and counters, or, for a
+// strip whose warps all belong to one block, that block's shared memory (no device-wide fence).
+struct LqPieces {
+    float4* piece;       // [warp][slot][lane]
+    unsigned* arrivals;  // the strip's counter
+    int first_warp;      // warp index of piece[0]
+};
+
+// Adds this warp's piece (slot 0: its first strip, else 1) to the strip's; true for the warp that
+// arrives last, which then holds the sum of all pieces in warp order in `sum`.
+template <bool SHARED>
+__device__ __forceinline__ bool lq_meet(const LqPieces& at, const LqSplit& split, int w, int strip, int w_lo, int w_hi,
+                                        bool first_strip, int lane, const float (&acc)[4], float (&sum)[4]) {
+    at.piece[((w - at.first_warp) * 2 + (first_strip ? 0 : 1)) * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    if constexpr (SHARED) __threadfence_block();
+    else __threadfence();
+    __syncwarp();
+    unsigned arrived = 0;
+    if (lane == 0) arrived = atomicAdd(at.arrivals, 1u);
+    arrived = __shfl_sync(0xffffffffu, arrived, 0);
+    if (arrived != unsigned(w_hi - w_lo)) return false;
+    if (lane == 0) *at.arrivals = 0u;  // ready for the next use
+    if constexpr (SHARED) __threadfence_block();
+    else __threadfence();
+    sum[0] = sum[1] = sum[2] = sum[3] = 0.0f;
+    for (int v = w_lo; v <= w_hi; ++v) {  // the lowest warp's piece is its last strip unless it began here
+        const int slot = v == w_lo && split.first(v) != int64_t(strip) * split.per_strip ? 1 : 0;
+        const float4* piece = at.piece + ((v - at.first_warp) * 2 + slot) * 32 + lane;
+        const float4 value = SHARED ? *piece : __ldcg(piece);
+        sum[0] += value.x;
+        sum[1] += value.y;
+        sum[2] += value.z;
+        sum[3] += value.w;
+    }
+    return true;
+}
+
+// The end of warp w's part of `strip` (acc its sums): the rows, if the warp holds the whole strip;
+// else its piece, and the rows from all pieces if it is the last to arrive. block_pieces /
+// block_arrivals: the block's shared memory for strips within it (counter: the lowest warp's).
+template <class OutT, LqOut OUT>
+__device__ __forceinline__ void lq_finish_strip(const GemvLqParams& p, const LqSplit& split, int w, int strip,
+                                                bool whole, bool first_strip, int lane, const float (&acc)[4],
+                                                float4* block_pieces, unsigned* block_arrivals) {
+    if (whole) {
+        lq_store_rows<OutT, OUT>(p, strip, lane, acc);
+        return;
+    }
+    const int w_lo = split.owner(int64_t(strip) * split.per_strip);
+    const int w_hi = split.owner(int64_t(strip + 1) * split.per_strip - 1);
+    float sum[4];
+    const bool last = w_lo / LQ_WARPS == w_hi / LQ_WARPS
+        ? lq_meet<true>({block_pieces, block_arrivals + w_lo % LQ_WARPS, w_lo - w_lo % LQ_WARPS}, split, w, strip,
+                        w_lo, w_hi, first_strip, lane, acc, sum)
+        : lq_meet<false>({lq_split_pieces, lq_split_arrivals + strip, 0}, split, w, strip, w_lo, w_hi, first_strip,
+                         lane, acc, sum);
+    if (last) lq_store_rows<OutT, OUT>(p, strip, lane, sum);
+}
 
 template <int BITS, class OutT, LqIn IN, LqOut OUT>
 __global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqParams p) {
     static_assert(OUT == LqOut::Store || std::is_same_v<OutT, float>, "residual add: an fp32 row");
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
     extern __shared__ uint4 lq_smem[];
-    __shared__ float partial[LQ_WARPS][32][4];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int g = lane >> 2, quad = lane & 3;
-    const int strips_per_block = LQ_WARPS / p.ks_count;
-    const int strip = blockIdx.x * strips_per_block + warp / p.ks_count, slice = warp % p.ks_count;
-    const int tiles = p.in / LQ_TILE_COLS;
-    const bool strip_live = strip < p.out / LQ_TILE_ROWS;
-    const int tbeg = int(int64_t(tiles) * slice / p.ks_count), tend = int(int64_t(tiles) * (slice + 1) / p.ks_count);
+    __shared__ float4 block_pieces[LQ_WARPS * 2 * 32];  // within LQ_STATIC_SMEM_BYTES
+    __shared__ unsigned block_arrivals[LQ_WARPS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = blockIdx.x * LQ_WARPS + warp;
+    if (threadIdx.x < LQ_WARPS) block_arrivals[threadIdx.x] = 0u;  // read after the staging's barrier
+    const int tiles = p.in / LQ_TILE_COLS, per_strip = (tiles + LQ_GROUP - 1) / LQ_GROUP;
+    const LqSplit split{int64_t(p.out / LQ_TILE_ROWS) * per_strip, per_strip, p.warps};
+    const bool idle = w >= p.warps;  // the last block's warps past the split's count
+    const int64_t g_end = idle ? 0 : split.first(w + 1);
+    int64_t g = idle ? 0 : split.first(w);
     float* start = reinterpret_cast<float*>(lq_smem);
     uint4* xs = reinterpret_cast<uint4*>(start + 8 * tiles);
     // NormedResidual (T = 1): the norm weight, overwritten in place by the normed row, after the x
@@ -82,21 +186,13 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqP
         cp_async_commit();
     }
 
-    const int count = strip_live ? tend - tbeg : 0;
-    const uint8_t* src = p.W + (size_t(strip_live ? strip : 0) * tiles + tbeg) * TILE_BYTES;
-    LqGroup<BITS> first;
-    lq_load_group(first, src, count, lane);  // weights only: before the wait
+    // The warp's position: group g = tile t of `strip`, at src (a strip's tiles follow the previous
+    // strip's).
+    int strip = int(g / per_strip), t = int(g - int64_t(strip) * per_strip) * LQ_GROUP;
+    const uint8_t* src = p.W + (size_t(strip) * tiles + t) * TILE_BYTES;
+    LqGroup<BITS> a, b;
+    lq_load_group(a, src, g < g_end ? min(LQ_GROUP, tiles - t) : 0, lane);  // before the wait
     pdl_begin();
-    // AddToResidual: the writing lanes' rows g and g + 8 (token 0), read now, off the kernel's tail.
-    const bool writes = slice == 0 && strip_live;
-    float residual_in[2] = {0.0f, 0.0f};
-    if constexpr (OUT == LqOut::AddToResidual) {
-        if (writes && quad == 0) {
-            const float* residual = static_cast<const float*>(p.y) + strip * LQ_TILE_ROWS + g;
-            residual_in[0] = __ldcg(residual);
-            residual_in[1] = __ldcg(residual + 8);
-        }
-    }
     if constexpr (IN == LqIn::NormedResidual) {
         // The norm weight, visible to every thread after norm_row_inv's block sum.
         cp_async_wait<0>();
@@ -113,50 +209,79 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqP
                                            blockDim.x);
     }
     __syncthreads();
+    if (g >= g_end) return;
 
+    const LqLaneX x = lq_lane_x(xs, start, tiles, p.T, lane);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    lq_stream_tiles(first, src, lq_lane_x(xs, start, tiles, p.T, lane), tbeg, tbeg + count, lane, acc);
-
-#pragma unroll
-    for (int i = 0; i < 4; ++i) partial[warp][lane][i] = acc[i];
-    __syncthreads();
-    if (!writes) return;
-    // C fragment: acc[0..1] row g, tokens 2quad, 2quad + 1; acc[2..3] row g + 8, same tokens.
-    OutT* y = static_cast<OutT*>(p.y);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const int token = 2 * quad + (i & 1), row_i = strip * LQ_TILE_ROWS + g + 8 * (i >> 1);
-        if (token >= p.T) continue;
-        float sum = 0.0f;
-        for (int k = 0; k < p.ks_count; ++k) sum += partial[warp + k][lane][i];
-        if constexpr (OUT == LqOut::AddToResidual)
-            y[row_i] = residual_in[i >> 1] + __bfloat162float(__float2bfloat16(sum));
-        else if constexpr (std::is_same_v<OutT, float>) y[size_t(token) * p.out + row_i] = sum;
-        else y[size_t(token) * p.out + row_i] = __float2bfloat16(sum);
+    bool first_strip = true;
+    int seg_begin = t;  // where the warp's part of the current strip began
+    // After a group's products: finish the strip where it ends, and move to the next group.
+    auto advance = [&](int count) {
+        const bool strip_ends = t + count == tiles;
+        ++g;
+        if (strip_ends || g == g_end) {
+            lq_finish_strip<OutT, OUT>(p, split, w, strip, seg_begin == 0 && strip_ends, first_strip, lane, acc,
+                                       block_pieces, block_arrivals);
+            acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+            first_strip = false;
+            seg_begin = 0;
+        }
+        strip += strip_ends;
+        t = strip_ends ? 0 : t + LQ_GROUP;
+    };
+    // One register group: request the next one (the following tiles of this strip, or the next
+    // strip's first), multiply this one. The full-group forms are the ones real shapes take (in a
+    // multiple of 256).
+    auto step = [&](LqGroup<BITS>& cur, LqGroup<BITS>& next) {
+        const int count = min(LQ_GROUP, tiles - t);
+        const int next_t = t + count == tiles ? 0 : t + LQ_GROUP;
+        const int next_count = g + 1 < g_end ? min(LQ_GROUP, tiles - next_t) : 0;
+        src += count * TILE_BYTES;
+        if (next_count == LQ_GROUP) lq_load_group<BITS, true>(next, src, LQ_GROUP, lane);
+        else lq_load_group(next, src, next_count, lane);
+        const uint4* frag = x.frag + t * x.frag_step;
+        if (count == LQ_GROUP) lq_mma_group<BITS, true>(cur, frag, x.frag_step, x.start + 4 * t, LQ_GROUP, acc);
+        else lq_mma_group<BITS, false>(cur, frag, x.frag_step, x.start + 4 * t, count, acc);
+        advance(count);
+    };
+    while (true) {
+        step(a, b);
+        if (g == g_end) return;
+        step(b, a);
+        if (g == g_end) return;
     }
 }
 
+// The grid: as many blocks as the GPU holds at once (fewer when the matrix gives a warp fewer
+// than LQ_MIN_GROUPS groups), so the split's ranges all run in one wave.
 template <int BITS, class OutT, LqIn IN, LqOut OUT>
-void launch_gemv_lq(const char* op, const GemvLqParams& p, int blocks, cudaStream_t stream) {
+void launch_gemv_lq(const char* op, GemvLqParams p, cudaStream_t stream) {
+    const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT>;
     const size_t smem = lq_smem_bytes(p.in, p.T, IN);
-    if (smem + LQ_PARTIAL_BYTES > 48 * 1024) allow_dynamic_smem(gemv_lq_kernel<BITS, OutT, IN, OUT>, smem, op);
-    launch_pdl(op, gemv_lq_kernel<BITS, OutT, IN, OUT>, blocks, LQ_WARPS * 32, smem, stream, p);
+    if (smem + LQ_STATIC_SMEM_BYTES > 48 * 1024) allow_dynamic_smem(kernel, smem, op);
+    int per_sm = 0;
+    LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, LQ_WARPS * 32, smem));
+    const int64_t groups = int64_t(p.out / LQ_TILE_ROWS) * ceil_div(p.in / LQ_TILE_COLS, LQ_GROUP);
+    const int64_t wanted = (groups + LQ_MIN_GROUPS * LQ_WARPS - 1) / (LQ_MIN_GROUPS * LQ_WARPS);
+    const int blocks = int(std::min<int64_t>({wanted, int64_t(std::max(per_sm, 1)) * sm_count(),
+                                              LQ_SPLIT_MAX_WARPS / LQ_WARPS}));
+    p.warps = int(std::min<int64_t>(int64_t(blocks) * LQ_WARPS, groups));  // each warp has a group at least
+    launch_pdl(op, kernel, blocks, LQ_WARPS * 32, smem, stream, p);
 }
 
-// The checks, the grid and the launches of every form; p.x / p.y point at token 0 (p.T tokens).
+// The checks and the launches of every form; p.x / p.y point at token 0 (p.T tokens).
 template <class OutT, LqIn IN = LqIn::X, LqOut OUT = LqOut::Store>
 void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t stream) {
     require(bits >= 4 && bits <= 6, op, "bits must be 4, 5 or 6, got " + std::to_string(bits));
     require(p.out > 0 && p.out % LQ_TILE_ROWS == 0 && p.in > 0 && p.in % LQ_TILE_COLS == 0, op,
             "W must be [16n, 64k], got [" + std::to_string(p.out) + ", " + std::to_string(p.in) + "]");
+    require(p.out / LQ_TILE_ROWS <= LQ_SPLIT_MAX_STRIPS, op,
+            "out must be at most " + std::to_string(LQ_SPLIT_MAX_STRIPS * LQ_TILE_ROWS) + ", got " +
+                std::to_string(p.out));
     require(p.T >= 1 && p.T <= GEMV_MAX_T, op, "T must be 1..8, got " + std::to_string(p.T));
-    const int strips = p.out / LQ_TILE_ROWS, tiles = p.in / LQ_TILE_COLS, wave = 4 * sm_count();
-    int ks = 1;
-    while (ks < LQ_WARPS && ceil_div(strips, LQ_WARPS / ks) < wave && tiles / (2 * ks) >= 2) ks *= 2;
-    const int blocks = ceil_div(strips, LQ_WARPS / ks);
-    // x lives in shared memory: tokens go in groups that fit (one group unless
-    // T * in is large, e.g. the 27B down-projection with more than 6 tokens).
-    const size_t room = smem_optin_bytes() - LQ_PARTIAL_BYTES;
+    // x lives in shared memory: tokens go in groups that fit (one group unless T * in is large,
+    // e.g. the 27B down-projection with more than 6 tokens).
+    const size_t room = smem_optin_bytes() - LQ_STATIC_SMEM_BYTES;
     require(lq_smem_bytes(p.in, 1, IN) <= room, op, "in = " + std::to_string(p.in) + " is too wide");
     int group = p.T;
     while (lq_smem_bytes(p.in, group, IN) > room) --group;
@@ -165,11 +290,10 @@ void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t s
         q.x = p.x ? p.x + size_t(t0) * p.in : nullptr;
         q.y = static_cast<OutT*>(p.y) + size_t(t0) * p.out;
         q.T = std::min(group, p.T - t0);
-        q.ks_count = ks;
         switch (bits) {
-            case 4: launch_gemv_lq<4, OutT, IN, OUT>(op, q, blocks, stream); break;
-            case 5: launch_gemv_lq<5, OutT, IN, OUT>(op, q, blocks, stream); break;
-            default: launch_gemv_lq<6, OutT, IN, OUT>(op, q, blocks, stream); break;
+            case 4: launch_gemv_lq<4, OutT, IN, OUT>(op, q, stream); break;
+            case 5: launch_gemv_lq<5, OutT, IN, OUT>(op, q, stream); break;
+            default: launch_gemv_lq<6, OutT, IN, OUT>(op, q, stream); break;
         }
     }
 }
@@ -182,19 +306,19 @@ size_t lq_packed_bytes(int out, int in, int bits) {
 
 template <class OutT>
 void gemv_lq(const uint8_t* W, int bits, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream) {
-    run_gemv_lq<OutT>("gemv_lq", bits, {W, x, y, T, out, in, 1, {}}, stream);
+    run_gemv_lq<OutT>("gemv_lq", bits, {W, x, y, T, out, in, 0, {}}, stream);
 }
 
 template <class OutT>
 void gemv_lq_normed(const uint8_t* W, int bits, const ResidualNorm& x, OutT* y, int out, int in, cudaStream_t stream) {
     require(x.residual && x.weight, "gemv_lq_normed", "needs the residual row and the norm weight");
-    run_gemv_lq<OutT, LqIn::NormedResidual>("gemv_lq_normed", bits, {W, nullptr, y, 1, out, in, 1, x}, stream);
+    run_gemv_lq<OutT, LqIn::NormedResidual>("gemv_lq_normed", bits, {W, nullptr, y, 1, out, in, 0, x}, stream);
 }
 
 void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int out, int in,
                           cudaStream_t stream) {
     run_gemv_lq<float, LqIn::X, LqOut::AddToResidual>("gemv_lq_add_residual", bits,
-                                                      {W, x, residual, 1, out, in, 1, {}}, stream);
+                                                      {W, x, residual, 1, out, in, 0, {}}, stream);
 }
 
 template void gemv_lq<bf16>(const uint8_t*, int, const bf16*, bf16*, int, int, int, cudaStream_t);
