@@ -27,8 +27,7 @@ class Speculation:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"the mode must be one of {', '.join(MODES)} (got {self.mode!r})")
-        if self.drafts is not None and (isinstance(self.drafts, bool) or not isinstance(self.drafts, int)
-                                        or not 1 <= self.drafts <= MAX_DRAFTS):
+        if self.drafts is not None and (type(self.drafts) is not int or not 1 <= self.drafts <= MAX_DRAFTS):
             raise ValueError(_count_error(self.drafts))
         if self.mode == "off" and self.drafts is not None:
             raise ValueError("off makes no drafts, so it takes no draft count")
@@ -45,9 +44,9 @@ class Speculation:
         setting is unchanged)."""
         if self.mode != "mtp":
             return self, ""
-        return (Speculation("ngram", self.drafts),
-                f"speculation {self}: the checkpoint has no MTP weights (mtp.*), so no MTP drafts; "
-                f"using n-gram drafts (ngram{'' if self.drafts is None else f':{self.drafts}'}) instead")
+        fallback = Speculation("ngram", self.drafts)
+        return fallback, (f"speculation {self}: the checkpoint has no MTP weights (mtp.*), so no MTP drafts; "
+                          f"using n-gram drafts ({fallback}) instead")
 
 
 def _count_error(count) -> str:
