@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from lampo.models.bf16 import from_bf16, to_bf16
 from lampo.models.reference import ffn, norms
 from lampo.models.reference import gated_deltanet as gdn
@@ -80,6 +79,19 @@ def test_conv1d_sequence_equals_steps_with_state_carried(ops):
     y_b, st = ops.causal_conv1d_silu(x[2:], w, st)
     np.testing.assert_array_equal(np.concatenate([y_a, y_b]), y_seq)
     np.testing.assert_array_equal(st, state_seq)
+
+
+@pytest.mark.parametrize("T,K", [(1, 4), (5, 4), (8, 3), (3, 2)])
+def test_conv1d_row_states_are_the_states_after_each_token(ops, T, K):
+    rng = np.random.default_rng(T + 10 * K)
+    C = 1024
+    x, w, state0 = bf16_normal(rng, (T, C)), bf16_normal(rng, (C, K), 0.5), bf16_normal(rng, (C, K - 1))
+    y, state, rows = ops.causal_conv1d_silu(x, w, state0, rows=True)
+    y_plain, state_plain = ops.causal_conv1d_silu(x, w, state0)
+    np.testing.assert_array_equal(y, y_plain)
+    np.testing.assert_array_equal(state, state_plain)
+    for t in range(T):  # the state a run over the first t + 1 tokens ends with
+        np.testing.assert_array_equal(rows[t], ops.causal_conv1d_silu(x[: t + 1], w, state0)[1])
 
 
 # ---- gated delta rule ---------------------------------------------------------------------------

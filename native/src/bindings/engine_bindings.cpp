@@ -155,24 +155,51 @@ int prefill(Engine& e, const py::array_t<int32_t, py::array::c_style | py::array
     return e.prefill(v.data(), int(v.size()), sample);
 }
 
+py::array_t<int32_t> verify(Engine& e, const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& ids) {
+    if (ids.ndim() != 1) throw std::invalid_argument("verify: ids must be a 1-D array");
+    std::vector<int32_t> v(ids.data(), ids.data() + ids.size()), tokens;
+    {
+        py::gil_scoped_release release;
+        tokens = e.verify(v.data(), int(v.size()));
+    }
+    py::array_t<int32_t> out(tokens.size());
+    std::copy(tokens.begin(), tokens.end(), out.mutable_data());
+    return out;
+}
+
+py::array_t<float> verify_logits(Engine& e) {
+    std::vector<float> v;
+    {
+        py::gil_scoped_release release;
+        v = e.verify_logits();
+    }
+    const py::ssize_t V = e.dims().vocab;
+    py::array_t<float> out({py::ssize_t(v.size()) / V, V});
+    std::copy(v.begin(), v.end(), out.mutable_data());
+    return out;
+}
+
 }  // namespace
 
 void register_engine(py::module_& m) {
     using release = py::call_guard<py::gil_scoped_release>;
     py::class_<Engine>(m, "Engine", "One model in VRAM and one conversation's state (engine.h)")
         .def(py::init([](const py::object& config, const TensorNames& tensor_names, const TensorBits& tensor_bits,
-                         int context_max, int prefill_chunk, int snapshot_slots, size_t vram_limit) {
-                 return std::make_unique<Engine>(dims_from_config(config), tensor_names, tensor_bits,
-                                                 EngineOptions{context_max, prefill_chunk, snapshot_slots, vram_limit});
+                         int context_max, int prefill_chunk, int snapshot_slots, size_t vram_limit,
+                         int verify_rows) {
+                 return std::make_unique<Engine>(
+                     dims_from_config(config), tensor_names, tensor_bits,
+                     EngineOptions{context_max, prefill_chunk, snapshot_slots, vram_limit, verify_rows});
              }),
              py::arg("config"), py::arg("tensor_names"), py::arg("tensor_bits") = TensorBits{}, py::kw_only(),
              py::arg("context_max"), py::arg("prefill_chunk") = 2048, py::arg("snapshot_slots") = 4,
-             py::arg("vram_limit") = size_t(0),
+             py::arg("vram_limit") = size_t(0), py::arg("verify_rows") = 0,
              "Allocate the engine for a lampo.models.config.ModelConfig: tensor_names maps each weight "
              "role to its checkpoint name (lampo.models.tensor_specs.engine_tensor_names), tensor_bits "
              "each matrix held in the LQ format to its width (lampo.models.quant.engine_formats; the "
              "others bf16), context_max is the tokens of KV cache, vram_limit caps the bytes of the "
-             "engine's device blocks (0: none)")
+             "engine's device blocks (0: none), verify_rows the most tokens of a speculative verify "
+             "window (0: none)")
         .def("weight_specs",
              [](Engine& e) {
                  py::list out;
@@ -237,6 +264,12 @@ void register_engine(py::module_& m) {
         .def("decode_collect", &Engine::decode_collect, release(),
              "Wait for the oldest queued decode step; returns its sampled id")
         .def_property_readonly("decode_queued", &Engine::decode_queued)
+        .def("verify", &verify, py::arg("ids"),
+             "Run a verify window (the last sampled token, then the drafts) at the current position; "
+             "returns each row's greedy token (engine.h)")
+        .def("accept", &Engine::accept, py::arg("keep"), release(),
+             "Keep the first `keep` rows of the last verify window (states and position)")
+        .def("verify_logits", &verify_logits, "fp32 logits [n, V] of the last verify window's rows")
         .def("logits",
              [](Engine& e) {
                  std::vector<float> v;

@@ -2,6 +2,7 @@
 // snapshots, profiling. See engine.h for the contract.
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -29,6 +30,11 @@ Engine::Engine(const ModelDims& dims, const TensorNames& names, const TensorBits
     if (opt_.context_max < 1) throw std::invalid_argument("context_max must be positive");
     if (opt_.prefill_chunk < 1) throw std::invalid_argument("prefill_chunk must be positive");
     if (opt_.snapshot_slots < 0) throw std::invalid_argument("snapshot_slots must be >= 0");
+    if (opt_.verify_rows != 0 && (opt_.verify_rows < 2 || opt_.verify_rows > GEMV_MAX_T ||
+                                  opt_.verify_rows > opt_.prefill_chunk)) {
+        throw std::invalid_argument("verify_rows must be 0 or 2.." + std::to_string(GEMV_MAX_T) +
+                                    " (and at most prefill_chunk), got " + std::to_string(opt_.verify_rows));
+    }
 
     DeviceMemory::set_limit(opt_.vram_limit);
     weights_ = std::make_unique<WeightStore>(dims_, names, bits);
@@ -54,6 +60,8 @@ Engine::Engine(const ModelDims& dims, const TensorNames& names, const TensorBits
     // Gated DeltaNet states of all layers in one block (one copy per snapshot).
     const size_t rec_bytes = size_t(dims_.gdn_v_heads) * dims_.gdn_k_dim * dims_.gdn_v_dim * 4;
     const size_t conv_bytes = align256(size_t(dims_.conv_channels()) * (dims_.conv_kernel - 1) * 2);
+    gdn_rec_bytes_ = rec_bytes;
+    gdn_conv_bytes_ = conv_bytes;
     gdn_state_bytes_ = size_t(dims_.count(MixerKind::GatedDeltaNet)) * (rec_bytes + conv_bytes);
     gdn_mem_ = DeviceMemory(gdn_state_bytes_, "Gated DeltaNet states");
     {
@@ -68,11 +76,13 @@ Engine::Engine(const ModelDims& dims, const TensorNames& names, const TensorBits
     snapshot_mem_ = DeviceMemory(gdn_state_bytes_ * opt_.snapshot_slots,
                                  std::to_string(opt_.snapshot_slots) + " state snapshot slots");
     slot_pos_.assign(opt_.snapshot_slots, -1);
+    if (opt_.verify_rows) allocate_verify_rows();
 
-    const WorkspaceLayout layout = workspace_layout(dims_, opt_.prefill_chunk, opt_.context_max);
+    const int logit_rows = std::max(opt_.verify_rows, 1);
+    const WorkspaceLayout layout = workspace_layout(dims_, opt_.prefill_chunk, opt_.context_max, logit_rows);
     workspace_mem_ = DeviceMemory(layout.total(), "activation workspace for a prefill chunk of " +
                                                       std::to_string(opt_.prefill_chunk) + " tokens");
-    ws_ = carve_workspace(dims_, opt_.prefill_chunk, opt_.context_max, workspace_mem_.get());
+    ws_ = carve_workspace(dims_, opt_.prefill_chunk, opt_.context_max, logit_rows, workspace_mem_.get());
 
     // step inputs/outputs: ids [chunk], pos, token, rng step, presence set [V]
     const size_t ids_bytes = align256(size_t(opt_.prefill_chunk) * 4);
@@ -111,7 +121,7 @@ Engine::~Engine() {
 size_t Engine::state_bytes() const {
     size_t kv = 0;
     for (const auto& m : kv_mem_) kv += m.bytes();
-    return kv + gdn_mem_.bytes() + snapshot_mem_.bytes();
+    return kv + gdn_mem_.bytes() + snapshot_mem_.bytes() + verify_mem_.bytes();
 }
 
 // ---- state ---------------------------------------------------------------------------------
@@ -129,6 +139,7 @@ void Engine::reset() {
     }
     LAMPO_CUDA_CHECK(cudaMemsetAsync(gdn_mem_.get(), 0, gdn_mem_.bytes(), stream_));
     pos_ = 0;
+    verified_ = 0;
     write_position();
 }
 
@@ -156,6 +167,7 @@ void Engine::restore(int slot) {
                                      snapshot_mem_.as<char>() + size_t(slot) * gdn_state_bytes_,
                                      gdn_state_bytes_, cudaMemcpyDeviceToDevice, stream_));
     pos_ = slot_pos_[slot];
+    verified_ = 0;
     write_position();
 }
 
@@ -226,6 +238,7 @@ int Engine::prefill(const int32_t* ids, int n, bool sample_next) {
                                         std::to_string(dims_.vocab) + ")");
         }
     }
+    verified_ = 0;
     std::memcpy(h_io_, ids, size_t(n) * 4);
     h_io_[opt_.prefill_chunk] = pos_;
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_ids_, h_io_, size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
@@ -358,6 +371,7 @@ void Engine::decode_submit(int token) {
     }
     if (token >= 0 && queued_ > 0)  // the pinned input word would be rewritten before its copy ran
         throw std::logic_error("decode_submit: a token can be fed only when no step is queued");
+    verified_ = 0;
     feed_token(token);
     if (queued_ == 0) ensure_decode_graph();  // a new capture needs an idle stream
     else if (!graph_exec_ || !same_sampling(sampling_, graph_sampling_))
@@ -395,6 +409,7 @@ std::vector<std::pair<std::string, double>> Engine::profile_decode(int steps, in
     require_weights();
     require_idle("profile_decode");
     if (steps < 1) throw std::invalid_argument("profile_decode: steps must be >= 1");
+    verified_ = 0;
     if (pos_ + steps > opt_.context_max) throw std::out_of_range("profile_decode: context full");
     feed_token(token);
     OpTimer timer(stream_);
@@ -428,6 +443,7 @@ void Engine::fill_state_random(int depth, uint64_t seed) {
         throw std::out_of_range("fill_state_random: depth " + std::to_string(depth) +
                                 " outside the context of " + std::to_string(opt_.context_max));
     }
+    verified_ = 0;
     const size_t kv_elems = size_t(dims_.n_kv_heads) * opt_.context_max * dims_.head_dim;
     uint64_t s = seed;
     for (const KvCacheLayer& kv : state_.kv) {

@@ -33,6 +33,8 @@ struct EngineOptions {
     int prefill_chunk = 2048;
     int snapshot_slots = 4;
     size_t vram_limit = 0;  // bytes the process may hold in cudaMalloc'ed blocks (0: no cap; weights.h)
+    int verify_rows = 0;    // most tokens of a verify window (0: none; else 2..GEMV_MAX_T): the GDN
+                            // states kept per row and the logits rows of speculative verify
 };
 
 struct DecodeGraphInfo {
@@ -85,6 +87,18 @@ public:
     int decode_collect();
     int decode_queued() const { return queued_; }
     std::vector<float> logits();       // fp32 logits [V] of the last row of the last call
+
+    // ---- speculative verify (EngineOptions::verify_rows > 0) ----
+    // Runs the window `ids` (2..verify_rows tokens: the last sampled token, then the drafts) at the
+    // current position through the few-token forward (the decode step's kernels for T rows), keeping
+    // each row's GDN states, and returns each row's greedy token (argmax of its logits; no
+    // presence penalty). The position moves past the whole window.
+    std::vector<int32_t> verify(const int32_t* ids, int n);
+    // Keeps the first `keep` (1..n) rows of the last verify: the GDN states become those after row
+    // keep - 1 and the position verify's start + keep (the KV rows past it are rewritten later).
+    // May be called again with a smaller keep until the next forward (taking back kept drafts).
+    void accept(int keep);
+    std::vector<float> verify_logits();  // fp32 logits [n, V] of the last verify's rows
     // With recording on (MoE models), each prefill keeps the experts every layer chose for each of
     // its tokens: routing() = ids [layers * T * k] of the last prefill (the exact oracle of the
     // tests: the reference replays them, lampo.models.reference.ffn.Routing).
@@ -107,9 +121,10 @@ private:
     cudaStream_t stream_ = nullptr;
     std::unique_ptr<WeightStore> weights_;
     std::vector<DeviceMemory> kv_mem_;
-    DeviceMemory gdn_mem_, snapshot_mem_, workspace_mem_, io_mem_, routing_mem_;
+    DeviceMemory gdn_mem_, snapshot_mem_, workspace_mem_, io_mem_, routing_mem_, verify_mem_;
     std::vector<int32_t> routing_;
     size_t gdn_state_bytes_ = 0;
+    size_t gdn_rec_bytes_ = 0, gdn_conv_bytes_ = 0;  // one GDN layer's recurrent / conv state (conv padded to 256)
     ModelState state_;
     Workspace ws_;
     // device step inputs/outputs (inside io_mem_)
@@ -123,6 +138,9 @@ private:
     cudaEvent_t token_ready_[DECODE_QUEUE] = {};
 
     int pos_ = 0;       // the position once every queued decode step has run
+    int verify_start_ = 0;  // the position where the last verify window began
+    int verified_ = 0;      // rows of the last verify still held (0 after any other forward)
+    int32_t* d_verify_out_ = nullptr;  // [verify_rows] greedy tokens (inside verify_mem_)
     int queued_ = 0;    // decode steps submitted and not yet collected
     int oldest_ = 0;    // the out slot of the oldest queued step
     std::vector<int> slot_pos_;
@@ -144,6 +162,7 @@ private:
     int read_token();                     // the last sample, copied through slot 0 and waited for
     void require_idle(const char* op) const;  // no decode step queued
     void feed_token(int token);  // token >= 0: the next step's input (else the last sampled id)
+    void allocate_verify_rows();  // verify_mem_ and the layers' *_rows pointers
 };
 
 struct DeviceInfo {

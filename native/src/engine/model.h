@@ -117,6 +117,10 @@ struct KvCacheLayer {        // [nkv, context_max, D] int8 + [nkv, context_max, 
 struct GdnStateLayer {
     float* recurrent = nullptr;  // [Hv, dk, dv] fp32
     bf16* conv = nullptr;        // [conv_channels, K-1] bf16
+    // A verify window's rows (ForwardStep::rows; null when the engine keeps none): the states
+    // after each of its tokens, [rows, Hv, dk, dv] and [rows, conv_channels, K-1].
+    float* recurrent_rows = nullptr;
+    bf16* conv_rows = nullptr;
 };
 
 struct ModelState {
@@ -128,6 +132,7 @@ struct ModelState {
 // ---- activation workspace for up to `max_tokens` rows (device pointers; owned by the Engine) ---
 struct Workspace {
     int max_tokens = 0;
+    int logit_rows = 1;
     float* residual = nullptr;   // [T, H] fp32 residual stream
     bf16* normed = nullptr;      // [T, H] pre-norm output, input of every mixer / FFN
     bf16* fused = nullptr;       // [T, padded rows] product of a fused projection (T > 1)
@@ -150,7 +155,7 @@ struct Workspace {
     void* gdn_chunked = nullptr;
     void* moe_prefill = nullptr;
     float* attn_partial = nullptr;
-    float* logits = nullptr;     // [V] fp32, last row only
+    float* logits = nullptr;     // [logit_rows, V] fp32: the last row, or a verify window's rows
     void* sampling_scratch = nullptr;
 };
 
@@ -159,9 +164,10 @@ struct WorkspaceLayout {
     std::vector<std::pair<const char*, size_t>> buffers;
     size_t total() const;
 };
-WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int context_max);
+// logit_rows: rows of fp32 logits (1, or a verify window's most tokens).
+WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int context_max, int logit_rows);
 // Points a Workspace at consecutive 256-byte aligned pieces of `base` (workspace_layout order).
-Workspace carve_workspace(const ModelDims& d, int max_tokens, int context_max, void* base);
+Workspace carve_workspace(const ModelDims& d, int max_tokens, int context_max, int logit_rows, void* base);
 
 // ---- profiling hook ----------------------------------------------------------------------------
 enum class OpFamily : int {
@@ -199,6 +205,9 @@ struct ForwardStep {
     const int32_t* d_pos = nullptr;   // [1] position of the first token (device)
     int pos0 = 0;                     // same position on the host (prefill attention only)
     bool logits = false;              // final norm + LM head on the last row -> ws.logits
+    // A verify window (T <= GEMV_MAX_T): each GDN layer also keeps the state after every token in
+    // its *_rows, and the LM head runs on every row -> ws.logits [T, V] (with `logits`).
+    bool rows = false;
     int32_t* routing_out = nullptr;   // optional [layers, T, k] (device): each MoE layer's expert ids
 };
 

@@ -65,7 +65,7 @@ size_t WorkspaceLayout::total() const {
     return t;
 }
 
-WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int context_max) {
+WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int context_max, int logit_rows) {
     const size_t T = size_t(max_tokens), H = size_t(d.hidden), b16 = 2;
     const bool attn = d.count(MixerKind::GatedAttention) > 0;
     const bool gdn = d.count(MixerKind::GatedDeltaNet) > 0;
@@ -102,14 +102,14 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int context
                                                             d.expert_inter, d.n_experts) : 0},
         {"attn_partial", attn ? attn_decode_partial_floats(GEMV_MAX_T, d.n_q_heads, d.head_dim,
                                                            context_max) * 4 : 0},
-        {"logits", size_t(d.vocab) * 4},
+        {"logits", size_t(std::max(logit_rows, 1)) * d.vocab * 4},
         {"sampling_scratch", sampling_scratch_bytes(d.vocab)},
     };
     return l;
 }
 
-Workspace carve_workspace(const ModelDims& d, int max_tokens, int context_max, void* base) {
-    const WorkspaceLayout l = workspace_layout(d, max_tokens, context_max);
+Workspace carve_workspace(const ModelDims& d, int max_tokens, int context_max, int logit_rows, void* base) {
+    const WorkspaceLayout l = workspace_layout(d, max_tokens, context_max, logit_rows);
     char* p = static_cast<char*>(base);
     std::vector<void*> ptr;
     for (const auto& b : l.buffers) {
@@ -118,6 +118,7 @@ Workspace carve_workspace(const ModelDims& d, int max_tokens, int context_max, v
     }
     Workspace ws;
     ws.max_tokens = max_tokens;
+    ws.logit_rows = std::max(logit_rows, 1);
     size_t i = 0;
     ws.residual = static_cast<float*>(ptr[i++]);
     ws.normed = static_cast<bf16*>(ptr[i++]);
@@ -308,7 +309,7 @@ void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStateL
     const auto parts = project_parts<4>(c, w.in_proj, {C, d.gdn_value_width(), Hv, Hv},
                                         norm_w, "gdn in projection");
     const bf16 *qkv = parts[0], *z = parts[1], *b = parts[2], *a = parts[3];
-    if (T == 1 && decode_fusion_enabled(DecodeFusion::Gdn) && gdn_decode_fused_available()) {
+    if (T == 1 && !c.step.rows && decode_fusion_enabled(DecodeFusion::Gdn) && gdn_decode_fused_available()) {
         c.op(OpFamily::GdnRule, "gdn_decode_fused", [&] {  // conv + rule + gated norm in one launch
             gdn_decode_fused(qkv, w.conv, s.conv, a, b, w.A_log, w.dt_bias, s.recurrent, z, w.norm, ws.mixed,
                              ws.gdn_counters, d.gdn_k_heads, Hv, d.gdn_k_dim, d.gdn_v_dim, d.conv_kernel, d.eps,
@@ -318,11 +319,15 @@ void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStateL
         return;
     }
     c.op(OpFamily::GdnConv, "causal_conv1d_silu",
-         [&] { causal_conv1d_silu(qkv, w.conv, s.conv, ws.conv_out, T, C, d.conv_kernel, c.st); });
+         [&] {
+             causal_conv1d_silu(qkv, w.conv, s.conv, ws.conv_out, T, C, d.conv_kernel, c.st,
+                                c.step.rows ? s.conv_rows : nullptr);
+         });
     if (c.small()) {
         c.op(OpFamily::GdnRule, "gated_delta_rule_recurrent", [&] {
             gated_delta_rule_recurrent(ws.conv_out, a, b, w.A_log, w.dt_bias, s.recurrent, ws.gdn_o,
-                                       nullptr, T, d.gdn_k_heads, Hv, d.gdn_k_dim, d.gdn_v_dim, c.st);
+                                       c.step.rows ? s.recurrent_rows : nullptr, T, d.gdn_k_heads, Hv,
+                                       d.gdn_k_dim, d.gdn_v_dim, c.st);
         });
     } else {
         c.op(OpFamily::GdnRule, "gated_delta_rule_chunked", [&] {
@@ -521,6 +526,11 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
                                     " tokens do not fit the workspace of " +
                                     std::to_string(ws.max_tokens));
     }
+    if (step.rows && (step.T > GEMV_MAX_T || step.T > ws.logit_rows)) {
+        throw std::invalid_argument("model_forward: a verify window of " + std::to_string(step.T) +
+                                    " tokens; the engine keeps " + std::to_string(std::min(ws.logit_rows, GEMV_MAX_T)) +
+                                    " rows");
+    }
     const Ctx c{d, w, ws, step, stream, timer};
     const int T = step.T, H = d.hidden, L = d.n_layers();
     if constexpr (timeline_built()) timeline_forward_begin(T);
@@ -572,10 +582,11 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
 
     if (step.logits && folded)
         c.op(OpFamily::Norms, "rmsnorm", [&] { rmsnorm(ws.residual, w.final_norm, ws.normed, 1, H, d.eps, stream); });
-    if (step.logits) {
-        const bf16* last = ws.normed + size_t(T - 1) * H;
+    if (step.logits) {  // the last row, or every row of a verify window
+        const int rows = step.rows ? T : 1;
+        const bf16* first = ws.normed + size_t(T - rows) * H;
         c.op(OpFamily::LmHead, "lm_head",
-             [&] { linear_forward_f32(w.lm_head, last, ws.logits, 1, stream); });
+             [&] { linear_forward_f32(w.lm_head, first, ws.logits, rows, stream); });
     }
 }
 

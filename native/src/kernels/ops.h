@@ -104,8 +104,9 @@ void attn_prefill_int8(const bf16* q, const bf16* gate, const int8_t* k_cache,
 //   x [T, C] bf16 pre-conv ; w [C, K] bf16 ; state [C, K-1] bf16 (oldest column first)
 //   y[t, c] = silu(sum_j w[c, j] * xin[c, t - (K-1) + j]),  xin = state || x
 //   afterwards state = last K-1 columns of xin. T = 1 is the decode step.
+//   row_states (optional, T <= 64: a verify window): [T, C, K-1], the state after each token.
 void causal_conv1d_silu(const bf16* x, const bf16* w, bf16* state, bf16* y, int T, int C, int K,
-                        cudaStream_t stream);
+                        cudaStream_t stream, bf16* row_states = nullptr);
 
 // ---- gated_delta_rule_recurrent.cu, gated_delta_rule_chunked.cu -----------------------------
 // Gated DeltaNet core over T tokens, continuing from `state` [Hv, dk, dv] fp32 (S[j][i][m]).

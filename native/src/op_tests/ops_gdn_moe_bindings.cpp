@@ -22,7 +22,9 @@
 namespace lampo {
 namespace {
 
-py::tuple conv1d_op(const Arr<uint16_t>& x, const Arr<uint16_t>& w, const Arr<uint16_t>& state, int repeat) {
+// (y, new state[, the state after each token]); rows: ask for the row states (T <= 64).
+py::tuple conv1d_op(const Arr<uint16_t>& x, const Arr<uint16_t>& w, const Arr<uint16_t>& state, bool rows,
+                    int repeat) {
     const char* op = "causal_conv1d_silu";
     check_ndim(op, "x", x, 2);
     check_ndim(op, "w", w, 2);
@@ -30,11 +32,16 @@ py::tuple conv1d_op(const Arr<uint16_t>& x, const Arr<uint16_t>& w, const Arr<ui
     check_shape(op, "w", w, {C, K});
     check_shape(op, "state", state, {C, K - 1});
     DeviceBuffer dx = upload(x), dw = upload(w), ds = upload(state), dy = poisoned(size_t(T) * C * 2);
+    DeviceBuffer dr = poisoned(rows ? size_t(T) * C * (K - 1) * 2 : 2);
     return run_op(op, repeat,
-                  [&] { causal_conv1d_silu(dx.as<bf16>(), dw.as<bf16>(), ds.as<bf16>(), dy.as<bf16>(), T, C, K, 0); },
+                  [&] {
+                      causal_conv1d_silu(dx.as<bf16>(), dw.as<bf16>(), ds.as<bf16>(), dy.as<bf16>(), T, C, K, 0,
+                                         rows ? dr.as<bf16>() : nullptr);
+                  },
                   [&](py::list& out) {
                       out.append(download<uint16_t>(dy, {T, C}));
                       out.append(download<uint16_t>(ds, {C, K - 1}));
+                      if (rows) out.append(download<uint16_t>(dr, {T, C, K - 1}));
                   });
 }
 
@@ -364,8 +371,10 @@ py::object shared_combine_op(const Arr<uint16_t>& routed, const Arr<uint16_t>& s
 
 void register_gdn_moe_ops(py::module_& ops) {
     using py::arg;
-    ops.def("causal_conv1d_silu", &conv1d_op, arg("x"), arg("w"), arg("state"), arg("repeat") = 0,
-            "x [T,C], w [C,K], state [C,K-1] (bf16 bits) -> (y [T,C], new_state [C,K-1])");
+    ops.def("causal_conv1d_silu", &conv1d_op, arg("x"), arg("w"), arg("state"), arg("rows") = false,
+            arg("repeat") = 0,
+            "x [T,C], w [C,K], state [C,K-1] (bf16 bits) -> (y [T,C], new_state [C,K-1]"
+            "[, rows [T,C,K-1]: the state after each token, with rows=True])");
     ops.def("gated_delta_rule_recurrent", &gdn_recurrent_op, arg("qkv"), arg("a"), arg("b"),
             arg("A_log"), arg("dt_bias"), arg("state"), arg("Hk"), arg("snapshots") = false,
             arg("repeat") = 0,

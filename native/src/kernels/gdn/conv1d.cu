@@ -8,7 +8,8 @@
 //
 // One thread owns 8 consecutive channels (16-byte accesses of x and y) and a run of tokens,
 // keeping the K-1 previous inputs in registers. When one run covers all T tokens (decode, short
-// verify windows) the same thread also writes the new state: one launch. Longer sequences split
+// verify windows) the same thread also writes the new state: one launch; and, given row_states
+// [T, C, K-1], the state after each token (a verify window's rows, to keep any prefix of them). Longer sequences split
 // time into tiles across blocks; the state is then rewritten by a second tiny launch, after every
 // tile has read the old one.
 #include "kernels/common.cuh"
@@ -26,10 +27,23 @@ constexpr int CONV_VEC = 8;        // channels per thread
 constexpr int CONV_THREADS = 128;  // threads per block
 constexpr int CONV_TILE_T = 64;    // tokens per thread when time is split
 
+// state [C, K-1] of the thread's 8 channels from hist (the K-1 latest inputs, oldest first).
+template <int K>
+__device__ __forceinline__ void store_conv_state(bf16* state, int c0, const float (&hist)[K - 1][CONV_VEC]) {
+    uint4 s_raw[K - 1];
+    bf16* s8 = reinterpret_cast<bf16*>(s_raw);
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j)
+#pragma unroll
+        for (int v = 0; v < CONV_VEC; ++v) s8[v * (K - 1) + j] = __float2bfloat16_rn(hist[j][v]);
+#pragma unroll
+    for (int q = 0; q < K - 1; ++q) reinterpret_cast<uint4*>(state + size_t(c0) * (K - 1))[q] = s_raw[q];
+}
+
 template <int K>
 __global__ void __launch_bounds__(CONV_THREADS)
 conv1d_silu_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* state,
-                   bf16* __restrict__ y, int T, int C, int tile_t, bool write_state) {
+                   bf16* __restrict__ y, int T, int C, int tile_t, bool write_state, bf16* __restrict__ row_states) {
     pdl_begin();
     const int c0 = (blockIdx.x * CONV_THREADS + threadIdx.x) * CONV_VEC;
     if (c0 >= C) return;
@@ -83,18 +97,10 @@ conv1d_silu_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16*
             for (int v = 0; v < CONV_VEC; ++v) hist[j][v] = hist[j + 1][v];
 #pragma unroll
         for (int v = 0; v < CONV_VEC; ++v) hist[K - 2][v] = cur[v];
+        if (row_states) store_conv_state<K>(row_states + size_t(t) * C * (K - 1), c0, hist);  // after token t
     }
 
-    if (write_state) {  // hist now holds xin columns T .. T+K-2
-        uint4 s_raw[K - 1];
-        bf16* s8 = reinterpret_cast<bf16*>(s_raw);
-#pragma unroll
-        for (int j = 0; j < K - 1; ++j)
-#pragma unroll
-            for (int v = 0; v < CONV_VEC; ++v) s8[v * (K - 1) + j] = __float2bfloat16_rn(hist[j][v]);
-#pragma unroll
-        for (int q = 0; q < K - 1; ++q) reinterpret_cast<uint4*>(state + size_t(c0) * (K - 1))[q] = s_raw[q];
-    }
+    if (write_state) store_conv_state<K>(state, c0, hist);  // hist now holds xin columns T .. T+K-2
 }
 
 // state[c, j] = x[T - (K-1) + j, c]   (T >= K-1: the new state comes from x alone)
@@ -109,16 +115,19 @@ __global__ void conv1d_state_from_x_kernel(const bf16* __restrict__ x, bf16* __r
 }
 
 template <int K>
-void launch_conv1d(const bf16* x, const bf16* w, bf16* state, bf16* y, int T, int C,
+void launch_conv1d(const bf16* x, const bf16* w, bf16* state, bf16* y, int T, int C, bf16* row_states,
                    cudaStream_t stream) {
     const int blocks_c = ceil_div(C / CONV_VEC, CONV_THREADS);
     if (T <= CONV_TILE_T) {
         launch_pdl("conv1d_silu_kernel", conv1d_silu_kernel<K>, dim3(blocks_c, 1), CONV_THREADS, 0, stream,
-                   x, w, state, y, T, C, T, true);
+                   x, w, state, y, T, C, T, true, row_states);
         return;
     }
+    if (row_states)
+        throw std::invalid_argument("causal_conv1d_silu: row states need T <= " + std::to_string(CONV_TILE_T) +
+                                    ", got " + std::to_string(T));
     launch_pdl("conv1d_silu_kernel", conv1d_silu_kernel<K>, dim3(blocks_c, ceil_div(T, CONV_TILE_T)),
-               CONV_THREADS, 0, stream, x, w, state, y, T, C, CONV_TILE_T, false);
+               CONV_THREADS, 0, stream, x, w, state, y, T, C, CONV_TILE_T, false, static_cast<bf16*>(nullptr));
     launch_pdl("conv1d_state_from_x_kernel", conv1d_state_from_x_kernel<K>, ceil_div(C, 256), 256, 0,
                stream, x, state, T, C);
 }
@@ -126,15 +135,15 @@ void launch_conv1d(const bf16* x, const bf16* w, bf16* state, bf16* y, int T, in
 }  // namespace
 
 void causal_conv1d_silu(const bf16* x, const bf16* w, bf16* state, bf16* y, int T, int C, int K,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, bf16* row_states) {
     if (T < 1) throw std::invalid_argument("causal_conv1d_silu: T must be >= 1, got " + std::to_string(T));
     if (C < CONV_VEC || C % CONV_VEC != 0)
         throw std::invalid_argument("causal_conv1d_silu: C must be a positive multiple of 8, got " +
                                     std::to_string(C));
     switch (K) {
-        case 2: launch_conv1d<2>(x, w, state, y, T, C, stream); break;
-        case 3: launch_conv1d<3>(x, w, state, y, T, C, stream); break;
-        case 4: launch_conv1d<4>(x, w, state, y, T, C, stream); break;
+        case 2: launch_conv1d<2>(x, w, state, y, T, C, row_states, stream); break;
+        case 3: launch_conv1d<3>(x, w, state, y, T, C, row_states, stream); break;
+        case 4: launch_conv1d<4>(x, w, state, y, T, C, row_states, stream); break;
         default:
             throw std::invalid_argument("causal_conv1d_silu: kernel size K must be 2, 3 or 4, got " +
                                         std::to_string(K));

@@ -1,0 +1,119 @@
+// engine_verify.cu - Engine: the speculative verify window (engine.h). verify runs the window
+// through model_forward with ForwardStep::rows, so each GDN layer leaves the state after every row
+// in verify_mem_ and the LM head fills one logits row per token; argmax_rows picks each row's
+// greedy token. accept copies the kept row's GDN states into the live ones (two strided copies
+// over all GDN layers); the KV rows past the kept position are simply rewritten by later steps.
+//
+// verify_mem_, per GDN layer in layer order: [R, Hv, dk, dv] fp32 recurrent rows, then
+// [R, C, K-1] bf16 conv rows (R = verify_rows); then the R greedy tokens.
+#include "engine/engine.h"
+
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/common.cuh"
+#include "kernels/ops.h"
+
+namespace lampo {
+
+namespace {
+size_t conv_row_bytes(const ModelDims& d) { return size_t(d.conv_channels()) * (d.conv_kernel - 1) * 2; }
+size_t verify_layer_bytes(const ModelDims& d, size_t rec_bytes, int rows) {
+    return size_t(rows) * (rec_bytes + conv_row_bytes(d));
+}
+}  // namespace
+
+void Engine::allocate_verify_rows() {
+    const int R = opt_.verify_rows, L = dims_.n_layers();
+    const size_t layer = verify_layer_bytes(dims_, gdn_rec_bytes_, R);
+    const size_t gdn_layers = size_t(dims_.count(MixerKind::GatedDeltaNet));
+    verify_mem_ = DeviceMemory(gdn_layers * layer + size_t(R) * 4,
+                               "verify window rows (" + std::to_string(R) + " x the GDN states)");
+    char* p = verify_mem_.as<char>();
+    for (int l = 0; l < L; ++l) {
+        if (dims_.mixers[l] != MixerKind::GatedDeltaNet) continue;
+        state_.gdn[l].recurrent_rows = reinterpret_cast<float*>(p);
+        state_.gdn[l].conv_rows = reinterpret_cast<bf16*>(p + size_t(R) * gdn_rec_bytes_);
+        p += layer;
+    }
+    d_verify_out_ = reinterpret_cast<int32_t*>(p);
+}
+
+std::vector<int32_t> Engine::verify(const int32_t* ids, int n) {
+    require_weights();
+    require_idle("verify");
+    if (opt_.verify_rows == 0) throw std::logic_error("verify: the engine keeps no verify rows (verify_rows = 0)");
+    if (n < 2 || n > opt_.verify_rows) {
+        throw std::invalid_argument("verify: a window of " + std::to_string(n) + " tokens; this engine verifies 2.." +
+                                    std::to_string(opt_.verify_rows));
+    }
+    if (pos_ + n > opt_.context_max) {
+        throw std::out_of_range("verify: position " + std::to_string(pos_) + " + " + std::to_string(n) +
+                                " tokens exceeds the context of " + std::to_string(opt_.context_max));
+    }
+    for (int i = 0; i < n; ++i) {
+        if (ids[i] < 0 || ids[i] >= dims_.vocab) {
+            throw std::invalid_argument("verify: token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
+                                        " is outside the vocabulary [0, " + std::to_string(dims_.vocab) + ")");
+        }
+    }
+    std::memcpy(h_io_, ids, size_t(n) * 4);
+    h_io_[opt_.prefill_chunk] = pos_;
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_ids_, h_io_, size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_pos_, &h_io_[opt_.prefill_chunk], 4, cudaMemcpyHostToDevice, stream_));
+    ForwardStep step;
+    step.T = n;
+    step.d_ids = d_ids_;
+    step.d_pos = d_pos_;
+    step.pos0 = pos_;
+    step.logits = true;
+    step.rows = true;
+    model_forward(dims_, weights_->model(), state_, ws_, step, stream_, nullptr);
+    argmax_rows(ws_.logits, n, dims_.vocab, dims_.vocab_real, d_verify_out_, stream_);
+    LAMPO_CHECK_LAUNCH("argmax_rows");
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(h_io_, d_verify_out_, size_t(n) * 4, cudaMemcpyDeviceToHost, stream_));
+    LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::vector<int32_t> tokens(h_io_, h_io_ + n);
+    verify_start_ = pos_;
+    verified_ = n;
+    pos_ += n;
+    write_position();
+    return tokens;
+}
+
+void Engine::accept(int keep) {
+    require_idle("accept");
+    if (keep < 1 || keep > verified_) {
+        throw std::invalid_argument("accept: keep " + std::to_string(keep) + " of a verify window of " +
+                                    std::to_string(verified_) + " rows" +
+                                    (verified_ ? std::string() : std::string(" (none held: a forward ran since)")));
+    }
+    const size_t R = size_t(opt_.verify_rows), gdn_layers = size_t(dims_.count(MixerKind::GatedDeltaNet));
+    if (gdn_layers > 0) {
+        // Row keep - 1 of every layer into its live state: one strided copy for the recurrent
+        // states and one for the conv states (live layers are rec + padded conv apart, rows a
+        // whole verify layer apart).
+        const size_t live_pitch = gdn_rec_bytes_ + gdn_conv_bytes_;
+        const size_t rows_pitch = verify_layer_bytes(dims_, gdn_rec_bytes_, int(R)), row = size_t(keep - 1);
+        const char* rows = verify_mem_.as<char>();
+        char* live = gdn_mem_.as<char>();
+        LAMPO_CUDA_CHECK(cudaMemcpy2DAsync(live, live_pitch, rows + row * gdn_rec_bytes_, rows_pitch, gdn_rec_bytes_,
+                                           gdn_layers, cudaMemcpyDeviceToDevice, stream_));
+        const size_t conv = conv_row_bytes(dims_);
+        LAMPO_CUDA_CHECK(cudaMemcpy2DAsync(live + gdn_rec_bytes_, live_pitch, rows + R * gdn_rec_bytes_ + row * conv,
+                                           rows_pitch, conv, gdn_layers, cudaMemcpyDeviceToDevice, stream_));
+    }
+    pos_ = verify_start_ + keep;
+    write_position();
+}
+
+std::vector<float> Engine::verify_logits() {
+    if (verified_ == 0) throw std::logic_error("verify_logits: no verify window is held");
+    std::vector<float> out(size_t(verified_) * dims_.vocab);
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(out.data(), ws_.logits, out.size() * 4, cudaMemcpyDeviceToHost, stream_));
+    LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return out;
+}
+
+}  // namespace lampo

@@ -1,0 +1,146 @@
+"""The engine's speculative verify window (Engine.verify / accept / verify_logits, engine_verify.cu).
+
+A verify window runs the last sampled token and the drafts through the few-token forward, keeping
+each row's Gated DeltaNet states; accept(keep) makes the state the one after row keep - 1. Checked
+against the same tokens run one at a time through the engine (tolerances of test_engine.py's
+engine-vs-engine comparisons: the two paths round differently in bf16, and an MoE row may pick
+another expert where the router is near a tie), and the misuses refused with their numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from lampo.engine.cuda import load_weights
+from lampo.models.checkpoint import Checkpoint
+from lampo.models.presets import get_preset
+from lampo.models.synthetic import write_checkpoint
+from lampo.models.tensor_specs import engine_tensor_names
+
+_native = pytest.importorskip("lampo._native")
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(_native.device_count() < 1, reason="no CUDA device"),
+]
+
+REAL_VOCAB = 248_077
+ROWS = 5  # the last sampled token and four drafts
+DENSE_TOL, MOE_MEDIAN, LOOSE = 2e-2, 6e-2, 0.6
+
+
+@pytest.fixture(scope="module", params=["tiny-dense", "tiny-moe"])
+def tiny(request, tmp_path_factory):
+    """(engine with verify rows, whether the model is MoE)."""
+    d = write_checkpoint(tmp_path_factory.mktemp(request.param), get_preset(request.param), seed=1,
+                         with_mtp=False)
+    ck = Checkpoint.open(d, include_mtp=False)
+    engine = _native.Engine(ck.config, engine_tensor_names(ck.config), context_max=512, prefill_chunk=64,
+                            snapshot_slots=1, verify_rows=ROWS)
+    load_weights(engine, ck)
+    return engine, ck.config.is_moe
+
+
+def start(engine, prompt) -> int:
+    engine.reset()
+    engine.set_sampling(0.0, 0, 1.0, 0.0, 0.0, 0)
+    engine.begin_generation()
+    return engine.prefill(np.asarray(prompt, np.int32), True)
+
+
+def one_at_a_time(engine, prompt, tokens) -> list[np.ndarray]:
+    """Logits after each of `tokens`, fed one per call after `prompt`."""
+    start(engine, prompt)
+    rows = []
+    for t in tokens:
+        engine.prefill(np.asarray([t], np.int32), True)
+        rows.append(np.asarray(engine.logits()))
+    return rows
+
+
+def rel_l2(got, want) -> float:
+    g, w = np.asarray(got, np.float64)[:REAL_VOCAB], np.asarray(want, np.float64)[:REAL_VOCAB]
+    return float(np.linalg.norm(g - w) / np.linalg.norm(w))
+
+
+def assert_rows_agree(got_rows, want_rows, moe: bool, what: str):
+    errs = [rel_l2(g, w) for g, w in zip(got_rows, want_rows)]
+    report = f"{what}: rel L2 per row {[f'{e:.1e}' for e in errs]}"
+    if moe:
+        assert np.median(errs) <= MOE_MEDIAN and max(errs) <= LOOSE, report
+    else:
+        assert max(errs) <= DENSE_TOL, report
+
+
+def window(engine, prompt, seed) -> list[int]:
+    """The prompt's sampled token followed by ROWS - 1 random drafts."""
+    first = start(engine, prompt)
+    drafts = np.random.default_rng(seed).integers(0, REAL_VOCAB, ROWS - 1)
+    return [first, *map(int, drafts)]
+
+
+def test_each_verify_row_matches_the_tokens_run_one_at_a_time(tiny):
+    engine, moe = tiny
+    prompt = np.random.default_rng(0).integers(0, REAL_VOCAB, 24)
+    ids = window(engine, prompt, seed=1)
+    greedy = engine.verify(np.asarray(ids, np.int32))
+    rows = engine.verify_logits()
+    assert rows.shape == (ROWS, engine.vocab)
+    assert engine.position == len(prompt) + ROWS
+    np.testing.assert_array_equal(greedy, np.argmax(rows[:, :REAL_VOCAB], axis=1))
+    assert_rows_agree(rows, one_at_a_time(engine, prompt, ids), moe, "verify rows")
+
+
+@pytest.mark.parametrize("keeps", [(3,), (ROWS,), (1,), (4, 2)])  # (4, 2): take two drafts back
+def test_accept_continues_as_if_only_the_kept_rows_had_run(tiny, keeps):
+    engine, moe = tiny
+    prompt = np.random.default_rng(2).integers(0, REAL_VOCAB, 20)
+    ids = window(engine, prompt, seed=3)
+    engine.verify(np.asarray(ids, np.int32))
+    for keep in keeps:
+        engine.accept(keep)
+    keep = keeps[-1]
+    assert engine.position == len(prompt) + keep
+    follow = [int(t) for t in np.random.default_rng(4).integers(0, REAL_VOCAB, 3)]
+    got = []
+    for t in follow:
+        engine.prefill(np.asarray([t], np.int32), True)
+        got.append(np.asarray(engine.logits()))
+    want = one_at_a_time(engine, prompt, ids[:keep] + follow)[keep:]
+    assert_rows_agree(got, want, moe, f"after accept{keeps}")
+
+
+def test_a_verify_after_an_accept_and_a_graphed_decode_step(tiny):
+    """Rounds back to back, the way generation runs them, then a plain decode step."""
+    engine, moe = tiny
+    prompt = np.random.default_rng(5).integers(0, REAL_VOCAB, 16)
+    first = start(engine, prompt)
+    fed, kept_ids = first, []
+    for seed in (6, 7):
+        drafts = [int(t) for t in np.random.default_rng(seed).integers(0, REAL_VOCAB, ROWS - 1)]
+        greedy = engine.verify(np.asarray([fed, *drafts], np.int32))
+        engine.accept(2)  # the fed token and one draft
+        kept_ids += [fed, drafts[0]]
+        fed = int(greedy[1])
+    token = engine.decode(fed)
+    got = np.asarray(engine.logits())
+    want = one_at_a_time(engine, prompt, kept_ids + [fed])[-1]
+    assert_rows_agree([got], [want], moe, "decode after two rounds")
+    assert token == int(np.argmax(got[:REAL_VOCAB])) or moe
+
+
+def test_misuse_is_refused_with_numbers(tiny):
+    engine, _ = tiny
+    prompt = np.random.default_rng(8).integers(0, REAL_VOCAB, 8)
+    start(engine, prompt)
+    with pytest.raises(ValueError, match="window of 1 tokens; this engine verifies 2..5"):
+        engine.verify(np.asarray([1], np.int32))
+    with pytest.raises(ValueError, match="window of 6 tokens"):
+        engine.verify(np.arange(6, dtype=np.int32))
+    with pytest.raises(ValueError, match="keep 1 of a verify window of 0 rows"):
+        engine.accept(1)
+    engine.verify(np.asarray([1, 2, 3], np.int32))
+    with pytest.raises(ValueError, match="keep 4 of a verify window of 3 rows"):
+        engine.accept(4)
+    engine.prefill(np.asarray([5], np.int32), True)  # a forward since: the rows are gone
+    with pytest.raises(ValueError, match="none held"):
+        engine.accept(1)
