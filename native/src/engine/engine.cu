@@ -214,6 +214,25 @@ void Engine::require_idle(const char* op) const {
 }
 
 // ---- prefill -------------------------------------------------------------------------------
+void Engine::upload_window(const char* op, const int32_t* ids, int n) {
+    if (pos_ + n > opt_.context_max) {
+        throw std::out_of_range(std::string(op) + ": position " + std::to_string(pos_) + " + " + std::to_string(n) +
+                                " tokens exceeds the context of " + std::to_string(opt_.context_max));
+    }
+    for (int i = 0; i < n; ++i) {
+        if (ids[i] < 0 || ids[i] >= dims_.vocab) {
+            throw std::invalid_argument(std::string(op) + ": token id " + std::to_string(ids[i]) + " at index " +
+                                        std::to_string(i) + " is outside the vocabulary [0, " +
+                                        std::to_string(dims_.vocab) + ")");
+        }
+    }
+    verified_ = 0;
+    std::memcpy(h_io_, ids, size_t(n) * 4);
+    h_io_[opt_.prefill_chunk] = pos_;
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_ids_, h_io_, size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_pos_, &h_io_[opt_.prefill_chunk], 4, cudaMemcpyHostToDevice, stream_));
+}
+
 void Engine::require_weights() const {
     if (!weights_->ready()) {
         throw std::logic_error("engine: weights are not loaded (call finish_loading or random_weights)");
@@ -227,23 +246,7 @@ int Engine::prefill(const int32_t* ids, int n, bool sample_next) {
         throw std::invalid_argument("prefill: " + std::to_string(n) + " tokens; a chunk holds 1.." +
                                     std::to_string(opt_.prefill_chunk));
     }
-    if (pos_ + n > opt_.context_max) {
-        throw std::out_of_range("prefill: position " + std::to_string(pos_) + " + " + std::to_string(n) +
-                                " tokens exceeds the context of " + std::to_string(opt_.context_max));
-    }
-    for (int i = 0; i < n; ++i) {
-        if (ids[i] < 0 || ids[i] >= dims_.vocab) {
-            throw std::invalid_argument("prefill: token id " + std::to_string(ids[i]) + " at index " +
-                                        std::to_string(i) + " is outside the vocabulary [0, " +
-                                        std::to_string(dims_.vocab) + ")");
-        }
-    }
-    verified_ = 0;
-    std::memcpy(h_io_, ids, size_t(n) * 4);
-    h_io_[opt_.prefill_chunk] = pos_;
-    LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_ids_, h_io_, size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
-    LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_pos_, &h_io_[opt_.prefill_chunk], 4, cudaMemcpyHostToDevice,
-                                     stream_));
+    upload_window("prefill", ids, n);
     ForwardStep step;
     step.T = n;
     step.d_ids = d_ids_;

@@ -163,6 +163,9 @@ private:
     void require_idle(const char* op) const;  // no decode step queued
     void feed_token(int token);  // token >= 0: the next step's input (else the last sampled id)
     void allocate_verify_rows();  // verify_mem_ and the layers' *_rows pointers
+    // Checks `n` ids at the current position (context, vocabulary; `op` names the caller), drops
+    // the verify rows and queues the ids and the position for the next forward.
+    void upload_window(const char* op, const int32_t* ids, int n);
 };
 
 struct DeviceInfo {

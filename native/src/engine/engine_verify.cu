@@ -8,7 +8,6 @@
 // [R, C, K-1] bf16 conv rows (R = verify_rows); then the R greedy tokens.
 #include "engine/engine.h"
 
-#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -48,20 +47,7 @@ std::vector<int32_t> Engine::verify(const int32_t* ids, int n) {
         throw std::invalid_argument("verify: a window of " + std::to_string(n) + " tokens; this engine verifies 2.." +
                                     std::to_string(opt_.verify_rows));
     }
-    if (pos_ + n > opt_.context_max) {
-        throw std::out_of_range("verify: position " + std::to_string(pos_) + " + " + std::to_string(n) +
-                                " tokens exceeds the context of " + std::to_string(opt_.context_max));
-    }
-    for (int i = 0; i < n; ++i) {
-        if (ids[i] < 0 || ids[i] >= dims_.vocab) {
-            throw std::invalid_argument("verify: token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
-                                        " is outside the vocabulary [0, " + std::to_string(dims_.vocab) + ")");
-        }
-    }
-    std::memcpy(h_io_, ids, size_t(n) * 4);
-    h_io_[opt_.prefill_chunk] = pos_;
-    LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_ids_, h_io_, size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
-    LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_pos_, &h_io_[opt_.prefill_chunk], 4, cudaMemcpyHostToDevice, stream_));
+    upload_window("verify", ids, n);
     ForwardStep step;
     step.T = n;
     step.d_ids = d_ids_;
