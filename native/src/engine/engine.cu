@@ -214,6 +214,15 @@ void Engine::require_idle(const char* op) const {
 }
 
 // ---- prefill -------------------------------------------------------------------------------
+ForwardStep Engine::window_step(int n) const {
+    ForwardStep step;
+    step.T = n;
+    step.d_ids = d_ids_;
+    step.d_pos = d_pos_;
+    step.pos0 = pos_;
+    return step;
+}
+
 void Engine::upload_window(const char* op, const int32_t* ids, int n) {
     if (pos_ + n > opt_.context_max) {
         throw std::out_of_range(std::string(op) + ": position " + std::to_string(pos_) + " + " + std::to_string(n) +
@@ -247,11 +256,7 @@ int Engine::prefill(const int32_t* ids, int n, bool sample_next) {
                                     std::to_string(opt_.prefill_chunk));
     }
     upload_window("prefill", ids, n);
-    ForwardStep step;
-    step.T = n;
-    step.d_ids = d_ids_;
-    step.d_pos = d_pos_;
-    step.pos0 = pos_;
+    ForwardStep step = window_step(n);
     step.logits = sample_next;
     step.routing_out = routing_mem_.as<int32_t>();
     model_forward(dims_, weights_->model(), state_, ws_, step, stream_, nullptr);

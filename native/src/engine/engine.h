@@ -166,6 +166,7 @@ private:
     // Checks `n` ids at the current position (context, vocabulary; `op` names the caller), drops
     // the verify rows and queues the ids and the position for the next forward.
     void upload_window(const char* op, const int32_t* ids, int n);
+    ForwardStep window_step(int n) const;  // the forward over the uploaded window of n ids
 };
 
 struct DeviceInfo {

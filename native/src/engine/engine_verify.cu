@@ -48,11 +48,7 @@ std::vector<int32_t> Engine::verify(const int32_t* ids, int n) {
                                     std::to_string(opt_.verify_rows));
     }
     upload_window("verify", ids, n);
-    ForwardStep step;
-    step.T = n;
-    step.d_ids = d_ids_;
-    step.d_pos = d_pos_;
-    step.pos0 = pos_;
+    ForwardStep step = window_step(n);
     step.logits = true;
     step.rows = true;
     model_forward(dims_, weights_->model(), state_, ws_, step, stream_, nullptr);
