@@ -58,8 +58,8 @@
 #   files  build (no tests unless TESTS=1) + full-size checkpoints loaded from FILES, each written into
 #          $WORK/files by the synthetic generator (one process per CPU, no MTP), benched, deleted:
 #          the 35B-A3B at q5 in the packed LQ format (21.6 GB; prefill 8,192 and decode at 8,192,
-#          --weights auto), then the 27B in bf16 (53.8 GB, when df shows the room: the 64 GiB disk
-#          of nvidia-h200 may not, nvidia-h200-x2's has) quantized on load to q5 (prefill and decode
+#          --weights auto), then the 27B in bf16 (53.8 GB, when df shows the room: a 64 GiB disk
+#          may not have it, a 128 GiB one has) quantized on load to q5 (prefill and decode
 #          at 2,048: the load's peak host memory is the number). A summary line per step: size,
 #          seconds, peak RSS (of the bench: after the load, and the anonymous part while loading;
 #          of the generator), tok/s. FILES_CONVERT=SECONDS also runs `lampo convert` on the 27B
@@ -326,8 +326,7 @@ PYEOF
       fi
     fi
   else
-    log "27B bf16 from files skipped: $(avail_gb) GB free in $CK, it needs 56 (53.8 GB of shards;" \
-      "nvidia-h200-x2's disk has the room)"
+    log "27B bf16 from files skipped: $(avail_gb) GB free in $CK, it needs 56 (53.8 GB of shards)"
   fi
   rm -rf "$CK" ;;
 full)
