@@ -72,12 +72,12 @@ def test_the_command_line_wins_over_the_settings_file(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("speculation, told", [(Speculation("mtp", 3), True), (Speculation(), False),
                                                (Speculation("off"), False)])
-def test_the_cuda_engine_says_it_does_not_draft(monkeypatch, tmp_path, speculation, told):
-    said = []
+def test_the_cuda_engine_says_what_it_runs_of_the_setting(monkeypatch, tmp_path, speculation, told):
+    said, made = [], []
     monkeypatch.setattr(picker, "native_for", lambda kind, say: object())
-    monkeypatch.setattr(cuda, "CudaBackend", lambda *args, **kw: "the cuda backend")
+    monkeypatch.setattr(cuda, "CudaBackend", lambda *args, **kw: made.append(kw["speculation"]) or "the cuda backend")
     backend = picker.open_backend("cuda", tmp_path, context_max=4096, tokenizer=None, say=said.append,
                                   speculation=speculation)
-    assert backend == "the cuda backend"
-    assert said == (["speculation mtp:3 applies to the reference backend: the CUDA engine does not run "
-                     "speculative decoding yet"] if told else [])
+    assert backend == "the cuda backend" and made == [speculation]  # the backend derives what it runs
+    assert said == ([speculation.on_cuda()[1]] if told else [])
+    assert not told or "runs ngram:3" in said[0]

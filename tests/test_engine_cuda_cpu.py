@@ -39,10 +39,11 @@ def next_token(history: list[int]) -> int:
 class FakeEngine:
     def __init__(self, native: "FakeNative", config: ModelConfig, tensor_names: dict[str, str],
                  tensor_bits: dict[str, int], *, context_max: int, prefill_chunk: int, snapshot_slots: int,
-                 vram_limit: int):
+                 vram_limit: int, verify_rows: int = 0):
         assert isinstance(config, ModelConfig) and tensor_names == engine_tensor_names(config)
         self.native, self.config, self.tensor_bits, self.vram_limit = native, config, tensor_bits, vram_limit
         self.context_max, self.prefill_chunk, self.snapshot_slots = context_max, prefill_chunk, snapshot_slots
+        self.verify_rows, self.verified = verify_rows, None  # (start, rows) of the last verify
         self.loaded: list[str] = []
         self.stored_bits: dict[str, int] = {}
         self.history: list[int] = []
@@ -92,13 +93,16 @@ class FakeEngine:
         assert 1 <= len(ids) <= self.prefill_chunk and ids.dtype == np.int32
         assert self.position + len(ids) <= self.context_max
         self.calls.append(("prefill", len(ids), bool(sample)))
+        self.verified = None
         self.history += [int(t) for t in ids]
         self.pending = self._sample() if sample else -1
         return self.pending
 
     def decode_submit(self, token=-1):  # like the engine's queued step, it runs (here) when collected
         assert self.queued == 0, "the backend keeps at most one step queued"
+        assert token >= 0 or self.pending >= 0, "no sample to feed"
         self.queued, self.fed = 1, (self.pending if token < 0 else token)
+        self.verified = None
 
     def decode_collect(self):
         assert self.queued == 1
@@ -109,6 +113,23 @@ class FakeEngine:
         self.history.append(self.fed)
         self.pending = self._sample()
         return self.pending
+
+    def verify(self, ids):  # each row's greedy token, the rows kept until the next forward
+        assert 2 <= len(ids) <= self.verify_rows and ids.dtype == np.int32 and self.queued == 0
+        self.calls.append(("verify", len(ids)))
+        start, tokens = len(self.history), []
+        for t in ids:
+            self.history.append(int(t))
+            tokens.append(self._sample())
+        self.verified = (start, len(ids))
+        return np.asarray(tokens, np.int32)
+
+    def accept(self, keep):
+        start, rows = self.verified
+        assert 1 <= keep <= rows
+        self.calls.append(("accept", keep))
+        self.history = self.history[:start] + self.history[start:start + rows][:keep]
+        self.pending = -1  # a verify round leaves no sample for the next step to feed
 
     def _sample(self) -> int:
         if self.native.stop_at is not None and len(self.history) >= self.native.stop_at:

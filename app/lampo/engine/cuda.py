@@ -11,8 +11,9 @@ checkpoint into it shard by shard (zero-copy memory-mapped tensors; the engine c
 a pinned staging ring, converting on the GPU where the stored format differs), after which the
 engine counts the NaN/Inf values of every tensor (of an LQ one: its scales) on the GPU and a
 damaged one is refused by name. The tokenizer is checked against the model's vocabulary before
-any of this (`Tokenizer.from_checkpoint`). MTP tensors are not loaded: this engine does not run
-speculative decoding yet.
+any of this (`Tokenizer.from_checkpoint`). MTP tensors are not loaded: the engine has no MTP layer
+yet. With `speculation` asking for n-gram drafts (`Speculation.on_cuda`), the engine keeps verify
+rows and greedy requests decode in verify rounds (`engine.native_rounds`).
 
 Per request `lampo.engine.loop.GenerationLoop` does the work (prefix reuse through the engine's
 snapshot slots, chunked prefill with the GIL released inside each chunk, decoding, events); this
@@ -36,6 +37,8 @@ import numpy as np
 from lampo.engine.protocol import BackendInfo, Event, GenerationRequest
 from lampo.demo import is_demo_checkpoint
 from lampo.engine.loop import Decoded, GenerationLoop
+from lampo.engine.native_rounds import NativeSpeculativeSteps, speculates
+from lampo.engine.speculation import MAX_DRAFTS, Speculation
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.config import ModelConfig
 from lampo.models.finite_scan import NonFinite, nonfinite_error
@@ -76,17 +79,21 @@ def memory_budget(native, vram_limit: int = 0) -> int:
     return min(free, vram_limit) if vram_limit else free
 
 
-def _plan(cfg: ModelConfig, weights: str, context_max: int, prefill_chunk: int, snapshot_slots: int):
+def _plan(cfg: ModelConfig, weights: str, context_max: int, prefill_chunk: int, snapshot_slots: int,
+          verify_rows: int = 0):
+    """The plan of an engine with these sizes; its verify rows count as GDN state copies (and
+    logits rows) like the snapshot slots."""
     return plan_memory(cfg, context_max=context_max, weights=weights, kv="int8", with_mtp=False,
-                       spec_slots=snapshot_slots, prefill_chunk=prefill_chunk)
+                       spec_slots=snapshot_slots + verify_rows, prefill_chunk=prefill_chunk)
 
 
 def resolve_weights(native, cfg: ModelConfig, requested: str, lq: LqFormat | None, *, context_max: int,
                     prefill_chunk: int = DEFAULT_PREFILL_CHUNK, snapshot_slots: int = DEFAULT_SNAPSHOT_SLOTS,
-                    vram_limit: int = 0) -> tuple[str, dict[str, int]]:
+                    verify_rows: int = 0, vram_limit: int = 0) -> tuple[str, dict[str, int]]:
     """(weight format of the run, the engine's LQ widths by tensor name) for `--weights requested`
     on a checkpoint whose converted format is `lq` (None: bf16)."""
-    plans = {r: _plan(cfg, r, context_max, prefill_chunk, snapshot_slots) for r in RECIPES}  # what auto weighs
+    plans = {r: _plan(cfg, r, context_max, prefill_chunk, snapshot_slots, verify_rows)
+             for r in RECIPES}  # what auto weighs
     fmt = choose_weights(requested, lq.recipe if lq is not None else None, plans, memory_budget(native, vram_limit))
     if fmt == BF16:
         return fmt, {}
@@ -97,12 +104,13 @@ def resolve_weights(native, cfg: ModelConfig, requested: str, lq: LqFormat | Non
 
 def create_engine(native, cfg: ModelConfig, *, context_max: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                   snapshot_slots: int = DEFAULT_SNAPSHOT_SLOTS, weights: str = BF16,
-                  tensor_bits: dict[str, int] | None = None, vram_limit: int = 0):
+                  tensor_bits: dict[str, int] | None = None, vram_limit: int = 0, verify_rows: int = 0):
     """Check the memory plan of `weights` (a WEIGHT_FORMATS name) against the free VRAM (or the
-    VRAM limit), then allocate the engine (INT8 KV cache, no MTP) for the config itself, with its
-    tensors' names by role from the tensor table and the LQ widths `tensor_bits`. Raises
-    EngineUnavailable with the plan table when it does not fit."""
-    plan = _plan(cfg, weights, context_max, prefill_chunk, snapshot_slots)
+    VRAM limit), then allocate the engine (INT8 KV cache, no MTP; `verify_rows`: the most tokens of
+    a verify window, 0 for none) for the config itself, with its tensors' names by role from the
+    tensor table and the LQ widths `tensor_bits`. Raises EngineUnavailable with the plan table when
+    it does not fit."""
+    plan = _plan(cfg, weights, context_max, prefill_chunk, snapshot_slots, verify_rows)
     budget = memory_budget(native, vram_limit)
     ok, message = plan.fits(budget)
     if not ok:
@@ -110,7 +118,8 @@ def create_engine(native, cfg: ModelConfig, *, context_max: int, prefill_chunk: 
         raise EngineUnavailable(f"{message}{limit}\n\nmemory plan ({cfg.name or 'model'}, context "
                                 f"{context_max:,}):\n{plan.format_table()}")
     return native.Engine(cfg, engine_tensor_names(cfg), tensor_bits or {}, context_max=context_max,
-                         prefill_chunk=prefill_chunk, snapshot_slots=snapshot_slots, vram_limit=vram_limit)
+                         prefill_chunk=prefill_chunk, snapshot_slots=snapshot_slots, vram_limit=vram_limit,
+                         verify_rows=verify_rows)
 
 
 def load_weights(engine, ck: Checkpoint, progress: LoadProgress | None = None) -> int:
@@ -146,8 +155,10 @@ class CudaBackend:
     def __init__(self, model_dir: str | Path, *, context_max: int | None = None,
                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK, snapshot_slots: int = DEFAULT_SNAPSHOT_SLOTS,
                  on_load: LoadProgress | None = None, native=None, tokenizer=None, weights: str = "auto",
-                 vram_limit: int = 0):
+                 vram_limit: int = 0, speculation: Speculation = Speculation()):
         self._native = native if native is not None else load_native()
+        self.speculation = speculation.on_cuda()[0]  # what runs here (the caller says how it differs)
+        verify_rows = 1 + (self.speculation.drafts or MAX_DRAFTS) if self.speculation.on else 0
         self._ck = Checkpoint.open(model_dir, include_mtp=False)
         cfg = self._ck.config
         context_max = min(context_max or cfg.max_position_embeddings, cfg.max_position_embeddings)
@@ -155,7 +166,8 @@ class CudaBackend:
             from lampo.models.tokenizer import Tokenizer
 
             tokenizer = Tokenizer.from_checkpoint(model_dir)
-        sizes = dict(context_max=context_max, prefill_chunk=prefill_chunk, snapshot_slots=snapshot_slots)
+        sizes = dict(context_max=context_max, prefill_chunk=prefill_chunk, snapshot_slots=snapshot_slots,
+                     verify_rows=verify_rows)
         try:
             self.weight_format, bits = resolve_weights(self._native, cfg, weights, self._ck.lq, vram_limit=vram_limit,
                                                        **sizes)
@@ -167,7 +179,8 @@ class CudaBackend:
         self._loop = GenerationLoop(tokenizer, PrefixCache(snapshot_slots), label="CUDA", forget=lambda: self._engine.reset(),
                                     recover=self._recover, stats_interval_s=STATS_INTERVAL_S)
         self._info = BackendInfo("cuda", cfg.name or Path(model_dir).name, str(model_dir), context_max,
-                                 is_demo=is_demo_checkpoint(Path(model_dir)), weights=self.weight_format)
+                                 is_demo=is_demo_checkpoint(Path(model_dir)), weights=self.weight_format,
+                                 speculative=self.speculation.on)
 
     def _build_engine(self):
         engine = create_engine(self._native, self._ck.config, **self._settings)
@@ -182,8 +195,12 @@ class CudaBackend:
     def generate(self, request: GenerationRequest, cancel: threading.Event) -> Iterator[Event]:
         if self._engine is None:
             raise RuntimeError("generate: the backend is closed")
-        return self._loop.start(request, cancel, NativeSteps(self._engine, self._native, request.sampling),
-                                self._info.context_max)
+        steps = NativeSteps(self._engine, self._native, request.sampling)
+        if self.speculation.on and speculates(request.sampling):
+            verify_rows = self._settings["verify_rows"]
+            steps = NativeSpeculativeSteps(steps, self._engine, request.prompt_ids, k_max=verify_rows - 1,
+                                           fixed_k=self.speculation.drafts)
+        return self._loop.start(request, cancel, steps, self._info.context_max)
 
     def reset(self) -> None:
         self._loop.reset()

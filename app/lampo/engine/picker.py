@@ -38,18 +38,18 @@ def open_backend(kind: str, model_dir: Path, *, context_max: int, tokenizer,
                  say: Callable[[str], None] | None = None, weights: str = "auto", vram_limit: int = 0,
                  speculation: Speculation = Speculation()) -> Backend:
     """`weights` and `vram_limit` (the CUDA engine's): see CudaBackend; the reference engine runs
-    the checkpoint as stored (saying so when they ask for something else). `speculation` (the
-    reference engine's: see ReferenceBackend): the CUDA engine does not draft yet, and says so when
-    asked for anything but the default or off."""
+    the checkpoint as stored (saying so when they ask for something else). `speculation`: see
+    ReferenceBackend and `Speculation.on_cuda` (what the CUDA engine runs of it, said when it
+    differs from the setting)."""
     native = native_for(kind, say)
     if native is not None:
         from lampo.engine.cuda import CudaBackend
 
-        if say is not None and speculation not in (Speculation(), Speculation("off")):
-            say(f"speculation {speculation} applies to the reference backend: the CUDA engine does not run "
-                "speculative decoding yet")
+        note = speculation.on_cuda()[1]
+        if say is not None and note:
+            say(note)
         return CudaBackend(model_dir, context_max=context_max, native=native, tokenizer=tokenizer, weights=weights,
-                           vram_limit=vram_limit)
+                           vram_limit=vram_limit, speculation=speculation)
     from lampo.engine.reference import ReferenceBackend
 
     if say is not None and (weights not in ("auto", "bf16") or vram_limit):

@@ -49,6 +49,21 @@ class Speculation:
                           f"using n-gram drafts ({fallback}) instead")
 
 
+    def on_cuda(self) -> tuple[Speculation, str]:
+        """What the CUDA engine runs for this setting, and the line that says how it differs ("" when
+        it does not): the engine drafts by n-gram lookup only (it has no MTP layer yet), for greedy
+        replies only, and only when asked (auto decodes plainly there)."""
+        if self.mode == "off" or self == Speculation():
+            return Speculation("off"), ""
+        if self.mode == "auto":
+            return Speculation("off"), (f"speculation {self}: the CUDA engine drafts only when asked for "
+                                        "ngram; decoding one token a step")
+        run = Speculation("ngram", self.drafts)
+        why = "" if self.mode == "ngram" else " (it has no MTP drafts yet)"
+        return run, (f"speculation {self}: the CUDA engine runs {run}{why}, for greedy replies (temperature 0, "
+                     "no presence penalty); sampled replies decode one token a step")
+
+
 def _count_error(count) -> str:
     return f"the draft count must be a whole number from 1 to {MAX_DRAFTS} (got {count!r})"
 

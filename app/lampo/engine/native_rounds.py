@@ -1,0 +1,92 @@
+"""Speculative decode steps on the CUDA engine: greedy rounds of n-gram drafts.
+
+`NativeSpeculativeSteps` is `NativeSteps` whose decode step looks the prompt and the reply so far
+up for a repeat of their last tokens (`models.speculative.ngram_drafts`), lets a `DraftPolicy`
+(n-gram only, the measured acceptance per draft position) choose how many of the drafts to try,
+runs the fed token and those drafts as one verify window (`Engine.verify`: each row's greedy token)
+and keeps the longest prefix of drafts the engine agrees with plus its own next token
+(`Engine.accept`); with no drafts worth trying the step is a plain decode step. `rewind` takes kept
+drafts back (accept with a smaller keep). Greedy only - temperature 0 and no presence penalty, the
+picks a verify row's argmax reproduces (`speculates`); other requests use plain `NativeSteps`.
+The engine must have been made with verify rows for at least `k_max + 1` tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from lampo.engine.loop import Decoded
+from lampo.models.draft_policy import DraftPolicy
+from lampo.models.sampling_params import SamplingParams
+from lampo.models.speculative import ngram_drafts
+
+
+def speculates(sampling: SamplingParams) -> bool:
+    """Whether greedy verify rounds give this request's picks: greedy and no presence penalty."""
+    return sampling.greedy and sampling.presence_penalty == 0.0
+
+
+class NativeSpeculativeSteps:
+    """Wraps a `NativeSteps` (`plain`), replacing its decode step by verify rounds."""
+
+    def __init__(self, plain, engine, prompt: Sequence[int], k_max: int, fixed_k: int | None):
+        self._plain, self._engine = plain, engine
+        self.chunk = plain.chunk
+        self._context = list(prompt)  # the prompt, then every token fed or kept
+        self._policy = DraftPolicy(k_max=k_max, mode="ngram", fixed_k=fixed_k)
+        self._round: tuple[int, list[int]] | None = None  # (fed, drafts) of the submitted round
+        self._kept = 0  # drafts the last round kept and that are still in the state
+
+    # the protocol's other steps are the plain ones
+    def begin(self) -> None:
+        self._plain.begin()
+
+    def reset(self) -> None:
+        self._plain.reset()
+
+    def restore(self, slot: int) -> None:
+        self._plain.restore(slot)
+
+    def snapshot(self, slot: int) -> None:
+        self._plain.snapshot(slot)
+
+    def prefill(self, ids: Sequence[int], last: bool) -> int | None:
+        return self._plain.prefill(ids, last)
+
+    def vram(self) -> tuple[int, int]:
+        return self._plain.vram()
+
+    def decode_submit(self, fed: int, max_drafts: int) -> None:
+        self._context.append(fed)
+        cap = min(self._policy.k_max, max_drafts)
+        drafts = ngram_drafts(self._context, cap) if cap > 0 else []
+        drafter, k = self._policy.choose({"ngram": len(drafts)})
+        if drafter is None:  # a plain step, fed explicitly: a verify round left no sample to feed
+            self._round = None
+            self._engine.decode_submit(fed)
+        else:
+            self._round = (fed, drafts[:k])
+
+    def decode_collect(self) -> Decoded:
+        if self._round is None:
+            self._kept = 0
+            return Decoded((self._engine.decode_collect(),))
+        fed, drafts = self._round
+        targets = self._engine.verify(np.asarray([fed, *drafts], np.int32))
+        kept = 0
+        while kept < len(drafts) and drafts[kept] == int(targets[kept]):
+            kept += 1
+        self._engine.accept(kept + 1)
+        self._policy.record("ngram", len(drafts), kept)
+        self._kept = kept
+        self._context += drafts[:kept]
+        return Decoded((*drafts[:kept], int(targets[kept])), len(drafts))
+
+    def rewind(self, n: int) -> None:
+        if not 0 < n <= self._kept:
+            raise ValueError(f"rewind: the last step kept {self._kept} drafts, cannot take back {n}")
+        self._kept -= n
+        self._engine.accept(self._kept + 1)
+        del self._context[-n:]

@@ -1,0 +1,121 @@
+"""CudaBackend's n-gram verify rounds (engine/native_rounds.py) on the fake native module of
+test_engine_cuda_cpu.py, whose model here is a Markov chain (the next token depends on the last
+one only), so the conversation repeats itself and n-gram drafts are kept: the reply must be the
+plain greedy reply token for token, a stop inside a round must leave exactly the streamed tokens in
+the engine, and only greedy requests may draft."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import test_engine_cuda_cpu as fake
+from helpers import TagTokenizer
+from lampo.engine.cuda import CudaBackend
+from lampo.engine.protocol import Done, GenerationRequest, Stats, TokenEvent
+from lampo.engine.speculation import Speculation
+from lampo.models.presets import get_preset
+from lampo.models.sampling_params import GREEDY, SamplingParams
+
+
+def markov(history: list[int]) -> int:
+    return 1000 + (history[-1] * 7 + 3) % 11  # a cycle of a few tokens: the reply repeats
+
+
+def chain(first: int, n: int) -> tuple[int, ...]:
+    out = [first]
+    while len(out) < n:
+        out.append(markov(out))
+    return tuple(out)
+
+
+PROMPT = chain(1001, 14)  # the cycle is in the prompt already: drafts from the first step
+
+
+@pytest.fixture(autouse=True)
+def markov_model(monkeypatch):
+    monkeypatch.setattr(fake, "next_token", markov)
+
+
+def make(tiny_dense_dir, speculation: Speculation):
+    native = fake.FakeNative(get_preset("tiny-dense"))
+    b = CudaBackend(tiny_dense_dir, context_max=128, prefill_chunk=4, snapshot_slots=2, native=native,
+                    tokenizer=TagTokenizer(), speculation=speculation)
+    return b, native.engines[-1]
+
+
+def generate(b, max_tokens=30, sampling: SamplingParams = GREEDY):
+    req = GenerationRequest(PROMPT, SamplingParams(**{**sampling.to_dict(), "max_tokens": max_tokens}))
+    events = list(b.generate(req, threading.Event()))
+    assert isinstance(events[-1], Done)
+    ids = [i for e in events if isinstance(e, TokenEvent) for i in e.ids]
+    return ids, [e for e in events if isinstance(e, Stats)][-1], events[-1]
+
+
+def plain_reply(n):
+    history, out = list(PROMPT), []
+    for _ in range(n):
+        out.append(markov(history))
+        history.append(out[-1])
+    return out
+
+
+@pytest.mark.parametrize("setting", ["ngram", "ngram:1", "ngram:3", "mtp:2"])
+def test_greedy_rounds_reproduce_the_plain_reply_and_count_their_drafts(tiny_dense_dir, setting):
+    b, engine = make(tiny_dense_dir, Speculation(*((setting.split(":")[0], int(setting.split(":")[1]))
+                                                   if ":" in setting else (setting,))))
+    assert b.info.speculative and engine.verify_rows == 1 + (int(setting.split(":")[1]) if ":" in setting else 4)
+    ids, stats, _done = generate(b)
+    assert ids == plain_reply(30)
+    assert ("verify" in {c[0] for c in engine.calls}) and stats.draft_n_accepted > 0
+    assert 0 < stats.draft_rounds and stats.draft_n_accepted <= stats.draft_n
+    assert engine.history == list(PROMPT) + ids[:-1]  # the last sample is not fed
+
+
+def test_a_stop_inside_a_round_leaves_exactly_the_streamed_tokens(tiny_dense_dir):
+    b, engine = make(tiny_dense_dir, Speculation("ngram", 4))
+    for n in (9, 13, 17):  # stop ids at several points, most of them inside rounds
+        engine.native.stop_at = len(PROMPT) + n
+        ids, _stats, done = generate(b, max_tokens=40)
+        assert done.reason == "stop"
+        assert ids == plain_reply(n)
+        assert engine.history == list(PROMPT) + ids  # drafts past the stop were taken back
+    engine.native.stop_at = None
+    ids, _stats, _done = generate(b, max_tokens=7)  # the length limit bounds the drafts too
+    assert ids == plain_reply(7)
+
+
+@pytest.mark.parametrize("n", [10, 11, 13])
+def test_a_cancel_inside_a_round_takes_the_unstreamed_drafts_back(tiny_dense_dir, n):
+    b, engine = make(tiny_dense_dir, Speculation("ngram", 4))
+    cancel, ids = threading.Event(), []
+    req = GenerationRequest(PROMPT, SamplingParams(**{**GREEDY.to_dict(), "max_tokens": 40}))
+    for e in b.generate(req, cancel):
+        if isinstance(e, TokenEvent):
+            ids += e.ids
+            if len(ids) >= n:
+                cancel.set()  # checked before the next token, also one a round already kept
+    assert ids == plain_reply(len(ids)) and len(ids) == n
+    assert any(c[0] == "accept" for c in engine.calls)
+    assert engine.history == list(PROMPT) + ids[:-1] or engine.history == list(PROMPT) + ids
+
+
+def test_only_greedy_requests_draft_and_auto_decodes_plainly_on_cuda(tiny_dense_dir):
+    b, engine = make(tiny_dense_dir, Speculation("ngram"))
+    generate(b, sampling=SamplingParams(temperature=0.6, seed=1))
+    generate(b, sampling=SamplingParams(**{**GREEDY.to_dict(), "presence_penalty": 0.5}))
+    assert "verify" not in {c[0] for c in engine.calls}
+    b, engine = make(tiny_dense_dir, Speculation())
+    assert engine.verify_rows == 0 and not b.info.speculative
+    assert generate(b)[0] == plain_reply(30)
+
+
+def test_what_the_cuda_engine_runs_of_each_setting_and_what_it_says():
+    assert Speculation().on_cuda() == (Speculation("off"), "")
+    assert Speculation("off").on_cuda() == (Speculation("off"), "")
+    run, note = Speculation("auto", 3).on_cuda()
+    assert run == Speculation("off") and "drafts only when asked for ngram" in note
+    run, note = Speculation("mtp", 2).on_cuda()
+    assert run == Speculation("ngram", 2) and "no MTP drafts yet" in note and "greedy" in note
+    run, note = Speculation("ngram").on_cuda()
+    assert run == Speculation("ngram") and "no MTP" not in note and "sampled replies decode one token" in note
