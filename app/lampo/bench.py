@@ -3,6 +3,7 @@
     lampo bench [--model DIR | --preset NAME --random-weights] [--layers N] [--prompt 8192,65536]
                 [--depths 0,8192,65536,262144] [--decode-tokens 128] [--chunk N] [--context N]
                 [--fast-depth] [--profile-steps N] [--backend auto|cuda|reference] [--json PATH]
+                [--speculate-accept 0.6,0.8,0.9 [--draft-k 1,2,3,4]]
 
 Measured (CUDA engine):
 - prefill tok/s and TTFT for each prompt length (random token ids, fresh state; TTFT = the prefill
@@ -17,6 +18,8 @@ Measured (CUDA engine):
 - host memory: the process's peak RSS (ru_maxrss) after the load and at the end, and the largest
   anonymous RSS sampled during the load (the peak RSS also counts the pages of the memory-mapped
   checkpoint, which the kernel can drop; the anonymous part is what quantize-on-load must have);
+- with --speculate-accept: at each depth the verify window's cost against a plain step and the
+  speed of speculative rounds at a set draft acceptance (bench_speculative.py);
 - the fraction of the bandwidth roofline: bytes read per token (active weights from
   `lampo.models.params`, bf16, + INT8 KV rows at that depth + GDN recurrent and conv state read and
   written) / time, divided by the measured device copy bandwidth (big D2D cudaMemcpy, bytes read +
@@ -43,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lampo.bench_speculative import SLOTS, SpecWorkload, accept_rates, format_speculative, measure_speculative
 from lampo.cli import vram_bytes
 from lampo.engine.loop import chunk_ends
 from lampo.engine.picker import native_for
@@ -96,6 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "fits), bf16, q5, q4 (quantized while loading; random weights are filled in that format)")
     p.add_argument("--vram-limit", type=vram_bytes, default=0, metavar="SIZE",
                    help="cap the engine's device memory, e.g. 24GiB (CUDA only)")
+    p.add_argument("--speculate-accept", type=accept_rates, metavar="A,A",
+                   help="also measure speculative decoding at these draft acceptance rates (e.g. 0.6,0.8,0.9)")
+    p.add_argument("--draft-k", type=_int_list, default=[1, 2, 3, 4], metavar="K,K",
+                   help="drafts per round for --speculate-accept (default 1,2,3,4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
     return p
@@ -110,6 +118,7 @@ class Workload:
     context_max: int
     fast_depth: bool
     profile_steps: int
+    spec: SpecWorkload | None = None
     notes: list[str] = field(default_factory=list)
 
 
@@ -127,12 +136,18 @@ def plan_workload(args: argparse.Namespace, cfg: ModelConfig, cuda: bool) -> Wor
         raise ValueError("--decode-tokens and --chunk must be >= 1")
     if any(p < 1 for p in prompts):
         raise ValueError("--prompt lengths must be >= 1")
-    # room after the deepest depth: warm-up + timed + profiled steps (+1 for the start token)
-    tail = WARMUP_STEPS + n + (args.profile_steps if cuda else 0) + 1
+    spec = None
+    if args.speculate_accept:
+        if not all(1 <= k <= 7 for k in args.draft_k):
+            raise ValueError(f"--draft-k values must be in 1..7 (got {args.draft_k})")
+        spec = SpecWorkload(args.speculate_accept, sorted(set(args.draft_k)))
+    # room after the deepest depth: warm-up + timed + profiled steps (+1 for the start token),
+    # and what the speculative measurement runs past it
+    tail = WARMUP_STEPS + n + (args.profile_steps if cuda else 0) + 1 + (spec.room(n) if spec else 0)
     context_max = args.context or min(limit, max(max(prompts), max(depths, default=0) + tail))
     if not 1 <= context_max <= limit:
         raise ValueError(f"--context must be in 1..{limit:,} (got {context_max:,})")
-    w = Workload(prompts, [], n, args.chunk, context_max, args.fast_depth, args.profile_steps if cuda else 0)
+    w = Workload(prompts, [], n, args.chunk, context_max, args.fast_depth, args.profile_steps if cuda else 0, spec)
     omitted = os.environ.get("LAMPO_OMIT_OPS", "") if cuda else ""
     if omitted:
         w.notes.append(f"LAMPO_OMIT_OPS={omitted}: these op families are left out of every forward pass "
@@ -173,24 +188,53 @@ class Target:
     def __init__(self, cfg: ModelConfig, steps, source: str, load: dict):
         self.cfg, self.steps, self.source, self.load = cfg, steps, source, load
         self.position = 0
-        self._next = -1  # the last sampled token, fed by the next decode step
+        self.next_token = -1  # the last sampled token, fed by the next decode step
+        self._slots: dict[int, tuple[int, int]] = {}  # slot -> (position, next_token)
+        self._window: tuple[int, list[int]] = (0, [])  # the last verify: (start, ids)
 
     def reset(self) -> None:
         self.steps.reset()
         self.steps.begin()
         self.position = 0
 
+    def snapshot(self, slot: int) -> None:
+        self.steps.snapshot(slot)
+        self._slots[slot] = (self.position, self.next_token)
+
+    def restore(self, slot: int) -> None:
+        self.steps.restore(slot)
+        self.position, self.next_token = self._slots[slot]
+
+    def verify(self, ids: list[int]) -> list[int]:
+        """A speculative verify window (the token to feed, then drafts): each row's greedy token."""
+        self._window = (self.position, list(ids))
+        own = self._verify(ids)
+        self.position += len(ids)
+        return own
+
+    def accept(self, keep: int, next_token: int) -> None:
+        """Keep the first `keep` rows of the last verify; `next_token` is fed next."""
+        start, ids = self._window
+        self._accept(keep, ids)
+        self.position, self.next_token = start + keep, next_token
+
+    def _verify(self, ids: list[int]) -> list[int]:
+        raise ValueError("--speculate-accept needs a verify window, which this engine has not")
+
+    def _accept(self, keep: int, ids: list[int]) -> None:
+        raise ValueError("--speculate-accept needs a verify window, which this engine has not")
+
     def prefill(self, ids: np.ndarray) -> int:
         start = self.position
         for end in chunk_ends(start, start + len(ids), self.steps.chunk):
-            self._next = self.steps.prefill(ids[self.position - start:end - start], end == start + len(ids))
+            self.next_token = self.steps.prefill(ids[self.position - start:end - start], end == start + len(ids))
             self.position = end
-        return self._next
+        return self.next_token
 
     def decode(self, n: int) -> None:
         for _ in range(n):
-            self.steps.decode_submit(self._next, 0)  # plain steps: no drafts
-            self._next = self.steps.decode_collect().tokens[0]
+            self.steps.decode_submit(self.next_token, 0)  # plain steps: no drafts
+            self.next_token = self.steps.decode_collect().tokens[0]
             self.position += 1
 
     def fill_depth(self, depth: int, seed: int) -> None:
@@ -213,14 +257,15 @@ class CudaTarget(Target):
     kind = "cuda"
 
     def __init__(self, native, cfg: ModelConfig, w: Workload, model_dir: Path | None, seed: int,
-                 weights: str = "auto", vram_limit: int = 0):
+                 weights: str = "auto", vram_limit: int = 0):  # w.spec: the engine keeps verify rows and snapshots
         from lampo.engine.cuda import NativeSteps, create_engine, load_weights, resolve_weights
         from lampo.models.checkpoint import Checkpoint
 
         self.native = native
         ck = Checkpoint.open(model_dir, include_mtp=False) if model_dir is not None else None
         self.stored_format = checkpoint_format(ck)
-        sizes = dict(context_max=w.context_max, prefill_chunk=w.chunk, snapshot_slots=0)
+        sizes = dict(context_max=w.context_max, prefill_chunk=w.chunk, snapshot_slots=SLOTS if w.spec else 0,
+                     verify_rows=w.spec.rows if w.spec else 0)
         self.weight_format, bits = resolve_weights(native, cfg, weights, ck.lq if ck else None, vram_limit=vram_limit,
                                                    **sizes)
         self.engine = create_engine(native, cfg, weights=self.weight_format, tensor_bits=bits, vram_limit=vram_limit,
@@ -242,6 +287,12 @@ class CudaTarget(Target):
     def fill_depth(self, depth: int, seed: int) -> None:
         self.engine.fill_state_random(depth, seed)
         self.position = depth
+
+    def _verify(self, ids: list[int]) -> list[int]:
+        return [int(t) for t in self.engine.verify(np.asarray(ids, np.int32))]
+
+    def _accept(self, keep: int, ids: list[int]) -> None:
+        self.engine.accept(keep)
 
     def device(self) -> dict:
         info = self.native.device_info()
@@ -285,6 +336,16 @@ class ReferenceTarget(Target):
             source = "random weights generated in memory (no checkpoint file)"
         steps = ReferenceSteps(model, {}, replace(GREEDY, seed=seed), chunk)
         super().__init__(cfg, steps, source, {"bytes": 0, "seconds": time.perf_counter() - t0})
+        self.model = model
+        self._before = None  # the state before the last verify
+
+    def _verify(self, ids: list[int]) -> list[int]:
+        self._before = self.model.snapshot()
+        return [int(t) for t in np.argmax(self.model.prefill(ids), axis=-1)]  # padding ids are -inf
+
+    def _accept(self, keep: int, ids: list[int]) -> None:
+        self.model.restore(self._before)
+        self.model.advance(ids[:keep])
 
 
 # ---- measurements ---------------------------------------------------------------------------
@@ -439,6 +500,8 @@ def format_report(r: dict) -> str:
         frac = f"{100 * d['roofline_fraction']:.1f}%" if "roofline_fraction" in d else "-"
         lines.append(f"{d['depth']:>15,} {d['reached_by']:>12} {d['tokens_per_second']:>10,.1f} "
                      f"{d['ms_per_token']:>9.3f} {d['bytes_per_token']['total'] / 1e9:>9.3f} {frac:>9}")
+    if r.get("speculative"):
+        lines += format_speculative(r["speculative"])
     for d in r["decode"]:
         if d.get("profile_ms"):
             prof = {k: v for k, v in d["profile_ms"].items() if v > 0}
@@ -487,7 +550,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     rng = np.random.default_rng(args.seed)
     target.prefill(random_ids(cfg, min(w.chunk, max(w.prompts)), rng))  # warm-up
     prefill = [measure_prefill(target, p, w, rng) for p in w.prompts]
-    decode = [measure_decode(target, d, w, rng, device.get("copy_bandwidth"), args.seed) for d in w.depths]
+    decode, speculative = [], []
+    for d in w.depths:
+        decode.append(measure_decode(target, d, w, rng, device.get("copy_bandwidth"), args.seed))
+        if w.spec:
+            speculative.append(measure_speculative(target, decode[-1], w.spec, w.decode_tokens, rng))
     device["vram_end"] = target.vram()  # after the deepest context: the run's VRAM as measured
     host["peak_rss_end_mib"] = peak_rss_mib()
     return {
@@ -509,6 +576,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         "notes": w.notes,
         "prefill": prefill,
         "decode": decode,
+        **({"speculative": speculative} if w.spec else {}),
         "commit": git_commit(),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join(["lampo", "bench", *argv]),

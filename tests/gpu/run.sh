@@ -21,6 +21,10 @@
 #          measurements: quant/quality.py --model (KL vs bf16, q5/q4, ours vs round-to-nearest) and
 #          tests/gpu/spec_acceptance.py (MTP and n-gram drafts, k = 1..4). Needs .gpu/qwen3.6
 #          (tokenizer.json, chat_template.jinja) carried.
+#   spec   build + pytest -m cuda (LAMPO_GPU_TESTS; the verify window's tests are
+#          tests/cuda/test_engine_verify.py) + the speculative benches: 35B-A3B and 27B at q5, decode at
+#          8,192 (random fill), the verify window's cost against a plain step and rounds at a set
+#          acceptance 0.6 / 0.8 / 0.9 for k = 1..4 (lampo bench --speculate-accept)
 #   kernel build + pytest -m cuda (LAMPO_GPU_TESTS) + Nsight Compute (--set full) over the LQ GEMV
 #          launches of tests/gpu/op_profile.py for the shapes in KERNEL_SHAPES ("OUT,IN,BITS[,T] ...")
 #   final  build + pytest -m cuda (the engine tests again with LAMPO_DECODE_FUSION=none and =all;
@@ -76,7 +80,7 @@
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|check|lq|trained|kernel|files|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline) ;; *) echo "usage: $0 quick|check|lq|trained|kernel|files|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline" >&2; exit 2 ;; esac
+case "$MODE" in quick|check|lq|trained|kernel|files|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline|spec) ;; *) echo "usage: $0 quick|check|lq|trained|kernel|files|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline|spec" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -261,6 +265,11 @@ lq)
           --fast-depth --profile-steps 0
       done ;;
   esac; done ;;
+spec)
+  for m in 35b-a3b 27b; do
+    bench "$m-q5-spec" 150 --preset "qwen3.6-$m" --random-weights --weights q5 --prompt 512 --depths 8192 \
+      --fast-depth --profile-steps 0 --speculate-accept 0.6,0.8,0.9 --draft-k 1,2,3,4
+  done ;;
 kernel)
   timeout 300 ncu --set full -k regex:gemv_lq --clock-control none \
     $PY tests/gpu/op_profile.py ${KERNEL_SHAPES:-248320,2048,4 8192,2048,5} >"$OUT/bench/ncu-kernel.txt" 2>&1

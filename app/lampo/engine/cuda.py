@@ -248,7 +248,7 @@ class NativeSteps:
         return token if last else None
 
     def decode_submit(self, fed: int, max_drafts: int) -> None:
-        self._engine.decode_submit(-1)  # -1: the engine feeds its own last sample, which is `fed`; it never drafts
+        self._engine.decode_submit(fed)  # fed explicitly: a restore or a verify round leaves no sample to feed
 
     def decode_collect(self) -> Decoded:
         return Decoded((self._engine.decode_collect(),))

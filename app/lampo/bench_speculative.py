@@ -1,0 +1,138 @@
+"""`lampo bench --speculate-accept A,A [--draft-k K,K]`: speculative decoding at a set acceptance.
+
+At each decode depth, after the plain decode measurement, and for each draft count k:
+- the verify cost: one window of k + 1 tokens (the fed token and k drafts) through `verify` and
+  `accept`, timed from the host (median of VERIFY_REPEATS, the state restored after each), against
+  the plain decode step of that depth;
+- for each acceptance a, rounds whose k drafts are the target's own greedy tokens, each replaced
+  by another token with probability 1 - a, until `decode_tokens` tokens are emitted: tok/s over the
+  rounds' own time, the speedup over plain decoding, the tokens per round, and the acceptance
+  measured: the share of the judged drafts that were kept (a round judges its drafts up to the
+  first rejected one; a verify row's greedy pick can differ from a plain step's at a near-tie of
+  the logits, which lowers it).
+The greedy tokens come from plain decode steps run ahead of the rounds (untimed, the state put
+back from a snapshot); where a round's own token differs from them they are run again from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+VERIFY_REPEATS = 8
+BASE_SLOT, AHEAD_SLOT = 0, 1  # snapshot slots: the depth's state, the state before running ahead
+SLOTS = 2
+
+
+def accept_rates(text: str) -> list[float]:
+    """--speculate-accept: comma-separated acceptance rates in (0, 1]."""
+    try:
+        rates = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated rates, got {text!r}") from None
+    if not rates or any(not 0.0 < a <= 1.0 for a in rates):
+        raise argparse.ArgumentTypeError(f"acceptance rates must be in (0, 1], got {text!r}")
+    return rates
+
+
+@dataclass(frozen=True)
+class SpecWorkload:
+    accepts: list[float]
+    ks: list[int]
+
+    @property
+    def rows(self) -> int:
+        """Verify window rows the engine must keep."""
+        return max(self.ks) + 1
+
+    def room(self, decode_tokens: int) -> int:
+        """Positions past a depth the measurement may use (rounds and greedy tokens run ahead)."""
+        return decode_tokens + 2 * self.rows
+
+
+def greedy_ahead(target, m: int) -> list[int]:
+    """The next m tokens plain greedy decoding emits from the target's state (untimed; the state
+    and the token to feed are put back)."""
+    target.snapshot(AHEAD_SLOT)
+    out = []
+    for _ in range(m):
+        target.decode(1)
+        out.append(target.next_token)
+    target.restore(AHEAD_SLOT)
+    return out
+
+
+def other_token(token: int, vocab: int, rng: np.random.Generator) -> int:
+    t = int(rng.integers(0, vocab - 1))
+    return t + 1 if t >= token else t
+
+
+def rounds_at(target, k: int, a: float, n: int, rng: np.random.Generator) -> dict:
+    """Speculative rounds of k drafts at acceptance a from the target's state until n tokens."""
+    vocab = target.cfg.real_vocab_size
+    ahead, i = [], 0  # greedy tokens from the round's start; ahead[i] follows the token to feed
+    emitted = judged = kept_total = rounds = 0
+    seconds = 0.0
+    while emitted < n:
+        if len(ahead) - i < k + 1:
+            ahead, i = greedy_ahead(target, n - emitted + k + 1), 0
+        want = ahead[i:i + k]
+        drafts = [t if rng.random() < a else other_token(t, vocab, rng) for t in want]
+        t0 = time.perf_counter()
+        own = target.verify([target.next_token, *drafts])
+        kept = 0
+        while kept < k and drafts[kept] == own[kept]:
+            kept += 1
+        target.accept(kept + 1, own[kept])
+        seconds += time.perf_counter() - t0
+        emitted, kept_total, rounds = emitted + kept + 1, kept_total + kept, rounds + 1
+        judged += kept + (kept < k)
+        if [*drafts[:kept], own[kept]] == ahead[i:i + kept + 1]:
+            i += kept + 1
+        else:  # the round's own token is not the plain step's: the greedy tokens from here again
+            ahead, i = [], 0
+    return {"a": a, "tokens": emitted, "seconds": seconds, "tokens_per_second": emitted / seconds,
+            "acceptance": kept_total / judged, "tokens_per_round": emitted / rounds}
+
+
+def measure_speculative(target, decode_row: dict, spec: SpecWorkload, n: int, rng: np.random.Generator) -> dict:
+    """The verify costs and set-acceptance runs at the depth the plain measurement left the
+    target at (its row `decode_row`)."""
+    plain_ms = decode_row["ms_per_token"]
+    target.snapshot(BASE_SLOT)
+    out = {"depth": decode_row["depth"], "plain_ms_per_token": plain_ms, "draft_counts": []}
+    for k in spec.ks:
+        times = []
+        for _ in range(VERIFY_REPEATS):
+            window = [target.next_token, *(int(t) for t in rng.integers(0, target.cfg.real_vocab_size, k))]
+            t0 = time.perf_counter()
+            own = target.verify(window)
+            target.accept(k + 1, own[k])
+            times.append(time.perf_counter() - t0)
+            target.restore(BASE_SLOT)
+        verify_ms = 1000.0 * statistics.median(times)
+        runs = []
+        for a in spec.accepts:
+            run = rounds_at(target, k, a, n, rng)
+            run["speedup"] = run["tokens_per_second"] * plain_ms / 1000.0
+            runs.append(run)
+            target.restore(BASE_SLOT)
+        out["draft_counts"].append({"k": k, "verify_ms": verify_ms, "verify_cost": verify_ms / plain_ms,
+                                    "runs": runs})
+    return out
+
+
+def format_speculative(rows: list[dict]) -> list[str]:
+    lines = ["", f"{'depth':>9} {'k':>2} {'verify ms':>10} {'x plain':>8} {'set a':>6} {'measured':>9} "
+                 f"{'tok/round':>9} {'tok/s':>9} {'speedup':>8}"]
+    for r in rows:
+        for d in r["draft_counts"]:
+            for run in d["runs"]:
+                lines.append(f"{r['depth']:>9,} {d['k']:>2} {d['verify_ms']:>10.3f} {d['verify_cost']:>8.2f} "
+                             f"{run['a']:>6.2f} {run['acceptance']:>9.2f} {run['tokens_per_round']:>9.2f} "
+                             f"{run['tokens_per_second']:>9,.1f} {run['speedup']:>7.2f}x")
+    return lines

@@ -1,0 +1,43 @@
+"""`lampo bench --speculate-accept` on the reference backend (the CUDA engine runs the same code
+through Engine.verify / accept): the verify costs and the set-acceptance runs are measured at each
+depth, the state is put back after each, and the acceptance measured follows the one set."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lampo import bench
+
+
+def run_bench(tiny_dense_dir, tmp_path, *extra):
+    out = tmp_path / "bench.json"
+    rc = bench.main(["--model", str(tiny_dense_dir), "--backend", "reference", "--prompt", "5", "--depths", "0,9",
+                     "--decode-tokens", "24", "--chunk", "8", "--json", str(out), *extra])
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def test_speculative_rounds_at_set_acceptance_rates(tiny_dense_dir, tmp_path, capsys):
+    r = run_bench(tiny_dense_dir, tmp_path, "--speculate-accept", "1,0.5", "--draft-k", "1,3")
+    assert [s["depth"] for s in r["speculative"]] == [d["depth"] for d in r["decode"]]
+    for s in r["speculative"]:
+        assert [d["k"] for d in s["draft_counts"]] == [1, 3]
+        for d in s["draft_counts"]:
+            assert d["verify_ms"] > 0 and d["verify_cost"] > 0
+            full, half = d["runs"]
+            assert (full["a"], half["a"]) == (1.0, 0.5)
+            assert full["acceptance"] >= 0.9  # every draft right but where two rows' numerics tie
+            assert 0.15 <= half["acceptance"] <= 0.85
+            assert full["tokens_per_round"] > half["tokens_per_round"] >= 1.0
+            assert full["tokens"] >= 24 and full["tokens_per_second"] > 0 and full["speedup"] > 0
+    assert "tok/round" in capsys.readouterr().out
+
+
+def test_the_speculative_measurement_needs_valid_rates_and_counts(tiny_dense_dir, tmp_path):
+    with pytest.raises(SystemExit):
+        bench.build_parser().parse_args(["--speculate-accept", "1.5"])
+    assert bench.main(["--model", str(tiny_dense_dir), "--backend", "reference", "--speculate-accept", "0.8",
+                       "--draft-k", "9"]) == 2
+    assert "speculative" not in run_bench(tiny_dense_dir, tmp_path)
