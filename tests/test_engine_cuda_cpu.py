@@ -128,8 +128,7 @@ class FakeEngine:
         start, rows = self.verified
         assert 1 <= keep <= rows
         self.calls.append(("accept", keep))
-        self.history = self.history[:start] + self.history[start:start + rows][:keep]
-        self.pending = -1  # a verify round leaves no sample for the next step to feed
+        self.history = self.history[:start] + self.history[start:start + rows][:keep]  # `pending` stays
 
     def _sample(self) -> int:
         if self.native.stop_at is not None and len(self.history) >= self.native.stop_at:

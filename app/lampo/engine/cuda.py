@@ -227,6 +227,7 @@ class NativeSteps:
     def __init__(self, engine, native, sampling: SamplingParams):
         self.chunk = engine.prefill_chunk
         self._engine, self._native, self._sampling = engine, native, sampling
+        self._sampled = -1  # the engine's last sample, which its next step can feed from the device
 
     def begin(self) -> None:
         sp = self._sampling
@@ -245,13 +246,19 @@ class NativeSteps:
 
     def prefill(self, ids: Sequence[int], last: bool) -> int | None:
         token = self._engine.prefill(np.asarray(ids, dtype=np.int32), last)
-        return token if last else None
+        if not last:
+            return None
+        self._sampled = token
+        return token
 
     def decode_submit(self, fed: int, max_drafts: int) -> None:
-        self._engine.decode_submit(fed)  # fed explicitly: a restore or a verify round leaves no sample to feed
+        # -1: the step feeds the engine's own last sample, already on the device; any other token
+        # (after a restore or a verify round) goes up with the step
+        self._engine.decode_submit(-1 if fed == self._sampled else fed)
 
     def decode_collect(self) -> Decoded:
-        return Decoded((self._engine.decode_collect(),))
+        self._sampled = self._engine.decode_collect()
+        return Decoded((self._sampled,))
 
     def vram(self) -> tuple[int, int]:
         free, total = self._native.mem_info()

@@ -63,16 +63,16 @@ class NativeSpeculativeSteps:
         cap = min(self._policy.k_max, max_drafts)
         drafts = ngram_drafts(self._context, cap) if cap > 0 else []
         drafter, k = self._policy.choose({"ngram": len(drafts)})
-        if drafter is None:  # a plain step, fed explicitly: a verify round left no sample to feed
+        if drafter is None:
             self._round = None
-            self._engine.decode_submit(fed)
+            self._plain.decode_submit(fed, 0)
         else:
             self._round = (fed, drafts[:k])
 
     def decode_collect(self) -> Decoded:
         if self._round is None:
             self._kept = 0
-            return Decoded((self._engine.decode_collect(),))
+            return self._plain.decode_collect()
         fed, drafts = self._round
         targets = self._engine.verify(np.asarray([fed, *drafts], np.int32))
         kept = 0
