@@ -127,8 +127,9 @@ def measure_speculative(target, decode_row: dict, spec: SpecWorkload, n: int, rn
 
 
 def format_speculative(rows: list[dict]) -> list[str]:
-    lines = ["", f"{'depth':>9} {'k':>2} {'verify ms':>10} {'x plain':>8} {'set a':>6} {'measured':>9} "
-                 f"{'tok/round':>9} {'tok/s':>9} {'speedup':>8}"]
+    header = (f"{'depth':>9} {'k':>2} {'verify ms':>10} {'x plain':>8} {'set a':>6} {'measured':>9} "
+              f"{'tok/round':>9} {'tok/s':>9} {'speedup':>8}")
+    lines = ["", header]
     for r in rows:
         for d in r["draft_counts"]:
             for run in d["runs"]:
