@@ -33,30 +33,13 @@ class NativeSpeculativeSteps:
 
     def __init__(self, plain, engine, prompt: Sequence[int], k_max: int, fixed_k: int | None):
         self._plain, self._engine = plain, engine
-        self.chunk = plain.chunk
         self._context = list(prompt)  # the prompt, then every token fed or kept
         self._policy = DraftPolicy(k_max=k_max, mode="ngram", fixed_k=fixed_k)
         self._round: tuple[int, list[int]] | None = None  # (fed, drafts) of the submitted round
         self._kept = 0  # drafts the last round kept and that are still in the state
 
-    # the protocol's other steps are the plain ones
-    def begin(self) -> None:
-        self._plain.begin()
-
-    def reset(self) -> None:
-        self._plain.reset()
-
-    def restore(self, slot: int) -> None:
-        self._plain.restore(slot)
-
-    def snapshot(self, slot: int) -> None:
-        self._plain.snapshot(slot)
-
-    def prefill(self, ids: Sequence[int], last: bool) -> int | None:
-        return self._plain.prefill(ids, last)
-
-    def vram(self) -> tuple[int, int]:
-        return self._plain.vram()
+    def __getattr__(self, name):  # the protocol's other steps (begin, prefill, snapshot...) are the plain ones
+        return getattr(self._plain, name)
 
     def decode_submit(self, fed: int, max_drafts: int) -> None:
         self._context.append(fed)
