@@ -9,9 +9,9 @@
 // One thread owns 8 consecutive channels (16-byte accesses of x and y) and a run of tokens,
 // keeping the K-1 previous inputs in registers. When one run covers all T tokens (decode, short
 // verify windows) the same thread also writes the new state: one launch; and, given row_states
-// [T, C, K-1], the state after each token (a verify window's rows, to keep any prefix of them). Longer sequences split
-// time into tiles across blocks; the state is then rewritten by a second tiny launch, after every
-// tile has read the old one.
+// [T, C, K-1], the state after each token (a verify window's rows, to keep any prefix of them).
+// Longer sequences split time into tiles across blocks; the state is then rewritten by a second
+// tiny launch, after every tile has read the old one.
 #include "kernels/common.cuh"
 #include "kernels/launch_utils.cuh"
 #include "kernels/gdn_moe_vec.cuh"

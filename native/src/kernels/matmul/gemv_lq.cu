@@ -14,9 +14,10 @@
 // warp's first strip, 1 for its last), and the warp that arrives last at the strip's counter adds
 // the pieces in warp order (deterministic) and writes the rows, then resets the counter. The slots
 // and counters are the block's shared memory when the strip's warps are all in one block (small
-// matrices), else a device scratch (fenced device-wide; its counters stay zero between launches). Every weight byte is read once and serves all T tokens. Launched
-// with PDL: the first group is requested before the wait (weights are immutable); the scratch and
-// counters are touched only after it, so consecutive launches never share them.
+// matrices), else a device scratch (fenced device-wide; its counters stay zero between launches).
+// Every weight byte is read once and serves all T tokens. Launched with PDL: the first group is
+// requested before the wait (weights are immutable); the scratch and counters are touched only
+// after it, so consecutive launches never share them.
 //
 // The decode step's two folded forms (T = 1; linear.h), as gemv.cu's for BF16 weights:
 // - LqIn::NormedResidual (gemv_lq_normed): every block builds x = bf16(rmsnorm(residual) * (1 + w))
@@ -28,7 +29,10 @@
 // - LqOut::AddToResidual (gemv_lq_add_residual): residual[row] += float(bf16(y[row])), the rounding
 //   of a bf16 output added by add_rmsnorm.
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/launch_utils.cuh"
 #include "kernels/lq_stage.cuh"
@@ -259,8 +263,21 @@ void launch_gemv_lq(const char* op, GemvLqParams p, cudaStream_t stream) {
     const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT>;
     const size_t smem = lq_smem_bytes(p.in, p.T, IN);
     if (smem + LQ_STATIC_SMEM_BYTES > 48 * 1024) allow_dynamic_smem(kernel, smem, op);
-    int per_sm = 0;
-    LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, LQ_WARPS * 32, smem));
+    // Blocks per SM by device and shared memory size, asked of the runtime once each (eager
+    // few-token forwards, e.g. verify windows, launch this kernel hundreds of times per call).
+    static std::mutex lock;
+    static std::map<std::pair<int, size_t>, int> resident;
+    int device = 0, per_sm = 0;
+    LAMPO_CUDA_CHECK(cudaGetDevice(&device));
+    {
+        const std::lock_guard<std::mutex> hold(lock);
+        auto it = resident.find({device, smem});
+        if (it == resident.end()) {
+            LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, LQ_WARPS * 32, smem));
+            it = resident.emplace(std::make_pair(device, smem), per_sm).first;
+        }
+        per_sm = it->second;
+    }
     const int64_t groups = int64_t(p.out / LQ_TILE_ROWS) * ceil_div(p.in / LQ_TILE_COLS, LQ_GROUP);
     const int64_t wanted = (groups + LQ_MIN_GROUPS * LQ_WARPS - 1) / (LQ_MIN_GROUPS * LQ_WARPS);
     const int blocks = int(std::min<int64_t>({wanted, int64_t(std::max(per_sm, 1)) * sm_count(),
