@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lampo.models.speculative import accept_greedy
+
 VERIFY_REPEATS = 8
 BASE_SLOT, AHEAD_SLOT = 0, 1  # snapshot slots: the depth's state, the state before running ahead
 SLOTS = 2
@@ -84,14 +86,12 @@ def rounds_at(target, k: int, a: float, n: int, rng: np.random.Generator) -> dic
         drafts = [t if rng.random() < a else other_token(t, vocab, rng) for t in want]
         t0 = time.perf_counter()
         own = target.verify([target.next_token, *drafts])
-        kept = 0
-        while kept < k and drafts[kept] == own[kept]:
-            kept += 1
-        target.accept(kept + 1, own[kept])
+        kept, nxt = accept_greedy(drafts, own.__getitem__)
+        target.accept(kept + 1, nxt)
         seconds += time.perf_counter() - t0
         emitted, kept_total, rounds = emitted + kept + 1, kept_total + kept, rounds + 1
         judged += kept + (kept < k)
-        if [*drafts[:kept], own[kept]] == ahead[i:i + kept + 1]:
+        if [*drafts[:kept], nxt] == ahead[i:i + kept + 1]:
             i += kept + 1
         else:  # the round's own token is not the plain step's: the greedy tokens from here again
             ahead, i = [], 0

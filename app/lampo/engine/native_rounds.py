@@ -20,7 +20,7 @@ import numpy as np
 from lampo.engine.loop import Decoded
 from lampo.models.draft_policy import DraftPolicy
 from lampo.models.sampling_params import SamplingParams
-from lampo.models.speculative import ngram_drafts
+from lampo.models.speculative import accept_greedy, ngram_drafts
 
 
 def speculates(sampling: SamplingParams) -> bool:
@@ -58,14 +58,12 @@ class NativeSpeculativeSteps:
             return self._plain.decode_collect()
         fed, drafts = self._round
         targets = self._engine.verify(np.asarray([fed, *drafts], np.int32))
-        kept = 0
-        while kept < len(drafts) and drafts[kept] == int(targets[kept]):
-            kept += 1
+        kept, nxt = accept_greedy(drafts, lambda i: int(targets[i]))
         self._engine.accept(kept + 1)
         self._policy.record("ngram", len(drafts), kept)
         self._kept = kept
         self._context += drafts[:kept]
-        return Decoded((*drafts[:kept], int(targets[kept])), len(drafts))
+        return Decoded((*drafts[:kept], nxt), len(drafts))
 
     def rewind(self, n: int) -> None:
         if not 0 < n <= self._kept:
