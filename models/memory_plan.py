@@ -62,7 +62,7 @@ def gdn_state_bytes(cfg: ModelConfig) -> tuple[int, int]:
     return recurrent, conv
 
 
-def activation_bytes_per_token(cfg: ModelConfig) -> dict[str, int]:
+def activation_bytes_per_token(cfg: ModelConfig, mtp: bool = False) -> dict[str, int]:
     """Live activation bytes per prefill token, by buffer (bf16 = 2 B, fp32 = 4 B). Buffers are
     reused across layers, so each term is the widest layer kind's need:
     - residual: the residual stream in fp32 and the sublayer output added to it (2 × 4H);
@@ -71,7 +71,8 @@ def activation_bytes_per_token(cfg: ModelConfig) -> dict[str, int]:
     - mixer: fp32 mixer internals: GDN conv output + core output, or the attention output;
     - gdn_chunk: chunked delta-rule workspace per V head: a C×C block, U [C, dv], W [C, dk] per C tokens;
     - ffn: dense gate|up + activation (3I, bf16); MoE: k experts' gate|up + activation (3·k·I) and
-      the shared expert's (3S) in bf16, router logits (fp32 E) and k weighted expert outputs (fp32 k·H).
+      the shared expert's (3S) in bf16, router logits (fp32 E) and k weighted expert outputs (fp32 k·H);
+    - mtp (with the MTP module): the trunk's final hidden rows and the MTP fc input [2H], bf16 (6H).
     """
     h = cfg.hidden_size
     gdn_proj = cfg.conv_dim + cfg.value_dim + 2 * cfg.linear_num_value_heads
@@ -89,6 +90,7 @@ def activation_bytes_per_token(cfg: ModelConfig) -> dict[str, int]:
         "mixer": 4 * max(cfg.conv_dim + cfg.value_dim, cfg.attn_inner),
         "gdn_chunk": 4 * cfg.linear_num_value_heads * (GDN_CHUNK + cfg.linear_key_head_dim + cfg.linear_value_head_dim),
         "ffn": ffn,
+        **({"mtp": 2 * 3 * h} if mtp else {}),
     }
 
 
@@ -227,7 +229,7 @@ def plan_memory(
     per_layer_kv = kv_bytes_per_token_per_layer(cfg, kv)
     n_full = len(cfg.full_layer_ids)
     recurrent, conv = gdn_state_bytes(cfg)
-    act = activation_bytes_per_token(cfg)
+    act = activation_bytes_per_token(cfg, mtp)
     chunk = min(prefill_chunk, context_max)
     logit_rows = spec_slots + 1
     # fp32 logits of the rows that need them, plus sampling scratch (sort keys and ids) for one row

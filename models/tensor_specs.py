@@ -68,6 +68,10 @@ def layer_prefix(i: int) -> str:
     return LAYER_PREFIX.format(layer=i)
 
 
+# The MTP module's tensors outside its decoder layer, "mtp.<part>.weight" (the engine's roles "mtp.<part>").
+MTP_PARTS = ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "fc", "norm")
+
+
 def mtp_layer_prefix(i: int) -> str:
     return f"{MTP_PREFIX}layers.{i}."
 
@@ -157,13 +161,19 @@ def decoder_layer_roles(cfg: ModelConfig, layer_type: str) -> Roles:
     }
 
 
-def engine_tensor_names(cfg: ModelConfig) -> dict[str, str]:
+def engine_tensor_names(cfg: ModelConfig, mtp: bool = False) -> dict[str, str]:
     """Role -> checkpoint name of every tensor the engine loads for `cfg` (the `tensor_names` of
-    `lampo._native.Engine`); a per-layer name is a template holding `{layer}`."""
+    `lampo._native.Engine`); a per-layer name is a template holding `{layer}`. With `mtp` (and an
+    MTP layer in the config) also the MTP module's: "mtp.fc" ... and its layer's roles as
+    "mtp.layer.<role>"."""
     names = {role: name for role, (name, _spec) in model_roles(cfg).items()}
     for layer_type in dict.fromkeys(cfg.layer_types):
         for role, (rel, _spec) in decoder_layer_roles(cfg, layer_type).items():
             names[role] = LAYER_PREFIX + rel
+    if mtp and cfg.mtp_num_hidden_layers:
+        names.update({f"mtp.{part}": f"{MTP_PREFIX}{part}.weight" for part in MTP_PARTS})
+        for role, (rel, _spec) in decoder_layer_roles(cfg, FULL).items():
+            names[f"mtp.layer.{role}"] = mtp_layer_prefix(0) + rel
     return names
 
 

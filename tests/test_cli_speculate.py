@@ -70,14 +70,13 @@ def test_the_command_line_wins_over_the_settings_file(tmp_path, monkeypatch):
     assert _pipe_chat(monkeypatch, tmp_path, ["--speculate", "off"]) == Speculation("off")
 
 
-@pytest.mark.parametrize("speculation, told", [(Speculation("mtp", 3), True), (Speculation(), False),
-                                               (Speculation("off"), False)])
-def test_the_cuda_engine_says_what_it_runs_of_the_setting(monkeypatch, tmp_path, speculation, told):
+@pytest.mark.parametrize("speculation", [Speculation("mtp", 3), Speculation(), Speculation("off")])
+def test_the_picker_hands_the_setting_and_the_voice_to_the_cuda_backend(monkeypatch, tmp_path, speculation):
     said, made = [], []
     monkeypatch.setattr(picker, "native_for", lambda kind, say: object())
-    monkeypatch.setattr(cuda, "CudaBackend", lambda *args, **kw: made.append(kw["speculation"]) or "the cuda backend")
+    monkeypatch.setattr(cuda, "CudaBackend", lambda *args, **kw: made.append((kw["speculation"], kw["say"]))
+                        or "the cuda backend")
     backend = picker.open_backend("cuda", tmp_path, context_max=4096, tokenizer=None, say=said.append,
                                   speculation=speculation)
-    assert backend == "the cuda backend" and made == [speculation]  # the backend derives what it runs
-    assert said == ([speculation.on_cuda()[1]] if told else [])
-    assert not told or "runs ngram:3" in said[0]
+    assert backend == "the cuda backend" and made == [(speculation, said.append)]  # it says what it runs
+    assert said == []

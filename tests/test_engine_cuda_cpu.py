@@ -24,6 +24,7 @@ from lampo.models.tensor_specs import engine_tensor_names, expected_tensors
 
 STOP = 248046
 GIB = 1 << 30
+MTP_MISS_EVERY = 5  # the fake MTP layer drafts one token off at every fifth position
 
 
 # ---- the fake native module -------------------------------------------------------------------
@@ -40,7 +41,8 @@ class FakeEngine:
     def __init__(self, native: "FakeNative", config: ModelConfig, tensor_names: dict[str, str],
                  tensor_bits: dict[str, int], *, context_max: int, prefill_chunk: int, snapshot_slots: int,
                  vram_limit: int, verify_rows: int = 0):
-        assert isinstance(config, ModelConfig) and tensor_names == engine_tensor_names(config)
+        self.has_mtp = "mtp.fc" in tensor_names  # the MTP module asked for (its roles named)
+        assert isinstance(config, ModelConfig) and tensor_names == engine_tensor_names(config, self.has_mtp)
         self.native, self.config, self.tensor_bits, self.vram_limit = native, config, tensor_bits, vram_limit
         self.context_max, self.prefill_chunk, self.snapshot_slots = context_max, prefill_chunk, snapshot_slots
         self.verify_rows, self.verified = verify_rows, None  # (start, rows) of the last verify
@@ -54,7 +56,7 @@ class FakeEngine:
         native.engines.append(self)
 
     def weight_specs(self):
-        return [(n, s.shape, s.dtype) for n, s in expected_tensors(self.native.cfg, include_mtp=False).items()]
+        return [(n, s.shape, s.dtype) for n, s in expected_tensors(self.native.cfg, include_mtp=self.has_mtp).items()]
 
     def load_tensor(self, name, array, bits=0):
         self.loaded.append(name)
@@ -129,6 +131,19 @@ class FakeEngine:
         assert 1 <= keep <= rows
         self.calls.append(("accept", keep))
         self.history = self.history[:start] + self.history[start:start + rows][:keep]  # `pending` stays
+
+    def mtp_draft(self, token, k):
+        """The model's own continuation of the history and `token`, except that every draft at a
+        position divisible by MTP_MISS_EVERY is off by one: some rounds keep all, some stop early."""
+        assert self.has_mtp and self.queued == 0 and self.history, "MTP drafts start from a trunk row"
+        self.calls.append(("mtp_draft", k))
+        self.verified = None
+        history, drafts = self.history + [int(token)], []
+        for _ in range(k):
+            t = next_token(history)
+            drafts.append(t + 1 if len(history) % MTP_MISS_EVERY == 0 else t)
+            history.append(drafts[-1])
+        return np.asarray(drafts, np.int32)
 
     def _sample(self) -> int:
         if self.native.stop_at is not None and len(self.history) >= self.native.stop_at:

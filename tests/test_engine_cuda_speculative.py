@@ -1,8 +1,9 @@
-"""CudaBackend's n-gram verify rounds (engine/native_rounds.py) on the fake native module of
-test_engine_cuda_cpu.py, whose model here is a Markov chain (the next token depends on the last
-one only), so the conversation repeats itself and n-gram drafts are kept: the reply must be the
-plain greedy reply token for token, a stop inside a round must leave exactly the streamed tokens in
-the engine, and only greedy requests may draft."""
+"""CudaBackend's verify rounds of MTP and n-gram drafts (engine/native_rounds.py) on the fake
+native module of test_engine_cuda_cpu.py, whose model here is a Markov chain (the next token
+depends on the last one only), so the conversation repeats itself and n-gram drafts are kept; its
+MTP layer drafts the model's own tokens with one off at every fifth position. The reply must be
+the plain greedy reply token for token, a stop inside a round must leave exactly the streamed
+tokens in the engine, and only greedy requests may draft."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import test_engine_cuda_cpu as fake
 from helpers import TagTokenizer
 from lampo.engine.cuda import CudaBackend
 from lampo.engine.protocol import Done, GenerationRequest, Stats, TokenEvent
-from lampo.engine.speculation import Speculation
+from lampo.engine.speculation import Speculation, parse_speculation
 from lampo.models.presets import get_preset
 from lampo.models.sampling_params import GREEDY, SamplingParams
 
@@ -37,10 +38,10 @@ def markov_model(monkeypatch):
     monkeypatch.setattr(fake, "next_token", markov)
 
 
-def make(tiny_dense_dir, speculation: Speculation):
+def make(tiny_dense_dir, speculation: Speculation, say=None):
     native = fake.FakeNative(get_preset("tiny-dense"))
     b = CudaBackend(tiny_dense_dir, context_max=128, prefill_chunk=4, snapshot_slots=2, native=native,
-                    tokenizer=TagTokenizer(), speculation=speculation)
+                    tokenizer=TagTokenizer(), speculation=speculation, say=say)
     return b, native.engines[-1]
 
 
@@ -60,20 +61,26 @@ def plain_reply(n):
     return out
 
 
-@pytest.mark.parametrize("setting", ["ngram", "ngram:1", "ngram:3", "mtp:2"])
+@pytest.mark.parametrize("setting", ["ngram", "ngram:1", "ngram:3", "mtp", "mtp:1", "mtp:2", "mtp:4"])
 def test_greedy_rounds_reproduce_the_plain_reply_and_count_their_drafts(tiny_dense_dir, setting):
-    b, engine = make(tiny_dense_dir, Speculation(*((setting.split(":")[0], int(setting.split(":")[1]))
-                                                   if ":" in setting else (setting,))))
-    assert b.info.speculative and engine.verify_rows == 1 + (int(setting.split(":")[1]) if ":" in setting else 4)
+    speculation = parse_speculation(setting)
+    b, engine = make(tiny_dense_dir, speculation)
+    assert b.info.speculative and engine.verify_rows == 1 + (speculation.drafts or 4)
+    assert engine.has_mtp == (speculation.mode == "mtp")  # the MTP module is loaded only to draft with it
+    assert any(n.startswith("mtp.") for n in engine.loaded) == engine.has_mtp
     ids, stats, _done = generate(b)
     assert ids == plain_reply(30)
-    assert ("verify" in {c[0] for c in engine.calls}) and stats.draft_n_accepted > 0
+    calls = {c[0] for c in engine.calls}
+    assert "verify" in calls and ("mtp_draft" in calls) == engine.has_mtp and stats.draft_n_accepted > 0
     assert 0 < stats.draft_rounds and stats.draft_n_accepted <= stats.draft_n
+    if speculation.mode == "mtp" and speculation.drafts != 1:
+        assert stats.draft_n_accepted < stats.draft_n  # the misses were rejected, and the reply is right
     assert engine.history == list(PROMPT) + ids[:-1]  # the last sample is not fed
 
 
-def test_a_stop_inside_a_round_leaves_exactly_the_streamed_tokens(tiny_dense_dir):
-    b, engine = make(tiny_dense_dir, Speculation("ngram", 4))
+@pytest.mark.parametrize("drafter", ["ngram", "mtp"])
+def test_a_stop_inside_a_round_leaves_exactly_the_streamed_tokens(tiny_dense_dir, drafter):
+    b, engine = make(tiny_dense_dir, Speculation(drafter, 4))
     for n in (9, 13, 17):  # stop ids at several points, most of them inside rounds
         engine.native.stop_at = len(PROMPT) + n
         ids, _stats, done = generate(b, max_tokens=40)
@@ -85,9 +92,9 @@ def test_a_stop_inside_a_round_leaves_exactly_the_streamed_tokens(tiny_dense_dir
     assert ids == plain_reply(7)
 
 
-@pytest.mark.parametrize("n", [10, 11, 13])
-def test_a_cancel_inside_a_round_takes_the_unstreamed_drafts_back(tiny_dense_dir, n):
-    b, engine = make(tiny_dense_dir, Speculation("ngram", 4))
+@pytest.mark.parametrize("n, drafter", [(10, "ngram"), (11, "ngram"), (13, "ngram"), (11, "mtp"), (13, "mtp")])
+def test_a_cancel_inside_a_round_takes_the_unstreamed_drafts_back(tiny_dense_dir, n, drafter):
+    b, engine = make(tiny_dense_dir, Speculation(drafter, 4))
     cancel, ids = threading.Event(), []
     req = GenerationRequest(PROMPT, SamplingParams(**{**GREEDY.to_dict(), "max_tokens": 40}))
     for e in b.generate(req, cancel):
@@ -110,12 +117,23 @@ def test_only_greedy_requests_draft_and_auto_decodes_plainly_on_cuda(tiny_dense_
     assert generate(b)[0] == plain_reply(30)
 
 
-def test_what_the_cuda_engine_runs_of_each_setting_and_what_it_says():
-    assert Speculation().on_cuda() == (Speculation("off"), "")
-    assert Speculation("off").on_cuda() == (Speculation("off"), "")
-    run, note = Speculation("auto", 3).on_cuda()
-    assert run == Speculation("off") and "drafts only when asked for ngram" in note
-    run, note = Speculation("mtp", 2).on_cuda()
-    assert run == Speculation("ngram", 2) and "no MTP drafts yet" in note and "greedy" in note
-    run, note = Speculation("ngram").on_cuda()
+@pytest.mark.parametrize("has_mtp", [True, False])
+def test_what_the_cuda_engine_runs_of_each_setting_and_what_it_says(has_mtp):
+    assert Speculation().on_cuda(has_mtp) == (Speculation("off"), "")
+    assert Speculation("off").on_cuda(has_mtp) == (Speculation("off"), "")
+    run, note = Speculation("auto", 3).on_cuda(has_mtp)
+    assert run == Speculation("off") and "drafts only when asked for mtp or ngram" in note
+    run, note = Speculation("mtp", 2).on_cuda(has_mtp)
+    assert run == (Speculation("mtp", 2) if has_mtp else Speculation("ngram", 2)) and "greedy" in note
+    assert ("no MTP weights" in note) == (not has_mtp)
+    run, note = Speculation("ngram").on_cuda(has_mtp)
     assert run == Speculation("ngram") and "no MTP" not in note and "sampled replies decode one token" in note
+
+
+def test_the_backend_says_what_it_runs_of_the_setting(tiny_dense_dir):
+    said = []
+    make(tiny_dense_dir, Speculation("mtp", 3), say=said.append)
+    assert said == [Speculation("mtp", 3).on_cuda(True)[1]] and "runs mtp:3" in said[0]
+    said.clear()
+    make(tiny_dense_dir, Speculation(), say=said.append)
+    assert said == []

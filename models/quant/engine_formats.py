@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from lampo.models.config import ModelConfig
+from lampo.models.config import FULL, ModelConfig
 from lampo.models.memory_plan import MemoryPlan, preferred_plan
 from lampo.models.quant.recipes import BF16, RECIPES, get_recipe, tensor_bits
-from lampo.models.tensor_specs import LAYER_PREFIX, decoder_layer_roles, expected_tensors
+from lampo.models.tensor_specs import LAYER_PREFIX, decoder_layer_roles, expected_tensors, mtp_layer_prefix
 
 # Roles the engine stores as one block each (weights.cpp's add_fused), by layer.
 FUSED_ROLES = (
@@ -33,14 +33,17 @@ FUSED_ROLES = (
 WEIGHT_CHOICES = ("auto", "bf16", *RECIPES)
 
 
-def engine_tensor_bits(cfg: ModelConfig, widths: Mapping[str, int | str]) -> dict[str, int]:
-    """Checkpoint name -> LQ width of each tensor the engine loads and holds in LQ, from `widths`
-    (name -> 4, 5, 6 or "bf16"; names absent are bf16); fused blocks of mixed widths are bf16."""
-    loaded = expected_tensors(cfg, include_mtp=False)
+def engine_tensor_bits(cfg: ModelConfig, widths: Mapping[str, int | str], mtp: bool = False) -> dict[str, int]:
+    """Checkpoint name -> LQ width of each tensor the engine loads (`mtp`: the MTP module too) and
+    holds in LQ, from `widths` (name -> 4, 5, 6 or "bf16"; names absent are bf16); fused blocks of
+    mixed widths are bf16."""
+    loaded = expected_tensors(cfg, include_mtp=mtp)
     bits = {n: int(b) for n, b in widths.items() if b != BF16 and n in loaded}
-    for i, layer_type in enumerate(cfg.layer_types):
+    layers = [(LAYER_PREFIX.format(layer=i), layer_type) for i, layer_type in enumerate(cfg.layer_types)]
+    if mtp:
+        layers += [(mtp_layer_prefix(i), FULL) for i in range(cfg.mtp_num_hidden_layers)]
+    for prefix, layer_type in layers:
         roles = decoder_layer_roles(cfg, layer_type)
-        prefix = LAYER_PREFIX.format(layer=i)
         for group in FUSED_ROLES:
             parts = [prefix + roles[r][0] for r in group if r in roles]
             if len({bits.get(p, BF16) for p in parts}) > 1:
@@ -49,9 +52,9 @@ def engine_tensor_bits(cfg: ModelConfig, widths: Mapping[str, int | str]) -> dic
     return bits
 
 
-def recipe_tensor_bits(cfg: ModelConfig, recipe: str) -> dict[str, int]:
+def recipe_tensor_bits(cfg: ModelConfig, recipe: str, mtp: bool = False) -> dict[str, int]:
     """The engine's widths for quantizing a bf16 checkpoint with `recipe` while loading."""
-    return engine_tensor_bits(cfg, tensor_bits(get_recipe(recipe), cfg))
+    return engine_tensor_bits(cfg, tensor_bits(get_recipe(recipe), cfg), mtp)
 
 
 def choose_weights(requested: str, stored_recipe: str | None, plans: Mapping[str, MemoryPlan],

@@ -21,10 +21,11 @@
 #          measurements: quant/quality.py --model (KL vs bf16, q5/q4, ours vs round-to-nearest) and
 #          tests/gpu/spec_acceptance.py (MTP and n-gram drafts, k = 1..4). Needs .gpu/qwen3.6
 #          (tokenizer.json, chat_template.jinja) carried.
-#   spec   build + pytest -m cuda (LAMPO_GPU_TESTS; the verify window's tests are
-#          tests/cuda/test_engine_verify.py) + the speculative benches: 35B-A3B and 27B at q5, decode at
-#          8,192 (random fill), the verify window's cost against a plain step and rounds at a set
-#          acceptance 0.6 / 0.8 / 0.9 for k = 1..4 (lampo bench --speculate-accept)
+#   spec   build + pytest -m cuda (LAMPO_GPU_TESTS; the verify window's and the MTP module's tests
+#          are tests/cuda/test_engine_verify.py and test_engine_mtp.py) + the speculative benches:
+#          35B-A3B and 27B at q5, decode at 8,192 (random fill), the verify window's cost against a
+#          plain step and rounds at a set acceptance 0.6 / 0.8 / 0.9 for k = 1..4
+#          (lampo bench --speculate-accept)
 #   kernel build + pytest -m cuda (LAMPO_GPU_TESTS) + Nsight Compute (--set full) over the LQ GEMV
 #          launches of tests/gpu/op_profile.py for the shapes in KERNEL_SHAPES ("OUT,IN,BITS[,T] ...")
 #   final  build + pytest -m cuda (the engine tests again with LAMPO_DECODE_FUSION=none and =all;
@@ -233,7 +234,7 @@ trained)
   (timeout 300 $PY -m lampo.models.quant.quality --model "$TRAINED" --text docs/architecture.md --tokens 256 \
      --json "$OUT/bench/quality-trained.json" >"$OUT/bench/quality-trained.txt" 2>&1) &
   QUALITY=$!
-  (timeout 300 $PY tests/gpu/spec_acceptance.py "$TRAINED" --tokens 256 --json "$OUT/bench/spec-trained.json" \
+  (timeout 300 $PY tests/gpu/spec_acceptance.py "$TRAINED" --tokens 256 --engine --json "$OUT/bench/spec-trained.json" \
      >"$OUT/bench/spec-trained.txt" 2>&1) &
   SPEC=$!
   timeout 200 $PY -m pytest -m cuda tests/cuda/test_engine_lq.py -k trained -q -rs -p no:cacheprovider \

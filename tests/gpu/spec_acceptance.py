@@ -4,9 +4,13 @@ k = 1..4, greedy, on a chat-style prompt and a document-quoting prompt taken fro
 model was not trained on (tests/gpu/train_measure_model.py's held-out split). Every speculative run
 must reproduce plain greedy decoding token for token (asserted); the JSON gives per run the
 acceptance per draft position, the acceptance %, the mean tokens per target forward and the
-numpy run's seconds.
+numpy run's seconds. With --engine, the same prompts then run on the CUDA engine (CudaBackend,
+bf16 weights): plain, and greedy rounds of MTP and n-gram drafts for k = 1..4, each with its
+acceptance, drafting rounds, decode tok/s and where its reply first differs from the engine's plain
+reply (null: nowhere; the verify window and the decode step round differently in bf16, so a
+near-tie may part them).
 
-    python3 tests/gpu/spec_acceptance.py MODEL_DIR --json OUT [--tokens 256]
+    python3 tests/gpu/spec_acceptance.py MODEL_DIR --json OUT [--tokens 256] [--engine]
 """
 
 from __future__ import annotations
@@ -63,19 +67,51 @@ def plain_greedy(model: ReferenceModel, prompt: list[int], n: int) -> list[int]:
     return out
 
 
+def engine_rows(model_dir: Path, prompts: dict[str, list[int]], tokens: int) -> list[dict]:
+    """Plain and speculative greedy replies on the CUDA engine, one backend per setting."""
+    import threading
+
+    from lampo.engine.cuda import CudaBackend
+    from lampo.engine.protocol import GenerationRequest, Stats, TokenEvent
+    from lampo.engine.speculation import Speculation
+    from lampo.models.sampling_params import SamplingParams
+
+    rows = []
+    request = SamplingParams(**{**GREEDY.to_dict(), "max_tokens": tokens})
+    settings = [Speculation("off")] + [Speculation(d, k) for d in ("mtp", "ngram") for k in (1, 2, 3, 4)]
+    plain: dict[str, list[int]] = {}
+    for speculation in settings:
+        backend = CudaBackend(model_dir, context_max=16_384, weights="bf16", speculation=speculation)
+        for kind, ids in prompts.items():
+            events = list(backend.generate(GenerationRequest(tuple(ids), request), threading.Event()))
+            got = [i for e in events if isinstance(e, TokenEvent) for i in e.ids]
+            stats = [e for e in events if isinstance(e, Stats)][-1]
+            want = plain.setdefault(kind, got)
+            parts = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
+                         None if len(got) == len(want) else min(len(got), len(want)))
+            rows.append({"prompt": kind, "setting": str(speculation), "tokens": len(got), "differs_at": parts,
+                         "drafted": stats.draft_n, "accepted": stats.draft_n_accepted, "rounds": stats.draft_rounds,
+                         "acceptance_pct": 100 * (stats.acceptance or 0.0),
+                         "decode_tok_s": stats.predicted_per_second})
+            print(json.dumps(rows[-1]), flush=True)
+        backend.close()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("model", type=Path)
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--engine", action="store_true", help="also measure the CUDA engine's rounds")
     args = p.parse_args(argv)
     ck = Checkpoint.open(args.model, include_mtp=True)
     model = ReferenceModel.from_checkpoint(ck)
     tok = Tokenizer.from_checkpoint(args.model)
     prompts = held_out_prompts()
     rows = []
-    for kind in ("chat", "document"):
-        ids = tok.encode(prompts[kind])
+    encoded = {kind: tok.encode(prompts[kind]) for kind in ("chat", "document")}
+    for kind, ids in encoded.items():
         t0 = time.monotonic()
         want = plain_greedy(model, ids, args.tokens)
         plain_s = time.monotonic() - t0
@@ -96,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps(rows[-1]), flush=True)
     doc = {"model": str(args.model), "tokens": args.tokens, "source_file": prompts["source"],
            "equal_to_plain_greedy": True, "rows": rows}
+    if args.engine:
+        doc["engine_rows"] = engine_rows(args.model, encoded, args.tokens)
     args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     return 0
 

@@ -11,9 +11,10 @@ checkpoint into it shard by shard (zero-copy memory-mapped tensors; the engine c
 a pinned staging ring, converting on the GPU where the stored format differs), after which the
 engine counts the NaN/Inf values of every tensor (of an LQ one: its scales) on the GPU and a
 damaged one is refused by name. The tokenizer is checked against the model's vocabulary before
-any of this (`Tokenizer.from_checkpoint`). MTP tensors are not loaded: the engine has no MTP layer
-yet. With `speculation` asking for n-gram drafts (`Speculation.on_cuda`), the engine keeps verify
-rows and greedy requests decode in verify rounds (`engine.native_rounds`).
+any of this (`Tokenizer.from_checkpoint`). With `speculation` asking for a drafter
+(`Speculation.on_cuda`), the engine keeps verify rows and greedy requests decode in verify rounds
+(`engine.native_rounds`); for MTP drafts it also loads the checkpoint's MTP module (weights in the
+run's format, and its KV cache in the memory plan). Otherwise the MTP tensors are not loaded.
 
 Per request `lampo.engine.loop.GenerationLoop` does the work (prefix reuse through the engine's
 snapshot slots, chunked prefill with the GIL released inside each chunk, decoding, events); this
@@ -80,44 +81,45 @@ def memory_budget(native, vram_limit: int = 0) -> int:
 
 
 def _plan(cfg: ModelConfig, weights: str, context_max: int, prefill_chunk: int, snapshot_slots: int,
-          verify_rows: int = 0):
+          verify_rows: int = 0, mtp: bool = False):
     """The plan of an engine with these sizes; its verify rows count as GDN state copies (and
     logits rows) like the snapshot slots."""
-    return plan_memory(cfg, context_max=context_max, weights=weights, kv="int8", with_mtp=False,
+    return plan_memory(cfg, context_max=context_max, weights=weights, kv="int8", with_mtp=mtp,
                        spec_slots=snapshot_slots + verify_rows, prefill_chunk=prefill_chunk)
 
 
 def resolve_weights(native, cfg: ModelConfig, requested: str, lq: LqFormat | None, *, context_max: int,
                     prefill_chunk: int = DEFAULT_PREFILL_CHUNK, snapshot_slots: int = DEFAULT_SNAPSHOT_SLOTS,
-                    verify_rows: int = 0, vram_limit: int = 0) -> tuple[str, dict[str, int]]:
+                    verify_rows: int = 0, mtp: bool = False, vram_limit: int = 0) -> tuple[str, dict[str, int]]:
     """(weight format of the run, the engine's LQ widths by tensor name) for `--weights requested`
-    on a checkpoint whose converted format is `lq` (None: bf16)."""
-    plans = {r: _plan(cfg, r, context_max, prefill_chunk, snapshot_slots, verify_rows)
+    on a checkpoint whose converted format is `lq` (None: bf16); `mtp`: the MTP module loaded too."""
+    plans = {r: _plan(cfg, r, context_max, prefill_chunk, snapshot_slots, verify_rows, mtp)
              for r in RECIPES}  # what auto weighs
     fmt = choose_weights(requested, lq.recipe if lq is not None else None, plans, memory_budget(native, vram_limit))
     if fmt == BF16:
         return fmt, {}
     if lq is not None:
-        return fmt, engine_tensor_bits(cfg, {n: t.bits for n, t in lq.tensors.items()})
-    return fmt, recipe_tensor_bits(cfg, fmt)
+        return fmt, engine_tensor_bits(cfg, {n: t.bits for n, t in lq.tensors.items()}, mtp)
+    return fmt, recipe_tensor_bits(cfg, fmt, mtp)
 
 
 def create_engine(native, cfg: ModelConfig, *, context_max: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
                   snapshot_slots: int = DEFAULT_SNAPSHOT_SLOTS, weights: str = BF16,
-                  tensor_bits: dict[str, int] | None = None, vram_limit: int = 0, verify_rows: int = 0):
+                  tensor_bits: dict[str, int] | None = None, vram_limit: int = 0, verify_rows: int = 0,
+                  mtp: bool = False):
     """Check the memory plan of `weights` (a WEIGHT_FORMATS name) against the free VRAM (or the
-    VRAM limit), then allocate the engine (INT8 KV cache, no MTP; `verify_rows`: the most tokens of
-    a verify window, 0 for none) for the config itself, with its tensors' names by role from the
-    tensor table and the LQ widths `tensor_bits`. Raises EngineUnavailable with the plan table when
-    it does not fit."""
-    plan = _plan(cfg, weights, context_max, prefill_chunk, snapshot_slots, verify_rows)
+    VRAM limit), then allocate the engine (INT8 KV cache; `verify_rows`: the most tokens of a
+    verify window, 0 for none; `mtp`: with the MTP module) for the config itself, with its tensors'
+    names by role from the tensor table and the LQ widths `tensor_bits`. Raises EngineUnavailable
+    with the plan table when it does not fit."""
+    plan = _plan(cfg, weights, context_max, prefill_chunk, snapshot_slots, verify_rows, mtp)
     budget = memory_budget(native, vram_limit)
     ok, message = plan.fits(budget)
     if not ok:
         limit = f" (--vram-limit {vram_limit / GIB:.2f} GiB)" if vram_limit and budget == vram_limit else ""
         raise EngineUnavailable(f"{message}{limit}\n\nmemory plan ({cfg.name or 'model'}, context "
                                 f"{context_max:,}):\n{plan.format_table()}")
-    return native.Engine(cfg, engine_tensor_names(cfg), tensor_bits or {}, context_max=context_max,
+    return native.Engine(cfg, engine_tensor_names(cfg, mtp), tensor_bits or {}, context_max=context_max,
                          prefill_chunk=prefill_chunk, snapshot_slots=snapshot_slots, vram_limit=vram_limit,
                          verify_rows=verify_rows)
 
@@ -125,7 +127,7 @@ def create_engine(native, cfg: ModelConfig, *, context_max: int, prefill_chunk: 
 def load_weights(engine, ck: Checkpoint, progress: LoadProgress | None = None) -> int:
     """Copy every tensor the engine needs from the checkpoint, shard by shard in file order, as
     stored (packed LQ tensors with their width; the engine converts what its format differs in);
-    returns the bytes read. Tensors the engine does not use (MTP) are skipped. The engine then
+    returns the bytes read. Tensors the engine does not use (MTP, unless it runs it) are skipped. The engine then
     counts the NaN/Inf values of every tensor in VRAM; any found raise CheckpointError naming the
     file and tensor."""
     wanted = {name for name, _shape, _format in engine.weight_specs()}
@@ -155,19 +157,22 @@ class CudaBackend:
     def __init__(self, model_dir: str | Path, *, context_max: int | None = None,
                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK, snapshot_slots: int = DEFAULT_SNAPSHOT_SLOTS,
                  on_load: LoadProgress | None = None, native=None, tokenizer=None, weights: str = "auto",
-                 vram_limit: int = 0, speculation: Speculation = Speculation()):
+                 vram_limit: int = 0, speculation: Speculation = Speculation(),
+                 say: Callable[[str], None] | None = None):
         self._native = native if native is not None else load_native()
-        self.speculation = speculation.on_cuda()[0]  # what runs here (the caller says how it differs)
-        verify_rows = 1 + (self.speculation.drafts or MAX_DRAFTS) if self.speculation.on else 0
-        self._ck = Checkpoint.open(model_dir, include_mtp=False)
+        self._ck = Checkpoint.open(model_dir)
         cfg = self._ck.config
+        self.speculation, note = speculation.on_cuda(self._ck.has_mtp)  # what runs here
+        if note and say is not None:
+            say(note)
+        verify_rows = 1 + (self.speculation.drafts or MAX_DRAFTS) if self.speculation.on else 0
         context_max = min(context_max or cfg.max_position_embeddings, cfg.max_position_embeddings)
         if tokenizer is None:
             from lampo.models.tokenizer import Tokenizer
 
             tokenizer = Tokenizer.from_checkpoint(model_dir)
         sizes = dict(context_max=context_max, prefill_chunk=prefill_chunk, snapshot_slots=snapshot_slots,
-                     verify_rows=verify_rows)
+                     verify_rows=verify_rows, mtp=self.speculation.mode == "mtp")
         try:
             self.weight_format, bits = resolve_weights(self._native, cfg, weights, self._ck.lq, vram_limit=vram_limit,
                                                        **sizes)
@@ -199,7 +204,7 @@ class CudaBackend:
         if self.speculation.on and speculates(request.sampling):
             verify_rows = self._settings["verify_rows"]
             steps = NativeSpeculativeSteps(steps, self._engine, request.prompt_ids, k_max=verify_rows - 1,
-                                           fixed_k=self.speculation.drafts)
+                                           fixed_k=self.speculation.drafts, drafter=self.speculation.mode)
         return self._loop.start(request, cancel, steps, self._info.context_max)
 
     def reset(self) -> None:

@@ -1,12 +1,14 @@
-"""Speculative decode steps on the CUDA engine: greedy rounds of n-gram drafts.
+"""Speculative decode steps on the CUDA engine: greedy rounds of MTP or n-gram drafts.
 
-`NativeSpeculativeSteps` is `NativeSteps` whose decode step looks the prompt and the reply so far
-up for a repeat of their last tokens (`models.speculative.ngram_drafts`), lets a `DraftPolicy`
-(n-gram only, the measured acceptance per draft position) choose how many of the drafts to try,
-runs the fed token and those drafts as one verify window (`Engine.verify`: each row's greedy token)
-and keeps the longest prefix of drafts the engine agrees with plus its own next token
-(`Engine.accept`); with no drafts worth trying the step is a plain decode step. `rewind` takes kept
-drafts back (accept with a smaller keep). Greedy only - temperature 0 and no presence penalty, the
+`NativeSpeculativeSteps` is `NativeSteps` whose decode step drafts with one drafter: "ngram" looks
+the prompt and the reply so far up for a repeat of their last tokens
+(`models.speculative.ngram_drafts`), "mtp" chains the engine's MTP layer from the fed token
+(`Engine.mtp_draft`). A `DraftPolicy` (that drafter only, the measured acceptance per draft
+position) chooses how many drafts to try; the step runs the fed token and those drafts as one
+verify window (`Engine.verify`: each row's greedy token) and keeps the longest prefix of drafts the
+engine agrees with plus its own next token (`Engine.accept`). With no drafts worth trying the step
+is a plain decode step (which runs no MTP row: later MTP drafts attend to a stale row there, see
+engine.h). `rewind` takes kept drafts back (accept with a smaller keep). Greedy only - temperature 0 and no presence penalty, the
 picks a verify row's argmax reproduces (`speculates`); other requests use plain `NativeSteps`.
 The engine must have been made with verify rows for at least `k_max + 1` tokens.
 """
@@ -18,7 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from lampo.engine.loop import Decoded
-from lampo.models.draft_policy import DraftPolicy
+from lampo.models.draft_policy import DRAFTERS, DraftPolicy
 from lampo.models.sampling_params import SamplingParams
 from lampo.models.speculative import accept_greedy, ngram_drafts
 
@@ -31,10 +33,13 @@ def speculates(sampling: SamplingParams) -> bool:
 class NativeSpeculativeSteps:
     """Wraps a `NativeSteps` (`plain`), replacing its decode step by verify rounds."""
 
-    def __init__(self, plain, engine, prompt: Sequence[int], k_max: int, fixed_k: int | None):
-        self._plain, self._engine = plain, engine
+    def __init__(self, plain, engine, prompt: Sequence[int], k_max: int, fixed_k: int | None,
+                 drafter: str = "ngram"):
+        if drafter not in DRAFTERS:
+            raise ValueError(f"drafter {drafter!r}: one of {', '.join(DRAFTERS)}")
+        self._plain, self._engine, self._drafter = plain, engine, drafter
         self._context = list(prompt)  # the prompt, then every token fed or kept
-        self._policy = DraftPolicy(k_max=k_max, mode="ngram", fixed_k=fixed_k)
+        self._policy = DraftPolicy(k_max=k_max, mode=drafter, fixed_k=fixed_k)
         self._round: tuple[int, list[int]] | None = None  # (fed, drafts) of the submitted round
         self._kept = 0  # drafts the last round kept and that are still in the state
 
@@ -44,8 +49,12 @@ class NativeSpeculativeSteps:
     def decode_submit(self, fed: int, max_drafts: int) -> None:
         self._context.append(fed)
         cap = min(self._policy.k_max, max_drafts)
-        drafts = ngram_drafts(self._context, cap) if cap > 0 else []
-        drafter, k = self._policy.choose({"ngram": len(drafts)})
+        if self._drafter == "mtp":
+            drafter, k = self._policy.choose({"mtp": cap})
+            drafts = [int(t) for t in self._engine.mtp_draft(fed, k)] if drafter else []
+        else:
+            drafts = ngram_drafts(self._context, cap) if cap > 0 else []
+            drafter, k = self._policy.choose({"ngram": len(drafts)})
         if drafter is None:
             self._round = None
             self._plain.decode_submit(fed, 0)
@@ -60,7 +69,7 @@ class NativeSpeculativeSteps:
         targets = self._engine.verify(np.asarray([fed, *drafts], np.int32))
         kept, nxt = accept_greedy(drafts, lambda i: int(targets[i]))
         self._engine.accept(kept + 1)
-        self._policy.record("ngram", len(drafts), kept)
+        self._policy.record(self._drafter, len(drafts), kept)
         self._kept = kept
         self._context += drafts[:kept]
         return Decoded((*drafts[:kept], nxt), len(drafts))

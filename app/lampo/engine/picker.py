@@ -39,17 +39,14 @@ def open_backend(kind: str, model_dir: Path, *, context_max: int, tokenizer,
                  speculation: Speculation = Speculation()) -> Backend:
     """`weights` and `vram_limit` (the CUDA engine's): see CudaBackend; the reference engine runs
     the checkpoint as stored (saying so when they ask for something else). `speculation`: see
-    ReferenceBackend and `Speculation.on_cuda` (what the CUDA engine runs of it, said when it
-    differs from the setting)."""
+    ReferenceBackend and `Speculation.on_cuda` (what the CUDA engine runs of it, which it says
+    when it differs from the setting)."""
     native = native_for(kind, say)
     if native is not None:
         from lampo.engine.cuda import CudaBackend
 
-        note = speculation.on_cuda()[1]
-        if say is not None and note:
-            say(note)
         return CudaBackend(model_dir, context_max=context_max, native=native, tokenizer=tokenizer, weights=weights,
-                           vram_limit=vram_limit, speculation=speculation)
+                           vram_limit=vram_limit, speculation=speculation, say=say)
     from lampo.engine.reference import ReferenceBackend
 
     if say is not None and (weights not in ("auto", "bf16") or vram_limit):

@@ -48,20 +48,18 @@ class Speculation:
         return fallback, (f"speculation {self}: the checkpoint has no MTP weights (mtp.*), so no MTP drafts; "
                           f"using n-gram drafts ({fallback}) instead")
 
-
-    def on_cuda(self) -> tuple[Speculation, str]:
-        """What the CUDA engine runs for this setting, and the line that says how it differs ("" when
-        it does not): the engine drafts by n-gram lookup only (it has no MTP layer yet), for greedy
-        replies only, and only when asked (auto decodes plainly there)."""
+    def on_cuda(self, has_mtp: bool) -> tuple[Speculation, str]:
+        """What the CUDA engine runs for this setting on a checkpoint with or without MTP weights,
+        and the line that says how it differs ("" when it does not): the engine drafts for greedy
+        replies only, and only when asked for a drafter (auto decodes plainly there)."""
         if self.mode == "off" or self == Speculation():
             return Speculation("off"), ""
         if self.mode == "auto":
             return Speculation("off"), (f"speculation {self}: the CUDA engine drafts only when asked for "
-                                        "ngram; decoding one token a step")
-        run = Speculation("ngram", self.drafts)
-        why = "" if self.mode == "ngram" else " (it has no MTP drafts yet)"
-        return run, (f"speculation {self}: the CUDA engine runs {run}{why}, for greedy replies (temperature 0, "
-                     "no presence penalty); sampled replies decode one token a step")
+                                        "mtp or ngram; decoding one token a step")
+        run, why = self.without_mtp() if not has_mtp else (self, "")
+        return run, ((why or f"speculation {self}: the CUDA engine runs {run}") + ", for greedy replies "
+                     "(temperature 0, no presence penalty); sampled replies decode one token a step")
 
 
 def _count_error(count) -> str:

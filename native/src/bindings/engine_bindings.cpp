@@ -167,6 +167,17 @@ py::array_t<int32_t> verify(Engine& e, const py::array_t<int32_t, py::array::c_s
     return out;
 }
 
+py::array_t<int32_t> mtp_draft(Engine& e, int token, int k) {
+    std::vector<int32_t> drafts;
+    {
+        py::gil_scoped_release release;
+        drafts = e.mtp_draft(token, k);
+    }
+    py::array_t<int32_t> out(drafts.size());
+    std::copy(drafts.begin(), drafts.end(), out.mutable_data());
+    return out;
+}
+
 py::array_t<float> verify_logits(Engine& e) {
     std::vector<float> v;
     {
@@ -270,6 +281,10 @@ void register_engine(py::module_& m) {
         .def("accept", &Engine::accept, py::arg("keep"), release(),
              "Keep the first `keep` rows of the last verify window (states and position)")
         .def("verify_logits", &verify_logits, "fp32 logits [n, V] of the last verify window's rows")
+        .def_property_readonly("has_mtp", &Engine::has_mtp,
+                               "Whether the MTP module is loaded (its roles were in tensor_names)")
+        .def("mtp_draft", &mtp_draft, py::arg("token"), py::arg("k"),
+             "Feed the sampled `token` to the MTP layer with the last trunk row and chain it: k greedy drafts")
         .def("logits",
              [](Engine& e) {
                  std::vector<float> v;

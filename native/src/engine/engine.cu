@@ -77,12 +77,14 @@ Engine::Engine(const ModelDims& dims, const TensorNames& names, const TensorBits
                                  std::to_string(opt_.snapshot_slots) + " state snapshot slots");
     slot_pos_.assign(opt_.snapshot_slots, -1);
     if (opt_.verify_rows) allocate_verify_rows();
+    const bool mtp = weights_->model().has_mtp;
+    if (mtp) allocate_mtp();
 
     const int logit_rows = std::max(opt_.verify_rows, 1);
-    const WorkspaceLayout layout = workspace_layout(dims_, opt_.prefill_chunk, opt_.context_max, logit_rows);
+    const WorkspaceLayout layout = workspace_layout(dims_, opt_.prefill_chunk, opt_.context_max, logit_rows, mtp);
     workspace_mem_ = DeviceMemory(layout.total(), "activation workspace for a prefill chunk of " +
                                                       std::to_string(opt_.prefill_chunk) + " tokens");
-    ws_ = carve_workspace(dims_, opt_.prefill_chunk, opt_.context_max, logit_rows, workspace_mem_.get());
+    ws_ = carve_workspace(dims_, opt_.prefill_chunk, opt_.context_max, logit_rows, mtp, workspace_mem_.get());
 
     // step inputs/outputs: ids [chunk], pos, token, rng step, presence set [V]
     const size_t ids_bytes = align256(size_t(opt_.prefill_chunk) * 4);
@@ -113,6 +115,7 @@ Engine::~Engine() {
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
     if (graph_) cudaGraphDestroy(graph_);
     if (h_io_) cudaFreeHost(h_io_);
+    if (h_mtp_) cudaFreeHost(h_mtp_);
     for (cudaEvent_t e : token_ready_)
         if (e) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
@@ -121,7 +124,7 @@ Engine::~Engine() {
 size_t Engine::state_bytes() const {
     size_t kv = 0;
     for (const auto& m : kv_mem_) kv += m.bytes();
-    return kv + gdn_mem_.bytes() + snapshot_mem_.bytes() + verify_mem_.bytes();
+    return kv + gdn_mem_.bytes() + snapshot_mem_.bytes() + verify_mem_.bytes() + mtp_mem_.bytes();
 }
 
 // ---- state ---------------------------------------------------------------------------------
@@ -140,6 +143,7 @@ void Engine::reset() {
     LAMPO_CUDA_CHECK(cudaMemsetAsync(gdn_mem_.get(), 0, gdn_mem_.bytes(), stream_));
     pos_ = 0;
     verified_ = 0;
+    held_row_ = -1;
     write_position();
 }
 
@@ -157,6 +161,7 @@ void Engine::snapshot(int slot) {
                                      gdn_mem_.get(), gdn_state_bytes_, cudaMemcpyDeviceToDevice,
                                      stream_));
     slot_pos_[slot] = pos_;
+    mtp_snapshot(slot);
 }
 
 void Engine::restore(int slot) {
@@ -168,6 +173,7 @@ void Engine::restore(int slot) {
                                      gdn_state_bytes_, cudaMemcpyDeviceToDevice, stream_));
     pos_ = slot_pos_[slot];
     verified_ = 0;
+    mtp_restore(slot);
     write_position();
 }
 
@@ -259,6 +265,7 @@ int Engine::prefill(const int32_t* ids, int n, bool sample_next) {
     ForwardStep step = window_step(n);
     step.logits = sample_next;
     step.routing_out = routing_mem_.as<int32_t>();
+    step.hidden_out = hidden_out();
     model_forward(dims_, weights_->model(), state_, ws_, step, stream_, nullptr);
     if (step.routing_out) {
         routing_.resize(size_t(dims_.n_layers()) * n * dims_.top_k);
@@ -268,6 +275,7 @@ int Engine::prefill(const int32_t* ids, int n, bool sample_next) {
     if (sample_next) sample(nullptr);
     launch_pdl("advance_position", advance_position, 1, 1, 0, stream_, d_pos_, n);
     LAMPO_CHECK_LAUNCH("advance_position");
+    mtp_rows(n);
     const int token = sample_next ? read_token() : -1;
     LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
     pos_ += n;
@@ -290,6 +298,7 @@ void Engine::decode_body(OpTimer* timer) {
     step.d_pos = d_pos_;
     step.pos0 = -1;  // unused: T = 1 reads positions from d_pos
     step.logits = true;
+    step.hidden_out = mtp_hidden_ ? mtp_hidden_ + dims_.hidden : nullptr;  // the held row after the step
     model_forward(dims_, weights_->model(), state_, ws_, step, stream_, timer);
     sample(timer);
     launch_pdl("advance_position", advance_position, 1, 1, 0, stream_, d_pos_, 1);
@@ -388,6 +397,7 @@ void Engine::decode_submit(int token) {
     copy_token_out((oldest_ + queued_) % DECODE_QUEUE);
     queued_ += 1;
     pos_ += 1;
+    if (mtp_hidden_) held_row_ = 1;
 }
 
 int Engine::decode_collect() {
@@ -434,6 +444,7 @@ std::vector<std::pair<std::string, double>> Engine::profile_decode(int steps, in
         LAMPO_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
         total_ms += ms;
         pos_ += 1;
+        if (mtp_hidden_) held_row_ = 1;
     }
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
@@ -471,6 +482,7 @@ void Engine::fill_state_random(int depth, uint64_t seed) {
         LAMPO_CHECK_LAUNCH("fill_state_random (GDN state)");
     }
     pos_ = depth;
+    held_row_ = -1;  // no trunk row ran: no MTP drafts until one does
     write_position();
 }
 

@@ -16,6 +16,15 @@
 //
 // Snapshots copy only the GDN states (and remember the position): KV rows below a snapshot's
 // position are never rewritten while it is valid (the caller's PrefixCache enforces that).
+//
+// With the MTP module loaded (its roles in the tensor names), the engine also keeps the MTP layer's
+// KV cache and the final-normed hidden of the last trunk row ("held"; snapshots keep it too). The
+// MTP row of trunk position p fuses that position's hidden with the token at p + 1, so it can run
+// only once that token is fed: every prefill chunk and verify window runs the MTP rows it completes
+// (one MTP pass over the same ids), and mtp_draft chains the MTP layer from the held row to draft
+// tokens. A plain decode step (the graph) keeps the held row but runs no MTP row: the rows of
+// plainly decoded positions stay stale (drafts that attend to them are worse, never wrong), so
+// MTP rounds draft at every step.
 #pragma once
 
 #include <memory>
@@ -99,6 +108,14 @@ public:
     // May be called again with a smaller keep until the next forward (taking back kept drafts).
     void accept(int keep);
     std::vector<float> verify_logits();  // fp32 logits [n, V] of the last verify's rows
+
+    // ---- MTP drafts (the MTP module loaded) ----
+    bool has_mtp() const;
+    // Feeds `token` (sampled, not yet fed to the trunk) to the MTP layer with the held trunk row,
+    // then chains the MTP layer on its own output and each draft: returns k (1..GEMV_MAX_T) greedy
+    // drafts (argmax, no presence penalty). Writes the MTP cache rows from position - 1 on; the
+    // trunk's state is untouched (but a held verify window can no longer be accepted).
+    std::vector<int32_t> mtp_draft(int token, int k);
     // With recording on (MoE models), each prefill keeps the experts every layer chose for each of
     // its tokens: routing() = ids [layers * T * k] of the last prefill (the exact oracle of the
     // tests: the reference replays them, lampo.models.reference.ffn.Routing).
@@ -163,6 +180,23 @@ private:
     void require_idle(const char* op) const;  // no decode step queued
     void feed_token(int token);  // token >= 0: the next step's input (else the last sampled id)
     void allocate_verify_rows();  // verify_mem_ and the layers' *_rows pointers
+    // ---- MTP (engine_mtp.cu) ----
+    DeviceMemory mtp_mem_;
+    KvCacheLayer mtp_kv_;
+    bf16* mtp_hidden_ = nullptr;   // [prefill_chunk + 1, H]: row 0 the held row before a forward,
+                                   // rows 1.. the forward's final-normed rows (ForwardStep::hidden_out)
+    bf16* mtp_chain_ = nullptr;    // [H] the draft chain's MTP output
+    bf16* slot_held_ = nullptr;    // [snapshot_slots, H] the held row of each snapshot
+    int32_t* d_mtp_ids_ = nullptr;  // [GEMV_MAX_T + 1] the fed token, then the drafts
+    int32_t* d_mtp_pos_ = nullptr;  // [GEMV_MAX_T] MTP positions of a pass or of the chain's steps
+    int32_t* h_mtp_ = nullptr;      // pinned [2 * (GEMV_MAX_T + 1)]
+    int held_row_ = -1;             // the row of mtp_hidden_ holding the last trunk row's hidden (-1: none)
+    std::vector<int> slot_held_row_;  // per snapshot: 0 when it holds a held row, else -1
+    void allocate_mtp();
+    bf16* hidden_out();         // park the held row in row 0; the next forward's hidden rows (null without MTP)
+    void mtp_rows(int n);       // the MTP rows completed by the n ids just run from position pos_
+    void mtp_snapshot(int slot);
+    void mtp_restore(int slot);
     // Checks `n` ids at the current position (context, vocabulary; `op` names the caller), drops
     // the verify rows and queues the ids and the position for the next forward.
     void upload_window(const char* op, const int32_t* ids, int n);

@@ -2,7 +2,8 @@
 // through model_forward with ForwardStep::rows, so each GDN layer leaves the state after every row
 // in verify_mem_ and the LM head fills one logits row per token; argmax_rows picks each row's
 // greedy token. accept copies the kept row's GDN states into the live ones (two strided copies
-// over all GDN layers); the KV rows past the kept position are simply rewritten by later steps.
+// over all GDN layers); the KV rows past the kept position are simply rewritten by later steps,
+// and so are the MTP rows that the window ran for its rejected drafts.
 //
 // verify_mem_, per GDN layer in layer order: [R, Hv, dk, dv] fp32 recurrent rows, then
 // [R, C, K-1] bf16 conv rows (R = verify_rows); then the R greedy tokens.
@@ -51,9 +52,11 @@ std::vector<int32_t> Engine::verify(const int32_t* ids, int n) {
     ForwardStep step = window_step(n);
     step.logits = true;
     step.rows = true;
+    step.hidden_out = hidden_out();
     model_forward(dims_, weights_->model(), state_, ws_, step, stream_, nullptr);
     argmax_rows(ws_.logits, n, dims_.vocab, dims_.vocab_real, d_verify_out_, stream_);
     LAMPO_CHECK_LAUNCH("argmax_rows");
+    mtp_rows(n);  // all n: the rows up to a kept one are right whatever is kept
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(h_io_, d_verify_out_, size_t(n) * 4, cudaMemcpyDeviceToHost, stream_));
     LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
     std::vector<int32_t> tokens(h_io_, h_io_ + n);
@@ -87,6 +90,7 @@ void Engine::accept(int keep) {
                                            rows_pitch, conv, gdn_layers, cudaMemcpyDeviceToDevice, stream_));
     }
     pos_ = verify_start_ + keep;
+    if (mtp_hidden_) held_row_ = keep;  // hidden row keep - 1 of the window
     write_position();
 }
 

@@ -95,11 +95,23 @@ struct LayerWeights {
     MoeFfnWeights moe;                 // set when moe
 };
 
+// The MTP (multi-token prediction) module: one full-attention decoder layer with the model's FFN
+// type, fed by fc over [rmsnorm1p(embedding of the next token) | rmsnorm1p(trunk hidden)].
+struct MtpWeights {
+    const bf16* pre_fc_norm_embedding = nullptr;  // [H], 1 + w
+    const bf16* pre_fc_norm_hidden = nullptr;     // [H], 1 + w
+    Linear fc;                                    // [H, 2H]: embedding half first
+    LayerWeights layer;                           // attn + (moe or dense)
+    const bf16* norm = nullptr;                   // [H], 1 + w: the draft hidden d
+};
+
 struct ModelWeights {
     Linear embed;                 // [V, H] (BF16 or LQ), gathered by row
     std::vector<LayerWeights> layers;
     const bf16* final_norm = nullptr;
     Linear lm_head;               // [V, H]
+    bool has_mtp = false;         // the checkpoint's MTP module is loaded (`mtp`)
+    MtpWeights mtp;
     // The decode step may fold its norms (linear.h): its MoE launches take the shared expert as
     // one more slot, which they read in the banks' format, so every layer's four expert matrices
     // must share one format (a dense model always folds).
@@ -157,6 +169,7 @@ struct Workspace {
     float* attn_partial = nullptr;
     float* logits = nullptr;     // [logit_rows, V] fp32: the last row, or a verify window's rows
     void* sampling_scratch = nullptr;
+    bf16* mtp_in = nullptr;      // [T, 2H] the MTP fc's input (engines with the MTP module)
 };
 
 // Bytes of each workspace buffer for `max_tokens` rows, in the order of Workspace's fields.
@@ -164,10 +177,12 @@ struct WorkspaceLayout {
     std::vector<std::pair<const char*, size_t>> buffers;
     size_t total() const;
 };
-// logit_rows: rows of fp32 logits (1, or a verify window's most tokens).
-WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int context_max, int logit_rows);
+// logit_rows: rows of fp32 logits (1, or a verify window's most tokens); mtp: room for the MTP
+// module's input.
+WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int context_max, int logit_rows, bool mtp);
 // Points a Workspace at consecutive 256-byte aligned pieces of `base` (workspace_layout order).
-Workspace carve_workspace(const ModelDims& d, int max_tokens, int context_max, int logit_rows, void* base);
+Workspace carve_workspace(const ModelDims& d, int max_tokens, int context_max, int logit_rows, bool mtp,
+                          void* base);
 
 // ---- profiling hook ----------------------------------------------------------------------------
 enum class OpFamily : int {
@@ -209,6 +224,10 @@ struct ForwardStep {
     // its *_rows, and the LM head runs on every row -> ws.logits [T, V] (with `logits`).
     bool rows = false;
     int32_t* routing_out = nullptr;   // optional [layers, T, k] (device): each MoE layer's expert ids
+    // Optional [T, H] (device): the final-normed rows are written here instead of ws.normed (the
+    // LM head reads them from here): the MTP module's trunk hiddens. With it a folded decode step
+    // runs its final norm even without `logits`.
+    bf16* hidden_out = nullptr;
 };
 
 // Runs every layer over T tokens at positions d_pos[0].., appending to the KV cache and advancing
@@ -217,6 +236,24 @@ struct ForwardStep {
 void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& s,
                    const Workspace& ws, const ForwardStep& step, cudaStream_t stream,
                    OpTimer* timer);
+
+// One pass of the MTP module (ModelWeights::mtp) over T rows: row t fuses hiddens[t] with the
+// embedding of ids[t] at position d_pos[0] + t of the MTP layer's own KV cache `kv` (appended):
+//   u = [rmsnorm1p(embed(ids[t]), pre_fc_norm_embedding) | rmsnorm1p(hiddens[t], pre_fc_norm_hidden)] @ fc^T
+//   out[t] = rmsnorm1p(decoder_layer(u), mtp.norm)
+// and, with `logits`, the LM head on the last row of out. `out` may alias `hiddens` (a draft chain
+// feeds each step the previous step's out). Same paths as model_forward by T, never folded.
+struct MtpStep {
+    int T = 0;
+    const int32_t* d_ids = nullptr;   // [T] the token after each row's trunk position (device)
+    const int32_t* d_pos = nullptr;   // [1] MTP cache position of the first row (device)
+    int pos0 = 0;                     // the same on the host (T > GEMV_MAX_T)
+    const bf16* hiddens = nullptr;    // [T, H] final-normed trunk rows, or the MTP's own out
+    bf16* out = nullptr;              // [T, H]
+    float* logits = nullptr;          // optional [V] fp32
+};
+void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& kv, int context_max,
+                 const Workspace& ws, const MtpStep& step, cudaStream_t stream, OpTimer* timer);
 
 // Fused forms of parts of the decode step (T = 1), chosen by LAMPO_DECODE_FUSION in the environment
 // (read once per process), a comma list of:

@@ -65,7 +65,7 @@ size_t WorkspaceLayout::total() const {
     return t;
 }
 
-WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int context_max, int logit_rows) {
+WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int context_max, int logit_rows, bool mtp) {
     const size_t T = size_t(max_tokens), H = size_t(d.hidden), b16 = 2;
     const bool attn = d.count(MixerKind::GatedAttention) > 0;
     const bool gdn = d.count(MixerKind::GatedDeltaNet) > 0;
@@ -104,12 +104,14 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int context
                                                            context_max) * 4 : 0},
         {"logits", size_t(std::max(logit_rows, 1)) * d.vocab * 4},
         {"sampling_scratch", sampling_scratch_bytes(d.vocab)},
+        {"mtp_in", mtp ? T * 2 * H * b16 : 0},
     };
     return l;
 }
 
-Workspace carve_workspace(const ModelDims& d, int max_tokens, int context_max, int logit_rows, void* base) {
-    const WorkspaceLayout l = workspace_layout(d, max_tokens, context_max, logit_rows);
+Workspace carve_workspace(const ModelDims& d, int max_tokens, int context_max, int logit_rows, bool mtp,
+                          void* base) {
+    const WorkspaceLayout l = workspace_layout(d, max_tokens, context_max, logit_rows, mtp);
     char* p = static_cast<char*>(base);
     std::vector<void*> ptr;
     for (const auto& b : l.buffers) {
@@ -143,6 +145,7 @@ Workspace carve_workspace(const ModelDims& d, int max_tokens, int context_max, i
     ws.attn_partial = static_cast<float*>(ptr[i++]);
     ws.logits = static_cast<float*>(ptr[i++]);
     ws.sampling_scratch = ptr[i++];
+    ws.mtp_in = static_cast<bf16*>(ptr[i++]);
     return ws;
 }
 
@@ -197,6 +200,7 @@ struct Ctx {
     const ForwardStep& step;
     cudaStream_t st;
     OpTimer* timer;
+    bool fold;  // the decode step with its norms and residual adds folded into the projections
 
     // Runs one op (any launcher call), times it under `family` and checks its launch.
     template <class F>
@@ -210,8 +214,7 @@ struct Ctx {
     }
     bool small() const { return step.T <= GEMV_MAX_T; }
     bool small_moe() const { return step.T <= MOE_DECODE_MAX_T; }
-    // The decode step with its norms and residual adds folded into the projections.
-    bool folded() const { return step.T == 1 && w.decode_foldable && decode_fusion_enabled(DecodeFusion::Norms); }
+    bool folded() const { return fold; }
 };
 
 // A block's input projection y = W @ normed input: reads ws.normed, or, folded, builds the normed
@@ -472,6 +475,35 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
     shared_expert_and_combine(c, w);
 }
 
+// The embedding rows of `d_ids` (BF16 or LQ table) -> ws.residual [T, H] fp32.
+void embed_rows(const Ctx& c, const int32_t* d_ids) {
+    const Linear& e = c.w.embed;
+    c.op(OpFamily::Embedding, "embedding_gather", [&] {
+        if (e.format == WeightFormat::LQ) {
+            embedding_gather_lq(static_cast<const uint8_t*>(e.data), e.bits, d_ids, c.ws.residual, c.step.T,
+                                c.d.hidden, c.st);
+        } else {
+            embedding_gather(static_cast<const bf16*>(e.data), d_ids, c.ws.residual, c.step.T, c.d.hidden, c.st);
+        }
+    });
+}
+
+// residual += delta (ws.delta, or `delta`), then y = rmsnorm1p(residual, norm_w).
+void add_norm(const Ctx& c, const bf16* norm_w, bf16* y, const bf16* delta = nullptr) {
+    c.op(OpFamily::Norms, "add_rmsnorm", [&] {
+        add_rmsnorm(c.ws.residual, delta ? delta : c.ws.delta, norm_w, y, c.step.T, c.d.hidden, c.d.eps, c.st);
+    });
+}
+
+// The layer's FFN (MoE or dense SwiGLU) on its post-normed input.
+void ffn(const Ctx& c, const LayerWeights& lw) {
+    if (c.d.moe) {
+        moe_ffn(c, lw.moe, lw.post_norm);
+    } else {
+        dense_ffn(c, lw.dense, lw.post_norm);
+    }
+}
+
 // Bit i set for each names[i] in the comma-separated value of environment variable `var`
 // (unset: 0); an unknown name throws, naming the variable.
 unsigned env_name_mask(const char* var, const std::vector<std::string>& names) {
@@ -531,26 +563,20 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
                                     " tokens; the engine keeps " + std::to_string(std::min(ws.logit_rows, GEMV_MAX_T)) +
                                     " rows");
     }
-    const Ctx c{d, w, ws, step, stream, timer};
+    const bool folded = step.T == 1 && w.decode_foldable && decode_fusion_enabled(DecodeFusion::Norms);
+    const Ctx c{d, w, ws, step, stream, timer, folded};  // unfolded: each block's input is ws.normed
     const int T = step.T, H = d.hidden, L = d.n_layers();
     if constexpr (timeline_built()) timeline_forward_begin(T);
     struct OpsDone {  // launches after the forward pass (the sampler) are the engine's
         ~OpsDone() { if constexpr (timeline_built()) timeline_note_op("engine"); }
     } ops_done;
 
-    const bool folded = c.folded();  // else each block's input is ws.normed, written by a norm launch
-    c.op(OpFamily::Embedding, "embedding_gather", [&] {
-        if (w.embed.format == WeightFormat::LQ) {
-            embedding_gather_lq(static_cast<const uint8_t*>(w.embed.data), w.embed.bits, step.d_ids, ws.residual, T,
-                                H, stream);
-        } else {
-            embedding_gather(static_cast<const bf16*>(w.embed.data), step.d_ids, ws.residual, T, H, stream);
-        }
-    });
+    embed_rows(c, step.d_ids);
     if (!folded)
         c.op(OpFamily::Norms, "rmsnorm",
              [&] { rmsnorm(ws.residual, w.layers[0].input_norm, ws.normed, T, H, d.eps, stream); });
 
+    bf16* final_rows = step.hidden_out ? step.hidden_out : ws.normed;  // the last norm's output
     for (int l = 0; l < L; ++l) {
         const LayerWeights& lw = w.layers[l];
         if (d.mixers[l] == MixerKind::GatedAttention) {
@@ -558,35 +584,69 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
         } else {
             gated_deltanet(c, lw.gdn, s.gdn[l], lw.input_norm);
         }
-        const bf16* next_norm = l + 1 < L ? w.layers[l + 1].input_norm : w.final_norm;
-        if (!folded)
-            c.op(OpFamily::Norms, "add_rmsnorm", [&] {
-                add_rmsnorm(ws.residual, ws.delta, lw.post_norm, ws.normed, T, H, d.eps, stream);
-            });
-
-        if (d.moe) {
-            moe_ffn(c, lw.moe, lw.post_norm);
-            if (step.routing_out) {
-                const size_t n = size_t(T) * d.top_k;
-                LAMPO_CUDA_CHECK(cudaMemcpyAsync(step.routing_out + l * n, ws.expert_ids, n * sizeof(int32_t),
-                                                 cudaMemcpyDeviceToDevice, stream));
-            }
-        } else {
-            dense_ffn(c, lw.dense, lw.post_norm);
+        if (!folded) add_norm(c, lw.post_norm, ws.normed);
+        ffn(c, lw);
+        if (d.moe && step.routing_out) {
+            const size_t n = size_t(T) * d.top_k;
+            LAMPO_CUDA_CHECK(cudaMemcpyAsync(step.routing_out + l * n, ws.expert_ids, n * sizeof(int32_t),
+                                             cudaMemcpyDeviceToDevice, stream));
         }
-        if (!folded)
-            c.op(OpFamily::Norms, "add_rmsnorm", [&] {
-                add_rmsnorm(ws.residual, ws.delta, next_norm, ws.normed, T, H, d.eps, stream);
-            });
+        if (!folded) {
+            const bool last = l + 1 == L;
+            add_norm(c, last ? w.final_norm : w.layers[l + 1].input_norm, last ? final_rows : ws.normed);
+        }
     }
 
-    if (step.logits && folded)
-        c.op(OpFamily::Norms, "rmsnorm", [&] { rmsnorm(ws.residual, w.final_norm, ws.normed, 1, H, d.eps, stream); });
+    if (folded && (step.logits || step.hidden_out))
+        c.op(OpFamily::Norms, "rmsnorm", [&] { rmsnorm(ws.residual, w.final_norm, final_rows, 1, H, d.eps, stream); });
     if (step.logits) {  // the last row, or every row of a verify window
         const int rows = step.rows ? T : 1;
-        const bf16* first = ws.normed + size_t(T - rows) * H;
+        const bf16* first = final_rows + size_t(T - rows) * H;
         c.op(OpFamily::LmHead, "lm_head",
              [&] { linear_forward_f32(w.lm_head, first, ws.logits, rows, stream); });
+    }
+}
+
+void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& kv, int context_max,
+                 const Workspace& ws, const MtpStep& m, cudaStream_t stream, OpTimer* timer) {
+    if (!w.has_mtp) throw std::logic_error("mtp_forward: the MTP module is not loaded");
+    if (m.T < 1 || m.T > ws.max_tokens || !ws.mtp_in) {
+        throw std::invalid_argument("mtp_forward: " + std::to_string(m.T) + " rows do not fit the workspace of " +
+                                    std::to_string(ws.mtp_in ? ws.max_tokens : 0));
+    }
+    ForwardStep step;
+    step.T = m.T;
+    step.d_ids = m.d_ids;
+    step.d_pos = m.d_pos;
+    step.pos0 = m.pos0;
+    const Ctx c{d, w, ws, step, stream, timer, false};
+    const MtpWeights& mw = w.mtp;
+    const int T = m.T, H = d.hidden;
+    const size_t row = size_t(H) * 2, rows_bytes = size_t(T) * H * 4;
+    // The fc input: each half normed into ws.normed, then copied into its columns of ws.mtp_in.
+    auto half_into_mtp_in = [&](int half) {
+        c.op(OpFamily::Projections, "mtp fc input", [&] {
+            LAMPO_CUDA_CHECK(cudaMemcpy2DAsync(ws.mtp_in + size_t(half) * H, 2 * row, ws.normed, row, row, T,
+                                               cudaMemcpyDeviceToDevice, stream));
+        });
+    };
+    embed_rows(c, m.d_ids);
+    c.op(OpFamily::Norms, "rmsnorm",
+         [&] { rmsnorm(ws.residual, mw.pre_fc_norm_embedding, ws.normed, T, H, d.eps, stream); });
+    half_into_mtp_in(0);
+    LAMPO_CUDA_CHECK(cudaMemsetAsync(ws.residual, 0, rows_bytes, stream));  // 0 + hidden: its fp32 value
+    add_norm(c, mw.pre_fc_norm_hidden, ws.normed, m.hiddens);
+    half_into_mtp_in(1);
+    c.op(OpFamily::Projections, "mtp fc", [&] { linear_forward(mw.fc, ws.mtp_in, ws.delta, T, stream); });
+    LAMPO_CUDA_CHECK(cudaMemsetAsync(ws.residual, 0, rows_bytes, stream));  // the residual stream starts at u
+    add_norm(c, mw.layer.input_norm, ws.normed);
+    gated_attention(c, mw.layer.attn, kv, context_max, mw.layer.input_norm);
+    add_norm(c, mw.layer.post_norm, ws.normed);
+    ffn(c, mw.layer);
+    add_norm(c, mw.norm, m.out);
+    if (m.logits) {
+        c.op(OpFamily::LmHead, "lm_head",
+             [&] { linear_forward_f32(w.lm_head, m.out + size_t(T - 1) * H, m.logits, 1, stream); });
     }
 }
 

@@ -196,7 +196,10 @@ const std::vector<std::string> kDenseRoles = {"dense.gate", "dense.up", "dense.d
 const std::vector<std::string> kMoeRoles = {"moe.router", "moe.experts_gate_up", "moe.experts_down",
                                             "moe.shared_expert.gate", "moe.shared_expert.up",
                                             "moe.shared_expert.down", "moe.shared_gate"};
+const std::vector<std::string> kMtpRoles = {"mtp.pre_fc_norm_embedding", "mtp.pre_fc_norm_hidden", "mtp.fc",
+                                            "mtp.norm"};
 const std::string kLayer = "{layer}";
+const std::string kMtpLayer = "mtp.layer.";  // + a layer role: the name in the MTP module's layer
 
 // Throws std::invalid_argument naming every role of `d` that `names` lacks, or a per-layer name
 // without {layer} (every layer would then claim the same tensor).
@@ -217,6 +220,14 @@ void check_names(const ModelDims& d, const TensorNames& names) {
     if (d.count(MixerKind::GatedAttention)) need(kAttentionRoles, true);
     if (d.count(MixerKind::GatedDeltaNet)) need(kGdnRoles, true);
     need(d.moe ? kMoeRoles : kDenseRoles, true);
+    if (names.count("mtp.fc")) {  // the MTP module is wanted: its own roles, and its layer's by name
+        need(kMtpRoles, false);
+        for (const auto* roles : {&kLayerRoles, &kAttentionRoles, d.moe ? &kMoeRoles : &kDenseRoles}) {
+            std::vector<std::string> in_mtp;
+            for (const std::string& r : *roles) in_mtp.push_back(kMtpLayer + r);
+            need(in_mtp, false);
+        }
+    }
     auto join = [](const std::vector<std::string>& v) {
         std::string out;
         for (const std::string& s : v) out += (out.empty() ? "" : ", ") + s;
@@ -370,70 +381,79 @@ bool moe_one_format(const MoeFfnWeights& m) {
     return m.experts_down.format == f && m.shared_gate_up.format == f && m.shared_down.format == f;
 }
 
+const bf16* WeightStore::norm(const std::string& name, int n, FillKind kind) {
+    return static_cast<const bf16*>(add_own(name, {n}, DType::BF16, kind));
+}
+
+LayerWeights WeightStore::add_layer(const std::function<std::string(const std::string&)>& name, MixerKind mixer) {
+    const ModelDims& d = dims_;
+    const int H = d.hidden;
+    LayerWeights lw;
+    lw.input_norm = norm(name("input_norm"), H);
+    if (mixer == MixerKind::GatedAttention) {
+        GatedAttentionWeights& a = lw.attn;
+        a.qkv = add_fused({{name("attn.q"), d.q_rows()}, {name("attn.k"), d.kv_width()}, {name("attn.v"), d.kv_width()}},
+                          H, d.attn_qkv_rows());
+        a.q_norm = norm(name("attn.q_norm"), d.head_dim);
+        a.k_norm = norm(name("attn.k_norm"), d.head_dim);
+        a.o = add_linear(name("attn.o"), H, d.attn_width());
+    } else {
+        GatedDeltaNetWeights& g = lw.gdn;
+        g.in_proj = add_fused({{name("gdn.qkv"), d.conv_channels()},
+                               {name("gdn.z"), d.gdn_value_width()},
+                               {name("gdn.b"), d.gdn_v_heads},
+                               {name("gdn.a"), d.gdn_v_heads}},
+                              H, d.gdn_in_rows());
+        g.conv = static_cast<const bf16*>(add_own(name("gdn.conv"), {d.conv_channels(), 1, d.conv_kernel},
+                                                  DType::BF16, FillKind::Conv));
+        g.A_log = static_cast<const float*>(add_own(name("gdn.A_log"), {d.gdn_v_heads}, DType::F32, FillKind::ALog));
+        g.dt_bias = static_cast<const float*>(
+            add_own(name("gdn.dt_bias"), {d.gdn_v_heads}, DType::F32, FillKind::DtBias));
+        g.norm = norm(name("gdn.norm"), d.gdn_v_dim, FillKind::NormPlain);
+        g.out = add_linear(name("gdn.out"), H, d.gdn_value_width());
+    }
+    lw.post_norm = norm(name("post_norm"), H);
+    if (d.moe) {
+        MoeFfnWeights& m = lw.moe;
+        const int E = d.n_experts, I = d.expert_inter, Is = d.shared_inter;
+        m.router = static_cast<const bf16*>(add_own(name("moe.router"), {E, H}, DType::BF16, FillKind::Matrix, H));
+        m.experts_gate_up = add_linear(name("moe.experts_gate_up"), 2 * I, H, FillKind::Matrix, E);
+        m.experts_down = add_linear(name("moe.experts_down"), H, I, FillKind::Matrix, E);
+        m.shared_gate_up = add_fused({{name("moe.shared_expert.gate"), Is}, {name("moe.shared_expert.up"), Is}}, H,
+                                     2 * Is);
+        m.shared_down = add_linear(name("moe.shared_expert.down"), H, Is);
+        m.shared_gate = static_cast<const bf16*>(
+            add_own(name("moe.shared_gate"), {1, H}, DType::BF16, FillKind::Matrix, H));
+    } else {
+        DenseFfnWeights& f = lw.dense;
+        f.gate_up = add_fused({{name("dense.gate"), d.ffn_inter}, {name("dense.up"), d.ffn_inter}}, H, 2 * d.ffn_inter);
+        f.down = add_linear(name("dense.down"), H, d.ffn_inter);
+    }
+    return lw;
+}
+
 WeightStore::WeightStore(const ModelDims& d, const TensorNames& names, const TensorBits& bits)
     : dims_(d), bits_(bits) {
     d.validate();
     check_names(d, names);
     const int H = d.hidden, V = d.vocab;
-    auto norm = [&](const std::string& tensor, int n, FillKind kind = FillKind::NormOffset) {
-        return static_cast<const bf16*>(add_own(tensor, {n}, DType::BF16, kind));
-    };
-
     model_.embed = add_linear(names.at("embed"), V, H, FillKind::Embedding);
-    model_.layers.resize(d.n_layers());
     for (int l = 0; l < d.n_layers(); ++l) {
-        auto name = [&](const char* role) { return layer_name(names.at(role), l); };
-        LayerWeights& lw = model_.layers[l];
-        lw.input_norm = norm(name("input_norm"), H);
-        if (d.mixers[l] == MixerKind::GatedAttention) {
-            GatedAttentionWeights& a = lw.attn;
-            a.qkv = add_fused({{name("attn.q"), d.q_rows()},
-                               {name("attn.k"), d.kv_width()},
-                               {name("attn.v"), d.kv_width()}},
-                              H, d.attn_qkv_rows());
-            a.q_norm = norm(name("attn.q_norm"), d.head_dim);
-            a.k_norm = norm(name("attn.k_norm"), d.head_dim);
-            a.o = add_linear(name("attn.o"), H, d.attn_width());
-        } else {
-            GatedDeltaNetWeights& g = lw.gdn;
-            g.in_proj = add_fused({{name("gdn.qkv"), d.conv_channels()},
-                                   {name("gdn.z"), d.gdn_value_width()},
-                                   {name("gdn.b"), d.gdn_v_heads},
-                                   {name("gdn.a"), d.gdn_v_heads}},
-                                  H, d.gdn_in_rows());
-            g.conv = static_cast<const bf16*>(add_own(name("gdn.conv"),
-                                                      {d.conv_channels(), 1, d.conv_kernel},
-                                                      DType::BF16, FillKind::Conv));
-            g.A_log = static_cast<const float*>(
-                add_own(name("gdn.A_log"), {d.gdn_v_heads}, DType::F32, FillKind::ALog));
-            g.dt_bias = static_cast<const float*>(
-                add_own(name("gdn.dt_bias"), {d.gdn_v_heads}, DType::F32, FillKind::DtBias));
-            g.norm = norm(name("gdn.norm"), d.gdn_v_dim, FillKind::NormPlain);
-            g.out = add_linear(name("gdn.out"), H, d.gdn_value_width());
-        }
-        lw.post_norm = norm(name("post_norm"), H);
-        if (d.moe) {
-            MoeFfnWeights& m = lw.moe;
-            const int E = d.n_experts, I = d.expert_inter, Is = d.shared_inter;
-            m.router = static_cast<const bf16*>(
-                add_own(name("moe.router"), {E, H}, DType::BF16, FillKind::Matrix, H));
-            m.experts_gate_up = add_linear(name("moe.experts_gate_up"), 2 * I, H, FillKind::Matrix, E);
-            m.experts_down = add_linear(name("moe.experts_down"), H, I, FillKind::Matrix, E);
-            m.shared_gate_up = add_fused({{name("moe.shared_expert.gate"), Is},
-                                          {name("moe.shared_expert.up"), Is}},
-                                         H, 2 * Is);
-            m.shared_down = add_linear(name("moe.shared_expert.down"), H, Is);
-            m.shared_gate = static_cast<const bf16*>(add_own(
-                name("moe.shared_gate"), {1, H}, DType::BF16, FillKind::Matrix, H));
-        } else {
-            DenseFfnWeights& f = lw.dense;
-            f.gate_up = add_fused({{name("dense.gate"), d.ffn_inter}, {name("dense.up"), d.ffn_inter}},
-                                  H, 2 * d.ffn_inter);
-            f.down = add_linear(name("dense.down"), H, d.ffn_inter);
-        }
+        model_.layers.push_back(add_layer([&](const std::string& role) { return layer_name(names.at(role), l); },
+                                          d.mixers[l]));
     }
     model_.final_norm = norm(names.at("final_norm"), H);
     model_.lm_head = add_linear(names.at("lm_head"), V, H);
+    if (names.count("mtp.fc")) {
+        MtpWeights& m = model_.mtp;
+        m.pre_fc_norm_embedding = norm(names.at("mtp.pre_fc_norm_embedding"), H);
+        m.pre_fc_norm_hidden = norm(names.at("mtp.pre_fc_norm_hidden"), H);
+        m.fc = add_linear(names.at("mtp.fc"), H, 2 * H);
+        m.layer = add_layer([&](const std::string& role) { return names.at(kMtpLayer + role); },
+                            MixerKind::GatedAttention);
+        m.norm = norm(names.at("mtp.norm"), H);
+        model_.has_mtp = true;
+    }
     for (const auto& [name, b] : bits_) {
         if (!index_.count(name)) {
             throw std::invalid_argument("weights: a width is given for '" + name + "', which is not a tensor of "

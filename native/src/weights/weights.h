@@ -7,8 +7,8 @@
 // see ModelDims::padded_rows), then receives
 // checkpoint tensors one by one from host memory (typically a memory-mapped safetensors file) and
 // copies them into place through a double-buffered pinned staging ring, so reading the next piece
-// from disk overlaps the PCIe copy of the previous one. MTP tensors are not part of the plan (the
-// engine does not run MTP yet).
+// from disk overlaps the PCIe copy of the previous one. The MTP module is part of the plan when the
+// names hold its roles ("mtp.fc", ..., and its layer's roles as "mtp.layer.<role>").
 //
 // Weight formats: TensorBits names the matrices held in the LQ format (4, 5 or 6 bits; the others
 // are BF16). A tensor arrives as stored in the checkpoint and is converted on the GPU where its
@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -119,7 +120,6 @@ private:
 
 class WeightStore {
 public:
-    // Throws std::invalid_argument naming the roles of this model that `names` lacks.
     // Throws std::invalid_argument naming the roles of this model that `names` lacks, or a width
     // that cannot be: `bits` names a tensor the model does not have, a width other than 4, 5, 6,
     // a matrix off the 16 x 64 tile grid, or fused parts of different formats.
@@ -157,6 +157,9 @@ private:
     int bits_of(const std::string& name) const;  // 0 when BF16
 
     void* block(const std::string& what, size_t bytes);
+    const bf16* norm(const std::string& name, int n, FillKind kind = FillKind::NormOffset);  // a [n] vector
+    // One decoder layer's tensors; `name` gives the checkpoint name of each of its roles.
+    LayerWeights add_layer(const std::function<std::string(const std::string&)>& name, MixerKind mixer);
     void* add(const std::string& name, std::vector<int64_t> shape, DType dtype, FillKind fill,
               int fan_in, void* device, int bits = 0);
     void* add_own(const std::string& name, std::vector<int64_t> shape, DType dtype, FillKind fill,

@@ -1,0 +1,149 @@
+// engine_mtp.cu - Engine: the MTP module's state and drafts (engine.h).
+//
+// mtp_mem_: the MTP layer's INT8 KV cache (as a trunk attention layer's), then mtp_hidden_
+// [prefill_chunk + 1, H], mtp_chain_ [H], slot_held_ [snapshot_slots, H] (bf16), then
+// d_mtp_ids_ [GEMV_MAX_T + 1] and d_mtp_pos_ [GEMV_MAX_T] (int32).
+//
+// The held row: a forward writes its final-normed rows to mtp_hidden_ rows 1..n (hidden_out),
+// after row 0 holds the previous forward's last row, so the MTP rows a forward completes read
+// [held, rows 1..n-1] as one contiguous block; held_row_ then names row n (a decode step: row 1;
+// accept(keep): row keep).
+#include "engine/engine.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "kernels/common.cuh"
+#include "kernels/ops.h"
+
+namespace lampo {
+
+namespace {
+size_t align256(size_t n) { return (n + 255) / 256 * 256; }
+}  // namespace
+
+bool Engine::has_mtp() const { return weights_->model().has_mtp; }
+
+void Engine::allocate_mtp() {
+    const size_t H = size_t(dims_.hidden), b16 = 2;
+    const size_t kv_elems = size_t(dims_.n_kv_heads) * opt_.context_max * dims_.head_dim;
+    const size_t kv_bytes = align256(kv_elems), scale_bytes = align256(kv_elems / KV_GROUP * 2);
+    const size_t hidden_bytes = align256((size_t(opt_.prefill_chunk) + 1) * H * b16);
+    const size_t chain_bytes = align256(H * b16), held_bytes = align256(size_t(opt_.snapshot_slots) * H * b16);
+    const size_t ids_bytes = align256((GEMV_MAX_T + 1) * 4);
+    mtp_mem_ = DeviceMemory(2 * (kv_bytes + scale_bytes) + hidden_bytes + chain_bytes + held_bytes + 2 * ids_bytes,
+                            "MTP layer KV cache (" + std::to_string(opt_.context_max) + " tokens) and rows");
+    char* p = mtp_mem_.as<char>();
+    mtp_kv_ = KvCacheLayer{reinterpret_cast<int8_t*>(p), reinterpret_cast<int8_t*>(p + kv_bytes),
+                           reinterpret_cast<half*>(p + 2 * kv_bytes),
+                           reinterpret_cast<half*>(p + 2 * kv_bytes + scale_bytes)};
+    p += 2 * (kv_bytes + scale_bytes);
+    mtp_hidden_ = reinterpret_cast<bf16*>(p);
+    p += hidden_bytes;
+    mtp_chain_ = reinterpret_cast<bf16*>(p);
+    p += chain_bytes;
+    slot_held_ = reinterpret_cast<bf16*>(p);
+    p += held_bytes;
+    d_mtp_ids_ = reinterpret_cast<int32_t*>(p);
+    d_mtp_pos_ = reinterpret_cast<int32_t*>(p + ids_bytes);
+    slot_held_row_.assign(opt_.snapshot_slots, -1);
+    if (cudaHostAlloc(reinterpret_cast<void**>(&h_mtp_), 2 * (GEMV_MAX_T + 1) * 4, cudaHostAllocDefault) !=
+        cudaSuccess) {
+        cudaGetLastError();
+        throw CudaError("cudaHostAlloc MTP step buffers failed");
+    }
+}
+
+bf16* Engine::hidden_out() {
+    if (!mtp_hidden_) return nullptr;
+    const size_t row = size_t(dims_.hidden) * 2;
+    if (held_row_ > 0) {
+        LAMPO_CUDA_CHECK(cudaMemcpyAsync(mtp_hidden_, reinterpret_cast<char*>(mtp_hidden_) + held_row_ * row, row,
+                                         cudaMemcpyDeviceToDevice, stream_));
+        held_row_ = 0;
+    }
+    return mtp_hidden_ + dims_.hidden;
+}
+
+void Engine::mtp_rows(int n) {
+    if (!mtp_hidden_) return;
+    // Row t of the MTP pass: the hidden of trunk position pos_ - 1 + t and the id fed at pos_ + t.
+    // Without a held row (the conversation's first chunk) the pass starts one row later.
+    const int skip = held_row_ == 0 ? 0 : 1;
+    MtpStep m;
+    m.T = n - skip;
+    held_row_ = n;
+    if (m.T < 1) return;
+    m.pos0 = pos_ - 1 + skip;
+    h_mtp_[0] = m.pos0;
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_mtp_pos_, h_mtp_, 4, cudaMemcpyHostToDevice, stream_));
+    m.d_ids = d_ids_ + skip;
+    m.d_pos = d_mtp_pos_;
+    m.hiddens = mtp_hidden_ + size_t(skip) * dims_.hidden;
+    m.out = ws_.normed;  // only the cache rows are kept
+    mtp_forward(dims_, weights_->model(), mtp_kv_, opt_.context_max, ws_, m, stream_, nullptr);
+    LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));  // h_mtp_ is rewritten by the next call
+}
+
+std::vector<int32_t> Engine::mtp_draft(int token, int k) {
+    if (!mtp_hidden_) throw std::logic_error("mtp_draft: the MTP module is not loaded");
+    require_weights();
+    require_idle("mtp_draft");
+    if (k < 1 || k > GEMV_MAX_T) {
+        throw std::invalid_argument("mtp_draft: " + std::to_string(k) + " drafts; the chain makes 1.." +
+                                    std::to_string(GEMV_MAX_T));
+    }
+    if (held_row_ < 0) throw std::logic_error("mtp_draft: no trunk row has run since the reset");
+    if (token < 0 || token >= dims_.vocab) {
+        throw std::invalid_argument("mtp_draft: token id " + std::to_string(token) + " is outside the vocabulary [0, " +
+                                    std::to_string(dims_.vocab) + ")");
+    }
+    if (pos_ - 1 + k > opt_.context_max) {
+        throw std::out_of_range("mtp_draft: " + std::to_string(k) + " drafts from position " + std::to_string(pos_) +
+                                " exceed the context of " + std::to_string(opt_.context_max));
+    }
+    verified_ = 0;  // the chain's passes overwrite the logits a verify window left
+    const int H = dims_.hidden;
+    h_mtp_[0] = token;
+    for (int i = 0; i < k; ++i) h_mtp_[GEMV_MAX_T + 1 + i] = pos_ - 1 + i;
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_mtp_ids_, h_mtp_, 4, cudaMemcpyHostToDevice, stream_));
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_mtp_pos_, h_mtp_ + GEMV_MAX_T + 1, size_t(k) * 4, cudaMemcpyHostToDevice,
+                                     stream_));
+    for (int i = 0; i < k; ++i) {
+        MtpStep m;
+        m.T = 1;
+        m.d_ids = d_mtp_ids_ + i;
+        m.d_pos = d_mtp_pos_ + i;
+        m.pos0 = pos_ - 1 + i;
+        m.hiddens = i == 0 ? mtp_hidden_ + size_t(held_row_) * H : mtp_chain_;
+        m.out = mtp_chain_;
+        m.logits = ws_.logits;
+        mtp_forward(dims_, weights_->model(), mtp_kv_, opt_.context_max, ws_, m, stream_, nullptr);
+        argmax_rows(ws_.logits, 1, dims_.vocab, dims_.vocab_real, d_mtp_ids_ + i + 1, stream_);
+        LAMPO_CHECK_LAUNCH("argmax_rows");
+    }
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(h_mtp_, d_mtp_ids_ + 1, size_t(k) * 4, cudaMemcpyDeviceToHost, stream_));
+    LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return std::vector<int32_t>(h_mtp_, h_mtp_ + k);
+}
+
+void Engine::mtp_snapshot(int slot) {
+    if (!mtp_hidden_) return;
+    slot_held_row_[slot] = held_row_ < 0 ? -1 : 0;
+    if (held_row_ < 0) return;
+    const size_t row = size_t(dims_.hidden) * 2;
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<char*>(slot_held_) + slot * row,
+                                     reinterpret_cast<char*>(mtp_hidden_) + held_row_ * row, row,
+                                     cudaMemcpyDeviceToDevice, stream_));
+}
+
+void Engine::mtp_restore(int slot) {
+    if (!mtp_hidden_) return;
+    held_row_ = slot_held_row_[slot];
+    if (held_row_ < 0) return;
+    const size_t row = size_t(dims_.hidden) * 2;
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(mtp_hidden_, reinterpret_cast<char*>(slot_held_) + slot * row, row,
+                                     cudaMemcpyDeviceToDevice, stream_));
+}
+
+}  // namespace lampo

@@ -1,0 +1,179 @@
+"""The engine's MTP module (Engine.mtp_draft, engine_mtp.cu; mtp_forward in model_forward.cu)
+against the numpy reference's MTP layer (models/reference/mtp.py), and MTP rounds through the
+CUDA backend.
+
+The engine runs the MTP rows of every prefill chunk and verify window and keeps the held trunk row;
+mtp_draft(token, j) feeds the sampled token with that row, then chains j - 1 times, and leaves the
+last step's draft logits where engine.logits() reads them. Each step's logits must match the
+reference's MTP row for the same inputs (the reference chained on the engine's own drafts) within
+test_engine.py's engine-vs-reference tolerances (MoE: the median row and a loose bound, since a
+router near-tie may pick another expert).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+from helpers import TagTokenizer
+from lampo.engine.cuda import CudaBackend, load_weights
+from lampo.engine.protocol import GenerationRequest, TokenEvent
+from lampo.engine.speculation import Speculation
+from lampo.models.checkpoint import Checkpoint
+from lampo.models.presets import get_preset
+from lampo.models.reference.model import ReferenceModel
+from lampo.models.sampling_params import GREEDY, SamplingParams
+from lampo.models.synthetic import write_checkpoint
+from lampo.models.tensor_specs import engine_tensor_names
+
+_native = pytest.importorskip("lampo._native")
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(_native.device_count() < 1, reason="no CUDA device"),
+]
+
+REAL_VOCAB = 248_077
+CHUNK = 64
+DENSE_TOL, MOE_MEDIAN, LOOSE = 4e-2, 6e-2, 0.6
+
+
+@pytest.fixture(scope="module", params=["tiny-dense", "tiny-moe"])
+def tiny(request, tmp_path_factory):
+    """(model directory, engine with the MTP module and verify rows, reference, whether MoE)."""
+    d = write_checkpoint(tmp_path_factory.mktemp(request.param), get_preset(request.param), seed=1, with_mtp=True)
+    ck = Checkpoint.open(d)
+    assert ck.has_mtp
+    engine = _native.Engine(ck.config, engine_tensor_names(ck.config, mtp=True), context_max=1024,
+                            prefill_chunk=CHUNK, snapshot_slots=2, verify_rows=5)
+    load_weights(engine, ck)
+    assert engine.has_mtp
+    return d, engine, ReferenceModel.from_checkpoint(ck), ck.config.is_moe
+
+
+def start(engine, prompt) -> int:
+    engine.reset()
+    engine.set_sampling(0.0, 0, 1.0, 0.0, 0.0, 0)
+    engine.begin_generation()
+    token = -1
+    for s in range(0, len(prompt), CHUNK):
+        token = engine.prefill(np.asarray(prompt[s:s + CHUNK], np.int32), s + CHUNK >= len(prompt))
+    return token
+
+
+def rel_l2(got, want) -> float:
+    g, w = np.asarray(got, np.float64)[:REAL_VOCAB], np.asarray(want, np.float64)[:REAL_VOCAB]
+    return float(np.linalg.norm(g - w) / np.linalg.norm(w))
+
+
+def assert_rows_agree(got_rows, want_rows, moe: bool, what: str):
+    errs = [rel_l2(g, w) for g, w in zip(got_rows, want_rows)]
+    report = f"{what}: rel L2 per row {[f'{e:.1e}' for e in errs]}"
+    if moe:
+        assert np.median(errs) <= MOE_MEDIAN and max(errs) <= LOOSE, report
+    else:
+        assert max(errs) <= DENSE_TOL, report
+
+
+def engine_chain(engine, token: int, k: int) -> tuple[list[int], list[np.ndarray]]:
+    """The k drafts from `token` and each chain step's logits (mtp_draft(token, j), j = 1..k: the
+    same MTP rows rewritten each time)."""
+    logits = []
+    for j in range(1, k + 1):
+        drafts = [int(t) for t in engine.mtp_draft(token, j)]
+        logits.append(np.asarray(engine.logits()))
+    return drafts, logits
+
+
+def reference_chain(ref, trunk_ids, token: int, drafts: list[int]) -> list[np.ndarray]:
+    """The reference's draft logits after the trunk ran `trunk_ids` (with every MTP row they
+    complete): the row of the last trunk hidden and `token`, then the chain on `drafts`."""
+    ref.reset()
+    ref.prefill(list(trunk_ids))
+    n = len(trunk_ids)
+    if n > 1:
+        ref.mtp_advance(ref.hiddens[:-1], list(trunk_ids[1:]), 0)
+    out = [ref.mtp_step(ref.hiddens[-1], token, n - 1)]
+    for i, d in enumerate(drafts[:-1]):
+        out.append(ref.mtp_step(ref.mtp_hidden_last, d, n + i))
+    return out
+
+
+def test_mtp_drafts_after_a_chunked_prefill_match_the_reference(tiny):
+    _d, engine, ref, moe = tiny
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, REAL_VOCAB, 2 * CHUNK + 9)]
+    first = start(engine, prompt)
+    drafts, logits = engine_chain(engine, first, 4)
+    assert drafts == [int(np.argmax(l[:REAL_VOCAB])) for l in logits]  # each draft is its step's argmax
+    assert_rows_agree(logits, reference_chain(ref, prompt, first, drafts), moe, "MTP chain after prefill")
+
+
+@pytest.mark.parametrize("keeps", [(3,), (5,), (1,), (4, 2)])  # (4, 2): take two drafts back
+def test_the_mtp_rows_follow_the_kept_rows_of_a_verify_window(tiny, keeps):
+    _d, engine, ref, moe = tiny
+    prompt = [int(t) for t in np.random.default_rng(1).integers(0, REAL_VOCAB, 40)]
+    first = start(engine, prompt)
+    drafts = [int(t) for t in np.random.default_rng(2).integers(0, REAL_VOCAB, 4)]
+    window = [first, *drafts]
+    targets = engine.verify(np.asarray(window, np.int32))
+    for keep in keeps:
+        engine.accept(keep)
+    keep = keeps[-1]
+    nxt = int(targets[keep - 1])
+    chain, logits = engine_chain(engine, nxt, 2)
+    want = reference_chain(ref, prompt + window[:keep], nxt, chain)
+    assert_rows_agree(logits, want, moe, f"MTP chain after accept{keeps}")
+
+
+def test_a_snapshot_keeps_the_held_row(tiny):
+    _d, engine, _ref, _moe = tiny
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, REAL_VOCAB, 30)]
+    first = start(engine, prompt)
+    engine.snapshot(0)
+    drafts, logits = engine_chain(engine, first, 2)
+    engine.verify(np.asarray([first, *drafts], np.int32))  # the held row and the MTP rows move on
+    engine.accept(3)
+    engine.restore(0)
+    again, logits_again = engine_chain(engine, first, 2)
+    assert again == drafts
+    for got, want in zip(logits_again, logits):
+        assert rel_l2(got, want) <= 1e-3
+
+
+def test_misuse_is_refused(tiny, tmp_path):
+    _d, engine, _ref, _moe = tiny
+    engine.reset()
+    with pytest.raises(RuntimeError, match="no trunk row has run since the reset"):
+        engine.mtp_draft(5, 1)
+    start(engine, [1, 2, 3])
+    with pytest.raises(ValueError, match="9 drafts; the chain makes 1..8"):
+        engine.mtp_draft(5, 9)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        engine.mtp_draft(-1, 1)
+    plain = _native.Engine(get_preset("tiny-dense"), engine_tensor_names(get_preset("tiny-dense")), context_max=64,
+                           prefill_chunk=16, snapshot_slots=1)
+    assert not plain.has_mtp
+    with pytest.raises(RuntimeError, match="MTP module is not loaded"):
+        plain.mtp_draft(5, 1)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4])
+def test_greedy_mtp_rounds_through_the_backend_give_the_plain_reply(tiny, k):
+    """256 tokens of greedy speculative decoding equal plain greedy decoding on the same engine
+    paths' numbers; the MoE may legitimately part at a router near-tie (verify rows and the decode
+    step round differently), so there the reply must agree for most of its length."""
+    d, _engine, _ref, moe = tiny
+    prompt = tuple(int(t) for t in np.random.default_rng(4).integers(0, REAL_VOCAB, 50))
+    request = GenerationRequest(prompt, SamplingParams(**{**GREEDY.to_dict(), "max_tokens": 256}))
+    replies = []
+    for speculation in (Speculation("off"), Speculation("mtp", k)):
+        b = CudaBackend(d, context_max=1024, tokenizer=TagTokenizer(), speculation=speculation)
+        events = list(b.generate(request, threading.Event()))
+        replies.append([i for e in events if isinstance(e, TokenEvent) for i in e.ids])
+        b.close()
+    plain, speculative = replies
+    agree = next((i for i, (a, b) in enumerate(zip(plain, speculative)) if a != b), min(map(len, replies)))
+    if moe:
+        assert agree >= 64, f"the replies part at token {agree}"
+    else:
+        assert speculative == plain, f"the replies part at token {agree}"
