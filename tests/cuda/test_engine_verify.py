@@ -144,3 +144,26 @@ def test_misuse_is_refused_with_numbers(tiny):
     engine.prefill(np.asarray([5], np.int32), True)  # a forward since: the rows are gone
     with pytest.raises(ValueError, match="none held"):
         engine.accept(1)
+
+
+def test_the_captured_window_equals_the_eager_launches(tiny, tmp_path):
+    """The verify graph of each window size (the default) against the same window launched eagerly,
+    over rounds back to back: the same kernels, so the same numbers."""
+    engine, moe = tiny
+    d = write_checkpoint(tmp_path / "again", get_preset("tiny-moe" if moe else "tiny-dense"), seed=1, with_mtp=False)
+    ck = Checkpoint.open(d, include_mtp=False)
+    eager = _native.Engine(ck.config, engine_tensor_names(ck.config), context_max=512, prefill_chunk=64,
+                           snapshot_slots=1, verify_rows=ROWS, verify_graphs=False)
+    load_weights(eager, ck)
+    prompt = np.random.default_rng(9).integers(0, REAL_VOCAB, 12)
+    rows = {}
+    for name, e in (("graph", engine), ("eager", eager)):
+        fed, rows[name] = start(e, prompt), []
+        for n in (ROWS, 3, ROWS):  # a size again after another: the graph is replayed
+            drafts = [int(t) for t in np.random.default_rng(n).integers(0, REAL_VOCAB, n - 1)]
+            greedy = e.verify(np.asarray([fed, *drafts], np.int32))
+            rows[name].append(e.verify_logits())
+            e.accept(2)
+            fed = int(greedy[1])
+    for got, want in zip(rows["graph"], rows["eager"]):
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)

@@ -114,6 +114,8 @@ Engine::~Engine() {
     if (stream_) cudaStreamSynchronize(stream_);
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
     if (graph_) cudaGraphDestroy(graph_);
+    for (cudaGraphExec_t e : verify_exec_)
+        if (e) cudaGraphExecDestroy(e);
     if (h_io_) cudaFreeHost(h_io_);
     if (h_mtp_) cudaFreeHost(h_mtp_);
     for (cudaEvent_t e : token_ready_)
@@ -266,6 +268,7 @@ int Engine::prefill(const int32_t* ids, int n, bool sample_next) {
     step.logits = sample_next;
     step.routing_out = routing_mem_.as<int32_t>();
     step.hidden_out = hidden_out();
+    const MtpStep mtp = mtp_hidden_ ? mtp_window(n) : MtpStep{};
     model_forward(dims_, weights_->model(), state_, ws_, step, stream_, nullptr);
     if (step.routing_out) {
         routing_.resize(size_t(dims_.n_layers()) * n * dims_.top_k);
@@ -275,7 +278,7 @@ int Engine::prefill(const int32_t* ids, int n, bool sample_next) {
     if (sample_next) sample(nullptr);
     launch_pdl("advance_position", advance_position, 1, 1, 0, stream_, d_pos_, n);
     LAMPO_CHECK_LAUNCH("advance_position");
-    mtp_rows(n);
+    if (mtp.T) mtp_forward(dims_, weights_->model(), mtp_kv_, opt_.context_max, ws_, mtp, stream_, nullptr);
     const int token = sample_next ? read_token() : -1;
     LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
     pos_ += n;
@@ -305,11 +308,11 @@ void Engine::decode_body(OpTimer* timer) {
     LAMPO_CHECK_LAUNCH("advance_position");
 }
 
-cudaGraph_t Engine::capture_decode() {
+cudaGraph_t Engine::capture(const std::function<void()>& body) {
     LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));  // capture starts on an idle stream
     LAMPO_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
     try {
-        decode_body(nullptr);
+        body();
     } catch (...) {
         cudaGraph_t broken = nullptr;
         cudaStreamEndCapture(stream_, &broken);
@@ -324,7 +327,7 @@ cudaGraph_t Engine::capture_decode() {
 
 void Engine::ensure_decode_graph() {
     if (graph_exec_ && same_sampling(sampling_, graph_sampling_)) return;
-    cudaGraph_t g = capture_decode();
+    cudaGraph_t g = capture([this] { decode_body(nullptr); });
     bool updated = false;
     if (graph_exec_) {
         cudaGraphExecUpdateResultInfo info;

@@ -27,6 +27,7 @@
 // MTP rounds draft at every step.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -44,6 +45,7 @@ struct EngineOptions {
     size_t vram_limit = 0;  // bytes the process may hold in cudaMalloc'ed blocks (0: no cap; weights.h)
     int verify_rows = 0;    // most tokens of a verify window (0: none; else 2..GEMV_MAX_T): the GDN
                             // states kept per row and the logits rows of speculative verify
+    bool verify_graphs = true;  // each window size captured once as a CUDA graph (false: eager launches)
 };
 
 struct DecodeGraphInfo {
@@ -167,9 +169,11 @@ private:
     cudaGraphExec_t graph_exec_ = nullptr;
     DecodeGraphInfo graph_info_;
 
+    cudaGraphExec_t verify_exec_[GEMV_MAX_T + 1] = {};  // the verify window of each size, once captured
+
     void decode_body(OpTimer* timer);
     void sample(OpTimer* timer);
-    cudaGraph_t capture_decode();
+    cudaGraph_t capture(const std::function<void()>& body);  // body's launches as a graph (not run)
     void ensure_decode_graph();
     void write_position();
     void check_slot(int slot) const;
@@ -194,7 +198,9 @@ private:
     std::vector<int> slot_held_row_;  // per snapshot: 0 when it holds a held row, else -1
     void allocate_mtp();
     bf16* hidden_out();         // park the held row in row 0; the next forward's hidden rows (null without MTP)
-    void mtp_rows(int n);       // the MTP rows completed by the n ids just run from position pos_
+    // The MTP pass over the rows that the n ids uploaded at position pos_ complete (T = 0: none; its
+    // position uploaded); the held row becomes row n.
+    MtpStep mtp_window(int n);
     void mtp_snapshot(int slot);
     void mtp_restore(int slot);
     // Checks `n` ids at the current position (context, vocabulary; `op` names the caller), drops

@@ -65,24 +65,22 @@ bf16* Engine::hidden_out() {
     return mtp_hidden_ + dims_.hidden;
 }
 
-void Engine::mtp_rows(int n) {
-    if (!mtp_hidden_) return;
+MtpStep Engine::mtp_window(int n) {
     // Row t of the MTP pass: the hidden of trunk position pos_ - 1 + t and the id fed at pos_ + t.
     // Without a held row (the conversation's first chunk) the pass starts one row later.
     const int skip = held_row_ == 0 ? 0 : 1;
     MtpStep m;
     m.T = n - skip;
     held_row_ = n;
-    if (m.T < 1) return;
+    if (m.T < 1) return MtpStep{};
     m.pos0 = pos_ - 1 + skip;
-    h_mtp_[0] = m.pos0;
+    h_mtp_[0] = m.pos0;  // the caller synchronizes before the next call rewrites it
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_mtp_pos_, h_mtp_, 4, cudaMemcpyHostToDevice, stream_));
     m.d_ids = d_ids_ + skip;
     m.d_pos = d_mtp_pos_;
     m.hiddens = mtp_hidden_ + size_t(skip) * dims_.hidden;
     m.out = ws_.normed;  // only the cache rows are kept
-    mtp_forward(dims_, weights_->model(), mtp_kv_, opt_.context_max, ws_, m, stream_, nullptr);
-    LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));  // h_mtp_ is rewritten by the next call
+    return m;
 }
 
 std::vector<int32_t> Engine::mtp_draft(int token, int k) {

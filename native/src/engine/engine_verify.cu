@@ -1,7 +1,8 @@
 // engine_verify.cu - Engine: the speculative verify window (engine.h). verify runs the window
 // through model_forward with ForwardStep::rows, so each GDN layer leaves the state after every row
 // in verify_mem_ and the LM head fills one logits row per token; argmax_rows picks each row's
-// greedy token. accept copies the kept row's GDN states into the live ones (two strided copies
+// greedy token (and the MTP pass runs the window's MTP rows), captured as one CUDA graph per
+// window size. accept copies the kept row's GDN states into the live ones (two strided copies
 // over all GDN layers); the KV rows past the kept position are simply rewritten by later steps,
 // and so are the MTP rows that the window ran for its rejected drafts.
 //
@@ -53,10 +54,31 @@ std::vector<int32_t> Engine::verify(const int32_t* ids, int n) {
     step.logits = true;
     step.rows = true;
     step.hidden_out = hidden_out();
-    model_forward(dims_, weights_->model(), state_, ws_, step, stream_, nullptr);
-    argmax_rows(ws_.logits, n, dims_.vocab, dims_.vocab_real, d_verify_out_, stream_);
-    LAMPO_CHECK_LAUNCH("argmax_rows");
-    mtp_rows(n);  // all n: the rows up to a kept one are right whatever is kept
+    // The MTP rows of all n ids: those up to a kept row are right whatever is kept.
+    const MtpStep mtp = mtp_hidden_ ? mtp_window(n) : MtpStep{};
+    auto body = [&] {
+        model_forward(dims_, weights_->model(), state_, ws_, step, stream_, nullptr);
+        argmax_rows(ws_.logits, n, dims_.vocab, dims_.vocab_real, d_verify_out_, stream_);
+        LAMPO_CHECK_LAUNCH("argmax_rows");
+        if (mtp.T) mtp_forward(dims_, weights_->model(), mtp_kv_, opt_.context_max, ws_, mtp, stream_, nullptr);
+    };
+    // A graph per window size: its pointers are fixed, positions come from the device, and the
+    // MTP pass has one shape per size once a held row exists (without one it runs eagerly).
+    if (opt_.verify_graphs && (!mtp_hidden_ || mtp.T == n)) {
+        cudaGraphExec_t& exec = verify_exec_[n];
+        if (!exec) {
+            cudaGraph_t g = capture(body);
+            const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+            cudaGraphDestroy(g);
+            if (err != cudaSuccess) {
+                exec = nullptr;
+                cuda_check(err, "cudaGraphInstantiate (verify window)", __FILE__, __LINE__);
+            }
+        }
+        LAMPO_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    } else {
+        body();
+    }
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(h_io_, d_verify_out_, size_t(n) * 4, cudaMemcpyDeviceToHost, stream_));
     LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
     std::vector<int32_t> tokens(h_io_, h_io_ + n);
