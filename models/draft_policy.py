@@ -11,6 +11,12 @@ E(k) / c(k) over k <= k_max, where n-gram drafts exist only as far as the contex
 choice beats a plain step (ratio 1) the step is plain, and every PROBE_EVERY plain steps one
 draft is tried anyway so that the estimates can recover. `mode` forces a drafter ("mtp", "ngram")
 or turns speculation off ("off"); `fixed_k` forces the number of drafts.
+
+Where the engine reports what its steps take (`record_time`: the wall seconds of a plain step and
+of each round), c(k) is the measured time of a round of k drafts over the measured plain step
+instead of the model above, so speculation turns itself off where it measures slower (an MoE at
+long context, a slow verify) and the draft count follows what each count really costs; a plain
+step is then taken every PLAIN_EVERY rounds to keep its time current.
 """
 
 from __future__ import annotations
@@ -18,10 +24,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 DRAFTERS = ("mtp", "ngram")
+PLAIN = ("plain", 0)  # the key of a plain step's measured time
 MODES = ("auto", "off", *DRAFTERS)
 PRIOR = 0.5  # conditional acceptance assumed before anything is measured
 SMOOTHING = 0.1  # weight of the newest round in the moving averages
 PROBE_EVERY = 16  # plain steps between two probes while speculation is off
+PLAIN_EVERY = 32  # rounds between two plain steps once step times are measured
+TIME_SMOOTHING = 0.2  # weight of the newest time in the measured step times
 
 
 @dataclass
@@ -32,7 +41,10 @@ class DraftPolicy:
     mode: str = "auto"
     fixed_k: int | None = None
     accept: dict[str, list[float]] = field(init=False)
+    seconds: dict[tuple[str, int], float] = field(init=False, default_factory=dict)  # measured step times
+    _warmed: set[tuple[str, int]] = field(init=False, default_factory=set)
     _plain_steps: int = field(init=False, default=0)
+    _rounds: int = field(init=False, default=0)  # rounds since the last plain step
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -49,8 +61,25 @@ class DraftPolicy:
             total += reach
         return total
 
+    def cost(self, drafter: str, k: int) -> float:
+        """c(k): a round of k drafts in plain steps, measured where both times are known."""
+        plain, spent = self.seconds.get(PLAIN), self.seconds.get((drafter, k))
+        if plain and spent is not None:
+            return spent / plain
+        return 1 + (self.verify_cost + self.draft_cost[drafter]) * k
+
     def speedup(self, drafter: str, k: int) -> float:
-        return self.expected_tokens(drafter, k) / (1 + (self.verify_cost + self.draft_cost[drafter]) * k)
+        return self.expected_tokens(drafter, k) / self.cost(drafter, k)
+
+    def record_time(self, drafter: str | None, k: int, seconds: float) -> None:
+        """The wall seconds of a plain step (drafter None) or of a round of k drafts. The first of
+        each kind is dropped: it includes one-time work (a CUDA graph captured at its first use)."""
+        key = PLAIN if drafter is None else (drafter, k)
+        if key not in self._warmed:
+            self._warmed.add(key)
+            return
+        old = self.seconds.get(key)
+        self.seconds[key] = seconds if old is None else old + TIME_SMOOTHING * (seconds - old)
 
     def choose(self, available: dict[str, int]) -> tuple[str | None, int]:
         """(drafter, k) for the next step, or (None, 0) for a plain step; `available`: how many
@@ -61,10 +90,14 @@ class DraftPolicy:
         if self.fixed_k is not None:
             drafter = max(options, key=lambda d: self.speedup(d, min(self.fixed_k, available[d])))
             return drafter, min(self.fixed_k, available[drafter])
+        if self.seconds and self._rounds >= PLAIN_EVERY:  # keep the measured plain step current
+            self._rounds = 0
+            return None, 0
         best = max(((self.speedup(d, k), d, k) for d in options for k in range(1, min(self.k_max, available[d]) + 1)),
                    key=lambda t: t[0])
         if best[0] > 1.0:
             self._plain_steps = 0
+            self._rounds += 1
             return best[1], best[2]
         self._plain_steps += 1
         if self._plain_steps >= PROBE_EVERY:

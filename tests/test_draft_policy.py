@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lampo.models.draft_policy import PRIOR, PROBE_EVERY, DraftPolicy
+from lampo.models.draft_policy import PLAIN_EVERY, PRIOR, PROBE_EVERY, DraftPolicy
 
 BOTH = {"mtp": 4, "ngram": 4}
 
@@ -77,3 +77,39 @@ def test_bad_settings():
         DraftPolicy(mode="always")
     with pytest.raises(ValueError, match="fixed k"):
         DraftPolicy(k_max=4, fixed_k=5)
+
+
+def test_measured_step_times_replace_the_cost_model():
+    p = DraftPolicy()
+    for _ in range(60):
+        p.record("mtp", 4, 4)  # every draft kept: E(k) = k + 1
+    assert p.cost("mtp", 2) == pytest.approx(1 + 2 * (0.1 + 0.05))  # nothing measured: the model
+    for drafter, k in ((None, 0), ("mtp", 1), ("mtp", 2), ("mtp", 3), ("mtp", 4)):
+        p.record_time(drafter, k, 1.0)  # the first of each kind is a warm-up, not counted
+    assert not p.seconds
+    p.record_time(None, 0, 0.010)
+    p.record_time("mtp", 4, 0.060)  # 6 plain steps for 5 tokens: slower than plain
+    p.record_time("mtp", 2, 0.020)  # 2 plain steps for 3 tokens
+    assert p.cost("mtp", 4) == pytest.approx(6.0) and p.cost("mtp", 2) == pytest.approx(2.0)
+    assert p.choose({"mtp": 4}) == ("mtp", 3)  # unmeasured k = 3 still on the model: 4 / 1.45
+    p.record_time("mtp", 3, 0.050)
+    p.record_time("mtp", 1, 0.016)
+    assert p.choose({"mtp": 4}) == ("mtp", 2)  # the most tokens per second as measured: 3 / 2
+    for k in (1, 2, 3):
+        p.record_time("mtp", k, 0.100)
+    for _ in range(30):  # the newest times weigh most: now every round is slower than plain
+        for k in (1, 2, 3):
+            p.record_time("mtp", k, 0.100)
+    assert p.choose({"mtp": 4}) == (None, 0)  # speculation off by itself
+
+
+def test_a_plain_step_keeps_the_measured_plain_time_current():
+    p = DraftPolicy()
+    for _ in range(60):
+        p.record("ngram", 4, 4)
+    for _ in range(2):  # the first of each kind is a warm-up
+        p.record_time(None, 0, 0.010)
+        p.record_time("ngram", 4, 0.012)
+    choices = [p.choose({"ngram": 4}) for _ in range(PLAIN_EVERY + 1)]
+    assert choices[:-1] == [("ngram", 4)] * PLAIN_EVERY and choices[-1] == (None, 0)
+    assert DraftPolicy(fixed_k=2).choose({"ngram": 4}) == ("ngram", 2)  # a forced count is never skipped

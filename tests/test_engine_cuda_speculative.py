@@ -12,7 +12,8 @@ import threading
 import pytest
 import test_engine_cuda_cpu as fake
 from helpers import TagTokenizer
-from lampo.engine.cuda import CudaBackend
+from lampo.engine.cuda import CudaBackend, NativeSteps
+from lampo.engine.native_rounds import NativeSpeculativeSteps, round_policy
 from lampo.engine.protocol import Done, GenerationRequest, Stats, TokenEvent
 from lampo.engine.speculation import Speculation, parse_speculation
 from lampo.models.presets import get_preset
@@ -137,3 +138,38 @@ def test_the_backend_says_what_it_runs_of_the_setting(tiny_dense_dir):
     said.clear()
     make(tiny_dense_dir, Speculation(), say=said.append)
     assert said == []
+
+
+@pytest.mark.parametrize("verify_s_per_row, drafts_pay", [(0.25, True), (1.0, False)])
+def test_rounds_turn_themselves_off_where_they_measure_slower(tiny_dense_dir, verify_s_per_row, drafts_pay):
+    """A fake clock advanced by the engine's calls: a plain step takes 1 s, an MTP draft 0.05 s,
+    a verify window `verify_s_per_row` per row. Cheap rows: rounds of drafts win and stay; rows as
+    dear as plain steps (an MoE at long context): after measuring, almost every step is plain."""
+    b, engine = make(tiny_dense_dir, Speculation("mtp"))
+    now = [0.0]
+
+    def costing(call, seconds):
+        def timed(*args):
+            now[0] += seconds(*args)
+            return call(*args)
+        return timed
+
+    engine.decode_collect = costing(engine.decode_collect, lambda: 1.0)
+    engine.mtp_draft = costing(engine.mtp_draft, lambda token, k: 0.05 * k)
+    engine.verify = costing(engine.verify, lambda ids: verify_s_per_row * len(ids))
+    steps = NativeSpeculativeSteps(NativeSteps(engine, engine.native, GREEDY), engine, PROMPT,
+                                   round_policy("mtp", 4, None), clock=lambda: now[0])
+    steps.begin()
+    for start in range(0, len(PROMPT), steps.chunk):
+        token = steps.prefill(PROMPT[start:start + steps.chunk], start + steps.chunk >= len(PROMPT))
+    reply, drafted = [token], []
+    while len(reply) < 400:
+        steps.decode_submit(token, 4)
+        step = steps.decode_collect()
+        reply += step.tokens
+        drafted.append(step.drafted)
+        token = step.tokens[-1]
+    assert reply[:300] == plain_reply(300)
+    late = drafted[len(drafted) // 2:]  # once the times are measured
+    share = sum(d > 0 for d in late) / len(late)
+    assert share > 0.9 if drafts_pay else share < 0.1, f"{share:.0%} of the late steps drafted"

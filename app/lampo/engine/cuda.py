@@ -38,7 +38,7 @@ import numpy as np
 from lampo.engine.protocol import BackendInfo, Event, GenerationRequest
 from lampo.demo import is_demo_checkpoint
 from lampo.engine.loop import Decoded, GenerationLoop
-from lampo.engine.native_rounds import NativeSpeculativeSteps, speculates
+from lampo.engine.native_rounds import NativeSpeculativeSteps, round_policy, speculates
 from lampo.engine.speculation import MAX_DRAFTS, Speculation
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.config import ModelConfig
@@ -179,6 +179,8 @@ class CudaBackend:
         except ValueError as e:
             raise EngineUnavailable(str(e)) from None
         self._settings = dict(sizes, weights=self.weight_format, tensor_bits=bits, vram_limit=vram_limit)
+        self._policy = (round_policy(self.speculation.mode, verify_rows - 1, self.speculation.drafts)
+                        if self.speculation.on else None)
         self._on_load = on_load
         self._engine = self._build_engine()
         self._loop = GenerationLoop(tokenizer, PrefixCache(snapshot_slots), label="CUDA", forget=lambda: self._engine.reset(),
@@ -201,10 +203,8 @@ class CudaBackend:
         if self._engine is None:
             raise RuntimeError("generate: the backend is closed")
         steps = NativeSteps(self._engine, self._native, request.sampling)
-        if self.speculation.on and speculates(request.sampling):
-            verify_rows = self._settings["verify_rows"]
-            steps = NativeSpeculativeSteps(steps, self._engine, request.prompt_ids, k_max=verify_rows - 1,
-                                           fixed_k=self.speculation.drafts, drafter=self.speculation.mode)
+        if self._policy is not None and speculates(request.sampling):
+            steps = NativeSpeculativeSteps(steps, self._engine, request.prompt_ids, self._policy)
         return self._loop.start(request, cancel, steps, self._info.context_max)
 
     def reset(self) -> None:

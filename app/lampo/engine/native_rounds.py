@@ -15,6 +15,7 @@ The engine must have been made with verify rows for at least `k_max + 1` tokens.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -30,17 +31,27 @@ def speculates(sampling: SamplingParams) -> bool:
     return sampling.greedy and sampling.presence_penalty == 0.0
 
 
-class NativeSpeculativeSteps:
-    """Wraps a `NativeSteps` (`plain`), replacing its decode step by verify rounds."""
+def round_policy(drafter: str, k_max: int, fixed_k: int | None) -> DraftPolicy:
+    """The policy of a backend's rounds (kept across its requests: the acceptance and the step
+    times it measured carry over)."""
+    if drafter not in DRAFTERS:
+        raise ValueError(f"drafter {drafter!r}: one of {', '.join(DRAFTERS)}")
+    return DraftPolicy(k_max=k_max, mode=drafter, fixed_k=fixed_k)
 
-    def __init__(self, plain, engine, prompt: Sequence[int], k_max: int, fixed_k: int | None,
-                 drafter: str = "ngram"):
-        if drafter not in DRAFTERS:
-            raise ValueError(f"drafter {drafter!r}: one of {', '.join(DRAFTERS)}")
-        self._plain, self._engine, self._drafter = plain, engine, drafter
+
+class NativeSpeculativeSteps:
+    """Wraps a `NativeSteps` (`plain`), replacing its decode step by verify rounds of the drafter
+    `policy.mode`. Each step's wall time goes to the policy (`DraftPolicy.record_time`): a plain
+    step from its submit to its collect (the GPU runs it while the loop streams the previous
+    token), a round as its drafting, verify and accept calls."""
+
+    def __init__(self, plain, engine, prompt: Sequence[int], policy: DraftPolicy, clock=time.perf_counter):
+        self._plain, self._engine, self._policy, self._clock = plain, engine, policy, clock
+        self._drafter = policy.mode
         self._context = list(prompt)  # the prompt, then every token fed or kept
-        self._policy = DraftPolicy(k_max=k_max, mode=drafter, fixed_k=fixed_k)
         self._round: tuple[int, list[int]] | None = None  # (fed, drafts) of the submitted round
+        self._started = 0.0  # when the submitted step began
+        self._draft_s = 0.0  # the submitted round's drafting time
         self._kept = 0  # drafts the last round kept and that are still in the state
 
     def __getattr__(self, name):  # the protocol's other steps (begin, prefill, snapshot...) are the plain ones
@@ -49,6 +60,7 @@ class NativeSpeculativeSteps:
     def decode_submit(self, fed: int, max_drafts: int) -> None:
         self._context.append(fed)
         cap = min(self._policy.k_max, max_drafts)
+        self._started = self._clock()
         if self._drafter == "mtp":
             drafter, k = self._policy.choose({"mtp": cap})
             drafts = [int(t) for t in self._engine.mtp_draft(fed, k)] if drafter else []
@@ -60,15 +72,20 @@ class NativeSpeculativeSteps:
             self._plain.decode_submit(fed, 0)
         else:
             self._round = (fed, drafts[:k])
+            self._draft_s = self._clock() - self._started
 
     def decode_collect(self) -> Decoded:
         if self._round is None:
             self._kept = 0
-            return self._plain.decode_collect()
+            step = self._plain.decode_collect()
+            self._policy.record_time(None, 0, self._clock() - self._started)
+            return step
         fed, drafts = self._round
+        started = self._clock()
         targets = self._engine.verify(np.asarray([fed, *drafts], np.int32))
         kept, nxt = accept_greedy(drafts, lambda i: int(targets[i]))
         self._engine.accept(kept + 1)
+        self._policy.record_time(self._drafter, len(drafts), self._draft_s + self._clock() - started)
         self._policy.record(self._drafter, len(drafts), kept)
         self._kept = kept
         self._context += drafts[:kept]
