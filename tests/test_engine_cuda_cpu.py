@@ -87,9 +87,10 @@ class FakeEngine:
 
     def set_sampling(self, *args):
         self.calls.append(("set_sampling", *args))
+        self.temperature, self.seed = args[0], args[-1]
 
     def begin_generation(self):
-        pass
+        self.step = 0  # the sampler's RNG step, as the engine's d_step
 
     def prefill(self, ids, sample):
         assert 1 <= len(ids) <= self.prefill_chunk and ids.dtype == np.int32
@@ -146,9 +147,15 @@ class FakeEngine:
         return np.asarray(drafts, np.int32)
 
     def _sample(self) -> int:
+        """The model's token; with a temperature, it or one of the two after it (0.6 / 0.3 / 0.1),
+        drawn from an RNG keyed by the seed and the step, one step per draw."""
         if self.native.stop_at is not None and len(self.history) >= self.native.stop_at:
             return STOP
-        return next_token(self.history)
+        token = next_token(self.history)
+        if getattr(self, "temperature", 0.0) > 0.0:
+            token += int(np.random.default_rng([self.seed, self.step]).choice(3, p=[0.6, 0.3, 0.1]))
+            self.step += 1
+        return token
 
     def healthy(self):
         return self.native.healthy

@@ -12,7 +12,7 @@ a pinned staging ring, converting on the GPU where the stored format differs), a
 engine counts the NaN/Inf values of every tensor (of an LQ one: its scales) on the GPU and a
 damaged one is refused by name. The tokenizer is checked against the model's vocabulary before
 any of this (`Tokenizer.from_checkpoint`). With `speculation` asking for a drafter
-(`Speculation.on_cuda`), the engine keeps verify rows and greedy requests decode in verify rounds
+(`Speculation.on_cuda`), the engine keeps verify rows and requests decode in verify rounds
 (`engine.native_rounds`); for MTP drafts it also loads the checkpoint's MTP module (weights in the
 run's format, and its KV cache in the memory plan). Otherwise the MTP tensors are not loaded.
 
@@ -38,7 +38,7 @@ import numpy as np
 from lampo.engine.protocol import BackendInfo, Event, GenerationRequest
 from lampo.demo import is_demo_checkpoint
 from lampo.engine.loop import Decoded, GenerationLoop
-from lampo.engine.native_rounds import NativeSpeculativeSteps, round_policy, speculates
+from lampo.engine.native_rounds import NativeSpeculativeSteps, round_policy
 from lampo.engine.speculation import MAX_DRAFTS, Speculation
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.config import ModelConfig
@@ -203,7 +203,7 @@ class CudaBackend:
         if self._engine is None:
             raise RuntimeError("generate: the backend is closed")
         steps = NativeSteps(self._engine, self._native, request.sampling)
-        if self._policy is not None and speculates(request.sampling):
+        if self._policy is not None:
             steps = NativeSpeculativeSteps(steps, self._engine, request.prompt_ids, self._policy)
         return self._loop.start(request, cancel, steps, self._info.context_max)
 

@@ -1,16 +1,20 @@
-"""Speculative decode steps on the CUDA engine: greedy rounds of MTP or n-gram drafts.
+"""Speculative decode steps on the CUDA engine: rounds of MTP or n-gram drafts.
 
 `NativeSpeculativeSteps` is `NativeSteps` whose decode step drafts with one drafter: "ngram" looks
 the prompt and the reply so far up for a repeat of their last tokens
 (`models.speculative.ngram_drafts`), "mtp" chains the engine's MTP layer from the fed token
-(`Engine.mtp_draft`). A `DraftPolicy` (that drafter only, the measured acceptance per draft
-position) chooses how many drafts to try; the step runs the fed token and those drafts as one
-verify window (`Engine.verify`: each row's greedy token) and keeps the longest prefix of drafts the
-engine agrees with plus its own next token (`Engine.accept`). With no drafts worth trying the step
-is a plain decode step (which runs no MTP row: later MTP drafts attend to a stale row there, see
-engine.h). `rewind` takes kept drafts back (accept with a smaller keep). Greedy only - temperature 0 and no presence penalty, the
-picks a verify row's argmax reproduces (`speculates`); other requests use plain `NativeSteps`.
-The engine must have been made with verify rows for at least `k_max + 1` tokens.
+(`Engine.mtp_draft`, its greedy continuation). A `DraftPolicy` (that drafter only, the measured
+acceptance per draft position and step times) chooses how many drafts to try; the step runs the
+fed token and those drafts as one verify window (`Engine.verify`: each row's token drawn by the
+engine's sampler with the request's settings) and keeps the drafts up to the first that differs
+from its row's token, plus that row's token (`Engine.accept`). Both drafters are deterministic
+given the context, so this is speculative sampling with one-hot draft distributions: a draft is
+kept with the probability its row gives it, and where it is not, the row's token is a draw from
+the row's distribution without the draft, which makes every reply - greedy or sampled, with or
+without a presence penalty - follow the plain decoding's distribution exactly (greedy: token for
+token). With no drafts worth trying the step is a plain decode step (which runs no MTP row: later
+MTP drafts attend to a stale row there, see engine.h). `rewind` takes kept drafts back (accept with
+a smaller keep). The engine must have been made with verify rows for at least `k_max + 1` tokens.
 """
 
 from __future__ import annotations
@@ -22,13 +26,7 @@ import numpy as np
 
 from lampo.engine.loop import Decoded
 from lampo.models.draft_policy import DRAFTERS, DraftPolicy
-from lampo.models.sampling_params import SamplingParams
 from lampo.models.speculative import accept_greedy, ngram_drafts
-
-
-def speculates(sampling: SamplingParams) -> bool:
-    """Whether greedy verify rounds give this request's picks: greedy and no presence penalty."""
-    return sampling.greedy and sampling.presence_penalty == 0.0
 
 
 def round_policy(drafter: str, k_max: int, fixed_k: int | None) -> DraftPolicy:

@@ -50,16 +50,14 @@ class Speculation:
 
     def on_cuda(self, has_mtp: bool) -> tuple[Speculation, str]:
         """What the CUDA engine runs for this setting on a checkpoint with or without MTP weights,
-        and the line that says how it differs ("" when it does not): the engine drafts for greedy
-        replies only, and only when asked for a drafter (auto decodes plainly there)."""
+        and the line that says how it differs ("" when it does not): the engine drafts only when
+        asked for a drafter (auto decodes plainly there)."""
         if self.mode == "off" or self == Speculation():
             return Speculation("off"), ""
         if self.mode == "auto":
             return Speculation("off"), (f"speculation {self}: the CUDA engine drafts only when asked for "
                                         "mtp or ngram; decoding one token a step")
-        run, why = self.without_mtp() if not has_mtp else (self, "")
-        return run, ((why or f"speculation {self}: the CUDA engine runs {run}") + ", for greedy replies "
-                     "(temperature 0, no presence penalty); sampled replies decode one token a step")
+        return self.without_mtp() if not has_mtp else (self, "")
 
 
 def _count_error(count) -> str:

@@ -15,11 +15,6 @@ namespace {
 // d_pos[0] += n: the position advances on the device, so a replayed graph sees the next one.
 __global__ void advance_position(int32_t* d_pos, int n) { pdl_begin(); d_pos[0] += n; }
 
-bool same_sampling(const SamplingConfig& a, const SamplingConfig& b) {
-    return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p &&
-           a.min_p == b.min_p && a.presence_penalty == b.presence_penalty && a.seed == b.seed;
-}
-
 size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 
 }  // namespace
@@ -325,27 +320,26 @@ cudaGraph_t Engine::capture(const std::function<void()>& body) {
     return g;
 }
 
+void Engine::install_graph(cudaGraphExec_t& exec, cudaGraph_t g, const char* what) {
+    if (exec) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(exec, g, &info) == cudaSuccess) return;
+        cudaGetLastError();
+        cudaGraphExecDestroy(exec);
+        exec = nullptr;
+    }
+    const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+    if (err != cudaSuccess) {
+        cudaGraphDestroy(g);
+        exec = nullptr;
+        cuda_check(err, what, __FILE__, __LINE__);
+    }
+}
+
 void Engine::ensure_decode_graph() {
     if (graph_exec_ && same_sampling(sampling_, graph_sampling_)) return;
     cudaGraph_t g = capture([this] { decode_body(nullptr); });
-    bool updated = false;
-    if (graph_exec_) {
-        cudaGraphExecUpdateResultInfo info;
-        updated = cudaGraphExecUpdate(graph_exec_, g, &info) == cudaSuccess;
-        if (!updated) {
-            cudaGetLastError();
-            cudaGraphExecDestroy(graph_exec_);
-            graph_exec_ = nullptr;
-        }
-    }
-    if (!updated) {
-        const cudaError_t err = cudaGraphInstantiate(&graph_exec_, g, 0);
-        if (err != cudaSuccess) {
-            cudaGraphDestroy(g);
-            graph_exec_ = nullptr;
-            cuda_check(err, "cudaGraphInstantiate (decode step)", __FILE__, __LINE__);
-        }
-    }
+    install_graph(graph_exec_, g, "cudaGraphInstantiate (decode step)");
     if (graph_) cudaGraphDestroy(graph_);
     graph_ = g;
     graph_sampling_ = sampling_;

@@ -102,12 +102,16 @@ public:
     // ---- speculative verify (EngineOptions::verify_rows > 0) ----
     // Runs the window `ids` (2..verify_rows tokens: the last sampled token, then the drafts) at the
     // current position through the few-token forward (the decode step's kernels for T rows), keeping
-    // each row's GDN states, and returns each row's greedy token (argmax of its logits; no
-    // presence penalty). The position moves past the whole window.
+    // each row's GDN states, and returns each row's token drawn by the sampler with the current
+    // settings, row after row (row i sees rows < i in the presence set and draws with the next RNG
+    // step): a draft is right where it equals its row's token, so keeping the drafts up to the first
+    // that is not, plus that row's token, decodes exactly as plain steps would in distribution (and
+    // token for token when greedy). The position moves past the whole window.
     std::vector<int32_t> verify(const int32_t* ids, int n);
     // Keeps the first `keep` (1..n) rows of the last verify: the GDN states become those after row
-    // keep - 1 and the position verify's start + keep (the KV rows past it are rewritten later).
-    // May be called again with a smaller keep until the next forward (taking back kept drafts).
+    // keep - 1, the position verify's start + keep (the KV rows past it are rewritten later) and the
+    // presence set holds the tokens of rows < keep only. May be called again with a smaller keep
+    // until the next forward (taking back kept drafts).
     void accept(int keep);
     std::vector<float> verify_logits();  // fp32 logits [n, V] of the last verify's rows
 
@@ -170,10 +174,16 @@ private:
     DecodeGraphInfo graph_info_;
 
     cudaGraphExec_t verify_exec_[GEMV_MAX_T + 1] = {};  // the verify window of each size, once captured
+    SamplingConfig verify_sampling_[GEMV_MAX_T + 1] = {};  // the settings baked into each
+    std::vector<int32_t> verify_tokens_; // the last verify's row tokens
+    bool verify_penalised_ = false;      // it ran with a presence penalty (seen_backup_ holds the set before)
+    uint8_t* seen_backup_ = nullptr;     // [V] (inside verify_mem_)
 
     void decode_body(OpTimer* timer);
     void sample(OpTimer* timer);
     cudaGraph_t capture(const std::function<void()>& body);  // body's launches as a graph (not run)
+    // Makes `exec` run `g`: updated in place where the topology allows, else instantiated anew.
+    void install_graph(cudaGraphExec_t& exec, cudaGraph_t g, const char* what);
     void ensure_decode_graph();
     void write_position();
     void check_slot(int slot) const;

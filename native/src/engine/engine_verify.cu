@@ -29,7 +29,8 @@ void Engine::allocate_verify_rows() {
     const int R = opt_.verify_rows, L = dims_.n_layers();
     const size_t layer = verify_layer_bytes(dims_, gdn_rec_bytes_, R);
     const size_t gdn_layers = size_t(dims_.count(MixerKind::GatedDeltaNet));
-    verify_mem_ = DeviceMemory(gdn_layers * layer + size_t(R) * 4,
+    const size_t out_bytes = (size_t(R) * 4 + 255) / 256 * 256;
+    verify_mem_ = DeviceMemory(gdn_layers * layer + out_bytes + size_t(dims_.vocab),
                                "verify window rows (" + std::to_string(R) + " x the GDN states)");
     char* p = verify_mem_.as<char>();
     for (int l = 0; l < L; ++l) {
@@ -39,6 +40,7 @@ void Engine::allocate_verify_rows() {
         p += layer;
     }
     d_verify_out_ = reinterpret_cast<int32_t*>(p);
+    seen_backup_ = reinterpret_cast<uint8_t*>(p + out_bytes);
 }
 
 std::vector<int32_t> Engine::verify(const int32_t* ids, int n) {
@@ -56,24 +58,28 @@ std::vector<int32_t> Engine::verify(const int32_t* ids, int n) {
     step.hidden_out = hidden_out();
     // The MTP rows of all n ids: those up to a kept row are right whatever is kept.
     const MtpStep mtp = mtp_hidden_ ? mtp_window(n) : MtpStep{};
+    const bool penalised = sampling_.presence_penalty != 0.0f;
     auto body = [&] {
         model_forward(dims_, weights_->model(), state_, ws_, step, stream_, nullptr);
-        argmax_rows(ws_.logits, n, dims_.vocab, dims_.vocab_real, d_verify_out_, stream_);
-        LAMPO_CHECK_LAUNCH("argmax_rows");
+        if (penalised)  // the presence set before the rows mark theirs (accept puts it back)
+            LAMPO_CUDA_CHECK(cudaMemcpyAsync(seen_backup_, d_seen_, dims_.vocab, cudaMemcpyDeviceToDevice, stream_));
+        for (int i = 0; i < n; ++i) {
+            sample_token(ws_.logits + size_t(i) * dims_.vocab, dims_.vocab, dims_.vocab_real, sampling_, d_seen_,
+                         d_step_, d_verify_out_ + i, ws_.sampling_scratch, stream_);
+            LAMPO_CHECK_LAUNCH("sample_token (verify row)");
+        }
         if (mtp.T) mtp_forward(dims_, weights_->model(), mtp_kv_, opt_.context_max, ws_, mtp, stream_, nullptr);
     };
-    // A graph per window size: its pointers are fixed, positions come from the device, and the
-    // MTP pass has one shape per size once a held row exists (without one it runs eagerly).
+    // A graph per window size: its pointers are fixed, positions come from the device, the
+    // sampling settings are baked in (a change updates the graphs), and the MTP pass has one shape
+    // per size once a held row exists (without one it runs eagerly).
     if (opt_.verify_graphs && (!mtp_hidden_ || mtp.T == n)) {
         cudaGraphExec_t& exec = verify_exec_[n];
-        if (!exec) {
+        if (!exec || !same_sampling(sampling_, verify_sampling_[n])) {
             cudaGraph_t g = capture(body);
-            const cudaError_t err = cudaGraphInstantiate(&exec, g, 0);
+            install_graph(exec, g, "cudaGraphInstantiate (verify window)");
             cudaGraphDestroy(g);
-            if (err != cudaSuccess) {
-                exec = nullptr;
-                cuda_check(err, "cudaGraphInstantiate (verify window)", __FILE__, __LINE__);
-            }
+            verify_sampling_[n] = sampling_;
         }
         LAMPO_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
     } else {
@@ -82,6 +88,8 @@ std::vector<int32_t> Engine::verify(const int32_t* ids, int n) {
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(h_io_, d_verify_out_, size_t(n) * 4, cudaMemcpyDeviceToHost, stream_));
     LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
     std::vector<int32_t> tokens(h_io_, h_io_ + n);
+    verify_tokens_ = tokens;
+    verify_penalised_ = penalised;
     verify_start_ = pos_;
     verified_ = n;
     pos_ += n;
@@ -110,6 +118,10 @@ void Engine::accept(int keep) {
         const size_t conv = conv_row_bytes(dims_);
         LAMPO_CUDA_CHECK(cudaMemcpy2DAsync(live + gdn_rec_bytes_, live_pitch, rows + R * gdn_rec_bytes_ + row * conv,
                                            rows_pitch, conv, gdn_layers, cudaMemcpyDeviceToDevice, stream_));
+    }
+    if (verify_penalised_ && keep < verified_) {  // the presence set without the dropped rows' tokens
+        LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_seen_, seen_backup_, dims_.vocab, cudaMemcpyDeviceToDevice, stream_));
+        for (int i = 0; i < keep; ++i) LAMPO_CUDA_CHECK(cudaMemsetAsync(d_seen_ + verify_tokens_[i], 1, 1, stream_));
     }
     pos_ = verify_start_ + keep;
     if (mtp_hidden_) held_row_ = keep;  // hidden row keep - 1 of the window

@@ -250,6 +250,10 @@ struct SamplingConfig {
     float presence_penalty;
     uint64_t seed;
 };
+inline bool same_sampling(const SamplingConfig& a, const SamplingConfig& b) {
+    return a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p && a.min_p == b.min_p &&
+           a.presence_penalty == b.presence_penalty && a.seed == b.seed;
+}
 size_t sampling_scratch_bytes(int V);
 void sample_token(const float* logits, int V, int v_real, const SamplingConfig& cfg,
                   uint8_t* seen, int32_t* d_step, int32_t* d_out, void* scratch,
