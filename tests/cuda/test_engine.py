@@ -38,6 +38,7 @@ import numpy as np
 import pytest
 
 from helpers import TagTokenizer
+from helpers.logit_rows import LOOSE, MOE_MEDIAN, REAL_VOCAB, prefill, rel_l2
 from lampo.engine.protocol import Done, GenerationRequest
 from lampo.engine.cuda import CudaBackend, load_weights
 from lampo.models.checkpoint import Checkpoint
@@ -54,11 +55,8 @@ pytestmark = [
     pytest.mark.skipif(_native.device_count() < 1, reason="no CUDA device"),
 ]
 
-REAL_VOCAB = 248_077
 ROUTER_TIE = 0.02
 RECENT = 4
-LOOSE = 0.6
-MOE_MEDIAN = 6e-2
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -69,20 +67,6 @@ def make_engine(ck: Checkpoint, context_max=2048, chunk=64, slots=2):
     engine.set_sampling(0.0, 0, 1.0, 0.0, 0.0, 0)
     engine.begin_generation()
     return engine
-
-
-def prefill(engine, ids, chunk=None) -> int:
-    """Prefill `ids` from the current position in calls of `chunk` tokens; returns the sampled id."""
-    chunk = chunk or engine.prefill_chunk
-    token = -1
-    for s in range(0, len(ids), chunk):
-        token = engine.prefill(np.asarray(ids[s:s + chunk], np.int32), s + chunk >= len(ids))
-    return token
-
-
-def rel_l2(got, want) -> float:
-    g, w = np.asarray(got, np.float64)[:REAL_VOCAB], np.asarray(want, np.float64)[:REAL_VOCAB]
-    return float(np.linalg.norm(g - w) / np.linalg.norm(w))
 
 
 class RouterMargins:

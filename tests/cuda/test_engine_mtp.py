@@ -17,6 +17,7 @@ import threading
 import numpy as np
 import pytest
 from helpers import TagTokenizer
+from helpers.logit_rows import REAL_VOCAB, assert_rows_agree, prefill, rel_l2
 from lampo.engine.cuda import CudaBackend, load_weights
 from lampo.engine.protocol import GenerationRequest, TokenEvent
 from lampo.engine.speculation import Speculation
@@ -33,9 +34,8 @@ pytestmark = [
     pytest.mark.skipif(_native.device_count() < 1, reason="no CUDA device"),
 ]
 
-REAL_VOCAB = 248_077
 CHUNK = 64
-DENSE_TOL, MOE_MEDIAN, LOOSE = 4e-2, 6e-2, 0.6
+DENSE_TOL = 4e-2  # engine vs reference (test_engine.py)
 
 
 @pytest.fixture(scope="module", params=["tiny-dense", "tiny-moe"])
@@ -55,24 +55,7 @@ def start(engine, prompt) -> int:
     engine.reset()
     engine.set_sampling(0.0, 0, 1.0, 0.0, 0.0, 0)
     engine.begin_generation()
-    token = -1
-    for s in range(0, len(prompt), CHUNK):
-        token = engine.prefill(np.asarray(prompt[s:s + CHUNK], np.int32), s + CHUNK >= len(prompt))
-    return token
-
-
-def rel_l2(got, want) -> float:
-    g, w = np.asarray(got, np.float64)[:REAL_VOCAB], np.asarray(want, np.float64)[:REAL_VOCAB]
-    return float(np.linalg.norm(g - w) / np.linalg.norm(w))
-
-
-def assert_rows_agree(got_rows, want_rows, moe: bool, what: str):
-    errs = [rel_l2(g, w) for g, w in zip(got_rows, want_rows)]
-    report = f"{what}: rel L2 per row {[f'{e:.1e}' for e in errs]}"
-    if moe:
-        assert np.median(errs) <= MOE_MEDIAN and max(errs) <= LOOSE, report
-    else:
-        assert max(errs) <= DENSE_TOL, report
+    return prefill(engine, prompt)
 
 
 def engine_chain(engine, token: int, k: int) -> tuple[list[int], list[np.ndarray]]:
@@ -105,7 +88,7 @@ def test_mtp_drafts_after_a_chunked_prefill_match_the_reference(tiny):
     first = start(engine, prompt)
     drafts, logits = engine_chain(engine, first, 4)
     assert drafts == [int(np.argmax(l[:REAL_VOCAB])) for l in logits]  # each draft is its step's argmax
-    assert_rows_agree(logits, reference_chain(ref, prompt, first, drafts), moe, "MTP chain after prefill")
+    assert_rows_agree(logits, reference_chain(ref, prompt, first, drafts), moe, "MTP chain after prefill", DENSE_TOL)
 
 
 @pytest.mark.parametrize("keeps", [(3,), (5,), (1,), (4, 2)])  # (4, 2): take two drafts back
@@ -122,7 +105,7 @@ def test_the_mtp_rows_follow_the_kept_rows_of_a_verify_window(tiny, keeps):
     nxt = int(targets[keep - 1])
     chain, logits = engine_chain(engine, nxt, 2)
     want = reference_chain(ref, prompt + window[:keep], nxt, chain)
-    assert_rows_agree(logits, want, moe, f"MTP chain after accept{keeps}")
+    assert_rows_agree(logits, want, moe, f"MTP chain after accept{keeps}", DENSE_TOL)
 
 
 def test_a_snapshot_keeps_the_held_row(tiny):
