@@ -217,16 +217,7 @@ void Engine::require_idle(const char* op) const {
 }
 
 // ---- prefill -------------------------------------------------------------------------------
-ForwardStep Engine::window_step(int n) const {
-    ForwardStep step;
-    step.T = n;
-    step.d_ids = d_ids_;
-    step.d_pos = d_pos_;
-    step.pos0 = pos_;
-    return step;
-}
-
-void Engine::upload_window(const char* op, const int32_t* ids, int n) {
+ForwardStep Engine::open_window(const char* op, const int32_t* ids, int n, MtpStep& mtp) {
     if (pos_ + n > opt_.context_max) {
         throw std::out_of_range(std::string(op) + ": position " + std::to_string(pos_) + " + " + std::to_string(n) +
                                 " tokens exceeds the context of " + std::to_string(opt_.context_max));
@@ -243,6 +234,14 @@ void Engine::upload_window(const char* op, const int32_t* ids, int n) {
     h_io_[opt_.prefill_chunk] = pos_;
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_ids_, h_io_, size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_pos_, &h_io_[opt_.prefill_chunk], 4, cudaMemcpyHostToDevice, stream_));
+    ForwardStep step;
+    step.T = n;
+    step.d_ids = d_ids_;
+    step.d_pos = d_pos_;
+    step.pos0 = pos_;
+    step.hidden_out = hidden_out();
+    mtp = mtp_hidden_ ? mtp_window(n) : MtpStep{};
+    return step;
 }
 
 void Engine::require_weights() const {
@@ -258,12 +257,10 @@ int Engine::prefill(const int32_t* ids, int n, bool sample_next) {
         throw std::invalid_argument("prefill: " + std::to_string(n) + " tokens; a chunk holds 1.." +
                                     std::to_string(opt_.prefill_chunk));
     }
-    upload_window("prefill", ids, n);
-    ForwardStep step = window_step(n);
+    MtpStep mtp;
+    ForwardStep step = open_window("prefill", ids, n, mtp);
     step.logits = sample_next;
     step.routing_out = routing_mem_.as<int32_t>();
-    step.hidden_out = hidden_out();
-    const MtpStep mtp = mtp_hidden_ ? mtp_window(n) : MtpStep{};
     model_forward(dims_, weights_->model(), state_, ws_, step, stream_, nullptr);
     if (step.routing_out) {
         routing_.resize(size_t(dims_.n_layers()) * n * dims_.top_k);

@@ -214,9 +214,10 @@ private:
     void mtp_snapshot(int slot);
     void mtp_restore(int slot);
     // Checks `n` ids at the current position (context, vocabulary; `op` names the caller), drops
-    // the verify rows and queues the ids and the position for the next forward.
-    void upload_window(const char* op, const int32_t* ids, int n);
-    ForwardStep window_step(int n) const;  // the forward over the uploaded window of n ids
+    // the verify rows, queues the ids and the position for the next forward and parks the held
+    // row; returns that forward (its final hidden rows kept for the MTP module) and, in `mtp`, the
+    // MTP pass over the rows it completes (T = 0: none, or no MTP module).
+    ForwardStep open_window(const char* op, const int32_t* ids, int n, MtpStep& mtp);
 };
 
 struct DeviceInfo {

@@ -51,13 +51,10 @@ std::vector<int32_t> Engine::verify(const int32_t* ids, int n) {
         throw std::invalid_argument("verify: a window of " + std::to_string(n) + " tokens; this engine verifies 2.." +
                                     std::to_string(opt_.verify_rows));
     }
-    upload_window("verify", ids, n);
-    ForwardStep step = window_step(n);
+    MtpStep mtp;  // the MTP rows of all n ids: those up to a kept row are right whatever is kept
+    ForwardStep step = open_window("verify", ids, n, mtp);
     step.logits = true;
     step.rows = true;
-    step.hidden_out = hidden_out();
-    // The MTP rows of all n ids: those up to a kept row are right whatever is kept.
-    const MtpStep mtp = mtp_hidden_ ? mtp_window(n) : MtpStep{};
     const bool penalised = sampling_.presence_penalty != 0.0f;
     auto body = [&] {
         model_forward(dims_, weights_->model(), state_, ws_, step, stream_, nullptr);
