@@ -40,3 +40,14 @@ def test_the_speculative_measurement_needs_valid_rates_and_counts(tiny_dense_dir
     assert bench.main(["--model", str(tiny_dense_dir), "--backend", "reference", "--speculate-accept", "0.8",
                        "--draft-k", "9"]) == 2
     assert "speculative" not in run_bench(tiny_dense_dir, tmp_path)
+
+
+def test_the_mtp_draft_chain_is_timed_and_run_in_the_rounds(tiny_dense_dir, tmp_path, capsys):
+    r = run_bench(tiny_dense_dir, tmp_path, "--speculate-accept", "0.8", "--draft-k", "2", "--mtp")
+    for s in r["speculative"]:
+        (d,) = s["draft_counts"]
+        assert d["draft_ms"] > 0 and d["draft_cost"] == pytest.approx(d["draft_ms"] / s["plain_ms_per_token"])
+        assert d["runs"][0]["tokens"] >= 24
+    assert "draft ms" in capsys.readouterr().out
+    assert "draft_ms" not in json.dumps(run_bench(tiny_dense_dir, tmp_path, "--speculate-accept", "0.8",
+                                                  "--draft-k", "2"))

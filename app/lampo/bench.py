@@ -104,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also measure speculative decoding at these draft acceptance rates (e.g. 0.6,0.8,0.9)")
     p.add_argument("--draft-k", type=_int_list, default=[1, 2, 3, 4], metavar="K,K",
                    help="drafts per round for --speculate-accept (default 1,2,3,4)")
+    p.add_argument("--mtp", action="store_true",
+                   help="with --speculate-accept: load the MTP module, time its draft chain and run it in the rounds")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
     return p
@@ -140,7 +142,9 @@ def plan_workload(args: argparse.Namespace, cfg: ModelConfig, cuda: bool) -> Wor
     if args.speculate_accept:
         if not all(1 <= k <= 7 for k in args.draft_k):
             raise ValueError(f"--draft-k values must be in 1..7 (got {args.draft_k})")
-        spec = SpecWorkload(args.speculate_accept, sorted(set(args.draft_k)))
+        if args.mtp and not cfg.mtp_num_hidden_layers:
+            raise ValueError("--mtp: this model has no MTP layer")
+        spec = SpecWorkload(args.speculate_accept, sorted(set(args.draft_k)), args.mtp)
     # room after the deepest depth: warm-up + timed + profiled steps (+1 for the start token),
     # and what the speculative measurement runs past it
     tail = WARMUP_STEPS + n + (args.profile_steps if cuda else 0) + 1 + (spec.room(n) if spec else 0)
@@ -218,6 +222,10 @@ class Target:
         self._accept(keep, ids)
         self.position, self.next_token = start + keep, next_token
 
+    def draft(self, k: int) -> list[int]:
+        """k MTP drafts from the token to feed (the state is not advanced)."""
+        raise ValueError("--mtp needs an engine with the MTP module")
+
     def _verify(self, ids: list[int]) -> list[int]:
         raise ValueError("--speculate-accept needs a verify window, which this engine has not")
 
@@ -262,10 +270,13 @@ class CudaTarget(Target):
         from lampo.models.checkpoint import Checkpoint
 
         self.native = native
-        ck = Checkpoint.open(model_dir, include_mtp=False) if model_dir is not None else None
+        mtp = bool(w.spec and w.spec.mtp)
+        ck = Checkpoint.open(model_dir, include_mtp=mtp) if model_dir is not None else None
+        if mtp and ck is not None and not ck.has_mtp:
+            raise ValueError(f"--mtp: {model_dir} has no MTP weights (mtp.*)")
         self.stored_format = checkpoint_format(ck)
         sizes = dict(context_max=w.context_max, prefill_chunk=w.chunk, snapshot_slots=SLOTS if w.spec else 0,
-                     verify_rows=w.spec.rows if w.spec else 0)
+                     verify_rows=w.spec.rows if w.spec else 0, mtp=mtp)
         self.weight_format, bits = resolve_weights(native, cfg, weights, ck.lq if ck else None, vram_limit=vram_limit,
                                                    **sizes)
         self.engine = create_engine(native, cfg, weights=self.weight_format, tensor_bits=bits, vram_limit=vram_limit,
@@ -287,6 +298,9 @@ class CudaTarget(Target):
     def fill_depth(self, depth: int, seed: int) -> None:
         self.engine.fill_state_random(depth, seed)
         self.position = depth
+
+    def draft(self, k: int) -> list[int]:
+        return [int(t) for t in self.engine.mtp_draft(self.next_token, k)]
 
     def _verify(self, ids: list[int]) -> list[int]:
         return [int(t) for t in self.engine.verify(np.asarray(ids, np.int32))]
@@ -331,13 +345,25 @@ class ReferenceTarget(Target):
             from lampo.models.synthetic import synthetic_tensor
             from lampo.models.tensor_specs import expected_tensors
 
-            specs = expected_tensors(cfg, include_mtp=False)
+            specs = expected_tensors(cfg, include_mtp=True)
             model = ReferenceModel(cfg, {n: synthetic_tensor(n, s, seed) for n, s in specs.items()})
             source = "random weights generated in memory (no checkpoint file)"
         steps = ReferenceSteps(model, {}, replace(GREEDY, seed=seed), chunk)
         super().__init__(cfg, steps, source, {"bytes": 0, "seconds": time.perf_counter() - t0})
         self.model = model
         self._before = None  # the state before the last verify
+
+    def draft(self, k: int) -> list[int]:
+        """The MTP chain from the last hidden row. The reference's plain steps run no MTP rows, so
+        the chain starts where its MTP cache ends: the cost is right, the drafts are not."""
+        model, drafts = self.model, []
+        start = model.state.kv[-1].length  # the MTP layer's cache
+        logits = model.mtp_step(model.hiddens[-1], self.next_token, start)
+        for i in range(k):
+            drafts.append(int(np.argmax(logits)))
+            if i + 1 < k:
+                logits = model.mtp_step(model.mtp_hidden_last, drafts[-1], start + 1 + i)
+        return drafts
 
     def _verify(self, ids: list[int]) -> list[int]:
         self._before = self.model.snapshot()

@@ -4,6 +4,9 @@ At each decode depth, after the plain decode measurement, and for each draft cou
 - the verify cost: one window of k + 1 tokens (the fed token and k drafts) through `verify` and
   `accept`, timed from the host (median of VERIFY_REPEATS, the state restored after each), against
   the plain decode step of that depth;
+- with --mtp, the draft cost: the MTP layer's chain of k drafts from the fed token (`mtp_draft`),
+  timed the same way; the rounds below then run it too (its drafts are not used), so their time is
+  that of MTP rounds at that acceptance;
 - for each acceptance a, rounds whose k drafts are the target's own greedy tokens, each replaced
   by another token with probability 1 - a, until `decode_tokens` tokens are emitted: tok/s over the
   rounds' own time, the speedup over plain decoding, the tokens per round, and the acceptance
@@ -45,6 +48,7 @@ def accept_rates(text: str) -> list[float]:
 class SpecWorkload:
     accepts: list[float]
     ks: list[int]
+    mtp: bool = False  # the engine loads the MTP module and the rounds draft with it
 
     @property
     def rows(self) -> int:
@@ -73,8 +77,9 @@ def other_token(token: int, vocab: int, rng: np.random.Generator) -> int:
     return t + 1 if t >= token else t
 
 
-def rounds_at(target, k: int, a: float, n: int, rng: np.random.Generator) -> dict:
-    """Speculative rounds of k drafts at acceptance a from the target's state until n tokens."""
+def rounds_at(target, k: int, a: float, n: int, rng: np.random.Generator, mtp: bool) -> dict:
+    """Speculative rounds of k drafts at acceptance a from the target's state until n tokens (with
+    `mtp`, each round also runs the MTP draft chain)."""
     vocab = target.cfg.real_vocab_size
     ahead, i = [], 0  # greedy tokens from the round's start; ahead[i] follows the token to feed
     emitted = judged = kept_total = rounds = 0
@@ -85,6 +90,8 @@ def rounds_at(target, k: int, a: float, n: int, rng: np.random.Generator) -> dic
         want = ahead[i:i + k]
         drafts = [t if rng.random() < a else other_token(t, vocab, rng) for t in want]
         t0 = time.perf_counter()
+        if mtp:
+            target.draft(k)
         own = target.verify([target.next_token, *drafts])
         kept, nxt = accept_greedy(drafts, own.__getitem__)
         target.accept(kept + 1, nxt)
@@ -106,34 +113,46 @@ def measure_speculative(target, decode_row: dict, spec: SpecWorkload, n: int, rn
     target.snapshot(BASE_SLOT)
     out = {"depth": decode_row["depth"], "plain_ms_per_token": plain_ms, "draft_counts": []}
     for k in spec.ks:
-        times = []
-        for _ in range(VERIFY_REPEATS):
-            window = [target.next_token, *(int(t) for t in rng.integers(0, target.cfg.real_vocab_size, k))]
-            t0 = time.perf_counter()
-            own = target.verify(window)
+        def verify_once():
+            own = target.verify([target.next_token, *(int(t) for t in rng.integers(0, target.cfg.real_vocab_size, k))])
             target.accept(k + 1, own[k])
-            times.append(time.perf_counter() - t0)
-            target.restore(BASE_SLOT)
-        verify_ms = 1000.0 * statistics.median(times)
-        runs = []
+
+        row = {"k": k, "verify_ms": median_ms(target, verify_once)}
+        row["verify_cost"] = row["verify_ms"] / plain_ms
+        if spec.mtp:
+            row["draft_ms"] = median_ms(target, lambda: target.draft(k))
+            row["draft_cost"] = row["draft_ms"] / plain_ms
+        row["runs"] = []
         for a in spec.accepts:
-            run = rounds_at(target, k, a, n, rng)
+            run = rounds_at(target, k, a, n, rng, spec.mtp)
             run["speedup"] = run["tokens_per_second"] * plain_ms / 1000.0
-            runs.append(run)
+            row["runs"].append(run)
             target.restore(BASE_SLOT)
-        out["draft_counts"].append({"k": k, "verify_ms": verify_ms, "verify_cost": verify_ms / plain_ms,
-                                    "runs": runs})
+        out["draft_counts"].append(row)
     return out
 
 
+def median_ms(target, call) -> float:
+    """The median of VERIFY_REPEATS timed calls, the state put back (BASE_SLOT) after each."""
+    times = []
+    for _ in range(VERIFY_REPEATS):
+        t0 = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t0)
+        target.restore(BASE_SLOT)
+    return 1000.0 * statistics.median(times)
+
+
 def format_speculative(rows: list[dict]) -> list[str]:
-    header = (f"{'depth':>9} {'k':>2} {'verify ms':>10} {'x plain':>8} {'set a':>6} {'measured':>9} "
-              f"{'tok/round':>9} {'tok/s':>9} {'speedup':>8}")
+    mtp = any("draft_ms" in d for r in rows for d in r["draft_counts"])
+    header = (f"{'depth':>9} {'k':>2} {'verify ms':>10} {'x plain':>8}" + (f" {'draft ms':>9}" if mtp else "")
+              + f" {'set a':>6} {'measured':>9} {'tok/round':>9} {'tok/s':>9} {'speedup':>8}")
     lines = ["", header]
     for r in rows:
         for d in r["draft_counts"]:
+            draft = f" {d['draft_ms']:>9.3f}" if mtp else ""
             for run in d["runs"]:
-                lines.append(f"{r['depth']:>9,} {d['k']:>2} {d['verify_ms']:>10.3f} {d['verify_cost']:>8.2f} "
+                lines.append(f"{r['depth']:>9,} {d['k']:>2} {d['verify_ms']:>10.3f} {d['verify_cost']:>8.2f}{draft} "
                              f"{run['a']:>6.2f} {run['acceptance']:>9.2f} {run['tokens_per_round']:>9.2f} "
                              f"{run['tokens_per_second']:>9,.1f} {run['speedup']:>7.2f}x")
     return lines
