@@ -2,7 +2,8 @@
 against the numpy reference's MTP layer (models/reference/mtp.py), and MTP rounds through the
 CUDA backend.
 
-The engine runs the MTP rows of every prefill chunk and verify window and keeps the held trunk row;
+The engine runs the MTP rows of every prefill chunk, verify window and decode step and keeps the
+held trunk row;
 mtp_draft(token, j) feeds the sampled token with that row, then chains j - 1 times, and leaves the
 last step's draft logits where engine.logits() reads them. Each step's logits must match the
 reference's MTP row for the same inputs (the reference chained on the engine's own drafts) within
@@ -106,6 +107,21 @@ def test_the_mtp_rows_follow_the_kept_rows_of_a_verify_window(tiny, keeps):
     chain, logits = engine_chain(engine, nxt, 2)
     want = reference_chain(ref, prompt + window[:keep], nxt, chain)
     assert_rows_agree(logits, want, moe, f"MTP chain after accept{keeps}", DENSE_TOL)
+
+
+def test_plain_decode_steps_run_their_mtp_rows(tiny):
+    """The decode graph runs the MTP row of its fed token before the trunk (queued steps too)."""
+    _d, engine, ref, moe = tiny
+    prompt = [int(t) for t in np.random.default_rng(7).integers(0, REAL_VOCAB, 33)]
+    first = start(engine, prompt)
+    engine.decode_submit(first)
+    engine.decode_submit(-1)
+    t1 = engine.decode_collect()
+    t2 = engine.decode_collect()
+    t3 = engine.decode(-1)  # fed: prompt, first, t1, t2
+    chain, logits = engine_chain(engine, t3, 2)
+    want = reference_chain(ref, prompt + [first, t1, t2], t3, chain)
+    assert_rows_agree(logits, want, moe, "MTP chain after plain decode steps", DENSE_TOL)
 
 
 def test_a_snapshot_keeps_the_held_row(tiny):

@@ -12,9 +12,8 @@ given the context, so this is speculative sampling with one-hot draft distributi
 kept with the probability its row gives it, and where it is not, the row's token is a draw from
 the row's distribution without the draft, which makes every reply - greedy or sampled, with or
 without a presence penalty - follow the plain decoding's distribution exactly (greedy: token for
-token). With no drafts worth trying the step is a plain decode step (which runs no MTP row: later
-MTP drafts attend to a stale row there, see engine.h). `rewind` takes kept drafts back (accept with
-a smaller keep). The engine must have been made with verify rows for at least `k_max + 1` tokens.
+token). With no drafts worth trying the step is a plain decode step. `rewind` takes kept drafts
+back (accept with a smaller keep). The engine must have been made with verify rows for at least `k_max + 1` tokens.
 """
 
 from __future__ import annotations

@@ -287,6 +287,8 @@ void Engine::set_record_routing(bool on) {
 
 // ---- decode --------------------------------------------------------------------------------
 void Engine::decode_body(OpTimer* timer) {
+    if (mtp_hidden_) mtp_forward(dims_, weights_->model(), mtp_kv_, opt_.context_max, ws_, decode_mtp_step(), stream_,
+                                 timer);
     ForwardStep step;
     step.T = 1;
     step.d_ids = d_tok_;
@@ -298,6 +300,10 @@ void Engine::decode_body(OpTimer* timer) {
     sample(timer);
     launch_pdl("advance_position", advance_position, 1, 1, 0, stream_, d_pos_, 1);
     LAMPO_CHECK_LAUNCH("advance_position");
+    if (mtp_hidden_) {
+        launch_pdl("advance_position", advance_position, 1, 1, 0, stream_, d_mtp_pos_ + GEMV_MAX_T, 1);
+        LAMPO_CHECK_LAUNCH("advance_position (MTP)");
+    }
 }
 
 cudaGraph_t Engine::capture(const std::function<void()>& body) {
@@ -384,6 +390,7 @@ void Engine::decode_submit(int token) {
         throw std::logic_error("decode_submit: a token can be fed only when no step is queued");
     verified_ = 0;
     feed_token(token);
+    if (queued_ == 0) prepare_decode_mtp();
     if (queued_ == 0) ensure_decode_graph();  // a new capture needs an idle stream
     else if (!graph_exec_ || !same_sampling(sampling_, graph_sampling_))
         throw std::logic_error("decode_submit: the sampling settings changed while steps are queued");
@@ -391,7 +398,6 @@ void Engine::decode_submit(int token) {
     copy_token_out((oldest_ + queued_) % DECODE_QUEUE);
     queued_ += 1;
     pos_ += 1;
-    if (mtp_hidden_) held_row_ = 1;
 }
 
 int Engine::decode_collect() {
@@ -424,6 +430,7 @@ std::vector<std::pair<std::string, double>> Engine::profile_decode(int steps, in
     verified_ = 0;
     if (pos_ + steps > opt_.context_max) throw std::out_of_range("profile_decode: context full");
     feed_token(token);
+    prepare_decode_mtp();
     OpTimer timer(stream_);
     cudaEvent_t start, stop;
     LAMPO_CUDA_CHECK(cudaEventCreate(&start));
@@ -438,7 +445,6 @@ std::vector<std::pair<std::string, double>> Engine::profile_decode(int steps, in
         LAMPO_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
         total_ms += ms;
         pos_ += 1;
-        if (mtp_hidden_) held_row_ = 1;
     }
     cudaEventDestroy(start);
     cudaEventDestroy(stop);

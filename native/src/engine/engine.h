@@ -20,11 +20,9 @@
 // With the MTP module loaded (its roles in the tensor names), the engine also keeps the MTP layer's
 // KV cache and the final-normed hidden of the last trunk row ("held"; snapshots keep it too). The
 // MTP row of trunk position p fuses that position's hidden with the token at p + 1, so it can run
-// only once that token is fed: every prefill chunk and verify window runs the MTP rows it completes
-// (one MTP pass over the same ids), and mtp_draft chains the MTP layer from the held row to draft
-// tokens. A plain decode step (the graph) keeps the held row but runs no MTP row: the rows of
-// plainly decoded positions stay stale (drafts that attend to them are worse, never wrong), so
-// MTP rounds draft at every step.
+// only once that token is fed: every prefill chunk, verify window and decode step runs the MTP rows
+// it completes (one MTP pass over the same ids; the decode step's inside its graph), and mtp_draft
+// chains the MTP layer from the held row to draft tokens.
 #pragma once
 
 #include <functional>
@@ -213,6 +211,8 @@ private:
     MtpStep mtp_window(int n);
     void mtp_snapshot(int slot);
     void mtp_restore(int slot);
+    MtpStep decode_mtp_step() const;  // the decode step's MTP row (fixed pointers: graph-captured)
+    void prepare_decode_mtp();        // before an idle decode submit: the held row to row 1, the counter
     // Checks `n` ids at the current position (context, vocabulary; `op` names the caller), drops
     // the verify rows, queues the ids and the position for the next forward and parks the held
     // row; returns that forward (its final hidden rows kept for the MTP module) and, in `mtp`, the

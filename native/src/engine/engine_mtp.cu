@@ -6,8 +6,11 @@
 //
 // The held row: a forward writes its final-normed rows to mtp_hidden_ rows 1..n (hidden_out),
 // after row 0 holds the previous forward's last row, so the MTP rows a forward completes read
-// [held, rows 1..n-1] as one contiguous block; held_row_ then names row n (a decode step: row 1;
-// accept(keep): row keep).
+// [held, rows 1..n-1] as one contiguous block; held_row_ then names row n (accept(keep): row
+// keep). A decode step (the graph) reads the held row from row 1, where prepare_decode_mtp puts it
+// before an idle submit, runs the MTP row of the fed token first and then writes its own hidden to
+// row 1; its MTP position is a device counter of its own (d_mtp_pos_[GEMV_MAX_T]) that each step
+// advances.
 #include "engine/engine.h"
 
 #include <stdexcept>
@@ -123,6 +126,31 @@ std::vector<int32_t> Engine::mtp_draft(int token, int k) {
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(h_mtp_, d_mtp_ids_ + 1, size_t(k) * 4, cudaMemcpyDeviceToHost, stream_));
     LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return std::vector<int32_t>(h_mtp_, h_mtp_ + k);
+}
+
+MtpStep Engine::decode_mtp_step() const {
+    MtpStep m;
+    m.T = 1;
+    m.d_ids = d_tok_;  // the fed token, read before the step's sample replaces it
+    m.d_pos = d_mtp_pos_ + GEMV_MAX_T;  // the decode steps' own counter
+    m.pos0 = -1;  // unused: one row reads its position from d_pos
+    m.hiddens = mtp_hidden_ + dims_.hidden;  // row 1: the held row, then this step's hidden
+    m.out = ws_.normed;
+    return m;
+}
+
+void Engine::prepare_decode_mtp() {
+    if (!mtp_hidden_) return;
+    const size_t row = size_t(dims_.hidden) * 2;
+    if (held_row_ >= 0 && held_row_ != 1) {
+        LAMPO_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<char*>(mtp_hidden_) + row,
+                                         reinterpret_cast<char*>(mtp_hidden_) + held_row_ * row, row,
+                                         cudaMemcpyDeviceToDevice, stream_));
+    }
+    held_row_ = 1;
+    int32_t* word = h_mtp_ + 2 * (GEMV_MAX_T + 1) - 1;  // read by its copy before the next idle submit
+    *word = pos_ - 1;
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_mtp_pos_ + GEMV_MAX_T, word, 4, cudaMemcpyHostToDevice, stream_));
 }
 
 void Engine::mtp_snapshot(int slot) {
