@@ -214,3 +214,27 @@ def test_sampled_rounds_draw_from_the_plain_distribution(tiny):
     spec = Counter(backend_replies(d, Speculation("mtp", 3), sampling, prompt, range(10_000, 10_600)))
     tv = 0.5 * sum(abs(plain[k] - spec[k]) for k in set(plain) | set(spec)) / 600
     assert tv < 0.2, f"total variation {tv:.3f} between plain and speculative replies"
+
+
+def test_the_captured_chain_and_windows_equal_the_eager_launches(tiny, tmp_path):
+    """Draft chains and verify windows as captured graphs (the default) against an engine that
+    launches them eagerly, over rounds back to back: the same kernels, so the same numbers."""
+    d, engine, _ref, _moe = tiny
+    ck = Checkpoint.open(d)
+    eager = _native.Engine(ck.config, engine_tensor_names(ck.config, mtp=True), context_max=1024,
+                           prefill_chunk=CHUNK, snapshot_slots=2, verify_rows=5, speculative_graphs=False)
+    load_weights(eager, ck)
+    prompt = [int(t) for t in np.random.default_rng(8).integers(0, REAL_VOCAB, 25)]
+    seen = {}
+    for name, e in (("graph", engine), ("eager", eager)):
+        fed, seen[name] = start(e, prompt), []
+        for k in (3, 1, 3):
+            drafts = [int(t) for t in e.mtp_draft(fed, k)]
+            seen[name].append((drafts, np.asarray(e.logits())))
+            targets = e.verify(np.asarray([fed, *drafts], np.int32))
+            seen[name].append((list(targets), e.verify_logits()))
+            e.accept(2)
+            fed = int(targets[1])
+    for (ids, got), (want_ids, want) in zip(seen["graph"], seen["eager"]):
+        assert ids == want_ids
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)

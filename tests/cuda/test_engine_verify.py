@@ -139,7 +139,7 @@ def test_the_captured_window_equals_the_eager_launches(tiny, tmp_path):
     d = write_checkpoint(tmp_path / "again", get_preset("tiny-moe" if moe else "tiny-dense"), seed=1, with_mtp=False)
     ck = Checkpoint.open(d, include_mtp=False)
     eager = _native.Engine(ck.config, engine_tensor_names(ck.config), context_max=512, prefill_chunk=64,
-                           snapshot_slots=1, verify_rows=ROWS, verify_graphs=False)
+                           snapshot_slots=1, verify_rows=ROWS, speculative_graphs=False)
     load_weights(eager, ck)
     prompt = np.random.default_rng(9).integers(0, REAL_VOCAB, 12)
     rows = {}

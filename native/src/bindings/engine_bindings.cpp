@@ -197,20 +197,21 @@ void register_engine(py::module_& m) {
     py::class_<Engine>(m, "Engine", "One model in VRAM and one conversation's state (engine.h)")
         .def(py::init([](const py::object& config, const TensorNames& tensor_names, const TensorBits& tensor_bits,
                          int context_max, int prefill_chunk, int snapshot_slots, size_t vram_limit,
-                         int verify_rows, bool verify_graphs) {
+                         int verify_rows, bool speculative_graphs) {
                  return std::make_unique<Engine>(
                      dims_from_config(config), tensor_names, tensor_bits,
-                     EngineOptions{context_max, prefill_chunk, snapshot_slots, vram_limit, verify_rows, verify_graphs});
+                     EngineOptions{context_max, prefill_chunk, snapshot_slots, vram_limit, verify_rows, speculative_graphs});
              }),
              py::arg("config"), py::arg("tensor_names"), py::arg("tensor_bits") = TensorBits{}, py::kw_only(),
              py::arg("context_max"), py::arg("prefill_chunk") = 2048, py::arg("snapshot_slots") = 4,
-             py::arg("vram_limit") = size_t(0), py::arg("verify_rows") = 0, py::arg("verify_graphs") = true,
+             py::arg("vram_limit") = size_t(0), py::arg("verify_rows") = 0, py::arg("speculative_graphs") = true,
              "Allocate the engine for a lampo.models.config.ModelConfig: tensor_names maps each weight "
              "role to its checkpoint name (lampo.models.tensor_specs.engine_tensor_names), tensor_bits "
              "each matrix held in the LQ format to its width (lampo.models.quant.engine_formats; the "
              "others bf16), context_max is the tokens of KV cache, vram_limit caps the bytes of the "
              "engine's device blocks (0: none), verify_rows the most tokens of a speculative verify "
-             "window (0: none), verify_graphs whether each window size runs as a captured CUDA graph")
+             "window (0: none), speculative_graphs whether verify windows and MTP draft chains run as captured "
+             "CUDA graphs")
         .def("weight_specs",
              [](Engine& e) {
                  py::list out;

@@ -111,6 +111,8 @@ Engine::~Engine() {
     if (graph_) cudaGraphDestroy(graph_);
     for (cudaGraphExec_t e : verify_exec_)
         if (e) cudaGraphExecDestroy(e);
+    for (cudaGraphExec_t e : draft_exec_)
+        if (e) cudaGraphExecDestroy(e);
     if (h_io_) cudaFreeHost(h_io_);
     if (h_mtp_) cudaFreeHost(h_mtp_);
     for (cudaEvent_t e : token_ready_)
@@ -239,7 +241,10 @@ ForwardStep Engine::open_window(const char* op, const int32_t* ids, int n, MtpSt
     step.d_ids = d_ids_;
     step.d_pos = d_pos_;
     step.pos0 = pos_;
-    step.hidden_out = hidden_out();
+    if (mtp_hidden_) {
+        park_held_row();
+        step.hidden_out = mtp_hidden_ + dims_.hidden;  // rows 1..n, after the held row
+    }
     mtp = mtp_hidden_ ? mtp_window(n) : MtpStep{};
     return step;
 }

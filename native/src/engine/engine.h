@@ -43,7 +43,8 @@ struct EngineOptions {
     size_t vram_limit = 0;  // bytes the process may hold in cudaMalloc'ed blocks (0: no cap; weights.h)
     int verify_rows = 0;    // most tokens of a verify window (0: none; else 2..GEMV_MAX_T): the GDN
                             // states kept per row and the logits rows of speculative verify
-    bool verify_graphs = true;  // each window size captured once as a CUDA graph (false: eager launches)
+    bool speculative_graphs = true;  // each verify window size and MTP draft count captured once as a CUDA
+                                     // graph (false: eager launches)
 };
 
 struct DecodeGraphInfo {
@@ -172,6 +173,7 @@ private:
     DecodeGraphInfo graph_info_;
 
     cudaGraphExec_t verify_exec_[GEMV_MAX_T + 1] = {};  // the verify window of each size, once captured
+    cudaGraphExec_t draft_exec_[GEMV_MAX_T + 1] = {};   // the MTP draft chain of each length, once captured
     SamplingConfig verify_sampling_[GEMV_MAX_T + 1] = {};  // the settings baked into each
     std::vector<int32_t> verify_tokens_; // the last verify's row tokens
     bool verify_penalised_ = false;      // it ran with a presence penalty (seen_backup_ holds the set before)
@@ -205,7 +207,7 @@ private:
     int held_row_ = -1;             // the row of mtp_hidden_ holding the last trunk row's hidden (-1: none)
     std::vector<int> slot_held_row_;  // per snapshot: 0 when it holds a held row, else -1
     void allocate_mtp();
-    bf16* hidden_out();         // park the held row in row 0; the next forward's hidden rows (null without MTP)
+    void park_held_row();       // the held row to row 0 (MTP module loaded)
     // The MTP pass over the rows that the n ids uploaded at position pos_ complete (T = 0: none; its
     // position uploaded); the held row becomes row n.
     MtpStep mtp_window(int n);

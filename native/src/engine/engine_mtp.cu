@@ -57,15 +57,12 @@ void Engine::allocate_mtp() {
     }
 }
 
-bf16* Engine::hidden_out() {
-    if (!mtp_hidden_) return nullptr;
+void Engine::park_held_row() {
+    if (held_row_ <= 0) return;
     const size_t row = size_t(dims_.hidden) * 2;
-    if (held_row_ > 0) {
-        LAMPO_CUDA_CHECK(cudaMemcpyAsync(mtp_hidden_, reinterpret_cast<char*>(mtp_hidden_) + held_row_ * row, row,
-                                         cudaMemcpyDeviceToDevice, stream_));
-        held_row_ = 0;
-    }
-    return mtp_hidden_ + dims_.hidden;
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(mtp_hidden_, reinterpret_cast<char*>(mtp_hidden_) + held_row_ * row, row,
+                                     cudaMemcpyDeviceToDevice, stream_));
+    held_row_ = 0;
 }
 
 MtpStep Engine::mtp_window(int n) {
@@ -104,24 +101,37 @@ std::vector<int32_t> Engine::mtp_draft(int token, int k) {
                                 " exceed the context of " + std::to_string(opt_.context_max));
     }
     verified_ = 0;  // the chain's passes overwrite the logits a verify window left
-    const int H = dims_.hidden;
+    park_held_row();  // where the chain's first step reads it
     h_mtp_[0] = token;
     for (int i = 0; i < k; ++i) h_mtp_[GEMV_MAX_T + 1 + i] = pos_ - 1 + i;
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_mtp_ids_, h_mtp_, 4, cudaMemcpyHostToDevice, stream_));
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_mtp_pos_, h_mtp_ + GEMV_MAX_T + 1, size_t(k) * 4, cudaMemcpyHostToDevice,
                                      stream_));
-    for (int i = 0; i < k; ++i) {
-        MtpStep m;
-        m.T = 1;
-        m.d_ids = d_mtp_ids_ + i;
-        m.d_pos = d_mtp_pos_ + i;
-        m.pos0 = pos_ - 1 + i;
-        m.hiddens = i == 0 ? mtp_hidden_ + size_t(held_row_) * H : mtp_chain_;
-        m.out = mtp_chain_;
-        m.logits = ws_.logits;
-        mtp_forward(dims_, weights_->model(), mtp_kv_, opt_.context_max, ws_, m, stream_, nullptr);
-        argmax_rows(ws_.logits, 1, dims_.vocab, dims_.vocab_real, d_mtp_ids_ + i + 1, stream_);
-        LAMPO_CHECK_LAUNCH("argmax_rows");
+    auto body = [&] {
+        for (int i = 0; i < k; ++i) {
+            MtpStep m;
+            m.T = 1;
+            m.d_ids = d_mtp_ids_ + i;
+            m.d_pos = d_mtp_pos_ + i;
+            m.pos0 = -1;  // unused: one row reads its position from d_pos
+            m.hiddens = i == 0 ? mtp_hidden_ : mtp_chain_;
+            m.out = mtp_chain_;
+            m.logits = ws_.logits;
+            mtp_forward(dims_, weights_->model(), mtp_kv_, opt_.context_max, ws_, m, stream_, nullptr);
+            argmax_rows(ws_.logits, 1, dims_.vocab, dims_.vocab_real, d_mtp_ids_ + i + 1, stream_);
+            LAMPO_CHECK_LAUNCH("argmax_rows");
+        }
+    };
+    if (opt_.speculative_graphs) {  // one graph per chain length: fixed pointers, positions on the device
+        cudaGraphExec_t& exec = draft_exec_[k];
+        if (!exec) {
+            cudaGraph_t g = capture(body);
+            install_graph(exec, g, "cudaGraphInstantiate (MTP draft chain)");
+            cudaGraphDestroy(g);
+        }
+        LAMPO_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+    } else {
+        body();
     }
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(h_mtp_, d_mtp_ids_ + 1, size_t(k) * 4, cudaMemcpyDeviceToHost, stream_));
     LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -70,7 +70,7 @@ std::vector<int32_t> Engine::verify(const int32_t* ids, int n) {
     // A graph per window size: its pointers are fixed, positions come from the device, the
     // sampling settings are baked in (a change updates the graphs), and the MTP pass has one shape
     // per size once a held row exists (without one it runs eagerly).
-    if (opt_.verify_graphs && (!mtp_hidden_ || mtp.T == n)) {
+    if (opt_.speculative_graphs && (!mtp_hidden_ || mtp.T == n)) {
         cudaGraphExec_t& exec = verify_exec_[n];
         if (!exec || !same_sampling(sampling_, verify_sampling_[n])) {
             cudaGraph_t g = capture(body);
