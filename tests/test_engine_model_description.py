@@ -27,34 +27,42 @@ def plan_roles() -> dict[str, list[str]]:
     return {name: re.findall(r'"([^"]+)"', body) for name, body in lists}
 
 
-def planned_names(cfg) -> list[str]:
+def planned_names(cfg, mtp: bool = False) -> list[str]:
     """The names the engine's plan gives its tensors for `cfg`: its roles per part, the model's
-    names for them from the table, {layer} filled in as the plan does."""
-    roles, names = plan_roles(), engine_tensor_names(cfg)
+    names for them from the table, {layer} filled in as the plan does; with `mtp`, the MTP
+    module's roles and its layer's (full attention) as "mtp.layer.<role>"."""
+    roles, names = plan_roles(), engine_tensor_names(cfg, mtp)
+    ffn = roles["kMoeRoles"] if cfg.is_moe else roles["kDenseRoles"]
     out = [names[r] for r in roles["kModelRoles"]]
     for i, layer_type in enumerate(cfg.layer_types):
         mixer = roles["kAttentionRoles"] if layer_type == FULL else roles["kGdnRoles"]
-        ffn = roles["kMoeRoles"] if cfg.is_moe else roles["kDenseRoles"]
         out += [names[r].replace("{layer}", str(i)) for r in roles["kLayerRoles"] + mixer + ffn]
+    if mtp:
+        out += [names[r] for r in roles["kMtpRoles"]]
+        out += [names["mtp.layer." + r] for r in roles["kLayerRoles"] + roles["kAttentionRoles"] + ffn]
     return out
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_the_plan_names_exactly_the_expected_tensors(preset):
+@pytest.mark.parametrize("mtp", [False, True])
+def test_the_plan_names_exactly_the_expected_tensors(preset, mtp):
     cfg = get_preset(preset)
-    planned = planned_names(cfg)
+    planned = planned_names(cfg, mtp)
     assert len(planned) == len(set(planned))
-    assert set(planned) == set(expected_tensors(cfg, include_mtp=False))
+    assert set(planned) == set(expected_tensors(cfg, include_mtp=mtp))
 
 
 def test_the_table_gives_every_role_of_the_plan_and_no_other():
     plan = plan_roles()
-    assert set(plan) == {"kModelRoles", "kLayerRoles", "kAttentionRoles", "kGdnRoles", "kDenseRoles", "kMoeRoles"}
+    assert set(plan) == {"kModelRoles", "kLayerRoles", "kAttentionRoles", "kGdnRoles", "kDenseRoles", "kMoeRoles",
+                         "kMtpRoles"}
     dense, moe = get_preset("qwen3.6-27b"), get_preset("qwen3.6-35b-a3b")
     assert {FULL, LINEAR} <= set(dense.layer_types) and {FULL, LINEAR} <= set(moe.layer_types)
-    everything = set().union(*plan.values())
+    everything = set().union(*(roles for part, roles in plan.items() if part != "kMtpRoles"))
     assert set(engine_tensor_names(dense)) | set(engine_tensor_names(moe)) == everything
     assert set(engine_tensor_names(dense)) == everything - set(plan["kMoeRoles"])
+    mtp_layer = {"mtp.layer." + r for r in plan["kLayerRoles"] + plan["kAttentionRoles"] + plan["kMoeRoles"]}
+    assert set(engine_tensor_names(moe, mtp=True)) == set(engine_tensor_names(moe)) | set(plan["kMtpRoles"]) | mtp_layer
 
 
 def test_a_per_layer_name_holds_the_layer_index_and_a_model_name_does_not():
@@ -66,7 +74,8 @@ def test_a_per_layer_name_holds_the_layer_index_and_a_model_name_does_not():
 
 
 def test_no_native_source_spells_a_tensor_name():
-    names = {**engine_tensor_names(get_preset("qwen3.6-27b")), **engine_tensor_names(get_preset("qwen3.6-35b-a3b"))}
+    names = {**engine_tensor_names(get_preset("qwen3.6-27b"), mtp=True),
+             **engine_tensor_names(get_preset("qwen3.6-35b-a3b"), mtp=True)}
     spelled = {name.removeprefix(LAYER_PREFIX) for name in names.values()}
     for path in NATIVE.rglob("*"):
         if path.suffix in (".cpp", ".cu", ".h", ".cuh"):
