@@ -117,7 +117,7 @@ class FakeEngine:
         self.pending = self._sample()
         return self.pending
 
-    def verify(self, ids):  # each row's greedy token, the rows kept until the next forward
+    def verify(self, ids):  # each row's sampled token, row after row; the rows kept until the next forward
         assert 2 <= len(ids) <= self.verify_rows and ids.dtype == np.int32 and self.queued == 0
         self.calls.append(("verify", len(ids)))
         start, tokens = len(self.history), []

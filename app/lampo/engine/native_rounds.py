@@ -13,7 +13,8 @@ kept with the probability its row gives it, and where it is not, the row's token
 the row's distribution without the draft, which makes every reply - greedy or sampled, with or
 without a presence penalty - follow the plain decoding's distribution exactly (greedy: token for
 token). With no drafts worth trying the step is a plain decode step. `rewind` takes kept drafts
-back (accept with a smaller keep). The engine must have been made with verify rows for at least `k_max + 1` tokens.
+back (accept with a smaller keep). The engine must have been made with verify rows for at least
+`k_max + 1` tokens.
 """
 
 from __future__ import annotations

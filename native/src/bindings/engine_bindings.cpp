@@ -200,7 +200,8 @@ void register_engine(py::module_& m) {
                          int verify_rows, bool speculative_graphs) {
                  return std::make_unique<Engine>(
                      dims_from_config(config), tensor_names, tensor_bits,
-                     EngineOptions{context_max, prefill_chunk, snapshot_slots, vram_limit, verify_rows, speculative_graphs});
+                     EngineOptions{context_max, prefill_chunk, snapshot_slots, vram_limit, verify_rows,
+                                   speculative_graphs});
              }),
              py::arg("config"), py::arg("tensor_names"), py::arg("tensor_bits") = TensorBits{}, py::kw_only(),
              py::arg("context_max"), py::arg("prefill_chunk") = 2048, py::arg("snapshot_slots") = 4,

@@ -392,7 +392,9 @@ LayerWeights WeightStore::add_layer(const std::function<std::string(const std::s
     lw.input_norm = norm(name("input_norm"), H);
     if (mixer == MixerKind::GatedAttention) {
         GatedAttentionWeights& a = lw.attn;
-        a.qkv = add_fused({{name("attn.q"), d.q_rows()}, {name("attn.k"), d.kv_width()}, {name("attn.v"), d.kv_width()}},
+        a.qkv = add_fused({{name("attn.q"), d.q_rows()},
+                           {name("attn.k"), d.kv_width()},
+                           {name("attn.v"), d.kv_width()}},
                           H, d.attn_qkv_rows());
         a.q_norm = norm(name("attn.q_norm"), d.head_dim);
         a.k_norm = norm(name("attn.k_norm"), d.head_dim);
