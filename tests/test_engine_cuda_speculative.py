@@ -192,3 +192,19 @@ def test_sampled_rounds_draw_the_reply_from_the_plain_distribution(tiny_dense_di
     assert any(c[0] == "verify" for c in engine.calls)
     tv = 0.5 * sum(abs(plain[k] - spec[k]) for k in set(plain) | set(spec)) / 1500
     assert tv < 0.08, f"total variation {tv:.3f} between plain and speculative replies"
+
+
+def test_a_broken_mtp_module_stops_only_mtp_drafting(tmp_path):
+    """The MTP tensors are checked and loaded only where the setting drafts with them: a checkpoint
+    whose MTP module is incomplete still chats plainly, and `mtp` is refused naming the tensor."""
+    from test_checkpoint import _rewrite
+
+    from lampo.models.checkpoint import SINGLE_NAME, CheckpointError
+    from lampo.models.synthetic import write_checkpoint
+
+    d = write_checkpoint(tmp_path / "partial", get_preset("tiny-dense"), seed=0)
+    _rewrite(d / SINGLE_NAME, lambda t: t.pop("mtp.fc.weight"))
+    b, engine = make(d, Speculation("ngram"))
+    assert not engine.has_mtp and generate(b)[0] == plain_reply(30)
+    with pytest.raises(CheckpointError, match="MTP module is incomplete.*'mtp.fc.weight'"):
+        make(d, Speculation("mtp"))

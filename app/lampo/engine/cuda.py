@@ -160,7 +160,7 @@ class CudaBackend:
                  vram_limit: int = 0, speculation: Speculation = Speculation(),
                  say: Callable[[str], None] | None = None):
         self._native = native if native is not None else load_native()
-        self._ck = Checkpoint.open(model_dir)
+        self._ck = Checkpoint.open(model_dir, include_mtp=speculation.mode == "mtp")  # else not checked: not loaded
         cfg = self._ck.config
         self.speculation, note = speculation.on_cuda(self._ck.has_mtp)  # what runs here
         if note and say is not None:
