@@ -162,6 +162,7 @@ private:
     int pos_ = 0;       // the position once every queued decode step has run
     int verify_start_ = 0;  // the position where the last verify window began
     int verified_ = 0;      // rows of the last verify still held (0 after any other forward)
+    int live_row_ = 0;      // the row of the last verify whose GDN states the live ones are
     int32_t* d_verify_out_ = nullptr;  // [verify_rows] greedy tokens (inside verify_mem_)
     int queued_ = 0;    // decode steps submitted and not yet collected
     int oldest_ = 0;    // the out slot of the oldest queued step

@@ -1,13 +1,14 @@
 // engine_verify.cu - Engine: the speculative verify window (engine.h). verify runs the window
 // through model_forward with ForwardStep::rows, so each GDN layer leaves the state after every row
-// in verify_mem_ and the LM head fills one logits row per token; argmax_rows picks each row's
-// greedy token (and the MTP pass runs the window's MTP rows), captured as one CUDA graph per
-// window size. accept copies the kept row's GDN states into the live ones (two strided copies
-// over all GDN layers); the KV rows past the kept position are simply rewritten by later steps,
-// and so are the MTP rows that the window ran for its rejected drafts.
+// in verify_mem_ (and its live state at the last row) and the LM head fills one logits row per
+// token; the sampler draws each row's token, row after row, and the MTP pass runs the window's MTP
+// rows: one CUDA graph per window size. accept copies the kept row's GDN states into the live ones
+// (two strided copies over all GDN layers; none when every row is kept); the KV rows past the kept
+// position are simply rewritten by later steps, and so are the MTP rows that the window ran for
+// its rejected drafts.
 //
 // verify_mem_, per GDN layer in layer order: [R, Hv, dk, dv] fp32 recurrent rows, then
-// [R, C, K-1] bf16 conv rows (R = verify_rows); then the R greedy tokens.
+// [R, C, K-1] bf16 conv rows (R = verify_rows); then the R row tokens and the presence set's copy.
 #include "engine/engine.h"
 
 #include <stdexcept>
@@ -86,6 +87,7 @@ std::vector<int32_t> Engine::verify(const int32_t* ids, int n) {
     LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
     std::vector<int32_t> tokens(h_io_, h_io_ + n);
     verify_tokens_ = tokens;
+    live_row_ = n - 1;
     verify_penalised_ = penalised;
     verify_start_ = pos_;
     verified_ = n;
@@ -102,7 +104,7 @@ void Engine::accept(int keep) {
                                     (verified_ ? std::string() : std::string(" (none held: a forward ran since)")));
     }
     const size_t R = size_t(opt_.verify_rows), gdn_layers = size_t(dims_.count(MixerKind::GatedDeltaNet));
-    if (gdn_layers > 0) {
+    if (gdn_layers > 0 && keep - 1 != live_row_) {  // the window leaves the live state at its last row
         // Row keep - 1 of every layer into its live state: one strided copy for the recurrent
         // states and one for the conv states (live layers are rec + padded conv apart, rows a
         // whole verify layer apart).
@@ -120,6 +122,7 @@ void Engine::accept(int keep) {
         LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_seen_, seen_backup_, dims_.vocab, cudaMemcpyDeviceToDevice, stream_));
         for (int i = 0; i < keep; ++i) LAMPO_CUDA_CHECK(cudaMemsetAsync(d_seen_ + verify_tokens_[i], 1, 1, stream_));
     }
+    live_row_ = keep - 1;
     pos_ = verify_start_ + keep;
     if (mtp_hidden_) held_row_ = keep;  // hidden row keep - 1 of the window
     write_position();
