@@ -67,7 +67,7 @@ def plain_greedy(model: ReferenceModel, prompt: list[int], n: int) -> list[int]:
     return out
 
 
-def engine_rows(model_dir: Path, prompts: dict[str, list[int]], tokens: int) -> list[dict]:
+def engine_rows(model_dir: Path, prompts: dict[str, list[int]], tokens: int, tokenizer) -> list[dict]:
     """Plain and speculative greedy replies on the CUDA engine, one backend per setting."""
     import threading
 
@@ -81,7 +81,8 @@ def engine_rows(model_dir: Path, prompts: dict[str, list[int]], tokens: int) -> 
     settings = [Speculation("off")] + [Speculation(d, k) for d in ("mtp", "ngram") for k in (1, 2, 3, 4)]
     plain: dict[str, list[int]] = {}
     for speculation in settings:
-        backend = CudaBackend(model_dir, context_max=16_384, weights="bf16", speculation=speculation)
+        backend = CudaBackend(model_dir, context_max=16_384, weights="bf16", speculation=speculation,
+                              tokenizer=tokenizer)
         for kind, ids in prompts.items():
             events = list(backend.generate(GenerationRequest(tuple(ids), request), threading.Event()))
             got = [i for e in events if isinstance(e, TokenEvent) for i in e.ids]
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"model": str(args.model), "tokens": args.tokens, "source_file": prompts["source"],
            "equal_to_plain_greedy": True, "rows": rows}
     if args.engine:
-        doc["engine_rows"] = engine_rows(args.model, encoded, args.tokens)
+        doc["engine_rows"] = engine_rows(args.model, encoded, args.tokens, tok)
     args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     return 0
 
