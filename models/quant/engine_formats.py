@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from lampo.models.config import FULL, ModelConfig
 from lampo.models.memory_plan import MemoryPlan, preferred_plan
 from lampo.models.quant.recipes import BF16, RECIPES, get_recipe, tensor_bits
-from lampo.models.tensor_specs import LAYER_PREFIX, decoder_layer_roles, expected_tensors, mtp_layer_prefix
+from lampo.models.tensor_specs import decoder_layer_roles, expected_tensors, layer_prefix, mtp_layer_prefix
 
 # Roles the engine stores as one block each (weights.cpp's add_fused), by layer.
 FUSED_ROLES = (
@@ -39,7 +39,7 @@ def engine_tensor_bits(cfg: ModelConfig, widths: Mapping[str, int | str], mtp: b
     mixed widths are bf16."""
     loaded = expected_tensors(cfg, include_mtp=mtp)
     bits = {n: int(b) for n, b in widths.items() if b != BF16 and n in loaded}
-    layers = [(LAYER_PREFIX.format(layer=i), layer_type) for i, layer_type in enumerate(cfg.layer_types)]
+    layers = [(layer_prefix(i), layer_type) for i, layer_type in enumerate(cfg.layer_types)]
     if mtp:
         layers += [(mtp_layer_prefix(i), FULL) for i in range(cfg.mtp_num_hidden_layers)]
     for prefix, layer_type in layers:

@@ -45,7 +45,6 @@ class NativeSpeculativeSteps:
 
     def __init__(self, plain, engine, prompt: Sequence[int], policy: DraftPolicy, clock=time.perf_counter):
         self._plain, self._engine, self._policy, self._clock = plain, engine, policy, clock
-        self._drafter = policy.mode
         self._context = list(prompt)  # the prompt, then every token fed or kept
         self._round: tuple[int, list[int]] | None = None  # (fed, drafts) of the submitted round
         self._started = 0.0  # when the submitted step began
@@ -59,7 +58,7 @@ class NativeSpeculativeSteps:
         self._context.append(fed)
         cap = min(self._policy.k_max, max_drafts)
         self._started = self._clock()
-        if self._drafter == "mtp":
+        if self._policy.mode == "mtp":
             drafter, k = self._policy.choose({"mtp": cap})
             drafts = [int(t) for t in self._engine.mtp_draft(fed, k)] if drafter else []
         else:
@@ -83,8 +82,8 @@ class NativeSpeculativeSteps:
         targets = self._engine.verify(np.asarray([fed, *drafts], np.int32))
         kept, nxt = accept_greedy(drafts, lambda i: int(targets[i]))
         self._engine.accept(kept + 1)
-        self._policy.record_time(self._drafter, len(drafts), self._draft_s + self._clock() - started)
-        self._policy.record(self._drafter, len(drafts), kept)
+        self._policy.record_time(self._policy.mode, len(drafts), self._draft_s + self._clock() - started)
+        self._policy.record(self._policy.mode, len(drafts), kept)
         self._kept = kept
         self._context += drafts[:kept]
         return Decoded((*drafts[:kept], nxt), len(drafts))

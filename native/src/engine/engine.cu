@@ -15,8 +15,6 @@ namespace {
 // d_pos[0] += n: the position advances on the device, so a replayed graph sees the next one.
 __global__ void advance_position(int32_t* d_pos, int n) { pdl_begin(); d_pos[0] += n; }
 
-size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
 }  // namespace
 
 Engine::Engine(const ModelDims& dims, const TensorNames& names, const TensorBits& bits, const EngineOptions& options)
@@ -39,17 +37,11 @@ Engine::Engine(const ModelDims& dims, const TensorNames& names, const TensorBits
     state_.context_max = opt_.context_max;
     state_.kv.resize(L);
     state_.gdn.resize(L);
-    const size_t kv_elems = size_t(dims_.n_kv_heads) * opt_.context_max * dims_.head_dim;
-    const size_t kv_bytes = align256(kv_elems), scale_bytes = align256(kv_elems / KV_GROUP * 2);
     for (int l = 0; l < L; ++l) {
         if (dims_.mixers[l] != MixerKind::GatedAttention) continue;
-        kv_mem_.emplace_back(2 * (kv_bytes + scale_bytes),
-                             "KV cache of layer " + std::to_string(l) + " (" +
-                                 std::to_string(opt_.context_max) + " tokens)");
-        char* p = kv_mem_.back().as<char>();
-        state_.kv[l] = KvCacheLayer{reinterpret_cast<int8_t*>(p), reinterpret_cast<int8_t*>(p + kv_bytes),
-                                    reinterpret_cast<half*>(p + 2 * kv_bytes),
-                                    reinterpret_cast<half*>(p + 2 * kv_bytes + scale_bytes)};
+        kv_mem_.emplace_back(kv_layer_bytes(), "KV cache of layer " + std::to_string(l) + " (" +
+                                                   std::to_string(opt_.context_max) + " tokens)");
+        state_.kv[l] = kv_layer_at(kv_mem_.back().as<char>());
     }
 
     // Gated DeltaNet states of all layers in one block (one copy per snapshot).
@@ -118,6 +110,16 @@ Engine::~Engine() {
     for (cudaEvent_t e : token_ready_)
         if (e) cudaEventDestroy(e);
     if (stream_) cudaStreamDestroy(stream_);
+}
+
+size_t Engine::kv_elems() const { return size_t(dims_.n_kv_heads) * opt_.context_max * dims_.head_dim; }
+
+size_t Engine::kv_layer_bytes() const { return 2 * (align256(kv_elems()) + align256(kv_elems() / KV_GROUP * 2)); }
+
+KvCacheLayer Engine::kv_layer_at(char* p) const {
+    const size_t kv_bytes = align256(kv_elems()), scale_bytes = align256(kv_elems() / KV_GROUP * 2);
+    return KvCacheLayer{reinterpret_cast<int8_t*>(p), reinterpret_cast<int8_t*>(p + kv_bytes),
+                        reinterpret_cast<half*>(p + 2 * kv_bytes), reinterpret_cast<half*>(p + 2 * kv_bytes + scale_bytes)};
 }
 
 size_t Engine::state_bytes() const {
@@ -242,8 +244,8 @@ ForwardStep Engine::open_window(const char* op, const int32_t* ids, int n, MtpSt
     step.d_pos = d_pos_;
     step.pos0 = pos_;
     if (mtp_hidden_) {
-        park_held_row();
-        step.hidden_out = mtp_hidden_ + dims_.hidden;  // rows 1..n, after the held row
+        move_held_row(0);
+        step.hidden_out = hidden_row(1);  // rows 1..n, after the held row
     }
     mtp = mtp_hidden_ ? mtp_window(n) : MtpStep{};
     return step;
@@ -300,7 +302,7 @@ void Engine::decode_body(OpTimer* timer) {
     step.d_pos = d_pos_;
     step.pos0 = -1;  // unused: T = 1 reads positions from d_pos
     step.logits = true;
-    step.hidden_out = mtp_hidden_ ? mtp_hidden_ + dims_.hidden : nullptr;  // the held row after the step
+    step.hidden_out = mtp_hidden_ ? hidden_row(1) : nullptr;  // the held row after the step
     model_forward(dims_, weights_->model(), state_, ws_, step, stream_, timer);
     sample(timer);
     launch_pdl("advance_position", advance_position, 1, 1, 0, stream_, d_pos_, 1);
@@ -342,6 +344,15 @@ void Engine::install_graph(cudaGraphExec_t& exec, cudaGraph_t g, const char* wha
         exec = nullptr;
         cuda_check(err, what, __FILE__, __LINE__);
     }
+}
+
+void Engine::launch_captured(cudaGraphExec_t& exec, bool stale, const std::function<void()>& body, const char* what) {
+    if (!exec || stale) {
+        cudaGraph_t g = capture(body);
+        install_graph(exec, g, what);
+        cudaGraphDestroy(g);
+    }
+    LAMPO_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
 }
 
 void Engine::ensure_decode_graph() {
@@ -395,9 +406,10 @@ void Engine::decode_submit(int token) {
         throw std::logic_error("decode_submit: a token can be fed only when no step is queued");
     verified_ = 0;
     feed_token(token);
-    if (queued_ == 0) prepare_decode_mtp();
-    if (queued_ == 0) ensure_decode_graph();  // a new capture needs an idle stream
-    else if (!graph_exec_ || !same_sampling(sampling_, graph_sampling_))
+    if (queued_ == 0) {
+        prepare_decode_mtp();
+        ensure_decode_graph();  // a new capture needs an idle stream
+    } else if (!graph_exec_ || !same_sampling(sampling_, graph_sampling_))
         throw std::logic_error("decode_submit: the sampling settings changed while steps are queued");
     LAMPO_CUDA_CHECK(cudaGraphLaunch(graph_exec_, stream_));
     copy_token_out((oldest_ + queued_) % DECODE_QUEUE);
@@ -468,7 +480,7 @@ void Engine::fill_state_random(int depth, uint64_t seed) {
                                 " outside the context of " + std::to_string(opt_.context_max));
     }
     verified_ = 0;
-    const size_t kv_elems = size_t(dims_.n_kv_heads) * opt_.context_max * dims_.head_dim;
+    const size_t kv_elems = this->kv_elems();
     uint64_t s = seed;
     for (const KvCacheLayer& kv : state_.kv) {
         if (!kv.k) continue;

@@ -163,7 +163,7 @@ private:
     int verify_start_ = 0;  // the position where the last verify window began
     int verified_ = 0;      // rows of the last verify still held (0 after any other forward)
     int live_row_ = 0;      // the row of the last verify whose GDN states the live ones are
-    int32_t* d_verify_out_ = nullptr;  // [verify_rows] greedy tokens (inside verify_mem_)
+    int32_t* d_verify_out_ = nullptr;  // [verify_rows] the rows' sampled tokens (inside verify_mem_)
     int queued_ = 0;    // decode steps submitted and not yet collected
     int oldest_ = 0;    // the out slot of the oldest queued step
     std::vector<int> slot_pos_;
@@ -185,6 +185,8 @@ private:
     cudaGraph_t capture(const std::function<void()>& body);  // body's launches as a graph (not run)
     // Makes `exec` run `g`: updated in place where the topology allows, else instantiated anew.
     void install_graph(cudaGraphExec_t& exec, cudaGraph_t g, const char* what);
+    // Launches `exec`, first capturing `body` into it when it has none or is `stale`.
+    void launch_captured(cudaGraphExec_t& exec, bool stale, const std::function<void()>& body, const char* what);
     void ensure_decode_graph();
     void write_position();
     void check_slot(int slot) const;
@@ -195,6 +197,11 @@ private:
     void require_idle(const char* op) const;  // no decode step queued
     void feed_token(int token);  // token >= 0: the next step's input (else the last sampled id)
     void allocate_verify_rows();  // verify_mem_ and the layers' *_rows pointers
+    // An attention layer's INT8 KV cache: K and V [nkv, context_max, D] int8, then their fp16
+    // scales per KV_GROUP values, each piece 256-byte aligned.
+    size_t kv_elems() const;
+    size_t kv_layer_bytes() const;
+    KvCacheLayer kv_layer_at(char* p) const;  // the layer carved from kv_layer_bytes() at p
     // ---- MTP (engine_mtp.cu) ----
     DeviceMemory mtp_mem_;
     KvCacheLayer mtp_kv_;
@@ -208,7 +215,9 @@ private:
     int held_row_ = -1;             // the row of mtp_hidden_ holding the last trunk row's hidden (-1: none)
     std::vector<int> slot_held_row_;  // per snapshot: 0 when it holds a held row, else -1
     void allocate_mtp();
-    void park_held_row();       // the held row to row 0 (MTP module loaded)
+    bf16* hidden_row(int r) const;                  // row r of mtp_hidden_
+    void copy_hidden(bf16* dst, const bf16* src);   // one [H] row, on the stream
+    void move_held_row(int to);                     // the held row (if any) to row `to`
     // The MTP pass over the rows that the n ids uploaded at position pos_ complete (T = 0: none; its
     // position uploaded); the held row becomes row n.
     MtpStep mtp_window(int n);

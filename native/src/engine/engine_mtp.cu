@@ -21,26 +21,18 @@
 
 namespace lampo {
 
-namespace {
-size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-}  // namespace
-
 bool Engine::has_mtp() const { return weights_->model().has_mtp; }
 
 void Engine::allocate_mtp() {
     const size_t H = size_t(dims_.hidden), b16 = 2;
-    const size_t kv_elems = size_t(dims_.n_kv_heads) * opt_.context_max * dims_.head_dim;
-    const size_t kv_bytes = align256(kv_elems), scale_bytes = align256(kv_elems / KV_GROUP * 2);
     const size_t hidden_bytes = align256((size_t(opt_.prefill_chunk) + 1) * H * b16);
     const size_t chain_bytes = align256(H * b16), held_bytes = align256(size_t(opt_.snapshot_slots) * H * b16);
     const size_t ids_bytes = align256((GEMV_MAX_T + 1) * 4);
-    mtp_mem_ = DeviceMemory(2 * (kv_bytes + scale_bytes) + hidden_bytes + chain_bytes + held_bytes + 2 * ids_bytes,
+    mtp_mem_ = DeviceMemory(kv_layer_bytes() + hidden_bytes + chain_bytes + held_bytes + 2 * ids_bytes,
                             "MTP layer KV cache (" + std::to_string(opt_.context_max) + " tokens) and rows");
     char* p = mtp_mem_.as<char>();
-    mtp_kv_ = KvCacheLayer{reinterpret_cast<int8_t*>(p), reinterpret_cast<int8_t*>(p + kv_bytes),
-                           reinterpret_cast<half*>(p + 2 * kv_bytes),
-                           reinterpret_cast<half*>(p + 2 * kv_bytes + scale_bytes)};
-    p += 2 * (kv_bytes + scale_bytes);
+    mtp_kv_ = kv_layer_at(p);
+    p += kv_layer_bytes();
     mtp_hidden_ = reinterpret_cast<bf16*>(p);
     p += hidden_bytes;
     mtp_chain_ = reinterpret_cast<bf16*>(p);
@@ -57,12 +49,16 @@ void Engine::allocate_mtp() {
     }
 }
 
-void Engine::park_held_row() {
-    if (held_row_ <= 0) return;
-    const size_t row = size_t(dims_.hidden) * 2;
-    LAMPO_CUDA_CHECK(cudaMemcpyAsync(mtp_hidden_, reinterpret_cast<char*>(mtp_hidden_) + held_row_ * row, row,
-                                     cudaMemcpyDeviceToDevice, stream_));
-    held_row_ = 0;
+bf16* Engine::hidden_row(int r) const { return mtp_hidden_ + size_t(r) * dims_.hidden; }
+
+void Engine::copy_hidden(bf16* dst, const bf16* src) {
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(dims_.hidden) * 2, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void Engine::move_held_row(int to) {
+    if (held_row_ < 0) return;
+    if (held_row_ != to) copy_hidden(hidden_row(to), hidden_row(held_row_));
+    held_row_ = to;
 }
 
 MtpStep Engine::mtp_window(int n) {
@@ -78,7 +74,7 @@ MtpStep Engine::mtp_window(int n) {
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_mtp_pos_, h_mtp_, 4, cudaMemcpyHostToDevice, stream_));
     m.d_ids = d_ids_ + skip;
     m.d_pos = d_mtp_pos_;
-    m.hiddens = mtp_hidden_ + size_t(skip) * dims_.hidden;
+    m.hiddens = hidden_row(skip);
     m.out = ws_.normed;  // only the cache rows are kept
     return m;
 }
@@ -101,7 +97,7 @@ std::vector<int32_t> Engine::mtp_draft(int token, int k) {
                                 " exceed the context of " + std::to_string(opt_.context_max));
     }
     verified_ = 0;  // the chain's passes overwrite the logits a verify window left
-    park_held_row();  // where the chain's first step reads it
+    move_held_row(0);  // where the chain's first step reads it
     h_mtp_[0] = token;
     for (int i = 0; i < k; ++i) h_mtp_[GEMV_MAX_T + 1 + i] = pos_ - 1 + i;
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_mtp_ids_, h_mtp_, 4, cudaMemcpyHostToDevice, stream_));
@@ -114,7 +110,7 @@ std::vector<int32_t> Engine::mtp_draft(int token, int k) {
             m.d_ids = d_mtp_ids_ + i;
             m.d_pos = d_mtp_pos_ + i;
             m.pos0 = -1;  // unused: one row reads its position from d_pos
-            m.hiddens = i == 0 ? mtp_hidden_ : mtp_chain_;
+            m.hiddens = i == 0 ? hidden_row(0) : mtp_chain_;
             m.out = mtp_chain_;
             m.logits = ws_.logits;
             mtp_forward(dims_, weights_->model(), mtp_kv_, opt_.context_max, ws_, m, stream_, nullptr);
@@ -123,13 +119,7 @@ std::vector<int32_t> Engine::mtp_draft(int token, int k) {
         }
     };
     if (opt_.speculative_graphs) {  // one graph per chain length: fixed pointers, positions on the device
-        cudaGraphExec_t& exec = draft_exec_[k];
-        if (!exec) {
-            cudaGraph_t g = capture(body);
-            install_graph(exec, g, "cudaGraphInstantiate (MTP draft chain)");
-            cudaGraphDestroy(g);
-        }
-        LAMPO_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+        launch_captured(draft_exec_[k], false, body, "cudaGraphInstantiate (MTP draft chain)");
     } else {
         body();
     }
@@ -144,20 +134,15 @@ MtpStep Engine::decode_mtp_step() const {
     m.d_ids = d_tok_;  // the fed token, read before the step's sample replaces it
     m.d_pos = d_mtp_pos_ + GEMV_MAX_T;  // the decode steps' own counter
     m.pos0 = -1;  // unused: one row reads its position from d_pos
-    m.hiddens = mtp_hidden_ + dims_.hidden;  // row 1: the held row, then this step's hidden
+    m.hiddens = hidden_row(1);  // the held row, then this step's hidden
     m.out = ws_.normed;
     return m;
 }
 
 void Engine::prepare_decode_mtp() {
     if (!mtp_hidden_) return;
-    const size_t row = size_t(dims_.hidden) * 2;
-    if (held_row_ >= 0 && held_row_ != 1) {
-        LAMPO_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<char*>(mtp_hidden_) + row,
-                                         reinterpret_cast<char*>(mtp_hidden_) + held_row_ * row, row,
-                                         cudaMemcpyDeviceToDevice, stream_));
-    }
-    held_row_ = 1;
+    move_held_row(1);
+    held_row_ = 1;  // after the step, with or without a held row before it
     int32_t* word = h_mtp_ + 2 * (GEMV_MAX_T + 1) - 1;  // read by its copy before the next idle submit
     *word = pos_ - 1;
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_mtp_pos_ + GEMV_MAX_T, word, 4, cudaMemcpyHostToDevice, stream_));
@@ -166,20 +151,13 @@ void Engine::prepare_decode_mtp() {
 void Engine::mtp_snapshot(int slot) {
     if (!mtp_hidden_) return;
     slot_held_row_[slot] = held_row_ < 0 ? -1 : 0;
-    if (held_row_ < 0) return;
-    const size_t row = size_t(dims_.hidden) * 2;
-    LAMPO_CUDA_CHECK(cudaMemcpyAsync(reinterpret_cast<char*>(slot_held_) + slot * row,
-                                     reinterpret_cast<char*>(mtp_hidden_) + held_row_ * row, row,
-                                     cudaMemcpyDeviceToDevice, stream_));
+    if (held_row_ >= 0) copy_hidden(slot_held_ + size_t(slot) * dims_.hidden, hidden_row(held_row_));
 }
 
 void Engine::mtp_restore(int slot) {
     if (!mtp_hidden_) return;
     held_row_ = slot_held_row_[slot];
-    if (held_row_ < 0) return;
-    const size_t row = size_t(dims_.hidden) * 2;
-    LAMPO_CUDA_CHECK(cudaMemcpyAsync(mtp_hidden_, reinterpret_cast<char*>(slot_held_) + slot * row, row,
-                                     cudaMemcpyDeviceToDevice, stream_));
+    if (held_row_ >= 0) copy_hidden(hidden_row(0), slot_held_ + size_t(slot) * dims_.hidden);
 }
 
 }  // namespace lampo

@@ -30,7 +30,7 @@ void Engine::allocate_verify_rows() {
     const int R = opt_.verify_rows, L = dims_.n_layers();
     const size_t layer = verify_layer_bytes(dims_, gdn_rec_bytes_, R);
     const size_t gdn_layers = size_t(dims_.count(MixerKind::GatedDeltaNet));
-    const size_t out_bytes = (size_t(R) * 4 + 255) / 256 * 256;
+    const size_t out_bytes = align256(size_t(R) * 4);
     verify_mem_ = DeviceMemory(gdn_layers * layer + out_bytes + size_t(dims_.vocab),
                                "verify window rows (" + std::to_string(R) + " x the GDN states)");
     char* p = verify_mem_.as<char>();
@@ -72,14 +72,9 @@ std::vector<int32_t> Engine::verify(const int32_t* ids, int n) {
     // sampling settings are baked in (a change updates the graphs), and the MTP pass has one shape
     // per size once a held row exists (without one it runs eagerly).
     if (opt_.speculative_graphs && (!mtp_hidden_ || mtp.T == n)) {
-        cudaGraphExec_t& exec = verify_exec_[n];
-        if (!exec || !same_sampling(sampling_, verify_sampling_[n])) {
-            cudaGraph_t g = capture(body);
-            install_graph(exec, g, "cudaGraphInstantiate (verify window)");
-            cudaGraphDestroy(g);
-            verify_sampling_[n] = sampling_;
-        }
-        LAMPO_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
+        launch_captured(verify_exec_[n], !same_sampling(sampling_, verify_sampling_[n]), body,
+                        "cudaGraphInstantiate (verify window)");
+        verify_sampling_[n] = sampling_;
     } else {
         body();
     }

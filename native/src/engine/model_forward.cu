@@ -475,8 +475,9 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
     shared_expert_and_combine(c, w);
 }
 
-// The embedding rows of `d_ids` (BF16 or LQ table) -> ws.residual [T, H] fp32.
-void embed_rows(const Ctx& c, const int32_t* d_ids) {
+// The embedding rows of the step's ids (BF16 or LQ table) -> ws.residual [T, H] fp32.
+void embed_rows(const Ctx& c) {
+    const int32_t* d_ids = c.step.d_ids;
     const Linear& e = c.w.embed;
     c.op(OpFamily::Embedding, "embedding_gather", [&] {
         if (e.format == WeightFormat::LQ) {
@@ -571,7 +572,7 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
         ~OpsDone() { if constexpr (timeline_built()) timeline_note_op("engine"); }
     } ops_done;
 
-    embed_rows(c, step.d_ids);
+    embed_rows(c);
     if (!folded)
         c.op(OpFamily::Norms, "rmsnorm",
              [&] { rmsnorm(ws.residual, w.layers[0].input_norm, ws.normed, T, H, d.eps, stream); });
@@ -630,7 +631,7 @@ void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& 
                                                cudaMemcpyDeviceToDevice, stream));
         });
     };
-    embed_rows(c, m.d_ids);
+    embed_rows(c);
     c.op(OpFamily::Norms, "rmsnorm",
          [&] { rmsnorm(ws.residual, mw.pre_fc_norm_embedding, ws.normed, T, H, d.eps, stream); });
     half_into_mtp_in(0);

@@ -91,4 +91,5 @@ __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1
 
 namespace lampo {
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+inline size_t align256(size_t n) { return (n + 255) / 256 * 256; }  // device blocks carved in 256-byte pieces
 }  // namespace lampo

@@ -27,8 +27,6 @@ constexpr int SORT_THREADS = 1024;  // >= MOE_MAX_EXPERTS: one thread per expert
 constexpr int COMBINE_THREADS = 256;
 static_assert(moe_gemm::BM == MOE_PREFILL_TILE_ROWS, "the sort's row tiles are the grouped GEMM's");
 
-size_t align256(size_t n) { return (n + 255) / 256 * 256; }
-
 struct PrefillLayout {
     size_t offsets, num_tiles, tile_group, tile_row0, sorted_token, pos_of_slot, act, y, total;
     int tile_slots;
