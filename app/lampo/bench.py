@@ -329,7 +329,8 @@ class ReferenceTarget(Target):
 
     kind = "reference"
 
-    def __init__(self, cfg: ModelConfig, model_dir: Path | None, seed: int, chunk: int):
+    def __init__(self, cfg: ModelConfig, model_dir: Path | None, seed: int, chunk: int, mtp: bool = False):
+        """`mtp`: random weights include the MTP module (--mtp); a checkpoint's is read when it has one."""
         from lampo.engine.reference import ReferenceSteps
         from lampo.models.reference.model import ReferenceModel
 
@@ -345,7 +346,7 @@ class ReferenceTarget(Target):
             from lampo.models.synthetic import synthetic_tensor
             from lampo.models.tensor_specs import expected_tensors
 
-            specs = expected_tensors(cfg, include_mtp=True)
+            specs = expected_tensors(cfg, include_mtp=mtp)
             model = ReferenceModel(cfg, {n: synthetic_tensor(n, s, seed) for n, s in specs.items()})
             source = "random weights generated in memory (no checkpoint file)"
         steps = ReferenceSteps(model, {}, replace(GREEDY, seed=seed), chunk)
@@ -568,7 +569,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
         w.notes.append("--weights and --vram-limit apply to the CUDA engine; the reference runs the weights as stored")
     with AnonPeak() as anon:
         target = (CudaTarget(native, cfg, w, model_dir, args.seed, args.weights, args.vram_limit) if native is not None
-                  else ReferenceTarget(cfg, model_dir, args.seed, w.chunk))
+                  else ReferenceTarget(cfg, model_dir, args.seed, w.chunk, mtp=bool(w.spec and w.spec.mtp)))
     host = {"peak_rss_after_load_mib": peak_rss_mib()}
     if anon.mib is not None:
         host["load_peak_anon_mib"] = anon.mib
