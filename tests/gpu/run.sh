@@ -25,7 +25,7 @@
 #          are tests/cuda/test_engine_verify.py and test_engine_mtp.py) + the speculative benches:
 #          35B-A3B and 27B at q5, decode at 8,192 (random fill), the verify window's and the MTP
 #          draft chain's cost against a plain step and MTP rounds at a set acceptance 0.6 / 0.8 / 0.9
-#          for k = 1..4 (lampo bench --speculate-accept ... --mtp)
+#          for k = 1..4 (lampo bench --speculate-accept ... --mtp; SPEC_MODELS picks a subset)
 #   kernel build + pytest -m cuda (LAMPO_GPU_TESTS) + Nsight Compute (--set full) over the LQ GEMV
 #          launches of tests/gpu/op_profile.py for the shapes in KERNEL_SHAPES ("OUT,IN,BITS[,T] ...")
 #   final  build + pytest -m cuda (the engine tests again with LAMPO_DECODE_FUSION=none and =all;
@@ -267,7 +267,7 @@ lq)
       done ;;
   esac; done ;;
 spec)
-  for m in 35b-a3b 27b; do
+  for m in ${SPEC_MODELS:-35b-a3b 27b}; do
     bench "$m-q5-spec" 150 --preset "qwen3.6-$m" --random-weights --weights q5 --prompt 512 --depths 8192 \
       --fast-depth --profile-steps 0 --speculate-accept 0.6,0.8,0.9 --draft-k 1,2,3,4 --mtp
   done ;;
