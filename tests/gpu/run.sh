@@ -19,7 +19,9 @@
 #          the tests at it once written); then lampo bench on it (bf16 and q5) and the full-size q5
 #          benches (prefill and decode at 8,192) beside the numpy
 #          measurements: quant/quality.py --model (KL vs bf16, q5/q4, ours vs round-to-nearest) and
-#          tests/gpu/spec_acceptance.py (MTP and n-gram drafts, k = 1..4). Needs .gpu/qwen3.6
+#          tests/gpu/spec_acceptance.py (MTP and n-gram drafts, k = 1..4: the engine's rounds first,
+#          alone on the GPU, then the numpy reference's). TRAINED_FULL_SIZE (default "35b-a3b 27b",
+#          may be empty) names the full-size benches. Needs .gpu/qwen3.6
 #          (tokenizer.json, chat_template.jinja) carried.
 #   spec   build + pytest -m cuda (LAMPO_GPU_TESTS; the verify window's and the MTP module's tests
 #          are tests/cuda/test_engine_verify.py and test_engine_mtp.py) + the speculative benches:
@@ -231,23 +233,28 @@ quick)
 trained)
   wait "$TRAINER"; log "training exit $? ($(tail -1 "$OUT/bench/train.txt"))"
   export LAMPO_TRAINED_DIR="$TRAINED"
+  # the engine's speculative rounds first, with the GPU to themselves; then the numpy measurements
+  # (CPU) beside the GPU tests and benches
+  timeout 150 $PY tests/gpu/spec_acceptance.py "$TRAINED" --tokens 256 --engine --json "$OUT/bench/spec-engine.json" \
+    >"$OUT/bench/spec-engine.txt" 2>&1
+  log "spec acceptance (engine) exit $?"
   (timeout 300 $PY -m lampo.models.quant.quality --model "$TRAINED" --text docs/architecture.md --tokens 256 \
      --json "$OUT/bench/quality-trained.json" >"$OUT/bench/quality-trained.txt" 2>&1) &
   QUALITY=$!
-  (timeout 300 $PY tests/gpu/spec_acceptance.py "$TRAINED" --tokens 256 --engine --json "$OUT/bench/spec-trained.json" \
-     >"$OUT/bench/spec-trained.txt" 2>&1) &
+  (timeout 300 $PY tests/gpu/spec_acceptance.py "$TRAINED" --tokens 256 --json "$OUT/bench/spec-reference.json" \
+     >"$OUT/bench/spec-reference.txt" 2>&1) &
   SPEC=$!
-  timeout 200 $PY -m pytest -m cuda tests/cuda/test_engine_lq.py -k trained -q -rs -p no:cacheprovider \
+  timeout 150 $PY -m pytest -m cuda tests/cuda/test_engine_lq.py -k trained -q -rs -p no:cacheprovider \
     >"$OUT/pytest-trained.log" 2>&1
   log "pytest (trained model) exit $?: $(tail -1 "$OUT/pytest-trained.log")"
   for w in bf16 q5; do
     bench "trained-$w" 60 --model "$TRAINED" --weights "$w" --prompt 2048 --depths 0,2048 --profile-steps 0
   done
-  for m in 35b-a3b 27b; do
+  for m in ${TRAINED_FULL_SIZE-35b-a3b 27b}; do
     bench "$m-q5" 60 --preset "qwen3.6-$m" --random-weights --weights q5 --prompt 8192 --depths 8192 --profile-steps 0
   done
   wait "$QUALITY"; log "quality exit $?"
-  wait "$SPEC"; log "spec acceptance exit $?" ;;
+  wait "$SPEC"; log "spec acceptance (numpy reference) exit $?" ;;
 lq)
   for b in ${LQ_BENCHES:-q5 bf16 vram long}; do case "$b" in
   q5) for m in 35b-a3b 27b; do
