@@ -1,7 +1,7 @@
-"""tests/gpu/spec_acceptance.py's engine measurement (`engine_rows`) on the fake native module of
-test_engine_cuda_cpu.py with the Markov model of test_engine_cuda_speculative.py: one row per
+"""tests/gpu/spec_acceptance.py: the engine measurement (`engine_rows`) on the fake native module of
+test_engine_cuda_cpu.py with the Markov model of test_engine_cuda_speculative.py (one row per
 setting and prompt, each reply compared with the plain one, the draft counts taken from the
-reply's last Stats."""
+reply's last Stats), and the teacher-forced MTP agreement on the numpy reference."""
 
 from __future__ import annotations
 
@@ -9,7 +9,12 @@ import test_engine_cuda_cpu as fake
 import test_engine_cuda_speculative as markov_model
 from helpers import TagTokenizer
 
+import numpy as np
+
 from lampo.engine import cuda
+from lampo.models.checkpoint import Checkpoint
+from lampo.models.reference.model import ReferenceModel
+from lampo.models.synthetic import write_checkpoint
 from lampo.models.presets import get_preset
 
 
@@ -21,7 +26,30 @@ def test_engine_rows_measure_every_setting_against_the_plain_reply(gpu_script, t
     prompts = {"chat": list(markov_model.PROMPT), "document": list(markov_model.PROMPT[3:])}
     rows = spec_acceptance.engine_rows(tiny_dense_dir, prompts, 24, TagTokenizer())
     settings = ["off"] + [f"{d}:{k}" for d in ("mtp", "ngram") for k in (1, 2, 3, 4)]
-    assert [(r["setting"], r["prompt"]) for r in rows] == [(s, p) for s in settings for p in prompts]
+    assert [(r["setting"], r["prompt"]) for r in rows] == ([(s, p) for s in settings for p in prompts]
+                                                           + [("mtp:1", "document"), ("mtp:1", "chat")])
+    assert [r["reply"] for r in rows[:2]] == [list(markov_model.chain(markov_model.markov(p), 24))
+                                              for p in prompts.values()]
+    assert all("reply" not in r for r in rows[2:])
     assert all(r["differs_at"] is None and r["tokens"] == 24 for r in rows)
     assert all(r["drafted"] == 0 for r in rows[:2]) and all(r["drafted"] > 0 for r in rows[2:])
     assert all(0 < r["acceptance_pct"] <= 100 and r["decode_tok_s"] > 0 for r in rows[2:])
+
+
+def test_mtp_agreement_counts_the_drafts_of_each_reply_position(gpu_script, tmp_path):
+    spec_acceptance = gpu_script("spec_acceptance")
+    d = write_checkpoint(tmp_path, get_preset("tiny-dense"), seed=3, with_mtp=True)
+    model = ReferenceModel.from_checkpoint(Checkpoint.open(d, include_mtp=True))
+    rng = np.random.default_rng(0)
+    prompt, reply = [int(t) for t in rng.integers(0, 1000, 12)], [int(t) for t in rng.integers(0, 1000, 6)]
+    seq = prompt + reply
+    hits = []
+    for t in range(len(prompt) + 1, len(seq)):  # the draft of seq[t] from (h_{t-2}, seq[t-1]), one row at a time
+        model.reset()
+        model.prefill(seq[:t - 1])
+        model.mtp_advance(model.hiddens[:-1], seq[1:t - 1], 0)
+        hits.append(int(np.argmax(model.mtp_step(model.hiddens[-1], seq[t - 1], t - 2))) == seq[t])
+    forced = [int(np.argmax(model.mtp_step(model.hiddens[-1], seq[-2], len(seq) - 3)))]
+    reply[-1] = forced[0]  # one position the MTP row surely drafts
+    hits[-1] = True
+    assert spec_acceptance.mtp_agreement(model, prompt, reply) == 100 * np.mean(hits)

@@ -20,7 +20,8 @@
 #          benches (prefill and decode at 8,192) beside the numpy
 #          measurements: quant/quality.py --model (KL vs bf16, q5/q4, ours vs round-to-nearest) and
 #          tests/gpu/spec_acceptance.py (MTP and n-gram drafts, k = 1..4: the engine's rounds first,
-#          alone on the GPU, then the numpy reference's). TRAINED_FULL_SIZE (default "35b-a3b 27b",
+#          alone on the GPU, then the numpy reference's, which first compares the engine's plain
+#          replies with its own). TRAINED_FULL_SIZE (default "35b-a3b 27b",
 #          may be empty) names the full-size benches. Needs .gpu/qwen3.6
 #          (tokenizer.json, chat_template.jinja) carried.
 #   spec   build + pytest -m cuda (LAMPO_GPU_TESTS; the verify window's and the MTP module's tests
@@ -241,7 +242,8 @@ trained)
   (timeout 300 $PY -m lampo.models.quant.quality --model "$TRAINED" --text docs/architecture.md --tokens 256 \
      --json "$OUT/bench/quality-trained.json" >"$OUT/bench/quality-trained.txt" 2>&1) &
   QUALITY=$!
-  (timeout 300 $PY tests/gpu/spec_acceptance.py "$TRAINED" --tokens 256 --json "$OUT/bench/spec-reference.json" \
+  (timeout 300 $PY tests/gpu/spec_acceptance.py "$TRAINED" --tokens 256 --engine-json "$OUT/bench/spec-engine.json" \
+     --json "$OUT/bench/spec-reference.json" \
      >"$OUT/bench/spec-reference.txt" 2>&1) &
   SPEC=$!
   timeout 150 $PY -m pytest -m cuda tests/cuda/test_engine_lq.py -k trained -q -rs -p no:cacheprovider \

@@ -11,7 +11,12 @@ reply (null: nowhere; the verify window and the decode step round differently in
 near-tie may part them). The two are separate runs so that the engine's timings are taken with
 the GPU to themselves while the numpy run (CPU only) may overlap other GPU work.
 
-    python3 tests/gpu/spec_acceptance.py MODEL_DIR --json OUT [--tokens 256] [--engine]
+With --engine-json (an --engine run's output), the reference run first compares the engine's
+plain replies with its own: where they part, and the teacher-forced MTP agreement along each
+(the MTP draft of every reply position from the true previous token), which tells a reply that
+went elsewhere from drafts that are worse on the same text.
+
+    python3 tests/gpu/spec_acceptance.py MODEL_DIR --json OUT [--tokens 256] [--engine | --engine-json E]
 """
 
 from __future__ import annotations
@@ -80,29 +85,60 @@ def engine_rows(model_dir: Path, prompts: dict[str, list[int]], tokens: int, tok
     rows = []
     request = SamplingParams(**{**GREEDY.to_dict(), "max_tokens": tokens})
     settings = [Speculation("off")] + [Speculation(d, k) for d in ("mtp", "ngram") for k in (1, 2, 3, 4)]
+    # the first MTP setting again with the prompts in the other order: a row that moves with the
+    # order would be state carried from one request into the next
+    runs = [(s, list(prompts)) for s in settings] + [(settings[1], list(reversed(prompts)))]
     plain: dict[str, list[int]] = {}
-    for speculation in settings:
+    for speculation, order in runs:
         backend = CudaBackend(model_dir, context_max=16_384, weights="bf16", speculation=speculation,
                               tokenizer=tokenizer)
-        for kind, ids in prompts.items():
+        for kind in order:
+            ids = prompts[kind]
             events = list(backend.generate(GenerationRequest(tuple(ids), request), threading.Event()))
             got = [i for e in events if isinstance(e, TokenEvent) for i in e.ids]
             stats = [e for e in events if isinstance(e, Stats)][-1]
             want = plain.setdefault(kind, got)
             parts = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
                          None if len(got) == len(want) else min(len(got), len(want)))
-            rows.append({"prompt": kind, "setting": str(speculation), "tokens": len(got), "differs_at": parts,
+            rows.append({"prompt": kind, "setting": str(speculation), "order": order, "tokens": len(got),
+                         "differs_at": parts,
                          "drafted": stats.draft_n, "accepted": stats.draft_n_accepted, "rounds": stats.draft_rounds,
                          "acceptance_pct": 100 * (stats.acceptance or 0.0),
-                         "decode_tok_s": stats.predicted_per_second})
+                         "decode_tok_s": stats.predicted_per_second}
+                        | ({"reply": got} if speculation.mode == "off" else {}))
             print(json.dumps(rows[-1]), flush=True)
         backend.close()
     return rows
 
 
-def reference_rows(model_dir: Path, prompts: dict[str, list[int]], tokens: int) -> list[dict]:
+def mtp_agreement(model: ReferenceModel, prompt: list[int], reply: list[int]) -> float:
+    """Teacher-forced MTP agreement along prompt + reply: the % of reply positions t >= 1 whose
+    token the MTP row of (h_{t-1}, reply[t-1]) drafts (the rows a k = 1 round would check)."""
+    seq = list(prompt) + list(reply)
+    model.reset()
+    model.advance(seq)
+    drafts = np.argmax(model.mtp_prefill(model.hiddens[:-1], seq[1:], 0), axis=-1)
+    p = len(prompt)
+    return float(100 * np.mean(drafts[p - 1:-1] == np.asarray(seq[p + 1:])))
+
+
+def compare_replies(model: ReferenceModel, prompts: dict[str, list[int]], tokens: int, engine_json: Path) -> list[dict]:
+    """The engine's plain replies (spec_acceptance.py --engine's JSON) against the reference's:
+    where they first differ, and the teacher-forced MTP agreement along each."""
+    engine = {r["prompt"]: r["reply"] for r in json.loads(engine_json.read_text())["engine_rows"] if "reply" in r}
+    rows = []
+    for kind, ids in prompts.items():
+        want, got = plain_greedy(model, ids, tokens), engine[kind]
+        first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+        rows.append({"prompt": kind, "engine_differs_at": first,
+                     "mtp_agreement_pct_reference_reply": mtp_agreement(model, ids, want),
+                     "mtp_agreement_pct_engine_reply": mtp_agreement(model, ids, got)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def reference_rows(model: ReferenceModel, prompts: dict[str, list[int]], tokens: int) -> list[dict]:
     """The numpy reference's speculative rounds against its plain greedy reply (asserted equal)."""
-    model = ReferenceModel.from_checkpoint(Checkpoint.open(model_dir, include_mtp=True))
     rows = []
     for kind, ids in prompts.items():
         t0 = time.monotonic()
@@ -132,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--tokens", type=int, default=256)
     p.add_argument("--engine", action="store_true", help="measure the CUDA engine's rounds (not the numpy reference's)")
+    p.add_argument("--engine-json", type=Path, help="an --engine run's JSON: first compare its plain replies "
+                   "with the reference's (where they part, teacher-forced MTP agreement along each)")
     args = p.parse_args(argv)
     tok = Tokenizer.from_checkpoint(args.model)
     prompts = held_out_prompts()
@@ -139,8 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"model": str(args.model), "tokens": args.tokens, "source_file": prompts["source"]}
     if args.engine:
         doc["engine_rows"] = engine_rows(args.model, encoded, args.tokens, tok)
-    else:
-        doc.update(equal_to_plain_greedy=True, rows=reference_rows(args.model, encoded, args.tokens))
+        args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        return 0
+    model = ReferenceModel.from_checkpoint(Checkpoint.open(args.model, include_mtp=True))
+    if args.engine_json:
+        doc["replies"] = compare_replies(model, encoded, args.tokens, args.engine_json)
+        args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    doc.update(equal_to_plain_greedy=True, rows=reference_rows(model, encoded, args.tokens))
     args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     return 0
 
