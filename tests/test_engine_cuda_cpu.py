@@ -14,8 +14,9 @@ import pytest
 
 from helpers import TagTokenizer
 from lampo import bench
-from lampo.engine.protocol import ContextOverflow, Done, GenerationRequest, PrefillProgress, TokenEvent
 from lampo.engine.cuda import CudaBackend, EngineUnavailable, create_engine, load_weights
+from lampo.engine.protocol import ContextOverflow, Done, GenerationRequest, PrefillProgress, TokenEvent
+from lampo.engine.speculation import Speculation
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.config import ModelConfig
 from lampo.models.presets import get_preset
@@ -184,9 +185,11 @@ class FakeNative:
 
 @pytest.fixture
 def backend(tiny_dense_dir):
+    """A backend of plain decode steps (the verify rounds of the default, auto, have their own
+    tests in test_engine_cuda_speculative.py)."""
     native = FakeNative(get_preset("tiny-dense"))
     b = CudaBackend(tiny_dense_dir, context_max=64, prefill_chunk=4, snapshot_slots=2, native=native,
-                    tokenizer=TagTokenizer())
+                    tokenizer=TagTokenizer(), speculation=Speculation("off"))
     return b, native
 
 
@@ -216,9 +219,10 @@ def test_a_converted_checkpoint_loads_as_stored(tiny_dense_dir, tmp_path):
     native = FakeNative(get_preset("tiny-dense"))
     b = CudaBackend(tmp_path / "q5", native=native, tokenizer=TagTokenizer())
     engine = native.engines[-1]
-    ck = Checkpoint.open(tmp_path / "q5", include_mtp=False)
+    ck = Checkpoint.open(tmp_path / "q5")
     assert b.weight_format == "q5"
-    assert engine.tensor_bits == engine_tensor_bits(ck.config, {n: t.bits for n, t in ck.lq.tensors.items()})
+    assert engine.has_mtp  # auto drafts with the module: its matrices load as stored too
+    assert engine.tensor_bits == engine_tensor_bits(ck.config, {n: t.bits for n, t in ck.lq.tensors.items()}, True)
     assert engine.tensor_bits  # some matrices stay LQ in the engine
     for name in engine.loaded:  # every tensor arrives as stored, packed ones with their width
         packed = ck.quantized(name)
@@ -232,7 +236,7 @@ def test_a_bf16_checkpoint_is_quantized_while_loading_unless_bf16_is_asked(tiny_
     cfg = get_preset("tiny-dense")
     native = FakeNative(cfg)
     assert CudaBackend(tiny_dense_dir, native=native, tokenizer=TagTokenizer()).weight_format == "q5"
-    assert native.engines[-1].tensor_bits == recipe_tensor_bits(native.engines[-1].config, "q5")
+    assert native.engines[-1].tensor_bits == recipe_tensor_bits(native.engines[-1].config, "q5", True)  # MTP too
     assert not any(native.engines[-1].stored_bits.values())  # bf16 arrives; the engine quantizes
     assert CudaBackend(tiny_dense_dir, native=native, tokenizer=TagTokenizer(), weights="bf16").weight_format == "bf16"
     assert native.engines[-1].tensor_bits == {}

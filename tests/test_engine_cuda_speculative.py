@@ -3,7 +3,8 @@ native module of test_engine_cuda_cpu.py, whose model here is a Markov chain (th
 depends on the last one only), so the conversation repeats itself and n-gram drafts are kept; its
 MTP layer drafts the model's own tokens with one off at every fifth position. The reply must be
 the plain greedy reply token for token, a stop inside a round must leave exactly the streamed
-tokens in the engine, and only greedy requests may draft."""
+tokens in the engine, sampled replies must keep the plain distribution, and auto must use either
+drafter and leave out an MTP module that is broken or does not fit."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import threading
 import pytest
 import test_engine_cuda_cpu as fake
 from helpers import TagTokenizer
+from lampo.engine import cuda, native_rounds
 from lampo.engine.cuda import CudaBackend, NativeSteps
 from lampo.engine.native_rounds import NativeSpeculativeSteps, round_policy
 from lampo.engine.protocol import Done, GenerationRequest, Stats, TokenEvent
@@ -108,33 +110,51 @@ def test_a_cancel_inside_a_round_takes_the_unstreamed_drafts_back(tiny_dense_dir
     assert engine.history == list(PROMPT) + ids[:-1] or engine.history == list(PROMPT) + ids
 
 
-def test_sampled_requests_draft_too_and_auto_decodes_plainly_on_cuda(tiny_dense_dir):
+def test_sampled_requests_draft_too(tiny_dense_dir):
     b, engine = make(tiny_dense_dir, Speculation("mtp"))
     _ids, stats, _done = generate(b, sampling=SamplingParams(temperature=0.6, seed=1))
     assert "verify" in {c[0] for c in engine.calls} and stats.draft_n_accepted > 0
-    b, engine = make(tiny_dense_dir, Speculation())
-    assert engine.verify_rows == 0 and not b.info.speculative
-    assert generate(b)[0] == plain_reply(30)
 
 
-@pytest.mark.parametrize("has_mtp", [True, False])
-def test_what_the_cuda_engine_runs_of_each_setting_and_what_it_says(has_mtp):
-    assert Speculation().on_cuda(has_mtp) == (Speculation("off"), "")
-    assert Speculation("off").on_cuda(has_mtp) == (Speculation("off"), "")
-    run, note = Speculation("auto", 3).on_cuda(has_mtp)
-    assert run == Speculation("off") and "drafts only when asked for mtp or ngram" in note
-    run, note = Speculation("mtp", 2).on_cuda(has_mtp)
-    assert run == (Speculation("mtp", 2) if has_mtp else Speculation("ngram", 2))
-    assert ("no MTP weights" in note) == (not has_mtp) and (note == "") == has_mtp
-    assert Speculation("ngram").on_cuda(has_mtp) == (Speculation("ngram"), "")
+@pytest.mark.parametrize("setting", ["auto", "auto:2"])
+def test_auto_drafts_with_the_mtp_module_and_the_conversation(tiny_dense_dir, monkeypatch, setting):
+    """auto loads the MTP module and lets each round take either drafter: n-gram drafts where the
+    context repeats (free to make, and right on this model), MTP drafts where it offers none."""
+    speculation = parse_speculation(setting)
+    b, engine = make(tiny_dense_dir, speculation)
+    assert b.info.speculative and engine.has_mtp and engine.verify_rows == 1 + (speculation.drafts or 4)
+    ids, stats, _done = generate(b)
+    assert ids == plain_reply(30) and stats.draft_n_accepted > 0
+    assert "verify" in {c[0] for c in engine.calls} and "mtp_draft" not in {c[0] for c in engine.calls}
+    monkeypatch.setattr(native_rounds, "ngram_drafts", lambda context, k: [])
+    engine.calls.clear()
+    ids, stats, _done = generate(b)
+    assert ids == plain_reply(30) and stats.draft_n_accepted > 0
+    assert {"mtp_draft", "verify"} <= {c[0] for c in engine.calls}
+    assert engine.history == list(PROMPT) + ids[:-1]
+
+
+def test_auto_leaves_out_an_mtp_module_that_does_not_fit_saying_what_it_lacks(tiny_dense_dir):
+    cfg = get_preset("tiny-dense")
+    sizes = dict(context_max=128, prefill_chunk=4, snapshot_slots=2, verify_rows=5)
+    plain, with_mtp = (cuda._plan(cfg, "q5", mtp=m, **sizes).total_bytes for m in (False, True))
+    said = []
+    native = fake.FakeNative(cfg, free=(plain + with_mtp) // 2)
+    b = CudaBackend(tiny_dense_dir, context_max=128, prefill_chunk=4, snapshot_slots=2, native=native,
+                    tokenizer=TagTokenizer(), speculation=Speculation(), say=said.append, weights="q5")
+    engine = native.engines[-1]
+    assert not engine.has_mtp and not any(n.startswith("mtp.") for n in engine.loaded)
+    assert len(said) == 1 and "the MTP module needs" in said[0] and "n-gram" in said[0]
+    ids, stats, _done = generate(b)
+    assert ids == plain_reply(30) and stats.draft_n_accepted > 0
+    said.clear()
+    make(tiny_dense_dir, Speculation(), say=said.append)  # room enough: nothing to say
+    assert said == []
 
 
 def test_the_backend_says_what_it_runs_of_the_setting(tiny_dense_dir):
     said = []
-    make(tiny_dense_dir, Speculation("auto", 2), say=said.append)
-    assert said == [Speculation("auto", 2).on_cuda(True)[1]] and "drafts only when asked" in said[0]
-    said.clear()
-    for setting in (Speculation(), Speculation("mtp", 3), Speculation("ngram")):
+    for setting in (Speculation(), Speculation("auto", 2), Speculation("mtp", 3), Speculation("ngram")):
         make(tiny_dense_dir, setting, say=said.append)
     assert said == []  # each runs as asked
 
@@ -195,8 +215,9 @@ def test_sampled_rounds_draw_the_reply_from_the_plain_distribution(tiny_dense_di
 
 
 def test_a_broken_mtp_module_stops_only_mtp_drafting(tmp_path):
-    """The MTP tensors are checked and loaded only where the setting drafts with them: a checkpoint
-    whose MTP module is incomplete still chats plainly, and `mtp` is refused naming the tensor."""
+    """The MTP tensors are checked and loaded only where the setting may draft with them: a
+    checkpoint whose MTP module is incomplete still chats with n-gram drafts (auto says why), and
+    `mtp` is refused naming the tensor."""
     from test_checkpoint import _rewrite
 
     from lampo.models.checkpoint import SINGLE_NAME, CheckpointError
@@ -206,5 +227,9 @@ def test_a_broken_mtp_module_stops_only_mtp_drafting(tmp_path):
     _rewrite(d / SINGLE_NAME, lambda t: t.pop("mtp.fc.weight"))
     b, engine = make(d, Speculation("ngram"))
     assert not engine.has_mtp and generate(b)[0] == plain_reply(30)
+    said = []
+    b, engine = make(d, Speculation(), say=said.append)  # auto: n-gram drafts only, saying why
+    assert not engine.has_mtp and generate(b)[0] == plain_reply(30)
+    assert len(said) == 1 and "'mtp.fc.weight'" in said[0] and "n-gram" in said[0]
     with pytest.raises(CheckpointError, match="MTP module is incomplete.*'mtp.fc.weight'"):
         make(d, Speculation("mtp"))

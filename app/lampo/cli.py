@@ -64,7 +64,7 @@ def _chat_parser(sub: argparse._SubParsersAction) -> None:
                    "(default: context in config.toml)")
     p.add_argument("--no-think", action="store_true", help="start with thinking off")
     p.add_argument("--speculate", type=speculation, metavar="MODE[:DRAFTS]",
-                   help="speculative decoding (reference backend): auto, off, mtp or ngram, optionally with "
+                   help="speculative decoding: auto, off, mtp or ngram, optionally with "
                    "the drafts per round, 1 to 4 (e.g. mtp:3; default: [speculation] in config.toml, auto)")
     p.add_argument("--weights", choices=WEIGHT_CHOICES, default="auto",
                    help="weight format on the GPU: auto (a converted checkpoint's own; a bf16 checkpoint is "

@@ -11,10 +11,12 @@ checkpoint into it shard by shard (zero-copy memory-mapped tensors; the engine c
 a pinned staging ring, converting on the GPU where the stored format differs), after which the
 engine counts the NaN/Inf values of every tensor (of an LQ one: its scales) on the GPU and a
 damaged one is refused by name. The tokenizer is checked against the model's vocabulary before
-any of this (`Tokenizer.from_checkpoint`). With `speculation` asking for a drafter
-(`Speculation.on_cuda`), the engine keeps verify rows and requests decode in verify rounds
-(`engine.native_rounds`); for MTP drafts it also loads the checkpoint's MTP module (weights in the
-run's format, and its KV cache in the memory plan). Otherwise the MTP tensors are not loaded.
+any of this (`Tokenizer.from_checkpoint`). With speculation on, the engine keeps verify rows and
+requests decode in verify rounds (`engine.native_rounds`). For MTP drafts it also loads the
+checkpoint's MTP module (weights in the run's format, and its KV cache in the memory plan): always
+for `mtp` (which counts it when choosing the weights, and refuses a damaged module by name), and for
+`auto` where the checkpoint has a sound module and it fits beside the chosen weights (otherwise
+auto drafts from the conversation only, and says why). Otherwise the MTP tensors are not read.
 
 Per request `lampo.engine.loop.GenerationLoop` does the work (prefix reuse through the engine's
 snapshot slots, chunked prefill with the GIL released inside each chunk, decoding, events); this
@@ -40,7 +42,7 @@ from lampo.demo import is_demo_checkpoint
 from lampo.engine.loop import Decoded, GenerationLoop
 from lampo.engine.native_rounds import NativeSpeculativeSteps, round_policy
 from lampo.engine.speculation import MAX_DRAFTS, Speculation
-from lampo.models.checkpoint import Checkpoint
+from lampo.models.checkpoint import Checkpoint, CheckpointError
 from lampo.models.config import ModelConfig
 from lampo.models.finite_scan import NonFinite, nonfinite_error
 from lampo.models.memory_plan import plan_memory
@@ -96,11 +98,44 @@ def resolve_weights(native, cfg: ModelConfig, requested: str, lq: LqFormat | Non
     plans = {r: _plan(cfg, r, context_max, prefill_chunk, snapshot_slots, verify_rows, mtp)
              for r in RECIPES}  # what auto weighs
     fmt = choose_weights(requested, lq.recipe if lq is not None else None, plans, memory_budget(native, vram_limit))
+    return fmt, engine_bits(cfg, fmt, lq, mtp)
+
+
+def engine_bits(cfg: ModelConfig, fmt: str, lq: LqFormat | None, mtp: bool) -> dict[str, int]:
+    """The engine's LQ width of each matrix for weight format `fmt` (none for bf16): a converted
+    checkpoint's own widths, else the recipe's."""
     if fmt == BF16:
-        return fmt, {}
+        return {}
     if lq is not None:
-        return fmt, engine_tensor_bits(cfg, {n: t.bits for n, t in lq.tensors.items()}, mtp)
-    return fmt, recipe_tensor_bits(cfg, fmt, mtp)
+        return engine_tensor_bits(cfg, {n: t.bits for n, t in lq.tensors.items()}, mtp)
+    return recipe_tensor_bits(cfg, fmt, mtp)
+
+
+def open_for_speculation(model_dir: str | Path, speculation: Speculation) -> tuple[Checkpoint, str]:
+    """The checkpoint, with its MTP module checked where `speculation` may draft with it: for mtp an
+    incomplete or misshapen module is refused by name; for auto it is left out, and the line
+    returned says so ("" otherwise); off and ngram never read it."""
+    if speculation.mode not in ("mtp", "auto"):
+        return Checkpoint.open(model_dir, include_mtp=False), ""
+    try:
+        return Checkpoint.open(model_dir, include_mtp=True), ""
+    except CheckpointError as e:
+        if speculation.mode == "mtp":
+            raise
+        ck = Checkpoint.open(model_dir, include_mtp=False)  # an error of the trunk's own raises here
+        return ck, f"speculation {speculation}: {e}; drafting from the conversation (n-gram) only"
+
+
+def mtp_shortfall(native, cfg: ModelConfig, fmt: str, vram_limit: int = 0, **sizes) -> str:
+    """"" when the MTP module (its weights in `fmt` and its KV cache) fits beside the run's memory
+    plan (or when the run does not fit at all: its own error says so), else the line saying what
+    it needs and what is left."""
+    budget = memory_budget(native, vram_limit)
+    plain, with_mtp = (_plan(cfg, fmt, mtp=m, **sizes).total_bytes for m in (False, True))
+    if with_mtp <= budget or plain > budget:
+        return ""
+    return (f"the MTP module needs {(with_mtp - plain) / GIB:.2f} GiB (its weights in {fmt} and KV cache) but "
+            f"{(budget - plain) / GIB:.2f} GiB is left beside the model at {sizes['context_max']:,} tokens of context")
 
 
 def create_engine(native, cfg: ModelConfig, *, context_max: int, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
@@ -160,11 +195,9 @@ class CudaBackend:
                  vram_limit: int = 0, speculation: Speculation = Speculation(),
                  say: Callable[[str], None] | None = None):
         self._native = native if native is not None else load_native()
-        self._ck = Checkpoint.open(model_dir, include_mtp=speculation.mode == "mtp")  # else not checked: not loaded
+        self._ck, note = open_for_speculation(model_dir, speculation)
         cfg = self._ck.config
-        self.speculation, note = speculation.on_cuda(self._ck.has_mtp)  # what runs here
-        if note and say is not None:
-            say(note)
+        self.speculation, fallback = (speculation, "") if self._ck.has_mtp else speculation.without_mtp()
         verify_rows = 1 + (self.speculation.drafts or MAX_DRAFTS) if self.speculation.on else 0
         context_max = min(context_max or cfg.max_position_embeddings, cfg.max_position_embeddings)
         if tokenizer is None:
@@ -172,13 +205,22 @@ class CudaBackend:
 
             tokenizer = Tokenizer.from_checkpoint(model_dir)
         sizes = dict(context_max=context_max, prefill_chunk=prefill_chunk, snapshot_slots=snapshot_slots,
-                     verify_rows=verify_rows, mtp=self.speculation.mode == "mtp")
-        try:
-            self.weight_format, bits = resolve_weights(self._native, cfg, weights, self._ck.lq, vram_limit=vram_limit,
-                                                       **sizes)
+                     verify_rows=verify_rows)
+        try:  # mtp counts the module when choosing the weights; auto adds it only where it fits beside them
+            self.weight_format, _ = resolve_weights(self._native, cfg, weights, self._ck.lq, vram_limit=vram_limit,
+                                                    mtp=self.speculation.mode == "mtp", **sizes)
         except ValueError as e:
             raise EngineUnavailable(str(e)) from None
-        self._settings = dict(sizes, weights=self.weight_format, tensor_bits=bits, vram_limit=vram_limit)
+        mtp = self._ck.has_mtp and self.speculation.mode in ("mtp", "auto")
+        if mtp and self.speculation.mode == "auto":
+            short = mtp_shortfall(self._native, cfg, self.weight_format, vram_limit, **sizes)
+            if short:
+                mtp, note = False, f"speculation {speculation}: {short}; drafting from the conversation (n-gram) only"
+        for line in (note, fallback):
+            if line and say is not None:
+                say(line)
+        self._settings = dict(sizes, mtp=mtp, weights=self.weight_format,
+                              tensor_bits=engine_bits(cfg, self.weight_format, self._ck.lq, mtp), vram_limit=vram_limit)
         self._policy = (round_policy(self.speculation.mode, verify_rows - 1, self.speculation.drafts)
                         if self.speculation.on else None)
         self._on_load = on_load

@@ -39,8 +39,8 @@ def open_backend(kind: str, model_dir: Path, *, context_max: int, tokenizer,
                  speculation: Speculation = Speculation()) -> Backend:
     """`weights` and `vram_limit` (the CUDA engine's): see CudaBackend; the reference engine runs
     the checkpoint as stored (saying so when they ask for something else). `speculation`: see
-    ReferenceBackend and `Speculation.on_cuda` (what the CUDA engine runs of it, which it says
-    when it differs from the setting)."""
+    ReferenceBackend and CudaBackend (each says at start-up where it runs less than the setting
+    asks: no MTP weights, a damaged MTP module, no room for it)."""
     native = native_for(kind, say)
     if native is not None:
         from lampo.engine.cuda import CudaBackend

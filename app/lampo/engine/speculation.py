@@ -48,18 +48,6 @@ class Speculation:
         return fallback, (f"speculation {self}: the checkpoint has no MTP weights (mtp.*), so no MTP drafts; "
                           f"using n-gram drafts ({fallback}) instead")
 
-    def on_cuda(self, has_mtp: bool) -> tuple[Speculation, str]:
-        """What the CUDA engine runs for this setting on a checkpoint with or without MTP weights,
-        and the line that says how it differs ("" when it does not): the engine drafts only when
-        asked for a drafter (auto decodes plainly there)."""
-        if self.mode == "off" or self == Speculation():
-            return Speculation("off"), ""
-        if self.mode == "auto":
-            return Speculation("off"), (f"speculation {self}: the CUDA engine drafts only when asked for "
-                                        "mtp or ngram; decoding one token a step")
-        return self.without_mtp() if not has_mtp else (self, "")
-
-
 def _count_error(count) -> str:
     return f"the draft count must be a whole number from 1 to {MAX_DRAFTS} (got {count!r})"
 
