@@ -36,7 +36,7 @@ def test_checkpoint_directory(tiny_dense_dir: Path):
 def test_the_plan_defaults_to_the_models_context(tmp_path: Path):
     cfg = replace(get_preset("tiny-dense"), max_position_embeddings=32_768)
     (tmp_path / "config.json").write_text(json.dumps(cfg.to_hf_dict()))
-    assert "GPU memory plan at 32,768 tokens" in describe(tmp_path)
+    assert "GPU memory plan of `lampo chat` at 32,768 tokens" in describe(tmp_path)
 
 
 def test_main(capsys):
@@ -55,7 +55,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys):
 def test_the_plan_has_a_column_per_weight_format():
     table = describe("qwen3.6-35b-a3b").split("GPU memory plan")[1].splitlines()
     assert table[1].split() == ["bf16", "q5", "q4"]
-    assert table[-1].split() == ["total", "69.81", "GiB", "24.26", "GiB", "21.38", "GiB"]
+    assert table[-1].split() == ["total", "70.35", "GiB", "24.80", "GiB", "21.92", "GiB"]
 
 
 def _advice(model: str, vram: float) -> list[str]:
@@ -64,20 +64,20 @@ def _advice(model: str, vram: float) -> list[str]:
 
 @pytest.mark.parametrize("model,vram,lines", [
     ("qwen3.6-35b-a3b", 24, ["A card of 24 GiB (23.50 GiB for Lampo, 0.50 GiB kept for the driver and display):",
-                             "  bf16  does not fit: needs 66.98 GiB even at 1,024 tokens",
-                             "  q5    fits up to 191,488 tokens; 262,144 would need 24.26 GiB",
-                             "  q4    fits at 262,144 tokens: 21.38 GiB of 23.50 GiB",
+                             "  bf16  does not fit: needs 67.53 GiB even at 1,024 tokens",
+                             "  q5    fits up to 141,312 tokens; 262,144 would need 24.80 GiB",
+                             "  q4    fits at 262,144 tokens: 21.92 GiB of 23.50 GiB",
                              "recommended: q4, the best format that fits at 262,144 tokens"]),
     ("qwen3.6-35b-a3b", 32, ["recommended: q5, the best format that fits at 262,144 tokens"]),
-    ("qwen3.6-27b", 32, ["  q5    fits at 262,144 tokens: 25.60 GiB of 31.50 GiB",
+    ("qwen3.6-27b", 32, ["  q5    fits at 262,144 tokens: 26.90 GiB of 31.50 GiB",
                          "recommended: q5, the best format that fits at 262,144 tokens"]),
-    ("qwen3.6-35b-a3b", 80, ["  bf16  fits at 262,144 tokens: 69.81 GiB of 79.50 GiB",
+    ("qwen3.6-35b-a3b", 80, ["  bf16  fits at 262,144 tokens: 70.35 GiB of 79.50 GiB",
                              "recommended: bf16, the best format that fits at 262,144 tokens"]),
-    ("qwen3.6-27b", 16, ["  q5    does not fit: needs 16.87 GiB even at 1,024 tokens",
-                         "  q4    fits up to 15,360 tokens; 262,144 would need 23.75 GiB",
-                         "recommended: q4 with --context 15360 (no format fits at 262,144 tokens; "
+    ("qwen3.6-27b", 20, ["  q5    fits up to 39,936 tokens; 262,144 would need 26.90 GiB",
+                         "  q4    fits up to 95,232 tokens; 262,144 would need 25.05 GiB",
+                         "recommended: q4 with --context 95232 (no format fits at 262,144 tokens; "
                          "q4 allows the longest context)"]),
-    ("qwen3.6-27b", 8, ["  q4    does not fit: needs 15.02 GiB even at 1,024 tokens",
+    ("qwen3.6-27b", 8, ["  q4    does not fit: needs 16.32 GiB even at 1,024 tokens",
                         "recommended: none: no weight format fits in 7.50 GiB, even at 1,024 tokens"]),
 ])
 def test_vram_advice(model, vram, lines):
@@ -90,9 +90,9 @@ def test_vram_advice(model, vram, lines):
 def test_vram_with_a_context(capsys):
     assert main(["qwen3.6-27b", "--vram", "24", "--context", "65536"]) == 0
     advice = capsys.readouterr().out.split("\n\n")[-1].splitlines()
-    assert advice[1:] == ["  bf16  does not fit: needs 52.04 GiB even at 1,024 tokens",
-                          "  q5    fits at 65,536 tokens: 19.03 GiB of 23.50 GiB",
-                          "  q4    fits at 65,536 tokens: 17.17 GiB of 23.50 GiB",
+    assert advice[1:] == ["  bf16  does not fit: needs 53.34 GiB even at 1,024 tokens",
+                          "  q5    fits at 65,536 tokens: 20.33 GiB of 23.50 GiB",
+                          "  q4    fits at 65,536 tokens: 18.47 GiB of 23.50 GiB",
                           "recommended: q5, the best format that fits at 65,536 tokens"]
 
 

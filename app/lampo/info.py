@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from lampo.cli import context_tokens
+from lampo.engine.cuda import chat_plan
 from lampo.models.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint, CheckpointError
 from lampo.models.config import ConfigError, ModelConfig, load_config
 from lampo.models.memory_plan import (
@@ -22,7 +23,6 @@ from lampo.models.memory_plan import (
     WEIGHT_FORMATS,
     MemoryPlan,
     format_plans_table,
-    plan_memory,
     preferred_plan,
 )
 from lampo.models.params import count_params, short_count
@@ -139,8 +139,8 @@ def describe(model: str | Path, context_max: int | None = None, vram: float | No
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     if ckpt is not None:
         lines += [f"note: {n}" for n in ckpt.notes]
-    plans = [plan_memory(cfg, context_max, fmt, with_mtp=with_mtp) for fmt in WEIGHT_FORMATS]
-    lines += ["", f"GPU memory plan at {context_max:,} tokens (int8 KV cache):",
+    plans = [chat_plan(cfg, fmt, context_max, with_mtp) for fmt in WEIGHT_FORMATS]
+    lines += ["", f"GPU memory plan of `lampo chat` at {context_max:,} tokens:",
               format_plans_table(plans, list(WEIGHT_FORMATS))]
     if vram is not None:
         lines += ["", *vram_advice(plans, vram)]

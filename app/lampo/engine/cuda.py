@@ -45,7 +45,7 @@ from lampo.engine.speculation import MAX_DRAFTS, Speculation
 from lampo.models.checkpoint import Checkpoint, CheckpointError
 from lampo.models.config import ModelConfig
 from lampo.models.finite_scan import NonFinite, nonfinite_error
-from lampo.models.memory_plan import plan_memory
+from lampo.models.memory_plan import DEFAULT_PREFILL_CHUNK, MemoryPlan, plan_memory
 from lampo.models.quant.checkpoint_format import LqFormat
 from lampo.models.quant.engine_formats import choose_weights, engine_tensor_bits, recipe_tensor_bits
 from lampo.models.quant.recipes import BF16, RECIPES
@@ -53,7 +53,6 @@ from lampo.models.sampling_params import SamplingParams
 from lampo.models.tensor_specs import engine_tensor_names
 from lampo.engine.prefix_cache import PrefixCache
 
-DEFAULT_PREFILL_CHUNK = 2048
 DEFAULT_SNAPSHOT_SLOTS = 4
 STATS_INTERVAL_S = 0.05  # at most one Stats event per this many seconds while decoding
 GIB = 1 << 30
@@ -88,6 +87,12 @@ def _plan(cfg: ModelConfig, weights: str, context_max: int, prefill_chunk: int, 
     logits rows) like the snapshot slots."""
     return plan_memory(cfg, context_max=context_max, weights=weights, kv="int8", with_mtp=mtp,
                        spec_slots=snapshot_slots + verify_rows, prefill_chunk=prefill_chunk)
+
+
+def chat_plan(cfg: ModelConfig, weights: str, context_max: int, mtp: bool) -> MemoryPlan:
+    """The memory plan of the engine `lampo chat` makes by default: its prefill chunk and snapshot
+    slots, and the verify rows of the default speculation (the fed token and MAX_DRAFTS drafts)."""
+    return _plan(cfg, weights, context_max, DEFAULT_PREFILL_CHUNK, DEFAULT_SNAPSHOT_SLOTS, 1 + MAX_DRAFTS, mtp)
 
 
 def resolve_weights(native, cfg: ModelConfig, requested: str, lq: LqFormat | None, *, context_max: int,
