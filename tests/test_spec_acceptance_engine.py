@@ -25,7 +25,7 @@ def test_engine_rows_measure_every_setting_against_the_plain_reply(gpu_script, t
     monkeypatch.setattr(fake, "next_token", markov_model.markov)
     prompts = {"chat": list(markov_model.PROMPT), "document": list(markov_model.PROMPT[3:])}
     rows = spec_acceptance.engine_rows(tiny_dense_dir, prompts, 24, TagTokenizer())
-    settings = ["off"] + [f"{d}:{k}" for d in ("mtp", "ngram") for k in (1, 2, 3, 4)]
+    settings = ["off"] + [f"{d}:{k}" for d in ("mtp", "ngram") for k in (1, 2, 3, 4)] + ["auto"]
     assert [(r["setting"], r["prompt"]) for r in rows] == ([(s, p) for s in settings for p in prompts]
                                                            + [("mtp:1", "document"), ("mtp:1", "chat")])
     assert [r["reply"] for r in rows[:2]] == [list(markov_model.chain(markov_model.markov(p), 24))

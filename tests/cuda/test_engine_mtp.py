@@ -21,7 +21,7 @@ from helpers import TagTokenizer
 from helpers.logit_rows import REAL_VOCAB, assert_rows_agree, prefill, rel_l2
 from lampo.engine.cuda import CudaBackend, load_weights
 from lampo.engine.protocol import GenerationRequest, TokenEvent
-from lampo.engine.speculation import Speculation
+from lampo.engine.speculation import Speculation, parse_speculation
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.presets import get_preset
 from lampo.models.reference.model import ReferenceModel
@@ -167,16 +167,17 @@ def backend_replies(d, speculation: Speculation, sampling: SamplingParams, promp
     return replies
 
 
-@pytest.mark.parametrize("k", [1, 2, 3, 4])
-def test_greedy_mtp_rounds_through_the_backend_give_the_plain_reply(tiny, k):
+@pytest.mark.parametrize("setting", ["mtp:1", "mtp:2", "mtp:3", "mtp:4", "auto"])
+def test_greedy_mtp_rounds_through_the_backend_give_the_plain_reply(tiny, setting):
     """256 tokens of greedy speculative decoding equal plain greedy decoding on the same engine
-    paths' numbers; the MoE may legitimately part at a router near-tie (verify rows and the decode
-    step round differently), so there the reply must agree for most of its length."""
+    paths' numbers (auto: rounds of either drafter and plain steps, as its policy picks); the MoE
+    may legitimately part at a router near-tie (verify rows and the decode step round
+    differently), so there the reply must agree for most of its length."""
     d, _engine, _ref, moe = tiny
     prompt = tuple(int(t) for t in np.random.default_rng(4).integers(0, REAL_VOCAB, 50))
     sampling = SamplingParams(**{**GREEDY.to_dict(), "max_tokens": 256})
     (plain,), (speculative,) = (backend_replies(d, s, sampling, prompt, [0])
-                                for s in (Speculation("off"), Speculation("mtp", k)))
+                                for s in (Speculation("off"), parse_speculation(setting)))
     agree = next((i for i, (a, b) in enumerate(zip(plain, speculative)) if a != b), min(len(plain), len(speculative)))
     if moe:
         assert agree >= 64, f"the replies part at token {agree}"

@@ -5,7 +5,8 @@ model was not trained on (tests/gpu/train_measure_model.py's held-out split). Ev
 must reproduce plain greedy decoding token for token (asserted); the JSON gives per run the
 acceptance per draft position, the acceptance %, the mean tokens per target forward and the
 numpy run's seconds. With --engine, the same prompts run on the CUDA engine instead (CudaBackend,
-bf16 weights): plain, and greedy rounds of MTP and n-gram drafts for k = 1..4, each with its
+bf16 weights): plain, greedy rounds of MTP and n-gram drafts for k = 1..4, and auto (the
+drafter, k or a plain step chosen each round from what it measured), each with its
 acceptance, drafting rounds, decode tok/s and where its reply first differs from the engine's plain
 reply (null: nowhere; the verify window and the decode step round differently in bf16, so a
 near-tie may part them). The two are separate runs so that the engine's timings are taken with
@@ -84,7 +85,8 @@ def engine_rows(model_dir: Path, prompts: dict[str, list[int]], tokens: int, tok
 
     rows = []
     request = SamplingParams(**{**GREEDY.to_dict(), "max_tokens": tokens})
-    settings = [Speculation("off")] + [Speculation(d, k) for d in ("mtp", "ngram") for k in (1, 2, 3, 4)]
+    settings = ([Speculation("off")] + [Speculation(d, k) for d in ("mtp", "ngram") for k in (1, 2, 3, 4)]
+                + [Speculation("auto")])
     # the first MTP setting again with the prompts in the other order: a row that moves with the
     # order would be state carried from one request into the next
     runs = [(s, list(prompts)) for s in settings] + [(settings[1], list(reversed(prompts)))]
