@@ -13,7 +13,7 @@
 #   lq     build + pytest -m cuda (LAMPO_GPU_TESTS) + the LQ-format benches: 35B-A3B and 27B at q5,
 #          prefill 8,192 and decode at 8,192 by real prefill, beside bf16 prefill 8,192; the
 #          measured VRAM at 262,144 tokens of 35B-A3B q4 under --vram-limit 23GiB and 27B q5 under
-#          31GiB; decode near 262,144 by random fill (LQ_BENCHES picks a subset: q5 bf16 vram long)
+#          31GiB, with the MTP module and a 5-row verify window as `lampo chat` holds them; decode near 262,144 by random fill (LQ_BENCHES picks a subset: q5 bf16 vram long)
 #   trained  tests/gpu/train_measure_model.py trains the measurement model (TRAIN_MINUTES, default 3)
 #          on the GPU while the extension builds and pytest -m cuda runs (LAMPO_TRAINED_DIR points
 #          the tests at it once written); then lampo bench on it (bf16 and q5) and the full-size q5
@@ -267,9 +267,9 @@ lq)
           --decode-tokens 16 --profile-steps 0
       done ;;
   vram) bench 35b-a3b-q4-vram 60 --preset qwen3.6-35b-a3b --random-weights --weights q4 --vram-limit 23GiB \
-          --context 262144 --prompt 2048 --depths 2048 --profile-steps 0
+          --context 262144 --prompt 2048 --depths 2048 --profile-steps 0 --mtp --speculate-accept 0.8 --draft-k 4
         bench 27b-q5-vram 60 --preset qwen3.6-27b --random-weights --weights q5 --vram-limit 31GiB \
-          --context 262144 --prompt 2048 --depths 2048 --profile-steps 0 ;;
+          --context 262144 --prompt 2048 --depths 2048 --profile-steps 0 --mtp --speculate-accept 0.8 --draft-k 4 ;;
   long) for m in 35b-a3b 27b; do
         bench "$m-q5-long" 60 --preset "qwen3.6-$m" --random-weights --weights q5 --prompt 512 --depths 262000 \
           --fast-depth --profile-steps 0
