@@ -266,7 +266,7 @@ class CudaTarget(Target):
 
     def __init__(self, native, cfg: ModelConfig, w: Workload, model_dir: Path | None, seed: int,
                  weights: str = "auto", vram_limit: int = 0):  # w.spec: the engine keeps verify rows and snapshots
-        from lampo.engine.cuda import NativeSteps, create_engine, load_weights, resolve_weights
+        from lampo.engine.cuda import DEFAULT_SNAPSHOT_SLOTS, NativeSteps, create_engine, load_weights, resolve_weights
         from lampo.models.checkpoint import Checkpoint
 
         self.native = native
@@ -275,7 +275,9 @@ class CudaTarget(Target):
         if mtp and ck is not None and not ck.has_mtp:
             raise ValueError(f"--mtp: {model_dir} has no MTP weights (mtp.*)")
         self.stored_format = checkpoint_format(ck)
-        sizes = dict(context_max=w.context_max, prefill_chunk=w.chunk, snapshot_slots=SLOTS if w.spec else 0,
+        # a speculative workload's engine holds the snapshot slots `lampo chat` holds (its own need two)
+        slots = max(SLOTS, DEFAULT_SNAPSHOT_SLOTS) if w.spec else 0
+        sizes = dict(context_max=w.context_max, prefill_chunk=w.chunk, snapshot_slots=slots,
                      verify_rows=w.spec.rows if w.spec else 0, mtp=mtp)
         self.weight_format, bits = resolve_weights(native, cfg, weights, ck.lq if ck else None, vram_limit=vram_limit,
                                                    **sizes)

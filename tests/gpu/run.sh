@@ -13,7 +13,8 @@
 #   lq     build + pytest -m cuda (LAMPO_GPU_TESTS) + the LQ-format benches: 35B-A3B and 27B at q5,
 #          prefill 8,192 and decode at 8,192 by real prefill, beside bf16 prefill 8,192; the
 #          measured VRAM at 262,144 tokens of 35B-A3B q4 under --vram-limit 23GiB and 27B q5 under
-#          31GiB, with the MTP module and a 5-row verify window as `lampo chat` holds them; decode near 262,144 by random fill (LQ_BENCHES picks a subset: q5 bf16 vram long)
+#          31GiB, with the MTP module, a 5-row verify window and four snapshot slots as `lampo chat`
+#          holds them; decode near 262,144 by random fill (LQ_BENCHES picks a subset: q5 bf16 vram long)
 #   trained  tests/gpu/train_measure_model.py trains the measurement model (TRAIN_MINUTES, default 3)
 #          on the GPU while the extension builds and pytest -m cuda runs (LAMPO_TRAINED_DIR points
 #          the tests at it once written); then lampo bench on it (bf16 and q5) and the full-size q5
