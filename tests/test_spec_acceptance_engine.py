@@ -53,3 +53,27 @@ def test_mtp_agreement_counts_the_drafts_of_each_reply_position(gpu_script, tmp_
     reply[-1] = forced[0]  # one position the MTP row surely drafts
     hits[-1] = True
     assert spec_acceptance.mtp_agreement(model, prompt, reply) == 100 * np.mean(hits)
+
+
+def test_reference_rows_reproduce_plain_greedy_in_worker_processes(tiny_dense_dir, monkeypatch):
+    """The reference's rounds run in spawned workers (the script imported by its own name, as the
+    workers import it); each row must reproduce the plain reply, and a wrong plain reply is caught."""
+    import sys
+    from pathlib import Path
+
+    import pytest
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parent / "gpu"))
+    sys.modules.pop("spec_acceptance", None)
+    import spec_acceptance
+
+    model = ReferenceModel.from_checkpoint(Checkpoint.open(tiny_dense_dir, include_mtp=True))
+    prompts = {"chat": [5, 9, 5, 9, 5, 9, 5], "document": [17, 3, 17, 3, 17]}
+    plain = {kind: spec_acceptance.plain_greedy(model, ids, 6) for kind, ids in prompts.items()}
+    rows = spec_acceptance.reference_rows(tiny_dense_dir, prompts, plain, 6, workers=2)
+    assert [(r["prompt"], r["drafter"], r["k"]) for r in rows] == [
+        (kind, d, k) for kind in prompts for d in ("mtp", "ngram") for k in (1, 2, 3, 4)]
+    assert all(r["steps"] <= 6 and len(r["accepted_at_pct"]) <= r["k"] for r in rows)
+    plain["chat"] = [t + 1 for t in plain["chat"]]
+    with pytest.raises(AssertionError, match="chat mtp k=1: speculative output differs"):
+        spec_acceptance.reference_rows(tiny_dense_dir, prompts, plain, 6, workers=1)

@@ -4,7 +4,7 @@ k = 1..4, greedy, on a chat-style prompt and a document-quoting prompt taken fro
 model was not trained on (tests/gpu/train_measure_model.py's held-out split). Every speculative run
 must reproduce plain greedy decoding token for token (asserted); the JSON gives per run the
 acceptance per draft position, the acceptance %, the mean tokens per target forward and the
-numpy run's seconds. With --engine, the same prompts run on the CUDA engine instead (CudaBackend,
+numpy run's seconds (the runs spread over --workers processes). With --engine, the same prompts run on the CUDA engine instead (CudaBackend,
 bf16 weights): plain, greedy rounds of MTP and n-gram drafts for k = 1..4, and auto (the
 drafter, k or a plain step chosen each round from what it measured), each with its
 acceptance, drafting rounds, decode tok/s and where its reply first differs from the engine's plain
@@ -17,7 +17,8 @@ plain replies with its own: where they part, and the teacher-forced MTP agreemen
 (the MTP draft of every reply position from the true previous token), which tells a reply that
 went elsewhere from drafts that are worse on the same text.
 
-    python3 tests/gpu/spec_acceptance.py MODEL_DIR --json OUT [--tokens 256] [--engine | --engine-json E]
+    python3 tests/gpu/spec_acceptance.py MODEL_DIR --json OUT [--tokens 256] [--workers N]
+        [--engine | --engine-json E]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -124,13 +126,14 @@ def mtp_agreement(model: ReferenceModel, prompt: list[int], reply: list[int]) ->
     return float(100 * np.mean(drafts[p - 1:-1] == np.asarray(seq[p + 1:])))
 
 
-def compare_replies(model: ReferenceModel, prompts: dict[str, list[int]], tokens: int, engine_json: Path) -> list[dict]:
-    """The engine's plain replies (spec_acceptance.py --engine's JSON) against the reference's:
-    where they first differ, and the teacher-forced MTP agreement along each."""
+def compare_replies(model: ReferenceModel, prompts: dict[str, list[int]], plain: dict[str, list[int]],
+                    engine_json: Path) -> list[dict]:
+    """The engine's plain replies (spec_acceptance.py --engine's JSON) against the reference's
+    (`plain`): where they first differ, and the teacher-forced MTP agreement along each."""
     engine = {r["prompt"]: r["reply"] for r in json.loads(engine_json.read_text())["engine_rows"] if "reply" in r}
     rows = []
     for kind, ids in prompts.items():
-        want, got = plain_greedy(model, ids, tokens), engine[kind]
+        want, got = plain[kind], engine[kind]
         first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
         rows.append({"prompt": kind, "engine_differs_at": first,
                      "mtp_agreement_pct_reference_reply": mtp_agreement(model, ids, want),
@@ -139,28 +142,48 @@ def compare_replies(model: ReferenceModel, prompts: dict[str, list[int]], tokens
     return rows
 
 
-def reference_rows(model: ReferenceModel, prompts: dict[str, list[int]], tokens: int) -> list[dict]:
-    """The numpy reference's speculative rounds against its plain greedy reply (asserted equal)."""
+_worker_model: ReferenceModel | None = None  # a reference_rows worker's own copy of the model
+
+
+def _load_worker_model(model_dir: Path) -> None:
+    global _worker_model
+    _worker_model = ReferenceModel.from_checkpoint(Checkpoint.open(model_dir, include_mtp=True))
+
+
+def _speculative_row(job: tuple[str, list[int], str, int, int]) -> tuple[dict, list[int]]:
+    kind, ids, drafter, k, tokens = job
+    spec = SpeculativeReference(_worker_model, GREEDY, k, drafter)
+    t0 = time.monotonic()
+    got = spec.generate(ids, tokens)
+    s = spec.stats
+    return {"prompt": kind, "prompt_tokens": len(ids), "drafter": drafter, "k": k,
+            "steps": s.steps, "drafted": s.drafted, "accepted": s.accepted,
+            "acceptance_pct": 100 * s.accepted / max(s.drafted, 1),
+            "accepted_at_pct": [100 * a / s.steps for a in s.accepted_at],
+            "tokens_per_forward": tokens / s.steps, "seconds": time.monotonic() - t0}, got
+
+
+def reference_rows(model_dir: Path, prompts: dict[str, list[int]], plain: dict[str, list[int]], tokens: int,
+                   workers: int) -> list[dict]:
+    """The numpy reference's speculative rounds (MTP and n-gram drafts, k = 1..4, each prompt),
+    each asserted to reproduce its plain greedy reply `plain`; the runs spread over `workers`
+    processes, each with its own copy of the model and two BLAS threads."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs = [(kind, ids, drafter, k, tokens) for kind, ids in prompts.items() for drafter in ("mtp", "ngram")
+            for k in (1, 2, 3, 4)]
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = "2"  # read by numpy in each spawned worker
     rows = []
-    for kind, ids in prompts.items():
-        t0 = time.monotonic()
-        want = plain_greedy(model, ids, tokens)
-        plain_s = time.monotonic() - t0
-        for drafter in ("mtp", "ngram"):
-            for k in (1, 2, 3, 4):
-                spec = SpeculativeReference(model, GREEDY, k, drafter)
-                t0 = time.monotonic()
-                got = spec.generate(ids, tokens)
-                s = spec.stats
-                if got != want:
-                    raise AssertionError(f"{kind} {drafter} k={k}: speculative output differs from plain greedy")
-                rows.append({"prompt": kind, "prompt_tokens": len(ids), "drafter": drafter, "k": k,
-                             "steps": s.steps, "drafted": s.drafted, "accepted": s.accepted,
-                             "acceptance_pct": 100 * s.accepted / max(s.drafted, 1),
-                             "accepted_at_pct": [100 * a / s.steps for a in s.accepted_at],
-                             "tokens_per_forward": tokens / s.steps,
-                             "seconds": time.monotonic() - t0, "plain_seconds": plain_s})
-                print(json.dumps(rows[-1]), flush=True)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_load_worker_model, initargs=(model_dir,)) as pool:
+        for row, got in pool.map(_speculative_row, jobs):
+            if got != plain[row["prompt"]]:
+                raise AssertionError(f"{row['prompt']} {row['drafter']} k={row['k']}: speculative output "
+                                     "differs from plain greedy")
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return rows
 
 
@@ -172,20 +195,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", action="store_true", help="measure the CUDA engine's rounds (not the numpy reference's)")
     p.add_argument("--engine-json", type=Path, help="an --engine run's JSON: first compare its plain replies "
                    "with the reference's (where they part, teacher-forced MTP agreement along each)")
+    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2),
+                   help="processes for the reference's runs (default: half the CPUs)")
     args = p.parse_args(argv)
     tok = Tokenizer.from_checkpoint(args.model)
     prompts = held_out_prompts()
     encoded = {kind: tok.encode(prompts[kind]) for kind in ("chat", "document")}
-    doc = {"model": str(args.model), "tokens": args.tokens, "source_file": prompts["source"]}
+    doc = {"model": args.model.name, "tokens": args.tokens, "source_file": prompts["source"]}
     if args.engine:
         doc["engine_rows"] = engine_rows(args.model, encoded, args.tokens, tok)
         args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
         return 0
     model = ReferenceModel.from_checkpoint(Checkpoint.open(args.model, include_mtp=True))
+    t0 = time.monotonic()
+    plain = {kind: plain_greedy(model, ids, args.tokens) for kind, ids in encoded.items()}
+    doc["plain_seconds"] = time.monotonic() - t0
     if args.engine_json:
-        doc["replies"] = compare_replies(model, encoded, args.tokens, args.engine_json)
+        doc["replies"] = compare_replies(model, encoded, plain, args.engine_json)
         args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    doc.update(equal_to_plain_greedy=True, rows=reference_rows(model, encoded, args.tokens))
+    rows = reference_rows(args.model, encoded, plain, args.tokens, args.workers)
+    doc.update(equal_to_plain_greedy=True, rows=rows)
     args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     return 0
 
