@@ -76,6 +76,9 @@ def test_greedy_rounds_reproduce_the_plain_reply_and_count_their_drafts(tiny_den
     calls = {c[0] for c in engine.calls}
     assert "verify" in calls and ("mtp_draft" in calls) == engine.has_mtp and stats.draft_n_accepted > 0
     assert 0 < stats.draft_rounds and stats.draft_n_accepted <= stats.draft_n
+    kept_at = stats.draft_kept_at  # per draft position: rounds that kept it (and the ones before it)
+    assert sum(kept_at) == stats.draft_n_accepted and stats.draft_rounds >= kept_at[0]
+    assert list(kept_at) == sorted(kept_at, reverse=True) and len(kept_at) <= (speculation.drafts or 4)
     if speculation.mode == "mtp" and speculation.drafts != 1:
         assert stats.draft_n_accepted < stats.draft_n  # the misses were rejected, and the reply is right
     assert engine.history == list(PROMPT) + ids[:-1]  # the last sample is not fed

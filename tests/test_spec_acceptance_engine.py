@@ -34,6 +34,7 @@ def test_engine_rows_measure_every_setting_against_the_plain_reply(gpu_script, t
     assert all(r["differs_at"] is None and r["tokens"] == 24 for r in rows)
     assert all(r["drafted"] == 0 for r in rows[:2]) and all(r["drafted"] > 0 for r in rows[2:])
     assert all(0 < r["acceptance_pct"] <= 100 and r["decode_tok_s"] > 0 for r in rows[2:])
+    assert all(0 < r["kept_at_pct_of_rounds"][0] <= 100 for r in rows[2:])
 
 
 def test_mtp_agreement_counts_the_drafts_of_each_reply_position(gpu_script, tmp_path):

@@ -379,8 +379,10 @@ class ChatSession:
 
 
 def _stats_dict(reason: str, stats: Stats, error: str = "") -> dict[str, Any]:
-    """What is stored with a reply: why it ended ("interrupted" while it is being written)."""
-    return {"reason": reason, "error": error, **asdict(stats)}
+    """What is stored with a reply: why it ended ("interrupted" while it is being written), and the
+    stats as the store's JSON gives them back (tuples as lists)."""
+    fields = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(stats).items()}
+    return {"reason": reason, "error": error, **fields}
 
 
 def _as_message(turn: MessageRecord) -> Message:

@@ -1,16 +1,17 @@
 """Draft acceptance of speculative decoding on the trained measurement model, with the numpy
 reference's algorithm (lampo.models.speculative): for MTP and n-gram (prompt lookup) drafts and
 k = 1..4, greedy, on a chat-style prompt and a document-quoting prompt taken from source files the
-model was not trained on (tests/gpu/train_measure_model.py's held-out split). Every speculative run
-must reproduce plain greedy decoding token for token (asserted); the JSON gives per run the
-acceptance per draft position, the acceptance %, the mean tokens per target forward and the
-numpy run's seconds (the runs spread over --workers processes). With --engine, the same prompts run on the CUDA engine instead (CudaBackend,
-bf16 weights): plain, greedy rounds of MTP and n-gram drafts for k = 1..4, and auto (the
-drafter, k or a plain step chosen each round from what it measured), each with its
-acceptance, drafting rounds, decode tok/s and where its reply first differs from the engine's plain
-reply (null: nowhere; the verify window and the decode step round differently in bf16, so a
-near-tie may part them). The two are separate runs so that the engine's timings are taken with
-the GPU to themselves while the numpy run (CPU only) may overlap other GPU work.
+model was not trained on (tests/gpu/train_measure_model.py's held-out split). Every speculative run must
+reproduce plain greedy decoding token for token (asserted); the JSON gives per run the acceptance
+per draft position, the acceptance %, the mean tokens per target forward and the numpy run's seconds
+(the runs spread over --workers processes). With --engine, the same prompts run on the CUDA engine
+instead (CudaBackend, bf16 weights): plain, greedy rounds of MTP and n-gram drafts for k = 1..4, and
+auto (the drafter, k or a plain step chosen each round from what it measured), each with its
+acceptance, the share of rounds that kept each draft position, drafting rounds, decode tok/s and
+where its reply first differs from the engine's plain reply (null: nowhere; the verify window and
+the decode step round differently in bf16, so a near-tie may part them). The two are separate runs
+so that the engine's timings are taken with the GPU to themselves while the numpy run (CPU only) may
+overlap other GPU work.
 
 With --engine-json (an --engine run's output), the reference run first compares the engine's
 plain replies with its own: where they part, and the teacher-forced MTP agreement along each
@@ -108,6 +109,7 @@ def engine_rows(model_dir: Path, prompts: dict[str, list[int]], tokens: int, tok
                          "differs_at": parts,
                          "drafted": stats.draft_n, "accepted": stats.draft_n_accepted, "rounds": stats.draft_rounds,
                          "acceptance_pct": 100 * (stats.acceptance or 0.0),
+                         "kept_at_pct_of_rounds": [100 * n / stats.draft_rounds for n in stats.draft_kept_at],
                          "decode_tok_s": stats.predicted_per_second}
                         | ({"reply": got} if speculation.mode == "off" else {}))
             print(json.dumps(rows[-1]), flush=True)

@@ -259,6 +259,7 @@ class _Counters:
         self.t0 = self.t_first = time.perf_counter()
         self.cached_n = self.prompt_n = self.predicted_n = self.context_used = 0
         self.draft_n = self.draft_n_accepted = self.draft_rounds = 0
+        self.draft_kept_at: list[int] = []
         self.prompt_ms = self.ttft_ms = self.predicted_ms = self.live = 0.0
         self._vram = (0, 0)
         self._marks: deque[tuple[float, int]] = deque()  # (time, tokens) over the live window
@@ -288,9 +289,13 @@ class _Counters:
         """Count a decode step's drafts (kept: as the target judged them, also those a stop
         leaves unstreamed)."""
         if step.drafted:
+            kept = len(step.tokens) - 1
             self.draft_rounds += 1
             self.draft_n += step.drafted
-            self.draft_n_accepted += len(step.tokens) - 1
+            self.draft_n_accepted += kept
+            self.draft_kept_at += [0] * (kept - len(self.draft_kept_at))
+            for i in range(kept):
+                self.draft_kept_at[i] += 1
 
     def stats(self, query_vram: bool = True) -> Stats:
         """Current numbers; the VRAM reading is the last one when `query_vram` is False (after an
@@ -301,5 +306,6 @@ class _Counters:
                      predicted_n=self.predicted_n, predicted_ms=self.predicted_ms, ttft_ms=self.ttft_ms,
                      live_tokens_per_second=self.live, draft_n=self.draft_n,
                      draft_n_accepted=self.draft_n_accepted, draft_rounds=self.draft_rounds,
+                     draft_kept_at=tuple(self.draft_kept_at),
                      context_used=self.context_used,
                      context_max=self.context_max, vram_used=self._vram[0], vram_total=self._vram[1])

@@ -60,6 +60,7 @@ class Stats:
     draft_n: int = 0  # speculative drafts verified in this reply
     draft_n_accepted: int = 0  # of those, the ones the model kept
     draft_rounds: int = 0  # decode steps that verified drafts
+    draft_kept_at: tuple[int, ...] = ()  # rounds that kept draft i + 1 (so every draft before it too)
     context_used: int = 0
     context_max: int = 0
     vram_used: int = 0  # bytes; 0 when not applicable (CPU backend)
