@@ -299,7 +299,9 @@ async def test_long_chat_mounts_a_window_and_loads_earlier(make_app):
         for i in range(9):
             await send(pilot, app, f"m{i}")
             await wait_idle(pilot, app)
-        assert len(transcript.records) == 18 and len(transcript.message_widgets) <= 15
+        # the oldest are unmounted once parked, after a refresh: on a loaded machine that may lag
+        await wait_until(pilot, lambda: len(transcript.message_widgets) <= 15, what="the window to trim")
+        assert len(transcript.records) == 18
         assert transcript.earlier_count == 18 - len(transcript.message_widgets)
         before = transcript.earlier_count
         await pilot.press("ctrl+pageup")
