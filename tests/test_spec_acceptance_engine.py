@@ -5,17 +5,20 @@ reply's last Stats), and the teacher-forced MTP agreement on the numpy reference
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
 import test_engine_cuda_cpu as fake
 import test_engine_cuda_speculative as markov_model
 from helpers import TagTokenizer
 
-import numpy as np
-
 from lampo.engine import cuda
 from lampo.models.checkpoint import Checkpoint
+from lampo.models.presets import get_preset
 from lampo.models.reference.model import ReferenceModel
 from lampo.models.synthetic import write_checkpoint
-from lampo.models.presets import get_preset
 
 
 def test_engine_rows_measure_every_setting_against_the_plain_reply(gpu_script, tiny_dense_dir, monkeypatch):
@@ -50,8 +53,7 @@ def test_mtp_agreement_counts_the_drafts_of_each_reply_position(gpu_script, tmp_
         model.prefill(seq[:t - 1])
         model.mtp_advance(model.hiddens[:-1], seq[1:t - 1], 0)
         hits.append(int(np.argmax(model.mtp_step(model.hiddens[-1], seq[t - 1], t - 2))) == seq[t])
-    forced = [int(np.argmax(model.mtp_step(model.hiddens[-1], seq[-2], len(seq) - 3)))]
-    reply[-1] = forced[0]  # one position the MTP row surely drafts
+    reply[-1] = int(np.argmax(model.mtp_step(model.hiddens[-1], seq[-2], len(seq) - 3)))  # surely drafted
     hits[-1] = True
     assert spec_acceptance.mtp_agreement(model, prompt, reply) == 100 * np.mean(hits)
 
@@ -59,11 +61,6 @@ def test_mtp_agreement_counts_the_drafts_of_each_reply_position(gpu_script, tmp_
 def test_reference_rows_reproduce_plain_greedy_in_worker_processes(tiny_dense_dir, monkeypatch):
     """The reference's rounds run in spawned workers (the script imported by its own name, as the
     workers import it); each row must reproduce the plain reply, and a wrong plain reply is caught."""
-    import sys
-    from pathlib import Path
-
-    import pytest
-
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "gpu"))
     sys.modules.pop("spec_acceptance", None)
     import spec_acceptance

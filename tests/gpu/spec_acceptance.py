@@ -1,17 +1,17 @@
 """Draft acceptance of speculative decoding on the trained measurement model, with the numpy
 reference's algorithm (lampo.models.speculative): for MTP and n-gram (prompt lookup) drafts and
 k = 1..4, greedy, on a chat-style prompt and a document-quoting prompt taken from source files the
-model was not trained on (tests/gpu/train_measure_model.py's held-out split). Every speculative run must
-reproduce plain greedy decoding token for token (asserted); the JSON gives per run the acceptance
-per draft position, the acceptance %, the mean tokens per target forward and the numpy run's seconds
-(the runs spread over --workers processes). With --engine, the same prompts run on the CUDA engine
-instead (CudaBackend, bf16 weights): plain, greedy rounds of MTP and n-gram drafts for k = 1..4, and
-auto (the drafter, k or a plain step chosen each round from what it measured), each with its
-acceptance, the share of rounds that kept each draft position, drafting rounds, decode tok/s and
-where its reply first differs from the engine's plain reply (null: nowhere; the verify window and
-the decode step round differently in bf16, so a near-tie may part them). The two are separate runs
-so that the engine's timings are taken with the GPU to themselves while the numpy run (CPU only) may
-overlap other GPU work.
+model was not trained on (tests/gpu/train_measure_model.py's held-out split). Every speculative run
+must reproduce plain greedy decoding token for token (asserted); the JSON gives per run the
+acceptance per draft position, the acceptance %, the mean tokens per target forward and the numpy
+run's seconds (the runs spread over --workers processes). With --engine, the same prompts run on
+the CUDA engine instead (CudaBackend, bf16 weights): plain, greedy rounds of MTP and n-gram drafts
+for k = 1..4, and auto (the drafter, k or a plain step chosen each round from what it measured),
+each with its acceptance, the share of rounds that kept each draft position, drafting rounds,
+decode tok/s and where its reply first differs from the engine's plain reply (null: nowhere; the
+verify window and the decode step round differently in bf16, so a near-tie may part them). The two
+are separate runs so that the engine's timings are taken with the GPU to themselves while the numpy
+run (CPU only) may overlap other GPU work.
 
 With --engine-json (an --engine run's output), the reference run first compares the engine's
 plain replies with its own: where they part, and the teacher-forced MTP agreement along each
@@ -77,6 +77,13 @@ def plain_greedy(model: ReferenceModel, prompt: list[int], n: int) -> list[int]:
     return out
 
 
+def first_difference(got: list[int], want: list[int]) -> int | None:
+    """The first position where two replies differ (the shorter one's length when one is a prefix
+    of the other), or None when they are equal."""
+    return next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
+                None if len(got) == len(want) else min(len(got), len(want)))
+
+
 def engine_rows(model_dir: Path, prompts: dict[str, list[int]], tokens: int, tokenizer) -> list[dict]:
     """Plain and speculative greedy replies on the CUDA engine, one backend per setting."""
     import threading
@@ -102,9 +109,7 @@ def engine_rows(model_dir: Path, prompts: dict[str, list[int]], tokens: int, tok
             events = list(backend.generate(GenerationRequest(tuple(ids), request), threading.Event()))
             got = [i for e in events if isinstance(e, TokenEvent) for i in e.ids]
             stats = [e for e in events if isinstance(e, Stats)][-1]
-            want = plain.setdefault(kind, got)
-            parts = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b),
-                         None if len(got) == len(want) else min(len(got), len(want)))
+            parts = first_difference(got, plain.setdefault(kind, got))
             rows.append({"prompt": kind, "setting": str(speculation), "order": order, "tokens": len(got),
                          "differs_at": parts,
                          "drafted": stats.draft_n, "accepted": stats.draft_n_accepted, "rounds": stats.draft_rounds,
@@ -136,8 +141,7 @@ def compare_replies(model: ReferenceModel, prompts: dict[str, list[int]], plain:
     rows = []
     for kind, ids in prompts.items():
         want, got = plain[kind], engine[kind]
-        first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
-        rows.append({"prompt": kind, "engine_differs_at": first,
+        rows.append({"prompt": kind, "engine_differs_at": first_difference(got, want),
                      "mtp_agreement_pct_reference_reply": mtp_agreement(model, ids, want),
                      "mtp_agreement_pct_engine_reply": mtp_agreement(model, ids, got)})
         print(json.dumps(rows[-1]), flush=True)
@@ -194,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model", type=Path)
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--tokens", type=int, default=256)
-    p.add_argument("--engine", action="store_true", help="measure the CUDA engine's rounds (not the numpy reference's)")
+    p.add_argument("--engine", action="store_true",
+                   help="measure the CUDA engine's rounds (not the numpy reference's)")
     p.add_argument("--engine-json", type=Path, help="an --engine run's JSON: first compare its plain replies "
                    "with the reference's (where they part, teacher-forced MTP agreement along each)")
     p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) // 2),

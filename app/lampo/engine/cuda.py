@@ -202,7 +202,7 @@ class CudaBackend:
         self._native = native if native is not None else load_native()
         self._ck, note = open_for_speculation(model_dir, speculation)
         cfg = self._ck.config
-        self.speculation, fallback = (speculation, "") if self._ck.has_mtp else speculation.without_mtp()
+        self.speculation, fallback = speculation.for_checkpoint(self._ck.has_mtp)
         verify_rows = 1 + (self.speculation.drafts or MAX_DRAFTS) if self.speculation.on else 0
         context_max = min(context_max or cfg.max_position_embeddings, cfg.max_position_embeddings)
         if tokenizer is None:

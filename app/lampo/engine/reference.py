@@ -55,7 +55,7 @@ class ReferenceBackend:
         self.tokenizer = tokenizer or Tokenizer.from_checkpoint(model_dir)
         check_finite(checkpoint)
         self.model = ReferenceModel.from_checkpoint(checkpoint)
-        self.speculation, note = (speculation, "") if self.model.has_mtp else speculation.without_mtp()
+        self.speculation, note = speculation.for_checkpoint(self.model.has_mtp)
         if note and say is not None:
             say(note)
         self._chunk = prefill_chunk

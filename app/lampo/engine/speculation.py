@@ -39,14 +39,15 @@ class Speculation:
     def on(self) -> bool:
         return self.mode != "off"
 
-    def without_mtp(self) -> tuple[Speculation, str]:
-        """What runs on a checkpoint without MTP weights, and the line that says so ("" when the
-        setting is unchanged)."""
-        if self.mode != "mtp":
+    def for_checkpoint(self, has_mtp: bool) -> tuple[Speculation, str]:
+        """What runs on a checkpoint with or without MTP weights, and the line that says how it
+        differs from the setting ("" when it does not): mtp without them runs as ngram."""
+        if has_mtp or self.mode != "mtp":
             return self, ""
         fallback = Speculation("ngram", self.drafts)
         return fallback, (f"speculation {self}: the checkpoint has no MTP weights (mtp.*), so no MTP drafts; "
                           f"using n-gram drafts ({fallback}) instead")
+
 
 def _count_error(count) -> str:
     return f"the draft count must be a whole number from 1 to {MAX_DRAFTS} (got {count!r})"
