@@ -44,3 +44,16 @@ def test_the_report_says_where_the_weights_came_from_and_the_host_memory(tmp_pat
         assert 0 < host["load_peak_anon_mib"] <= host["peak_rss_end_mib"]  # /proc: the tests run on Linux
         assert r["load"]["seconds"] > 0
         assert f"from {source}; anonymous at most" in capsys.readouterr().out
+
+
+def test_the_bandwidth_probe_fits_beside_the_engine_under_a_vram_limit():
+    from lampo.bench import BANDWIDTH_PROBE_BYTES, MIN_PROBE_BYTES, probe_bytes
+
+    gib = 1 << 30
+    assert probe_bytes(0, 100 * gib) == BANDWIDTH_PROBE_BYTES  # no limit: the full probe
+    assert probe_bytes(23 * gib, 10 * gib) == BANDWIDTH_PROBE_BYTES
+    # 23 GiB limit, 21.58 GiB held by the engine: two buffers of what is left, whole MiB
+    left = probe_bytes(23 * gib, int(21.58 * gib))
+    assert 2 * left <= 23 * gib - int(21.58 * gib) and left % (1 << 20) == 0 and left >= MIN_PROBE_BYTES
+    assert probe_bytes(23 * gib, 23 * gib - 2 * MIN_PROBE_BYTES + 1) == 0  # too little room: no probe
+    assert probe_bytes(23 * gib, 24 * gib) == 0

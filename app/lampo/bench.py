@@ -60,6 +60,17 @@ CPU_DEFAULTS = dict(prompt="64", depths="0,64", decode_tokens=8)
 DEFAULT_PRESET = "tiny-moe"
 WARMUP_STEPS = 4
 BANDWIDTH_PROBE_BYTES = 1 << 30
+MIN_PROBE_BYTES = 256 << 20  # several times any GPU's L2, so the copy still runs from DRAM
+
+
+def probe_bytes(vram_limit: int, allocated: int) -> int:
+    """Size of each of the copy-bandwidth probe's two buffers: BANDWIDTH_PROBE_BYTES, or under a VRAM
+    limit (which the probe's buffers count against, as the engine's blocks do) what is left beside
+    the engine, in whole MiB; 0 (no probe) where that is under MIN_PROBE_BYTES."""
+    if not vram_limit:
+        return BANDWIDTH_PROBE_BYTES
+    n = min(BANDWIDTH_PROBE_BYTES, max(vram_limit - allocated, 0) // 2 >> 20 << 20)
+    return n if n >= MIN_PROBE_BYTES else 0
 
 
 def _int_list(text: str) -> list[int]:
@@ -260,6 +271,10 @@ class Target:
     def profile(self, steps: int) -> dict[str, float]:
         return {}
 
+    def profile_verify(self, ids: list[int], steps: int) -> dict[str, float]:
+        """Un-graphed verify windows of `ids` timed per op family (the state moves on: restore it)."""
+        return {}
+
 
 class CudaTarget(Target):
     kind = "cuda"
@@ -270,6 +285,7 @@ class CudaTarget(Target):
         from lampo.models.checkpoint import Checkpoint
 
         self.native = native
+        self.vram_limit = vram_limit
         mtp = bool(w.spec and w.spec.mtp)
         ck = Checkpoint.open(model_dir, include_mtp=mtp) if model_dir is not None else None
         if mtp and ck is not None and not ck.has_mtp:
@@ -312,7 +328,9 @@ class CudaTarget(Target):
 
     def device(self) -> dict:
         info = self.native.device_info()
-        info.update(self.vram(), copy_bandwidth=self.native.measure_copy_bandwidth(BANDWIDTH_PROBE_BYTES, 20))
+        vram = self.vram()
+        n = probe_bytes(self.vram_limit, vram["engine_allocated"])
+        info.update(vram, copy_bandwidth=self.native.measure_copy_bandwidth(n, 20) if n else None)
         return info
 
     def vram(self) -> dict:
@@ -324,6 +342,9 @@ class CudaTarget(Target):
 
     def profile(self, steps: int) -> dict[str, float]:
         return dict(self.engine.profile_decode(steps))
+
+    def profile_verify(self, ids: list[int], steps: int) -> dict[str, float]:
+        return dict(self.engine.profile_verify(np.asarray(ids, np.int32), steps))
 
 
 class ReferenceTarget(Target):
@@ -533,12 +554,21 @@ def format_report(r: dict) -> str:
         lines += format_speculative(r["speculative"])
     for d in r["decode"]:
         if d.get("profile_ms"):
-            prof = {k: v for k, v in d["profile_ms"].items() if v > 0}
-            lines.append("")
-            lines.append(f"per-op ms per decode step at depth {d['depth']:,} (un-graphed, events):")
-            for k, v in sorted(prof.items(), key=lambda kv: -kv[1]):
-                lines.append(f"  {k:<16} {v:8.3f}")
+            lines += format_profile(f"per-op ms per decode step at depth {d['depth']:,}", d["profile_ms"])
+    for row in r.get("speculative") or []:
+        for d in row["draft_counts"]:
+            if d.get("profile_ms"):
+                lines += format_profile(f"per-op ms per verify window of {d['k'] + 1} tokens at depth "
+                                        f"{row['depth']:,}", d["profile_ms"])
     return "\n".join(lines)
+
+
+def format_profile(title: str, profile_ms: dict[str, float]) -> list[str]:
+    """An un-graphed per-op profile, largest family first."""
+    lines = ["", f"{title} (un-graphed, events):"]
+    for k, v in sorted(((k, v) for k, v in profile_ms.items() if v > 0), key=lambda kv: -kv[1]):
+        lines.append(f"  {k:<16} {v:8.3f}")
+    return lines
 
 
 def resolve_model(args) -> tuple[ModelConfig, Path | None]:
@@ -583,7 +613,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> dict:
     for d in w.depths:
         decode.append(measure_decode(target, d, w, rng, device.get("copy_bandwidth"), args.seed))
         if w.spec:
-            speculative.append(measure_speculative(target, decode[-1], w.spec, w.decode_tokens, rng))
+            speculative.append(measure_speculative(target, decode[-1], w.spec, w.decode_tokens, rng, w.profile_steps))
     device["vram_end"] = target.vram()  # after the deepest context: the run's VRAM as measured
     host["peak_rss_end_mib"] = peak_rss_mib()
     return {

@@ -106,9 +106,11 @@ def rounds_at(target, k: int, a: float, n: int, rng: np.random.Generator, mtp: b
             "acceptance": kept_total / judged, "tokens_per_round": emitted / rounds}
 
 
-def measure_speculative(target, decode_row: dict, spec: SpecWorkload, n: int, rng: np.random.Generator) -> dict:
+def measure_speculative(target, decode_row: dict, spec: SpecWorkload, n: int, rng: np.random.Generator,
+                        profile_steps: int = 0) -> dict:
     """The verify costs and set-acceptance runs at the depth the plain measurement left the
-    target at (its row `decode_row`)."""
+    target at (its row `decode_row`); with `profile_steps`, each window size's un-graphed per-op
+    profile too."""
     plain_ms = decode_row["ms_per_token"]
     target.snapshot(BASE_SLOT)
     out = {"depth": decode_row["depth"], "plain_ms_per_token": plain_ms, "draft_counts": []}
@@ -119,6 +121,10 @@ def measure_speculative(target, decode_row: dict, spec: SpecWorkload, n: int, rn
 
         row = {"k": k, "verify_ms": median_ms(target, verify_once)}
         row["verify_cost"] = row["verify_ms"] / plain_ms
+        if profile_steps:
+            ids = [target.next_token, *(int(t) for t in rng.integers(0, target.cfg.real_vocab_size, k))]
+            row["profile_ms"] = target.profile_verify(ids, profile_steps)
+            target.restore(BASE_SLOT)
         if spec.mtp:
             row["draft_ms"] = median_ms(target, lambda: target.draft(k))
             row["draft_cost"] = row["draft_ms"] / plain_ms

@@ -114,6 +114,27 @@ def test_a_verify_after_an_accept_and_a_graphed_decode_step(tiny):
     assert token == int(np.argmax(got[:REAL_VOCAB])) or moe
 
 
+def test_a_profiled_window_is_the_window_and_moves_one_token(tiny):
+    """profile_verify runs the window un-graphed with events and keeps its first row each time: the
+    rows are the graphed window's, and the position moves one token per window."""
+    engine, _ = tiny
+    prompt = np.random.default_rng(9).integers(0, REAL_VOCAB, 12)
+    ids = window(engine, prompt, seed=10)
+    engine.snapshot(0)
+    engine.verify(np.asarray(ids, np.int32))
+    graphed = engine.verify_logits()
+    engine.restore(0)
+    profile = engine.profile_verify(np.asarray(ids, np.int32), 2)
+    assert engine.position == len(prompt) + 2
+    assert profile["step_total"] > 0 and profile["lm_head"] > 0 and profile["sampling"] > 0
+    assert sum(v for k, v in profile.items() if k != "step_total") <= 1.5 * profile["step_total"]
+    engine.restore(0)
+    engine.profile_verify(np.asarray(ids, np.int32), 1)
+    engine.restore(0)
+    engine.verify(np.asarray(ids, np.int32))
+    np.testing.assert_array_equal(engine.verify_logits(), graphed)
+
+
 def test_misuse_is_refused_with_numbers(tiny):
     engine, _ = tiny
     prompt = np.random.default_rng(8).integers(0, REAL_VOCAB, 8)

@@ -167,6 +167,20 @@ py::array_t<int32_t> verify(Engine& e, const py::array_t<int32_t, py::array::c_s
     return out;
 }
 
+py::dict profile_verify(Engine& e, const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& ids,
+                        int steps) {
+    if (ids.ndim() != 1) throw std::invalid_argument("profile_verify: ids must be a 1-D array");
+    std::vector<int32_t> v(ids.data(), ids.data() + ids.size());
+    std::vector<std::pair<std::string, double>> r;
+    {
+        py::gil_scoped_release release;
+        r = e.profile_verify(v.data(), int(v.size()), steps);
+    }
+    py::dict d;
+    for (const auto& [k, ms] : r) d[py::str(k)] = ms;
+    return d;
+}
+
 py::array_t<int32_t> mtp_draft(Engine& e, int token, int k) {
     std::vector<int32_t> drafts;
     {
@@ -283,6 +297,9 @@ void register_engine(py::module_& m) {
         .def("accept", &Engine::accept, py::arg("keep"), release(),
              "Keep the first `keep` rows of the last verify window (states and position)")
         .def("verify_logits", &verify_logits, "fp32 logits [n, V] of the last verify window's rows")
+        .def("profile_verify", &profile_verify, py::arg("ids"), py::arg("steps"),
+             "Un-graphed verify windows of `ids`, each accepted at its first row, timed per op family: "
+             "{family: mean ms per window}")
         .def_property_readonly("has_mtp", &Engine::has_mtp,
                                "Whether the MTP module is loaded (its roles were in tensor_names)")
         .def("mtp_draft", &mtp_draft, py::arg("token"), py::arg("k"),

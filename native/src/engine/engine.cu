@@ -449,22 +449,31 @@ std::vector<std::pair<std::string, double>> Engine::profile_decode(int steps, in
     feed_token(token);
     prepare_decode_mtp();
     OpTimer timer(stream_);
+    double total_ms = 0.0;
+    for (int i = 0; i < steps; ++i) {
+        total_ms += timed_ms([&] { decode_body(&timer); });
+        timer.collect();
+        pos_ += 1;
+    }
+    return family_means(timer, steps, total_ms);
+}
+
+double Engine::timed_ms(const std::function<void()>& body) {
     cudaEvent_t start, stop;
     LAMPO_CUDA_CHECK(cudaEventCreate(&start));
     LAMPO_CUDA_CHECK(cudaEventCreate(&stop));
-    double total_ms = 0.0;
-    for (int i = 0; i < steps; ++i) {
-        LAMPO_CUDA_CHECK(cudaEventRecord(start, stream_));
-        decode_body(&timer);
-        LAMPO_CUDA_CHECK(cudaEventRecord(stop, stream_));
-        timer.collect();
-        float ms = 0.f;
-        LAMPO_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-        total_ms += ms;
-        pos_ += 1;
-    }
+    LAMPO_CUDA_CHECK(cudaEventRecord(start, stream_));
+    body();
+    LAMPO_CUDA_CHECK(cudaEventRecord(stop, stream_));
+    LAMPO_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.f;
+    LAMPO_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     cudaEventDestroy(start);
     cudaEventDestroy(stop);
+    return ms;
+}
+
+std::vector<std::pair<std::string, double>> Engine::family_means(const OpTimer& timer, int steps, double total_ms) {
     std::vector<std::pair<std::string, double>> out;
     for (int f = 0; f < int(OpFamily::Count); ++f) {
         out.emplace_back(op_family_name(OpFamily(f)), timer.total_ms()[f] / steps);

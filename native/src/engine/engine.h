@@ -113,6 +113,10 @@ public:
     // until the next forward (taking back kept drafts).
     void accept(int keep);
     std::vector<float> verify_logits();  // fp32 logits [n, V] of the last verify's rows
+    // `steps` un-graphed verify windows of `ids`, each accepted at its first row (the position
+    // moves one token per window), timed per op family: {family: mean ms per window}, as
+    // profile_decode.
+    std::vector<std::pair<std::string, double>> profile_verify(const int32_t* ids, int n, int steps);
 
     // ---- MTP drafts (the MTP module loaded) ----
     bool has_mtp() const;
@@ -197,6 +201,11 @@ private:
     void require_idle(const char* op) const;  // no decode step queued
     void feed_token(int token);  // token >= 0: the next step's input (else the last sampled id)
     void allocate_verify_rows();  // verify_mem_ and the layers' *_rows pointers
+    // verify; with `timer`, un-graphed, its ops timed and the window's GPU time added to *body_ms.
+    std::vector<int32_t> run_verify(const int32_t* ids, int n, OpTimer* timer = nullptr, double* body_ms = nullptr);
+    double timed_ms(const std::function<void()>& body);  // GPU time of the launches `body` queues
+    static std::vector<std::pair<std::string, double>> family_means(const OpTimer& timer, int steps,
+                                                                    double total_ms);
     // An attention layer's INT8 KV cache: K and V [nkv, context_max, D] int8, then their fp16
     // scales per KV_GROUP values, each piece 256-byte aligned.
     size_t kv_elems() const;

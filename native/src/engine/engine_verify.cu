@@ -44,7 +44,21 @@ void Engine::allocate_verify_rows() {
     seen_backup_ = reinterpret_cast<uint8_t*>(p + out_bytes);
 }
 
-std::vector<int32_t> Engine::verify(const int32_t* ids, int n) {
+std::vector<int32_t> Engine::verify(const int32_t* ids, int n) { return run_verify(ids, n, nullptr); }
+
+std::vector<std::pair<std::string, double>> Engine::profile_verify(const int32_t* ids, int n, int steps) {
+    if (steps < 1) throw std::invalid_argument("profile_verify: steps must be >= 1");
+    OpTimer timer(stream_);
+    double total_ms = 0.0;
+    for (int i = 0; i < steps; ++i) {
+        run_verify(ids, n, &timer, &total_ms);
+        timer.collect();
+        accept(1);
+    }
+    return family_means(timer, steps, total_ms);
+}
+
+std::vector<int32_t> Engine::run_verify(const int32_t* ids, int n, OpTimer* timer, double* body_ms) {
     require_weights();
     require_idle("verify");
     if (opt_.verify_rows == 0) throw std::logic_error("verify: the engine keeps no verify rows (verify_rows = 0)");
@@ -58,20 +72,24 @@ std::vector<int32_t> Engine::verify(const int32_t* ids, int n) {
     step.rows = true;
     const bool penalised = sampling_.presence_penalty != 0.0f;
     auto body = [&] {
-        model_forward(dims_, weights_->model(), state_, ws_, step, stream_, nullptr);
+        model_forward(dims_, weights_->model(), state_, ws_, step, stream_, timer);
         if (penalised)  // the presence set before the rows mark theirs (accept puts it back)
             LAMPO_CUDA_CHECK(cudaMemcpyAsync(seen_backup_, d_seen_, dims_.vocab, cudaMemcpyDeviceToDevice, stream_));
+        if (timer) timer->begin(OpFamily::Sampling);
         for (int i = 0; i < n; ++i) {
             sample_token(ws_.logits + size_t(i) * dims_.vocab, dims_.vocab, dims_.vocab_real, sampling_, d_seen_,
                          d_step_, d_verify_out_ + i, ws_.sampling_scratch, stream_);
             LAMPO_CHECK_LAUNCH("sample_token (verify row)");
         }
-        if (mtp.T) mtp_forward(dims_, weights_->model(), mtp_kv_, opt_.context_max, ws_, mtp, stream_, nullptr);
+        if (timer) timer->end();
+        if (mtp.T) mtp_forward(dims_, weights_->model(), mtp_kv_, opt_.context_max, ws_, mtp, stream_, timer);
     };
     // A graph per window size: its pointers are fixed, positions come from the device, the
     // sampling settings are baked in (a change updates the graphs), and the MTP pass has one shape
     // per size once a held row exists (without one it runs eagerly).
-    if (opt_.speculative_graphs && (!mtp_hidden_ || mtp.T == n)) {
+    if (timer) {
+        *body_ms += timed_ms(body);
+    } else if (opt_.speculative_graphs && (!mtp_hidden_ || mtp.T == n)) {
         launch_captured(verify_exec_[n], !same_sampling(sampling_, verify_sampling_[n]), body,
                         "cudaGraphInstantiate (verify window)");
         verify_sampling_[n] = sampling_;
