@@ -47,6 +47,30 @@ def test_gemv_lq_matches_the_dequantized_product(ops, bits, out, inn, T):
     check_bf16(ops.gemv_lq(packed, bits, out, inn, x, False), ref, what=f"gemv_lq bf16 bits={bits}")
 
 
+@pytest.mark.parametrize("bits", [0, 4, 5, 6])  # 0: bf16 weights (gemv.cu)
+@pytest.mark.parametrize("T, widths, out, inn", [
+    (2, (64, 32, 16, 16), 160, 128),             # GDN qkv|z|b|a-like, one strip of padding
+    (5, (256, 64, 64), 384, 256),                # attention q|k|v-like
+    (8, (96, 48), 144, 17_408),                  # x staged for groups of tokens
+])
+def test_row_parts_are_the_product_split_by_rows(ops, bits, T, widths, out, inn):
+    """linear_forward_parts stores each part of the rows as its own [T, width] matrix, one after
+    another, and nothing of the padding rows past the parts."""
+    rng = rng_for("linear_parts", bits, T, out, inn)
+    if bits:
+        w_arg, w = random_lq(rng, out, inn, bits)
+    else:
+        w_arg = bf16_randn(rng, (out, inn))
+        w = from_bf16(w_arg)
+    x = bf16_randn(rng, (T, inn))
+    ref = from_bf16(x).astype(np.float64) @ w.astype(np.float64).T
+    edges = np.cumsum((0, *widths))
+    want = np.concatenate([ref[:, a:b].ravel() for a, b in zip(edges[:-1], edges[1:])])
+    got = ops.linear_parts(w_arg, bits, out, inn, x, list(widths))
+    assert got.shape == (T * edges[-1],)
+    check_bf16(got, want, what=f"linear_parts bits={bits}")
+
+
 def test_gemv_lq_on_quantized_weights(ops):
     rng = rng_for("gemv_lq_quantized")
     w = (rng.standard_normal((256, 1024)) * 0.02).astype(np.float32)

@@ -241,7 +241,8 @@ void output_projection(const Ctx& c, const Linear& W, const bf16* x, const char*
 // A fused projection whose output is used as separate parts (its rows: the parts, then zero
 // padding). Part i of T rows ends up contiguous as [T, width_i] at proj + T * (sum of the widths
 // before it). With T == 1 that is exactly one row of the fused product, so one GEMV over the fused
-// matrix writes every part in place; for T > 1 one product writes ws.fused [T, padded rows] and a
+// matrix writes every part in place; a verify window (T <= GEMV_MAX_T) has the GEMV store each
+// part where it goes (RowParts); a prefill chunk's product writes ws.fused [T, padded rows] and a
 // strided copy per part gathers its columns. The input is the block's normed input (norm_w).
 template <size_t N>
 std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std::array<int, N>& widths,
@@ -256,6 +257,17 @@ std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std:
     if (row > fused.out) throw std::logic_error(std::string(name) + ": parts exceed the fused rows");
     if (T == 1) {
         input_projection(c, fused, norm_w, c.ws.proj, name);
+        return out;
+    }
+    if (c.small()) {
+        static_assert(N <= RowParts::MAX, "a fused block of at most RowParts::MAX parts");
+        RowParts split;
+        split.n = int(N);
+        for (size_t i = 0; i < N; ++i) {
+            split.dst[i] = out[i];
+            split.first[i + 1] = split.first[i] + widths[i];
+        }
+        c.op(OpFamily::Projections, name, [&] { linear_forward_parts(fused, c.ws.normed, split, T, c.st); });
         return out;
     }
     c.op(OpFamily::Projections, name, [&] { linear_forward(fused, c.ws.normed, c.ws.fused, T, c.st); });

@@ -37,6 +37,29 @@ void linear_forward(const Linear& W, const __nv_bfloat16* x, __nv_bfloat16* y, i
 void linear_forward_f32(const Linear& W, const __nv_bfloat16* x, float* y, int T,
                         cudaStream_t stream);
 
+// The rows of a fused matrix's product stored as separate parts, each its own [T, width] matrix:
+// row r of token t, first[i] <= r < first[i + 1], at dst[i] + t * (first[i + 1] - first[i]) +
+// (r - first[i]); rows from first[n] on (a block's zero padding) are not stored. The verify window
+// (T <= GEMV_MAX_T) splits the attention q|k|v and GDN qkv|z|b|a products this way as the GEMV
+// writes them, where a copy per part would follow a plain product.
+struct RowParts {
+    static constexpr int MAX = 4;
+    int n = 0;
+    int first[MAX + 1] = {};
+    __nv_bfloat16* dst[MAX] = {};
+#ifdef __CUDACC__
+    __device__ __forceinline__ __nv_bfloat16* at(int t, int row) const {
+#pragma unroll
+        for (int i = 0; i < MAX; ++i)
+            if (i < n && row < first[i + 1]) return dst[i] + size_t(t) * (first[i + 1] - first[i]) + (row - first[i]);
+        return nullptr;
+    }
+#endif
+};
+// y = x @ W^T for T <= GEMV_MAX_T tokens, written as `parts` (first[n] <= W.out).
+void linear_forward_parts(const Linear& W, const __nv_bfloat16* x, const RowParts& parts, int T,
+                          cudaStream_t stream);
+
 // The decode step (one token) folds the residual stream into its projections instead of running
 // an add_rmsnorm launch between them:
 // - a block's input projection reads x = bf16(rmsnorm(residual) * (1 + weight)), built by the

@@ -19,6 +19,8 @@ void gemv_bf16(const bf16* W, const bf16* x, OutT* y, int T, int out, int in, cu
 template <class OutT>
 void gemv_bf16_normed(const bf16* W, const ResidualNorm& x, OutT* y, int out, int in, cudaStream_t stream);
 void gemv_bf16_add_residual(const bf16* W, const bf16* x, float* residual, int out, int in, cudaStream_t stream);
+// The bf16 product of gemv_bf16 stored as row parts (linear.h RowParts).
+void gemv_bf16_parts(const bf16* W, const bf16* x, const RowParts& parts, int T, int out, int in, cudaStream_t stream);
 
 template <class OutT>
 void gemm_bf16(const bf16* W, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream);
@@ -29,6 +31,9 @@ void gemm_bf16(const bf16* W, const bf16* x, OutT* y, int T, int out, int in, cu
 template <class OutT>
 void gemv_lq(const uint8_t* W, int bits, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream);
 size_t lq_packed_bytes(int out, int in, int bits);
+// The bf16 product of gemv_lq stored as row parts (linear.h RowParts).
+void gemv_lq_parts(const uint8_t* W, int bits, const bf16* x, const RowParts& parts, int T, int out, int in,
+                   cudaStream_t stream);
 // The decode step's folded forms of gemv_lq (T = 1; contract in linear.h, as gemv_bf16_normed /
 // gemv_bf16_add_residual): gemv_lq_normed is bit for bit rmsnorm followed by gemv_lq.
 template <class OutT>

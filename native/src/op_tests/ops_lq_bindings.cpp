@@ -1,10 +1,14 @@
 // ops_lq_bindings.cpp - the LQ-format kernels on numpy arrays, for tests/cuda/test_ops_lq.py:
 //   gemv_lq(packed uint8 [bytes], bits, out, in, x bf16 bits [T, in], f32_out) -> y [T, out]
 //   bench_gemv_lq(out, in, bits, T, iters) -> {us, GBps} (packed bytes read per call)
+//   linear_parts(w, bits, out, in, x bf16 bits [T, in], widths) -> the parts one after another, part
+//     i as [T, widths[i]] (linear_forward_parts; bits 0: w is bf16 bits [out, in], else packed)
 //   moe_lq_gate_up(h [T, H], bank uint8 [E, bytes], bits, ids [T, k], I, repeat) -> act [T, k, I]
 //   moe_lq_down(act [T, k, I], bank uint8 [E, bytes], bits, ids, weights [T, k], H, repeat) -> out [T, H]
 //     (+ the mean ms of `repeat` cold-L2 launches when repeat > 0)
 // The packed bytes are those of models/quant/layout.py `pack`. Helpers: op_helpers.h.
+#include <pybind11/stl.h>
+
 #include "kernels/matmul.cuh"
 #include "kernels/ops.h"
 #include "op_tests/op_helpers.h"
@@ -31,6 +35,33 @@ py::array py_gemv_lq(Arr<uint8_t> packed, int bits, int out, int in, Arr<uint16_
     st.finish(op);
     if (f32_out) return download<float>(d_y, {T, out});
     return download<uint16_t>(d_y, {T, out});
+}
+
+py::array py_linear_parts(py::array w, int bits, int out, int in, Arr<uint16_t> x, const std::vector<int>& widths) {
+    const char* op = "linear_parts";
+    check_ndim(op, "x", x, 2);
+    check_dim(op, "x", x.shape(1), in, "width");
+    require(widths.size() >= 1 && widths.size() <= size_t(RowParts::MAX), op, "needs 1..4 widths");
+    const int T = int(x.shape(0));
+    Linear W;
+    W.out = out;
+    W.in = in;
+    W.bits = bits;
+    W.format = bits ? WeightFormat::LQ : WeightFormat::BF16;
+    const Arr<uint8_t> bytes = Arr<uint8_t>::ensure(w.attr("view")("uint8"));
+    check_dim(op, "w", bytes.size(), py::ssize_t(W.bytes()), "size in bytes");
+    auto d_w = upload(bytes);
+    auto d_x = upload(x);
+    RowParts parts;
+    parts.n = int(widths.size());
+    for (int i = 0; i < parts.n; ++i) parts.first[i + 1] = parts.first[i] + widths[i];
+    auto d_y = poisoned(size_t(T) * parts.first[parts.n] * 2);
+    for (int i = 0; i < parts.n; ++i) parts.dst[i] = d_y.as<bf16>() + size_t(T) * parts.first[i];
+    W.data = d_w.as<uint8_t>();
+    OpStream st;
+    linear_forward_parts(W, d_x.as<bf16>(), parts, T, st.s);
+    st.finish(op);
+    return download<uint16_t>(d_y, {py::ssize_t(T) * parts.first[parts.n]});
 }
 
 // Weight copies rotated between calls so the matrix is never served from L2 (as bench_linear).
@@ -94,6 +125,8 @@ py::object py_moe_lq_down(Arr<uint16_t> act, Arr<uint8_t> bank, int bits, Arr<in
 void register_lq_ops(py::module_& ops) {
     ops.def("gemv_lq", &py_gemv_lq, "packed"_a, "bits"_a, "out"_a, "in_"_a, "x"_a, "f32_out"_a = false,
             "x @ dequantize(packed).T for an LQ matrix (T <= 8) -> bf16 bits / f32");
+    ops.def("linear_parts", &py_linear_parts, "w"_a, "bits"_a, "out"_a, "in_"_a, "x"_a, "widths"_a,
+            "linear_forward_parts: x @ W.T stored as row parts, one after another (bits 0: bf16 W)");
     ops.def("bench_gemv_lq", &py_bench_gemv_lq, "out"_a, "in_"_a, "bits"_a, "T"_a = 1, "iters"_a = 50,
             "time gemv_lq in a CUDA graph -> {us, GBps}");
     ops.def("moe_lq_gate_up", &py_moe_lq_gate_up, "h"_a, "bank"_a, "bits"_a, "ids"_a, "I"_a, "repeat"_a = 0,

@@ -21,6 +21,7 @@
 // - GemvOut::AddToResidual: residual[row] += float(bf16(y[row])), the rounding the separate
 //   bf16 output + add_rmsnorm would apply; the row's residual value is read right after the wait,
 //   so the kernel's tail is a store, not a read-modify-write.
+// gemv_bf16_parts stores the bf16 rows as RowParts (linear.h) instead of one [T, out] matrix.
 #include <type_traits>
 
 #include "kernels/bf16_vec.cuh"
@@ -46,6 +47,7 @@ struct GemvParams {
     void* y;             // [T, out] OutT, or the fp32 residual [out] for AddToResidual
     int out, in, ks_count;
     ResidualNorm norm;   // GemvIn::NormedResidual
+    RowParts parts;      // n > 0: the bf16 rows stored as parts (linear.h), not at y
 };
 
 constexpr int next_pow2(int n) { return n <= 1 ? 1 : 2 * next_pow2((n + 1) / 2); }
@@ -184,7 +186,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
         OutT* y = static_cast<OutT*>(p.y);
         if constexpr (OUT == GemvOut::AddToResidual) y[row] = residual_in + __bfloat162float(__float2bfloat16(sum));
         else if constexpr (std::is_same_v<OutT, float>) y[size_t(t) * p.out + row] = sum;
-        else y[size_t(t) * p.out + row] = __float2bfloat16(sum);
+        else if (bf16* at = p.parts.n ? p.parts.at(t, row) : y + size_t(t) * p.out + row) *at = __float2bfloat16(sum);
     }
 }
 
@@ -223,14 +225,11 @@ void check_gemv(int out, int in) {
     require(out >= 0, "gemv", "out must be >= 0");
 }
 
-}  // namespace
-
 template <class OutT>
-void gemv_bf16(const bf16* W, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream) {
-    check_gemv(out, in);
+void run_gemv(const GemvParams& p, int T, cudaStream_t stream) {
+    check_gemv(p.out, p.in);
     require(T >= 1 && T <= GEMV_MAX_T, "gemv", "T must be 1..8, got " + std::to_string(T));
-    if (out == 0) return;
-    const GemvParams p{W, x, y, out, in, 1, {}};
+    if (p.out == 0) return;
     switch (T) {
         case 1: launch_gemv<1, OutT>(p, stream); break;
         case 2: launch_gemv<2, OutT>(p, stream); break;
@@ -243,18 +242,31 @@ void gemv_bf16(const bf16* W, const bf16* x, OutT* y, int T, int out, int in, cu
     }
 }
 
+}  // namespace
+
+template <class OutT>
+void gemv_bf16(const bf16* W, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream) {
+    run_gemv<OutT>({W, x, y, out, in, 1, {}, {}}, T, stream);
+}
+
+void gemv_bf16_parts(const bf16* W, const bf16* x, const RowParts& parts, int T, int out, int in, cudaStream_t stream) {
+    require(parts.n >= 1 && parts.n <= RowParts::MAX && parts.first[parts.n] <= out, "gemv_parts",
+            "needs 1..4 parts within the " + std::to_string(out) + " rows");
+    run_gemv<bf16>({W, x, nullptr, out, in, 1, {}, parts}, T, stream);
+}
+
 template <class OutT>
 void gemv_bf16_normed(const bf16* W, const ResidualNorm& norm, OutT* y, int out, int in, cudaStream_t stream) {
     check_gemv(out, in);
     require(norm.residual && norm.weight, "gemv_normed", "needs the residual row and the norm weight");
     if (out == 0) return;
-    launch_gemv<1, OutT, GemvIn::NormedResidual>({W, nullptr, y, out, in, 1, norm}, stream);
+    launch_gemv<1, OutT, GemvIn::NormedResidual>({W, nullptr, y, out, in, 1, norm, {}}, stream);
 }
 
 void gemv_bf16_add_residual(const bf16* W, const bf16* x, float* residual, int out, int in, cudaStream_t stream) {
     check_gemv(out, in);
     if (out == 0) return;
-    launch_gemv<1, float, GemvIn::X, GemvOut::AddToResidual>({W, x, residual, out, in, 1, {}}, stream);
+    launch_gemv<1, float, GemvIn::X, GemvOut::AddToResidual>({W, x, residual, out, in, 1, {}, {}}, stream);
 }
 
 template void gemv_bf16<bf16>(const bf16*, const bf16*, bf16*, int, int, int, cudaStream_t);

@@ -28,6 +28,7 @@
 //   rmsnorm followed by gemv_lq.
 // - LqOut::AddToResidual (gemv_lq_add_residual): residual[row] += float(bf16(y[row])), the rounding
 //   of a bf16 output added by add_rmsnorm.
+// gemv_lq_parts stores the bf16 rows as RowParts (linear.h) instead of one [T, out] matrix.
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -77,6 +78,7 @@ struct GemvLqParams {
     int T, out, in;
     int warps;          // the split's ranges: at most the grid's warps and the number of groups
     ResidualNorm norm;  // LqIn::NormedResidual
+    RowParts parts;     // n > 0: the bf16 rows stored as parts (linear.h), not at y
 };
 
 // The split (header): groups of LQ_GROUP tiles, `per_strip` per strip, `total` in all, warp w <
@@ -99,7 +101,8 @@ __device__ __forceinline__ void lq_store_rows(const GemvLqParams& p, int strip, 
         if (token >= p.T) continue;
         if constexpr (OUT == LqOut::AddToResidual) y[row] = __ldcg(y + row) + __bfloat162float(__float2bfloat16(v[i]));
         else if constexpr (std::is_same_v<OutT, float>) y[size_t(token) * p.out + row] = v[i];
-        else y[size_t(token) * p.out + row] = __float2bfloat16(v[i]);
+        else if (bf16* at = p.parts.n ? p.parts.at(token, row) : y + size_t(token) * p.out + row)
+            *at = __float2bfloat16(v[i]);
     }
 }
 
@@ -305,7 +308,8 @@ void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t s
     for (int t0 = 0; t0 < p.T; t0 += group) {
         GemvLqParams q = p;
         q.x = p.x ? p.x + size_t(t0) * p.in : nullptr;
-        q.y = static_cast<OutT*>(p.y) + size_t(t0) * p.out;
+        q.y = p.y ? static_cast<OutT*>(p.y) + size_t(t0) * p.out : nullptr;
+        for (int i = 0; i < p.parts.n; ++i) q.parts.dst[i] += size_t(t0) * (p.parts.first[i + 1] - p.parts.first[i]);
         q.T = std::min(group, p.T - t0);
         switch (bits) {
             case 4: launch_gemv_lq<4, OutT, IN, OUT>(op, q, stream); break;
@@ -323,19 +327,26 @@ size_t lq_packed_bytes(int out, int in, int bits) {
 
 template <class OutT>
 void gemv_lq(const uint8_t* W, int bits, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream) {
-    run_gemv_lq<OutT>("gemv_lq", bits, {W, x, y, T, out, in, 0, {}}, stream);
+    run_gemv_lq<OutT>("gemv_lq", bits, {W, x, y, T, out, in, 0, {}, {}}, stream);
+}
+
+void gemv_lq_parts(const uint8_t* W, int bits, const bf16* x, const RowParts& parts, int T, int out, int in,
+                   cudaStream_t stream) {
+    require(parts.n >= 1 && parts.n <= RowParts::MAX && parts.first[parts.n] <= out, "gemv_lq_parts",
+            "needs 1..4 parts within the " + std::to_string(out) + " rows");
+    run_gemv_lq<bf16>("gemv_lq_parts", bits, {W, x, nullptr, T, out, in, 0, {}, parts}, stream);
 }
 
 template <class OutT>
 void gemv_lq_normed(const uint8_t* W, int bits, const ResidualNorm& x, OutT* y, int out, int in, cudaStream_t stream) {
     require(x.residual && x.weight, "gemv_lq_normed", "needs the residual row and the norm weight");
-    run_gemv_lq<OutT, LqIn::NormedResidual>("gemv_lq_normed", bits, {W, nullptr, y, 1, out, in, 0, x}, stream);
+    run_gemv_lq<OutT, LqIn::NormedResidual>("gemv_lq_normed", bits, {W, nullptr, y, 1, out, in, 0, x, {}}, stream);
 }
 
 void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int out, int in,
                           cudaStream_t stream) {
     run_gemv_lq<float, LqIn::X, LqOut::AddToResidual>("gemv_lq_add_residual", bits,
-                                                      {W, x, residual, 1, out, in, 0, {}}, stream);
+                                                      {W, x, residual, 1, out, in, 0, {}, {}}, stream);
 }
 
 template void gemv_lq<bf16>(const uint8_t*, int, const bf16*, bf16*, int, int, int, cudaStream_t);

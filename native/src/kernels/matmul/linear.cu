@@ -1,6 +1,7 @@
 // linear.cu - the weight-format seam's dispatch (contract in linear.h): T <= GEMV_MAX_T goes to
 // the GEMV kernel of the weights' format, larger T to its tensor-core GEMM; T == 0 is a no-op. The
-// decode step's folded forms (one token) are the GEMVs' normed / add-residual forms.
+// decode step's folded forms (one token) are the GEMVs' normed / add-residual forms; the row parts
+// of a verify window's fused projections are the GEMVs' parts forms.
 #include "kernels/launch_utils.cuh"
 #include "kernels/linear.h"
 #include "kernels/matmul.cuh"
@@ -43,6 +44,14 @@ void linear_forward(const Linear& W, const bf16* x, bf16* y, int T, cudaStream_t
 
 void linear_forward_f32(const Linear& W, const bf16* x, float* y, int T, cudaStream_t stream) {
     linear_dispatch(W, x, y, T, stream);
+}
+
+void linear_forward_parts(const Linear& W, const bf16* x, const RowParts& parts, int T, cudaStream_t stream) {
+    check_weight(W);
+    require(T >= 1 && T <= GEMV_MAX_T, "linear_forward_parts", "T must be 1.." + std::to_string(GEMV_MAX_T) +
+                                                                   ", got " + std::to_string(T));
+    if (W.format == WeightFormat::LQ) gemv_lq_parts(static_cast<const uint8_t*>(W.data), W.bits, x, parts, T, W.out, W.in, stream);
+    else gemv_bf16_parts(static_cast<const bf16*>(W.data), x, parts, T, W.out, W.in, stream);
 }
 
 namespace {
