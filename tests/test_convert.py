@@ -151,6 +151,25 @@ def test_cli_converts_with_a_final_line_off_a_terminal(micro_dirs, tmp_path, cap
     assert f"{len(Checkpoint.open(tmp_path / 'out').names())}/" in err and f"wrote {tmp_path / 'out'} (q4)" in err
 
 
+def test_the_quantizer_option_names_where_it_ran_and_cuda_without_a_gpu_is_one_line(micro_dirs, tmp_path, capsys,
+                                                                                     monkeypatch):
+    from lampo.engine import cuda
+
+    def no_gpu():
+        raise cuda.EngineUnavailable("no CUDA device is visible")
+
+    monkeypatch.setattr(cuda, "load_native", no_gpu)
+    src = str(micro_dirs[MICRO.name])
+    assert main(["convert", src, str(tmp_path / "a"), "--quantizer", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err == "lampo convert: no CUDA device is visible; --quantizer numpy quantizes on the CPU\n"
+    assert not (tmp_path / "a").exists()
+    for kind in ("auto", "numpy"):  # auto falls back to numpy where the engine cannot run
+        assert main(["convert", src, str(tmp_path / kind), "--quantizer", kind]) == 0
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.rstrip().endswith("(q5), quantized with numpy on the CPU")
+
+
 def test_progress_line_redraws_in_place_on_a_terminal(monkeypatch):
     class Tty(io.StringIO):
         def isatty(self) -> bool:

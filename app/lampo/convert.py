@@ -1,6 +1,8 @@
-"""`lampo convert HF_DIR OUT_DIR [--recipe q5|q4]`: write the ~5 bpw (LQ) checkpoint of a bf16 one.
+"""`lampo convert HF_DIR OUT_DIR [--recipe q5|q4] [--quantizer auto|cuda|numpy]`: write the ~5 bpw (LQ) checkpoint of a bf16 one.
 
-The work is `lampo.models.quant.convert.convert`; this module parses the arguments, draws the
+The work is `lampo.models.quant.convert.convert`, quantizing on the GPU where the CUDA engine
+runs (`auto`, the default; bit for bit the numpy quantizer, which `numpy` forces and which `auto`
+falls back to; the final line says which ran); this module parses the arguments, draws the
 progress line on stderr (tensors, bytes, rate; redrawn in place at most 10 times a second on a
 terminal, only the final line otherwise) and turns every error into one line (exit status 2;
 130 after Ctrl-C, which leaves nothing behind).
@@ -13,8 +15,11 @@ import sys
 import time
 from typing import TextIO
 
-from lampo.models.quant.convert import Progress, convert
+from lampo.engine.cuda import EngineUnavailable
+from lampo.models.quant.convert import Progress, QuantizeBlock, convert, numpy_block
 from lampo.models.quant.recipes import RECIPES
+
+QUANTIZERS = ("auto", "cuda", "numpy")
 
 REDRAW_S = 0.1
 
@@ -51,22 +56,40 @@ class ProgressLine:
         self._stream.flush()
 
 
+def block_quantizer(kind: str) -> tuple[QuantizeBlock, str]:
+    """The quantizer of `--quantizer kind` and where it runs: the GPU's for cuda (EngineUnavailable
+    without one) and for auto where the CUDA engine runs, else numpy's."""
+    if kind != "numpy":
+        from lampo.engine.cuda import load_native
+
+        try:
+            return load_native().LqBlockQuantizer().quantize, "on the GPU"
+        except EngineUnavailable as e:
+            if kind == "cuda":
+                raise EngineUnavailable(f"{e}; --quantizer numpy quantizes on the CPU") from None
+    return numpy_block, "with numpy on the CPU"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="lampo convert", description=__doc__.splitlines()[0])
     p.add_argument("hf_dir", metavar="HF_DIR", help="the bf16 checkpoint (Hugging Face format)")
     p.add_argument("out_dir", metavar="OUT_DIR", help="the converted checkpoint's directory (must not exist)")
     p.add_argument("--recipe", default="q5", metavar="NAME",
                    help="; ".join(f"{r.name}: {r.summary}" for r in RECIPES.values()) + " (default: q5)")
+    p.add_argument("--quantizer", choices=QUANTIZERS, default="auto",
+                   help="where the weights are quantized: auto (the GPU where the CUDA engine runs, else numpy), "
+                        "cuda, numpy (the same bytes either way)")
     args = p.parse_args(argv)
     bar = ProgressLine(sys.stderr)
     try:
-        fmt = convert(args.hf_dir, args.out_dir, args.recipe, progress=bar)
+        quantize_block, where = block_quantizer(args.quantizer)
+        fmt = convert(args.hf_dir, args.out_dir, args.recipe, progress=bar, quantize_block=quantize_block)
     except KeyboardInterrupt:
         bar.finish("interrupted, nothing written")
         return 130
-    except (ValueError, OSError) as e:  # CheckpointError, ConvertError, an unknown recipe
+    except (ValueError, OSError, EngineUnavailable) as e:  # CheckpointError, ConvertError, a recipe, no GPU
         bar.finish("failed")
         print(f"lampo convert: {e}", file=sys.stderr)
         return 2
-    bar.finish(f"wrote {args.out_dir} ({fmt.recipe})")
+    bar.finish(f"wrote {args.out_dir} ({fmt.recipe}), quantized {where}")
     return 0

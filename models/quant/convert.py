@@ -4,8 +4,9 @@
 output from the specs alone (each tensor's stored dtype and shape from `recipes.tensor_bits` and
 `layout.packed_bytes`, the shards, hence every header), then streams the tensors in canonical
 order: a tensor the recipe quantizes is read in blocks of whole rows (a bank expert by expert),
-quantized (`quantizer.quantize`), packed (`layout.pack`) and written at once; a bf16 tensor is
-copied byte for byte. The source's tensor bytes are hashed (sha256) as they are read. Tensors the
+quantized and packed by `quantize_block` (`numpy_block`: `quantizer.quantize` and `layout.pack`,
+the specification; `lampo convert` passes the GPU's `lampo._native.LqBlockQuantizer`, bit for bit
+the same) and written at once; a bf16 tensor is copied byte for byte. The source's tensor bytes are hashed (sha256) as they are read. Tensors the
 text engine does not use (`Checkpoint.ignored`) are left out.
 
 Memory is bounded by one block of at most BLOCK_ELEMENTS weights whatever the model's size (a
@@ -57,8 +58,18 @@ class Progress:
     bytes_total: int
 
 
+QuantizeBlock = Callable[[np.ndarray, int], bytes]  # (bf16 bits [rows, k], bits) -> the rows' packed tiles
+
+
+def numpy_block(rows: np.ndarray, bits: int) -> bytes:
+    """The packed tiles of a block of whole rows by the numpy quantizer and packer."""
+    codes, scales = quantize(from_bf16(rows), bits)
+    return layout.pack(codes, scales, bits).tobytes()
+
+
 def convert(src: str | Path, out: str | Path, recipe_name: str,
-            progress: Callable[[Progress], None] | None = None, shard_bytes: int = SHARD_BYTES) -> LqFormat:
+            progress: Callable[[Progress], None] | None = None, shard_bytes: int = SHARD_BYTES,
+            quantize_block: QuantizeBlock = numpy_block) -> LqFormat:
     """Write the converted checkpoint of SRC at `recipe_name` into OUT; its format on success."""
     recipe = get_recipe(recipe_name)
     out = Path(out)
@@ -76,7 +87,7 @@ def convert(src: str | Path, out: str | Path, recipe_name: str,
         for name in SIDE_FILES:
             if (ck.model_dir / name).is_file():
                 shutil.copyfile(ck.model_dir / name, work / name)
-        digest = _write_shards(ck, tensors, work, shard_bytes, progress)
+        digest = _write_shards(ck, tensors, work, shard_bytes, progress, quantize_block)
         fmt = LqFormat(recipe.name, tensors, digest, tuple(p.name for p, _ in ck.shards()))
         (work / FORMAT_FILE).write_text(fmt.to_json(), encoding="utf-8")
         if out.exists():
@@ -89,7 +100,7 @@ def convert(src: str | Path, out: str | Path, recipe_name: str,
 
 
 def _write_shards(ck: Checkpoint, tensors: dict[str, LqTensor], work: Path, shard_bytes: int,
-                  progress: Callable[[Progress], None] | None) -> str:
+                  progress: Callable[[Progress], None] | None, quantize_block: QuantizeBlock) -> str:
     """Write the shards and the index; the sha256 of the source tensors' bytes."""
     specs = {n: t.stored_spec(ck.spec(n)) for n, t in tensors.items()}
     shards = plan_shards(specs, shard_bytes)
@@ -102,7 +113,7 @@ def _write_shards(ck: Checkpoint, tensors: dict[str, LqTensor], work: Path, shar
         with open(work / fname, "wb") as f:
             f.write(header)
             for name in names:
-                for source, packed in _blocks(ck, name, tensors[name]):
+                for source, packed in _blocks(ck, name, tensors[name], quantize_block):
                     hasher.update(source)
                     f.write(packed)
                     bytes_done += len(source)
@@ -119,7 +130,7 @@ def _write_shards(ck: Checkpoint, tensors: dict[str, LqTensor], work: Path, shar
     return hasher.hexdigest()
 
 
-def _blocks(ck: Checkpoint, name: str, t: LqTensor) -> Iterator[tuple[bytes, bytes]]:
+def _blocks(ck: Checkpoint, name: str, t: LqTensor, quantize_block: QuantizeBlock) -> Iterator[tuple[bytes, bytes]]:
     """(source bytes, output bytes) of one tensor, block by block in file order."""
     stored = ck.stored(name)
     with open(stored.path, "rb") as f:
@@ -141,5 +152,4 @@ def _blocks(ck: Checkpoint, name: str, t: LqTensor) -> Iterator[tuple[bytes, byt
         for _ in range(math.prod(banks)):
             for first in range(0, n, rows):
                 data = read(min(rows, n - first) * k * 2)
-                codes, scales = quantize(from_bf16(np.frombuffer(data, "<u2")).reshape(-1, k), t.bits)
-                yield data, layout.pack(codes, scales, t.bits).tobytes()
+                yield data, quantize_block(np.frombuffer(data, "<u2").reshape(-1, k), t.bits)

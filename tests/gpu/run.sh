@@ -68,7 +68,7 @@
 #          $WORK/files by the synthetic generator (one process per CPU, no MTP), benched, deleted:
 #          the 35B-A3B at q5 in the packed LQ format (21.6 GB; prefill 8,192 and decode at 8,192,
 #          --weights auto), then the 27B in bf16 (53.8 GB, when df shows the room: a 64 GiB disk
-#          may not have it, a 128 GiB one has) quantized on load to q5 (prefill and decode
+#          may not have it, a 128 GiB one has; FILES_27B_LAYERS=N writes N layers) quantized on load to q5 (prefill and decode
 #          at 2,048: the load's peak host memory is the number). A summary line per step: size,
 #          seconds, peak RSS (of the bench: after the load, and the anonymous part while loading;
 #          of the generator), tok/s. FILES_CONVERT=SECONDS also runs `lampo convert` on the 27B
@@ -333,9 +333,12 @@ PYEOF
     log "35B-A3B q5 from files skipped: $(avail_gb) GB free in $CK, it needs 24 (21.6 GB of shards)"
   fi
   rm -rf "$CK/35b-a3b-q5"
-  # (b) the 27B in bf16, quantized on load to q5; (c) FILES_CONVERT=SECONDS: lampo convert on it
-  if [ "$(avail_gb)" -ge 56 ]; then
-    if write_ckpt 27b-bf16 170 qwen3.6-27b; then
+  # (b) the 27B in bf16, quantized on load to q5; (c) FILES_CONVERT=SECONDS: lampo convert on it.
+  # FILES_27B_LAYERS=N writes its first N layers only (full-width tensors: the load's peak host
+  # memory is per tensor, so it is the whole model's; a 64 GiB disk has no room for all 64)
+  L27=${FILES_27B_LAYERS:-64}
+  if [ "$(avail_gb)" -ge $(( 6 + L27 * 50 / 64 )) ]; then
+    if write_ckpt 27b-bf16 170 qwen3.6-27b --layers "$L27"; then
       bench 27b-bf16-files-q5 110 --model "$CK/27b-bf16" --weights q5 --prompt 2048 --depths 2048 --profile-steps 0
       log "27b-bf16-files-q5: $(bench_line 27b-bf16-files-q5)"
       if [ "${FILES_CONVERT:-0}" -gt 0 ]; then
@@ -346,7 +349,8 @@ PYEOF
       fi
     fi
   else
-    log "27B bf16 from files skipped: $(avail_gb) GB free in $CK, it needs 56 (53.8 GB of shards)"
+    log "27B bf16 from files skipped: $(avail_gb) GB free in $CK, $L27 layers need $(( 6 + L27 * 50 / 64 ))" \
+      "(53.8 GB of shards for all 64)"
   fi
   rm -rf "$CK" ;;
 full)

@@ -8,7 +8,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include "bindings/cuda_error.h"
 #include "engine/engine.h"
+#include "kernels/matmul.cuh"
+#include "weights/lq_quantize.h"
 #include "weights/nonfinite_scan.h"
 
 namespace py = pybind11;
@@ -204,9 +207,52 @@ py::array_t<float> verify_logits(Engine& e) {
     return out;
 }
 
+// lampo convert's GPU quantizer: blocks of whole rows of a bf16 matrix in, their packed LQ tiles
+// out (lq_quantize: bit for bit the numpy quantizer and packer), through device buffers kept
+// between blocks and grown as needed.
+class LqBlockQuantizer {
+public:
+    LqBlockQuantizer() { LAMPO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+    ~LqBlockQuantizer() { cudaStreamDestroy(stream_); }
+    LqBlockQuantizer(const LqBlockQuantizer&) = delete;
+    LqBlockQuantizer& operator=(const LqBlockQuantizer&) = delete;
+
+    py::bytes quantize(const py::array_t<uint16_t, py::array::c_style | py::array::forcecast>& w, int bits) {
+        if (w.ndim() != 2) throw std::invalid_argument("LqBlockQuantizer.quantize: w must be [rows, cols] bf16 bits");
+        const int rows = int(w.shape(0)), cols = int(w.shape(1));
+        if (bits < 4 || bits > 6 || rows <= 0 || rows % 16 != 0 || cols <= 0 || cols % 64 != 0) {
+            throw std::invalid_argument("LqBlockQuantizer.quantize: needs bits 4..6 and a [16n, 64k] block, got bits " +
+                                        std::to_string(bits) + ", [" + std::to_string(rows) + ", " +
+                                        std::to_string(cols) + "]");
+        }
+        const size_t in_bytes = size_t(rows) * size_t(cols) * 2, out_bytes = lq_packed_bytes(rows, cols, bits);
+        if (in_.bytes() < in_bytes) in_ = DeviceMemory(in_bytes, "lampo convert: a block of bf16 rows");
+        if (out_.bytes() < out_bytes) out_ = DeviceMemory(out_bytes, "lampo convert: a block's packed tiles");
+        std::string packed(out_bytes, '\0');
+        {
+            py::gil_scoped_release release;
+            LAMPO_CUDA_CHECK(cudaMemcpyAsync(in_.get(), w.data(), in_bytes, cudaMemcpyHostToDevice, stream_));
+            lq_quantize(in_.as<bf16>(), rows, cols, bits, out_.as<uint8_t>(), stream_);
+            LAMPO_CUDA_CHECK(cudaMemcpyAsync(packed.data(), out_.get(), out_bytes, cudaMemcpyDeviceToHost, stream_));
+            LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        }
+        return py::bytes(packed);
+    }
+
+private:
+    cudaStream_t stream_ = nullptr;
+    DeviceMemory in_, out_;
+};
+
 }  // namespace
 
 void register_engine(py::module_& m) {
+    py::class_<LqBlockQuantizer>(m, "LqBlockQuantizer",
+                                 "lampo convert's GPU quantizer: bf16 row blocks in, packed LQ tiles out")
+        .def(py::init<>())
+        .def("quantize", &LqBlockQuantizer::quantize, py::arg("w"), py::arg("bits"),
+             "The packed LQ tiles (bytes) of w [rows, cols] bf16 bits at `bits`: layout.pack(*quantize(w, bits))");
+
     using release = py::call_guard<py::gil_scoped_release>;
     py::class_<Engine>(m, "Engine", "One model in VRAM and one conversation's state (engine.h)")
         .def(py::init([](const py::object& config, const TensorNames& tensor_names, const TensorBits& tensor_bits,
