@@ -72,9 +72,10 @@
 #          at 2,048: the load's peak host memory is the number). A summary line per step: size,
 #          seconds, peak RSS (of the bench: after the load, and the anonymous part while loading;
 #          of the generator), tok/s. FILES_CONVERT=SECONDS also runs `lampo convert` on the 27B
-#          for that long (then SIGINT: it leaves nothing) for its peak RSS and rate (a whole
-#          conversion is over an hour of numpy). Expected ~4 minutes; the steps' limits add up to
-#          ~8.5 with the build, so keep FILES_CONVERT <= 60
+#          for that long (then SIGINT: it leaves nothing) for its peak RSS and rate (on the GPU
+#          ~90 s for the whole 27B, but its ~17 GB of output do not fit a 64 GiB disk beside the
+#          source: FILES_27B_LAYERS=40 leaves room). Expected ~4 minutes; the steps' limits add up
+#          to ~8.5 with the build, so keep FILES_CONVERT <= 150
 #   full   build + pytest -m cuda + the whole benchmark: full-size random-weight models, prompts
 #          8,192 / 65,536, decode at depths 0 / 8,192 / 65,536 / 262,144 by real prefill, and the
 #          --fast-depth variant of the 35B-A3B
