@@ -70,3 +70,15 @@ async def test_dialogs_opened_and_closed_leave_no_footer_keys_behind(make_app):
             await wait_until(pilot, lambda: not isinstance(app.screen, SessionListScreen), what="the chat")
             await pilot.pause()
         assert alive(refs) == []
+
+
+
+async def test_a_token_count_that_lands_as_the_app_closes_is_kept_not_raised(make_app):
+    """The draft's token count runs in a worker; its result may arrive after the chat screen's
+    widgets are gone (the app closing): it is kept in the HUD state, not raised."""
+    app = make_app(ScriptedBackend([REPLY]))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.query("#hud"), what="the HUD")
+        await app.query_one("#hud").remove()
+        app._show_context(12, 3)
+        assert (app.hud_state.context_used, app.hud_state.pending_tokens) == (12, 3)

@@ -26,6 +26,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.timer import Timer
 from textual.widget import Widget
@@ -322,9 +323,14 @@ class LampoApp(App):
             self.call_from_thread(self._show_context, used, max(0, total - used))
 
     def _show_context(self, used: int, pending: int) -> None:
-        if not self.generating:
-            self.hud_state.set_context(used, pending)
-            self.hud.show(self.hud_state)
+        if self.generating:
+            return
+        self.hud_state.set_context(used, pending)
+        try:
+            hud = self.hud
+        except NoMatches:  # the count finished while the chat screen is covered or closing
+            return
+        hud.show(self.hud_state)
 
     @on(PromptInput.Changed, "#prompt")
     def _draft_changed(self) -> None:
