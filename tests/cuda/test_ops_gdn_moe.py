@@ -138,28 +138,36 @@ def test_gdn_recurrent_without_snapshots_returns_none(ops):
     assert snaps is None
 
 
-@pytest.mark.parametrize("Hk,Hv,K", [(16, 32, 4), (2, 4, 3), (1, 3, 2)])
-def test_gdn_decode_fused_matches_three_launches_and_reference(ops, Hk, Hv, K):
-    """conv + delta rule + gated norm in one launch: bit-identical to the three launches, close to numpy."""
-    rng = np.random.default_rng(10 * Hv + K)
-    x, a, b, A_log, dt_bias, state = gdn_inputs(rng, 1, Hk, Hv)  # x: the pre-conv q|k|v row
+@pytest.mark.parametrize("Hk,Hv,K,T", [(16, 32, 4, 1), (2, 4, 3, 1), (1, 3, 2, 1), (16, 32, 4, 5), (2, 4, 3, 3)])
+def test_gdn_decode_fused_matches_three_launches_and_reference(ops, Hk, Hv, K, T):
+    """conv + delta rule + gated norm in one launch, for a decode step and a verify window (T tokens,
+    with the states after each token): bit-identical to the three launches, close to numpy."""
+    rng = np.random.default_rng(10 * Hv + K + 100 * T)
+    x, a, b, A_log, dt_bias, state = gdn_inputs(rng, T, Hk, Hv)  # x: the pre-conv q|k|v rows
     C = x.shape[1]
     cw, cs = bf16_normal(rng, (C, K), 0.5), bf16_normal(rng, (C, K - 1))
-    z, nw = bf16_normal(rng, (1, Hv * D)), to_bf16(rng.uniform(0.5, 1.5, D).astype(np.float32))
-    y, cs_new, st_new = ops.gdn_decode_fused(x, cw, cs, a, b, A_log, dt_bias, state, z, nw, Hk)
-    qkv, cs3 = ops.causal_conv1d_silu(x, cw, cs)
-    o3, st3, _ = ops.gated_delta_rule_recurrent(qkv, a, b, A_log, dt_bias, state, Hk)
+    z, nw = bf16_normal(rng, (T, Hv * D)), to_bf16(rng.uniform(0.5, 1.5, D).astype(np.float32))
+    y, cs_new, st_new, conv_rows, st_rows = ops.gdn_decode_fused(x, cw, cs, a, b, A_log, dt_bias, state, z, nw, Hk,
+                                                                 rows=True)
+    qkv, cs3, conv_rows3 = ops.causal_conv1d_silu(x, cw, cs, rows=True)
+    o3, st3, st_rows3 = ops.gated_delta_rule_recurrent(qkv, a, b, A_log, dt_bias, state, Hk, snapshots=True)
     y3 = ops.gated_rmsnorm(o3, z, nw)
     np.testing.assert_array_equal(cs_new, cs3)
     np.testing.assert_array_equal(st_new, st3)
     np.testing.assert_array_equal(y, y3)
+    np.testing.assert_array_equal(conv_rows, conv_rows3)
+    np.testing.assert_array_equal(st_rows, st_rows3)
+    y_plain, cs_plain, st_plain = ops.gdn_decode_fused(x, cw, cs, a, b, A_log, dt_bias, state, z, nw, Hk)
+    np.testing.assert_array_equal(y_plain, y)  # the rows change nothing else
+    np.testing.assert_array_equal(cs_plain, cs_new)
+    np.testing.assert_array_equal(st_plain, st_new)
     conv_ref, cs_ref = gdn.causal_conv1d_silu(from_bf16(x), from_bf16(cw), from_bf16(cs))
     np.testing.assert_array_equal(cs_new, to_bf16(cs_ref))
     o_ref, st_ref = gdn_reference(to_bf16(conv_ref), a, b, A_log, dt_bias, state, Hk)
-    want = norms.gated_rmsnorm(o_ref, from_bf16(z).reshape(1, Hv, D), from_bf16(nw)).reshape(1, Hv * D)
-    assert_bf16_close(y, want, "fused decode y vs reference")
+    want = norms.gated_rmsnorm(o_ref, from_bf16(z).reshape(T, Hv, D), from_bf16(nw)).reshape(T, Hv * D)
+    assert_bf16_close(y, want, "fused step y vs reference")
     # numpy's silu may round a conv output to the neighbouring bf16: 1e-3 here (exactness is checked above)
-    assert_state_close(st_new, st_ref, "fused decode state vs reference", rel=1e-3)
+    assert_state_close(st_new, st_ref, "fused step state vs reference", rel=1e-3)
 
 
 def test_gdn_decode_fused_rejects_bad_shapes(ops):
@@ -167,8 +175,8 @@ def test_gdn_decode_fused_rejects_bad_shapes(ops):
     x, a, b, A_log, dt_bias, state = gdn_inputs(rng, 2, 1, 2)
     C = x.shape[1]
     cw, cs, z, nw = bf16_normal(rng, (C, 4)), bf16_normal(rng, (C, 3)), bf16_normal(rng, (2, 2 * D)), bf16_normal(rng, (D,))
-    with pytest.raises(ValueError, match="T = 1"):
-        ops.gdn_decode_fused(x, cw, cs, a, b, A_log, dt_bias, state, z, nw, 1)
+    with pytest.raises(ValueError, match="z"):
+        ops.gdn_decode_fused(x, cw, cs, a, b, A_log, dt_bias, state, z[:1], nw, 1)
     with pytest.raises(ValueError, match="K must be 2, 3 or 4"):
         ops.gdn_decode_fused(x[:1], bf16_normal(rng, (C, 5)), bf16_normal(rng, (C, 4)), a[:1], b[:1], A_log, dt_bias,
                              state, z[:1], nw, 1)

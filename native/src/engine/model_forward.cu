@@ -315,8 +315,8 @@ void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCache
 
 // Gated DeltaNet: fused qkv|z|b|a projection, causal conv + SiLU on qkv, the gated delta rule
 // (recurrent for few tokens, chunked WY form for prefill), gated RMSNorm with z, out proj. A
-// decode step (T = 1) on sm_90+ runs the first three as one gdn_decode_fused launch (LAMPO_DECODE_FUSION=0:
-// three launches).
+// decode step or verify window (T <= GEMV_MAX_T) on sm_90+ runs the first three as one
+// gdn_decode_fused launch (LAMPO_DECODE_FUSION without gdn: three launches).
 void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStateLayer& s, const bf16* norm_w) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
@@ -324,11 +324,12 @@ void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStateL
     const auto parts = project_parts<4>(c, w.in_proj, {C, d.gdn_value_width(), Hv, Hv},
                                         norm_w, "gdn in projection");
     const bf16 *qkv = parts[0], *z = parts[1], *b = parts[2], *a = parts[3];
-    if (T == 1 && !c.step.rows && decode_fusion_enabled(DecodeFusion::Gdn) && gdn_decode_fused_available()) {
+    if (c.small() && decode_fusion_enabled(DecodeFusion::Gdn) && gdn_decode_fused_available()) {
         c.op(OpFamily::GdnRule, "gdn_decode_fused", [&] {  // conv + rule + gated norm in one launch
+            const GdnRows rows = c.step.rows ? GdnRows{s.conv_rows, s.recurrent_rows} : GdnRows{};
             gdn_decode_fused(qkv, w.conv, s.conv, a, b, w.A_log, w.dt_bias, s.recurrent, z, w.norm, ws.mixed,
-                             ws.gdn_counters, d.gdn_k_heads, Hv, d.gdn_k_dim, d.gdn_v_dim, d.conv_kernel, d.eps,
-                             c.st);
+                             ws.gdn_counters, rows, T, d.gdn_k_heads, Hv, d.gdn_k_dim, d.gdn_v_dim, d.conv_kernel,
+                             d.eps, c.st);
         });
         output_projection(c, w.out, ws.mixed, "gdn out_proj");
         return;

@@ -121,17 +121,24 @@ void causal_conv1d_silu(const bf16* x, const bf16* w, bf16* state, bf16* y, int 
 void gated_delta_rule_recurrent(const bf16* qkv, const bf16* a, const bf16* b, const float* A_log,
                                 const float* dt_bias, float* state, bf16* o, float* snapshots,
                                 int T, int Hk, int Hv, int dk, int dv, cudaStream_t stream);
-// Gated DeltaNet decode step (T = 1) in one launch: causal conv + SiLU of the pre-conv row
-// qkv [1, 2*Hk*128 + Hv*128] (conv_w [C, K], conv_state [C, K-1] updated), the gated delta rule
-// (state [Hv, 128, 128] updated), and the gated RMSNorm with z [Hv*128], norm_w [128] -> y [Hv*128].
-// The same numbers as causal_conv1d_silu, gated_delta_rule_recurrent and gated_rmsnorm in
-// sequence. counters: Hk unsigned, 0 before the call and 0 again after it. K in {2, 3, 4};
-// dk = dv = 128. Needs thread block clusters: gdn_decode_fused_available() (sm_90+).
+// A Gated DeltaNet layer's few-token step in one launch (decode, verify windows): causal conv + SiLU
+// of the pre-conv rows qkv [T, 2*Hk*128 + Hv*128] (conv_w [C, K], conv_state [C, K-1] updated), the
+// gated delta rule (state [Hv, 128, 128] updated), and the gated RMSNorm with z [T, Hv*128],
+// norm_w [128] -> y [T, Hv*128]; with rows, also the states after each token: rows.conv [T, C, K-1]
+// and rows.recurrent [T, Hv, 128, 128] (as causal_conv1d_silu's row states and
+// gated_delta_rule_recurrent's snapshots). The same numbers as causal_conv1d_silu,
+// gated_delta_rule_recurrent and gated_rmsnorm in sequence. counters: Hk unsigned, 0 before the
+// call and 0 again after it. K in {2, 3, 4}; dk = dv = 128. Needs thread block clusters:
+// gdn_decode_fused_available() (sm_90+).
+struct GdnRows {
+    bf16* conv = nullptr;       // [T, C, K-1] or null
+    float* recurrent = nullptr;  // [T, Hv, 128, 128] or null
+};
 bool gdn_decode_fused_available();
 void gdn_decode_fused(const bf16* qkv, const bf16* conv_w, bf16* conv_state, const bf16* a, const bf16* b,
                       const float* A_log, const float* dt_bias, float* state, const bf16* z, const bf16* norm_w,
-                      bf16* y, unsigned* counters, int Hk, int Hv, int dk, int dv, int K, float eps,
-                      cudaStream_t stream);
+                      bf16* y, unsigned* counters, const GdnRows& rows, int T, int Hk, int Hv, int dk, int dv,
+                      int K, float eps, cudaStream_t stream);
 size_t gdn_chunked_workspace_bytes(int T, int Hv, int dk, int dv);
 void gated_delta_rule_chunked(const bf16* qkv, const bf16* a, const bf16* b, const float* A_log,
                               const float* dt_bias, float* state, bf16* o, void* workspace, int T,

@@ -95,24 +95,27 @@ py::tuple gdn_recurrent_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& a, con
 py::tuple gdn_decode_fused_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& conv_w,
                               const Arr<uint16_t>& conv_state, const Arr<uint16_t>& a, const Arr<uint16_t>& b,
                               const Arr<float>& A_log, const Arr<float>& dt_bias, const Arr<float>& state,
-                              const Arr<uint16_t>& z, const Arr<uint16_t>& norm_w, int Hk, float eps, int repeat) {
+                              const Arr<uint16_t>& z, const Arr<uint16_t>& norm_w, int Hk, bool rows, float eps,
+                              int repeat) {
     const char* op = "gdn_decode_fused";
     GdnInputs g = gdn_inputs(op, qkv, a, b, A_log, dt_bias, state, Hk);
-    require(g.T == 1, op, "one token only (T = 1), got T=" + std::to_string(g.T));
     check_ndim(op, "conv_w", conv_w, 2);
-    const int C = int(qkv.shape(1)), K = int(conv_w.shape(1)), D = 128;
+    const int T = g.T, C = int(qkv.shape(1)), K = int(conv_w.shape(1)), D = 128;
     check_shape(op, "conv_w", conv_w, {C, K});
     check_shape(op, "conv_state", conv_state, {C, K - 1});
-    check_shape(op, "z", z, {1, g.Hv * D});
+    check_shape(op, "z", z, {T, g.Hv * D});
     check_shape(op, "norm_w", norm_w, {D});
     DeviceBuffer d_cw = upload(conv_w), d_cs = upload(conv_state), d_z = upload(z), d_nw = upload(norm_w);
-    DeviceBuffer d_y = poisoned(size_t(g.Hv) * D * 2), counters = filled(size_t(Hk) * 4, 0);
+    DeviceBuffer d_y = poisoned(size_t(T) * g.Hv * D * 2), counters = filled(size_t(Hk) * 4, 0);
+    DeviceBuffer conv_rows = poisoned(rows ? size_t(T) * C * (K - 1) * 2 : 2);
+    DeviceBuffer rec_rows = poisoned(rows ? size_t(T) * g.Hv * D * D * sizeof(float) : 4);
+    const GdnRows dev_rows = rows ? GdnRows{conv_rows.as<bf16>(), rec_rows.as<float>()} : GdnRows{};
     return run_op(op, repeat,
                   [&] {
                       gdn_decode_fused(g.qkv.as<bf16>(), d_cw.as<bf16>(), d_cs.as<bf16>(), g.a.as<bf16>(),
                                        g.b.as<bf16>(), g.A_log.as<float>(), g.dt_bias.as<float>(),
                                        g.state.as<float>(), d_z.as<bf16>(), d_nw.as<bf16>(), d_y.as<bf16>(),
-                                       counters.as<unsigned>(), Hk, g.Hv, D, D, K, eps, 0);
+                                       counters.as<unsigned>(), dev_rows, T, Hk, g.Hv, D, D, K, eps, 0);
                   },
                   [&](py::list& out) {
                       std::vector<unsigned> left(static_cast<size_t>(Hk));
@@ -121,9 +124,13 @@ py::tuple gdn_decode_fused_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& con
                           if (v != 0)
                               throw std::runtime_error(std::string(op) + ": a block counter was left at " +
                                                        std::to_string(v) + " (must return to 0)");
-                      out.append(download<uint16_t>(d_y, {1, g.Hv * D}));
+                      out.append(download<uint16_t>(d_y, {T, g.Hv * D}));
                       out.append(download<uint16_t>(d_cs, {C, K - 1}));
                       out.append(download<float>(g.state, {g.Hv, D, D}));
+                      if (rows) {
+                          out.append(download<uint16_t>(conv_rows, {T, C, K - 1}));
+                          out.append(download<float>(rec_rows, {T, g.Hv, D, D}));
+                      }
                   });
 }
 
@@ -385,10 +392,11 @@ void register_gdn_moe_ops(py::module_& ops) {
             "same inputs as gated_delta_rule_recurrent -> (o, new_state)");
     ops.def("gdn_decode_fused", &gdn_decode_fused_op, arg("qkv"), arg("conv_w"), arg("conv_state"), arg("a"),
             arg("b"), arg("A_log"), arg("dt_bias"), arg("state"), arg("z"), arg("norm_w"), arg("Hk"),
-            arg("eps") = 1e-6f, arg("repeat") = 0,
-            "one GDN decode step: pre-conv qkv [1, 2*Hk*128 + Hv*128], conv_w [C,K], conv_state [C,K-1], "
-            "a, b [1,Hv], z [1,Hv*128], norm_w [128] (bf16 bits), A_log, dt_bias [Hv], state [Hv,128,128] f32 "
-            "-> (y [1,Hv*128] = gated_rmsnorm(rule(conv(qkv)), z), new conv_state, new state)");
+            arg("rows") = false, arg("eps") = 1e-6f, arg("repeat") = 0,
+            "a GDN layer's few-token step: pre-conv qkv [T, 2*Hk*128 + Hv*128], conv_w [C,K], conv_state "
+            "[C,K-1], a, b [T,Hv], z [T,Hv*128], norm_w [128] (bf16 bits), A_log, dt_bias [Hv], state "
+            "[Hv,128,128] f32 -> (y [T,Hv*128] = gated_rmsnorm(rule(conv(qkv)), z), new conv_state, new state"
+            "[, conv rows [T,C,K-1], state rows [T,Hv,128,128] with rows=True])");
     ops.def("gated_rmsnorm", &gated_rmsnorm_op, arg("o"), arg("z"), arg("w"), arg("eps") = 1e-6f,
             arg("repeat") = 0, "o [T,Hv,dv], z [T,Hv*dv], w [dv] (bf16 bits) -> y [T,Hv*dv]");
     ops.def("moe_router_topk", &router_op, arg("h"), arg("w_router"), arg("k"), arg("repeat") = 0,

@@ -157,27 +157,48 @@ gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
     store_slice(S, state + j * head_elems, rg, m0);
 }
 
-// The decode step (T = 1) of a Gated DeltaNet layer in one launch, grid (8, Hv) as above, the 8
-// blocks of V head j one thread block cluster (sm_90+):
+// A Gated DeltaNet layer's few-token step (decode: T = 1; a verify window: T <= 8) in one launch,
+// grid (8, Hv) as above, the 8 blocks of V head j one thread block cluster (sm_90+):
 // 1. before the wait, the constants: conv weights of the block's channels (thread tid: q and k
 //    channel tid of K head hk; threads 0..15 also the block's 16 v channels), A_log, dt_bias, and
 //    in rank 0's first warp the norm weight; and the states, which only this kernel writes in a
 //    forward pass (the rule in common.cuh): the state slice and the conv states of those channels.
-//    After it, every load at once: the conv inputs, a, b, and (rank 0, first warp) z.
-// 2. conv + SiLU. The block's v channels' conv state is read only here, so it is updated at once;
-//    the q/k conv state is shared by the 8 * Hv/Hk blocks of the K group: each takes a ticket on
-//    counters[hk] after reading it, and the last one writes the new q/k state (at the end, so the
-//    ticket's round trip overlaps the delta rule).
-// 3. the delta rule step of gdn_recurrent_kernel (rec_token).
-// 4. each block puts its bf16 o slice into rank 0's shared memory; after the cluster barrier rank
-//    0's first warp runs the gated RMSNorm of head j with z -> y.
-// Numbers identical to causal_conv1d_silu -> gated_delta_rule_recurrent -> gated_rmsnorm.
+// 2. per token t: conv + SiLU of row t (the channels' last K-1 inputs kept in registers), the
+//    delta rule step of gdn_recurrent_kernel (rec_token), each block's bf16 o slice into rank 0's
+//    shared memory (two buffers, so one cluster barrier per token), and there rank 0's first warp
+//    runs the gated RMSNorm of head j with z -> y row t. With rows, the recurrent slice after token
+//    t goes to rec_rows row t and the v channels' conv state to conv_rows row t.
+// 3. the block's v channels' conv state, read only by this block, is written at the end; the q/k
+//    conv state is shared by the 8 * Hv/Hk blocks of the K group: each takes a ticket on
+//    counters[hk] after reading it, and the last one writes the new q/k state (and, with rows, the
+//    q/k state after each token, replayed from the first state and x).
+// Numbers identical to causal_conv1d_silu -> gated_delta_rule_recurrent -> gated_rmsnorm, rows
+// included.
 constexpr int FUSED_CLUSTER = GDN_D / REC_COLS;
 
 template <int K>
 __device__ __forceinline__ void load_conv_w(const bf16* __restrict__ conv_w, int c, float (&w)[K]) {
 #pragma unroll
     for (int q = 0; q < K; ++q) w[q] = __bfloat162float(conv_w[size_t(c) * K + q]);
+}
+
+// A channel's last K-1 conv inputs, oldest first: read through L2 (the fused step reads them
+// before its PDL wait), shifted by one input, written as a [C, K-1] state row.
+template <int K>
+__device__ __forceinline__ void load_hist(const bf16* conv_state, int c, float (&hist)[K - 1]) {
+#pragma unroll
+    for (int q = 0; q < K - 1; ++q) hist[q] = __bfloat162float(__ldcg(conv_state + size_t(c) * (K - 1) + q));
+}
+template <int K>
+__device__ __forceinline__ void shift_in(float (&hist)[K - 1], float xc) {
+#pragma unroll
+    for (int q = 0; q < K - 2; ++q) hist[q] = hist[q + 1];
+    hist[K - 2] = xc;
+}
+template <int K>
+__device__ __forceinline__ void store_hist(bf16* conv_state, int c, const float (&hist)[K - 1]) {
+#pragma unroll
+    for (int q = 0; q < K - 1; ++q) conv_state[size_t(c) * (K - 1) + q] = __float2bfloat16_rn(hist[q]);
 }
 
 template <int K>
@@ -187,10 +208,11 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
                         const float* __restrict__ A_log, const float* __restrict__ dt_bias,
                         float* __restrict__ state, const bf16* __restrict__ z,
                         const bf16* __restrict__ norm_w, bf16* __restrict__ y, unsigned* counters,
-                        int Hk, int Hv, float eps) {
+                        bf16* __restrict__ conv_rows, float* __restrict__ rec_rows, int T, int Hk, int Hv,
+                        float eps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ float v_s[REC_COLS];
-    __shared__ __align__(8) bf16 o_row[GDN_D];  // rank 0: head j's o, gathered from the cluster
+    __shared__ __align__(8) bf16 o_row[2][GDN_D];  // rank 0: head j's o of token t in buffer t % 2
     __shared__ bool last;
     const int tid = threadIdx.x;
     const int cg = tid & 3, rg = tid >> 2;
@@ -198,10 +220,12 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
     const int m0 = blockIdx.x * REC_COLS + cg * 4;
     const bool norm_lane = blockIdx.x == 0 && tid < 32;  // rank 0's first warp: channels 4 tid .. 4 tid + 3
     const size_t head_elems = size_t(GDN_D) * GDN_D;
+    const int C = gdn_qkv_width(Hk, Hv);
+    const size_t conv_row = size_t(C) * (K - 1);
     const int cq = hk * GDN_D + tid, ck = (Hk + hk) * GDN_D + tid;
     const int cv = 2 * Hk * GDN_D + j * GDN_D + blockIdx.x * REC_COLS + tid;  // tid < REC_COLS
 
-    // 1. constants and states, then (after the wait) every input.
+    // 1. constants and states.
     float wq[K], wk[K], wv[K];
     load_conv_w<K>(conv_w, cq, wq);
     load_conv_w<K>(conv_w, ck, wk);
@@ -210,60 +234,67 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
     const float4 nw = norm_lane ? load_bf16x4(norm_w + tid * 4) : float4{};
     float4 S[REC_ROWS];
     load_slice(S, state + j * head_elems, rg, m0);
-    auto load_hist = [&](int c, float (&hist)[K - 1]) {
-#pragma unroll
-        for (int q = 0; q < K - 1; ++q) hist[q] = __bfloat162float(__ldcg(conv_state + size_t(c) * (K - 1) + q));
-    };
-    auto write_hist = [&](int c, const float (&hist)[K - 1], float xc) {  // shift in x
-#pragma unroll
-        for (int q = 0; q < K - 2; ++q) conv_state[size_t(c) * (K - 1) + q] = __float2bfloat16_rn(hist[q + 1]);
-        conv_state[size_t(c) * (K - 1) + K - 2] = __float2bfloat16_rn(xc);
-    };
     float hq[K - 1], hkk[K - 1], hv[K - 1];
-    load_hist(cq, hq);
-    load_hist(ck, hkk);
-    if (tid < REC_COLS) load_hist(cv, hv);
+    load_hist<K>(conv_state, cq, hq);
+    load_hist<K>(conv_state, ck, hkk);
+    if (tid < REC_COLS) load_hist<K>(conv_state, cv, hv);
     pdl_begin();
-    const float xq = __bfloat162float(x[cq]), xk = __bfloat162float(x[ck]);
-    const float av = __bfloat162float(a[j]), bv = __bfloat162float(b[j]);
-    const float4 zv = norm_lane ? load_bf16x4(z + size_t(j) * GDN_D + tid * 4) : float4{};
 
-    // 2. conv + SiLU (conv_out is bf16 in the three-launch path).
-    const float qv = round_to_bf16(conv_silu_step<K>(wq, hq, xq));
-    const float kv = round_to_bf16(conv_silu_step<K>(wk, hkk, xk));
-    if (tid < REC_COLS) {
-        const float xv = __bfloat162float(x[cv]);
-        v_s[tid] = round_to_bf16(conv_silu_step<K>(wv, hv, xv));
-        write_hist(cv, hv, xv);
-    }
-    __syncthreads();  // v_s is complete and every q/k conv state read of this block is done
+    // 2. the tokens.
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
     unsigned ticket = 0;
-    if (tid == 0) {
-        __threadfence();
-        ticket = atomicAdd(counters + hk, 1u);
+    for (int t = 0; t < T; ++t) {
+        const bf16* xt = x + size_t(t) * C;
+        const float xq = __bfloat162float(xt[cq]), xk = __bfloat162float(xt[ck]);
+        const float av = __bfloat162float(a[size_t(t) * Hv + j]), bv = __bfloat162float(b[size_t(t) * Hv + j]);
+        const float4 zv = norm_lane ? load_bf16x4(z + (size_t(t) * Hv + j) * GDN_D + tid * 4) : float4{};
+        // conv + SiLU (conv_out is bf16 in the three-launch path)
+        const float qv = round_to_bf16(conv_silu_step<K>(wq, hq, xq));
+        const float kv = round_to_bf16(conv_silu_step<K>(wk, hkk, xk));
+        shift_in<K>(hq, xq);
+        shift_in<K>(hkk, xk);
+        if (tid < REC_COLS) {
+            const float xv = __bfloat162float(xt[cv]);
+            v_s[tid] = round_to_bf16(conv_silu_step<K>(wv, hv, xv));
+            shift_in<K>(hv, xv);
+            if (conv_rows) store_hist<K>(conv_rows + t * conv_row, cv, hv);
+        }
+        __syncthreads();  // v_s is complete (and, at t = 0, every q/k conv state read of this block is done)
+        if (t == 0 && tid == 0) {
+            __threadfence();
+            ticket = atomicAdd(counters + hk, 1u);
+        }
+        const float4 v = make_float4(v_s[cg * 4], v_s[cg * 4 + 1], v_s[cg * 4 + 2], v_s[cg * 4 + 3]);
+        const float4 out = rec_token(S, qv, kv, v, av, bv, a_log, dtb);  // its barriers order v_s's reuse
+        if (rec_rows) store_slice(S, rec_rows + size_t(t) * Hv * head_elems + j * head_elems, rg, m0);
+        if (rg == 0) store_bf16x4(cluster.map_shared_rank(o_row[t & 1], 0) + m0, out);
+        cluster.sync();
+        if (norm_lane) {
+            const float4 o4 = load_bf16x4(o_row[t & 1] + tid * 4);
+            const float r = gated_rms_scale(sumsq4(o4), GDN_D, eps);
+            store_bf16x4(y + (size_t(t) * Hv + j) * GDN_D + tid * 4, gated_norm4(o4, r, zv, nw));
+        }
     }
-
-    // 3. the delta rule step.
-    const float4 v = make_float4(v_s[cg * 4], v_s[cg * 4 + 1], v_s[cg * 4 + 2], v_s[cg * 4 + 3]);
-    const float4 out = rec_token(S, qv, kv, v, av, bv, a_log, dtb);
     store_slice(S, state + j * head_elems, rg, m0);
 
-    // 4. o -> rank 0 ; the gated RMSNorm there.
-    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
-    if (rg == 0) store_bf16x4(cluster.map_shared_rank(o_row, 0) + m0, out);
-    cluster.sync();
-    if (norm_lane) {
-        const float4 o4 = load_bf16x4(o_row + tid * 4);
-        const float r = gated_rms_scale(sumsq4(o4), GDN_D, eps);
-        store_bf16x4(y + size_t(j) * GDN_D + tid * 4, gated_norm4(o4, r, zv, nw));
-    }
-
-    // The q/k conv state, by the K group's last block.
+    // 3. the conv states: the block's v channels; the q/k channels by the K group's last block.
+    if (tid < REC_COLS) store_hist<K>(conv_state, cv, hv);
     if (tid == 0) last = ticket == gridDim.x * (Hv / Hk) - 1;
     __syncthreads();
     if (last) {
-        write_hist(cq, hq, xq);
-        write_hist(ck, hkk, xk);
+        if (conv_rows) {  // the q/k state after each token, from the first state and the inputs
+            float rq[K - 1], rk[K - 1];
+            load_hist<K>(conv_state, cq, rq);
+            load_hist<K>(conv_state, ck, rk);
+            for (int t = 0; t < T; ++t) {
+                shift_in<K>(rq, __bfloat162float(x[size_t(t) * C + cq]));
+                shift_in<K>(rk, __bfloat162float(x[size_t(t) * C + ck]));
+                store_hist<K>(conv_rows + t * conv_row, cq, rq);
+                store_hist<K>(conv_rows + t * conv_row, ck, rk);
+            }
+        }
+        store_hist<K>(conv_state, cq, hq);
+        store_hist<K>(conv_state, ck, hkk);
         if (tid == 0) counters[hk] = 0;
     }
 #else
@@ -285,17 +316,17 @@ bool gdn_decode_fused_available() { return sm90_or_newer(); }
 
 void gdn_decode_fused(const bf16* qkv, const bf16* conv_w, bf16* conv_state, const bf16* a, const bf16* b,
                       const float* A_log, const float* dt_bias, float* state, const bf16* z, const bf16* norm_w,
-                      bf16* y, unsigned* counters, int Hk, int Hv, int dk, int dv, int K, float eps,
-                      cudaStream_t stream) {
+                      bf16* y, unsigned* counters, const GdnRows& rows, int T, int Hk, int Hv, int dk, int dv,
+                      int K, float eps, cudaStream_t stream) {
     const char* op = "gdn_decode_fused";
-    gdn_check_dims(op, 1, Hk, Hv, dk, dv);
+    gdn_check_dims(op, T, Hk, Hv, dk, dv);
     if (!counters) throw std::invalid_argument(std::string(op) + ": needs Hk zeroed counters");
     if (!gdn_decode_fused_available())
         throw std::invalid_argument(std::string(op) + ": needs thread block clusters (sm_90 or newer)");
     const dim3 grid(FUSED_CLUSTER, Hv);
     auto launch = [&](auto kernel) {
         launch_pdl_clusters(op, FUSED_CLUSTER, kernel, grid, REC_THREADS, 0, stream, qkv, conv_w, conv_state, a,
-                            b, A_log, dt_bias, state, z, norm_w, y, counters, Hk, Hv, eps);
+                            b, A_log, dt_bias, state, z, norm_w, y, counters, rows.conv, rows.recurrent, T, Hk, Hv, eps);
     };
     switch (K) {
         case 2: launch(gdn_decode_fused_kernel<2>); break;

@@ -9,7 +9,7 @@
 // of bytes and no second wave idles most SMs. A warp's tiles go through registers (LqGroup: the
 // next group's loads are in flight while the current group's products run on the tensor cores,
 // across strip boundaries too), each multiplied by lq_tile_mma against x, which every block stages
-// once in fragment order. A strip that lies wholly in one warp's range is written by that warp; a
+// once in fragment order (blocks of LQ_WARPS warps, or LQ_WIDE_WARPS for a large plain-x product). A strip that lies wholly in one warp's range is written by that warp; a
 // strip cut between warps gets one partial sum per warp (its C fragment, in a slot: 0 for the
 // warp's first strip, 1 for its last), and the warp that arrives last at the strip's counter adds
 // the pieces in warp order (deterministic) and writes the rows, then resets the counter. The slots
@@ -24,8 +24,8 @@
 //   itself (norm_row.cuh: add_rmsnorm's thread mapping and order, so the values are rmsnorm's bits)
 //   in shared memory and stages it from there (lq_stage.cuh); block 0 may also write it out. The
 //   norm weight is copied in before the wait; the residual row is kept in the x staging area
-//   between the norm's two passes. The split and the sums are gemv_lq's: the result is bit for bit
-//   rmsnorm followed by gemv_lq.
+//   between the norm's two passes. The split and the sums are those of gemv_lq in LQ_WARPS blocks:
+//   the result is bit for bit rmsnorm followed by gemv_lq wherever gemv_lq takes those blocks.
 // - LqOut::AddToResidual (gemv_lq_add_residual): residual[row] += float(bf16(y[row])), the rounding
 //   of a bf16 output added by add_rmsnorm.
 // gemv_lq_parts stores the bf16 rows as RowParts (linear.h) instead of one [T, out] matrix.
@@ -43,8 +43,11 @@
 namespace lampo {
 namespace {
 
+// Warps per block: 8 (two blocks per SM), or 16 (one per SM) for a plain-x GEMV that fills every SM
+// with them: each block stages all of x, so half the blocks stage it half as often (at T = 5 the
+// 27B's down projection takes 16% less time). The folded-norm form keeps NORM_THREADS.
 constexpr int LQ_WARPS = 8;
-static_assert(LQ_WARPS * 32 == NORM_THREADS, "the folded norm runs on the GEMV block");
+constexpr int LQ_WIDE_WARPS = 16;
 constexpr int LQ_MIN_GROUPS = 2;           // groups per warp the split aims for at least
 constexpr int LQ_SPLIT_MAX_WARPS = 4096;   // the scratch's size: warps of one launch at most
 constexpr int LQ_SPLIT_MAX_STRIPS = 1 << 16;
@@ -108,7 +111,7 @@ __device__ __forceinline__ void lq_store_rows(const GemvLqParams& p, int strip, 
 
 // The kernel's static shared memory at most: the block's pieces and counters (lq_finish_strip) and
 // 256 bytes for the folded norm's block sums (norm_row.cuh).
-constexpr size_t LQ_STATIC_SMEM_BYTES = sizeof(float4) * LQ_WARPS * 2 * 32 + sizeof(unsigned) * LQ_WARPS + 256;
+constexpr size_t lq_static_smem_bytes(int warps) { return sizeof(float4) * warps * 2 * 32 + sizeof(unsigned) * warps + 256; }
 
 // Where the pieces of strips cut between warps meet: the device scratch and counters, or, for a
 // strip whose warps all belong to one block, that block's shared memory (no device-wide fence).
@@ -150,7 +153,7 @@ __device__ __forceinline__ bool lq_meet(const LqPieces& at, const LqSplit& split
 // The end of warp w's part of `strip` (acc its sums): the rows, if the warp holds the whole strip;
 // else its piece, and the rows from all pieces if it is the last to arrive. block_pieces /
 // block_arrivals: the block's shared memory for strips within it (counter: the lowest warp's).
-template <class OutT, LqOut OUT>
+template <int WARPS, class OutT, LqOut OUT>
 __device__ __forceinline__ void lq_finish_strip(const GemvLqParams& p, const LqSplit& split, int w, int strip,
                                                 bool whole, bool first_strip, int lane, const float (&acc)[4],
                                                 float4* block_pieces, unsigned* block_arrivals) {
@@ -161,23 +164,24 @@ __device__ __forceinline__ void lq_finish_strip(const GemvLqParams& p, const LqS
     const int w_lo = split.owner(int64_t(strip) * split.per_strip);
     const int w_hi = split.owner(int64_t(strip + 1) * split.per_strip - 1);
     float sum[4];
-    const bool last = w_lo / LQ_WARPS == w_hi / LQ_WARPS
-        ? lq_meet<true>({block_pieces, block_arrivals + w_lo % LQ_WARPS, w_lo - w_lo % LQ_WARPS}, split, w, strip,
+    const bool last = w_lo / WARPS == w_hi / WARPS
+        ? lq_meet<true>({block_pieces, block_arrivals + w_lo % WARPS, w_lo - w_lo % WARPS}, split, w, strip,
                         w_lo, w_hi, first_strip, lane, acc, sum)
         : lq_meet<false>({lq_split_pieces, lq_split_arrivals + strip, 0}, split, w, strip, w_lo, w_hi, first_strip,
                          lane, acc, sum);
     if (last) lq_store_rows<OutT, OUT>(p, strip, lane, sum);
 }
 
-template <int BITS, class OutT, LqIn IN, LqOut OUT>
-__global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqParams p) {
+template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const GemvLqParams p) {
+    static_assert(IN == LqIn::X || WARPS * 32 == NORM_THREADS, "the folded norm runs on the GEMV block");
     static_assert(OUT == LqOut::Store || std::is_same_v<OutT, float>, "residual add: an fp32 row");
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
     extern __shared__ uint4 lq_smem[];
-    __shared__ float4 block_pieces[LQ_WARPS * 2 * 32];  // within LQ_STATIC_SMEM_BYTES
-    __shared__ unsigned block_arrivals[LQ_WARPS];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = blockIdx.x * LQ_WARPS + warp;
-    if (threadIdx.x < LQ_WARPS) block_arrivals[threadIdx.x] = 0u;  // read after the staging's barrier
+    __shared__ float4 block_pieces[WARPS * 2 * 32];  // within lq_static_smem_bytes(WARPS)
+    __shared__ unsigned block_arrivals[WARPS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = blockIdx.x * WARPS + warp;
+    if (threadIdx.x < WARPS) block_arrivals[threadIdx.x] = 0u;  // read after the staging's barrier
     const int tiles = p.in / LQ_TILE_COLS, per_strip = (tiles + LQ_GROUP - 1) / LQ_GROUP;
     const LqSplit split{int64_t(p.out / LQ_TILE_ROWS) * per_strip, per_strip, p.warps};
     const bool idle = w >= p.warps;  // the last block's warps past the split's count
@@ -227,7 +231,7 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqP
         const bool strip_ends = t + count == tiles;
         ++g;
         if (strip_ends || g == g_end) {
-            lq_finish_strip<OutT, OUT>(p, split, w, strip, seg_begin == 0 && strip_ends, first_strip, lane, acc,
+            lq_finish_strip<WARPS, OutT, OUT>(p, split, w, strip, seg_begin == 0 && strip_ends, first_strip, lane, acc,
                                        block_pieces, block_arrivals);
             acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
             first_strip = false;
@@ -261,11 +265,11 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqP
 
 // The grid: as many blocks as the GPU holds at once (fewer when the matrix gives a warp fewer
 // than LQ_MIN_GROUPS groups), so the split's ranges all run in one wave.
-template <int BITS, class OutT, LqIn IN, LqOut OUT>
-void launch_gemv_lq(const char* op, GemvLqParams p, cudaStream_t stream) {
-    const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT>;
+template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
+void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaStream_t stream) {
+    const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS>;
     const size_t smem = lq_smem_bytes(p.in, p.T, IN);
-    if (smem + LQ_STATIC_SMEM_BYTES > 48 * 1024) allow_dynamic_smem(kernel, smem, op);
+    if (smem + lq_static_smem_bytes(WARPS) > 48 * 1024) allow_dynamic_smem(kernel, smem, op);
     // Blocks per SM by device and shared memory size, asked of the runtime once each (eager
     // few-token forwards, e.g. verify windows, launch this kernel hundreds of times per call).
     static std::mutex lock;
@@ -276,17 +280,26 @@ void launch_gemv_lq(const char* op, GemvLqParams p, cudaStream_t stream) {
         const std::lock_guard<std::mutex> hold(lock);
         auto it = resident.find({device, smem});
         if (it == resident.end()) {
-            LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, LQ_WARPS * 32, smem));
+            LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, WARPS * 32, smem));
             it = resident.emplace(std::make_pair(device, smem), per_sm).first;
         }
         per_sm = it->second;
     }
-    const int64_t groups = int64_t(p.out / LQ_TILE_ROWS) * ceil_div(p.in / LQ_TILE_COLS, LQ_GROUP);
-    const int64_t wanted = (groups + LQ_MIN_GROUPS * LQ_WARPS - 1) / (LQ_MIN_GROUPS * LQ_WARPS);
+    const int64_t wanted = (groups + LQ_MIN_GROUPS * WARPS - 1) / (LQ_MIN_GROUPS * WARPS);
     const int blocks = int(std::min<int64_t>({wanted, int64_t(std::max(per_sm, 1)) * sm_count(),
-                                              LQ_SPLIT_MAX_WARPS / LQ_WARPS}));
-    p.warps = int(std::min<int64_t>(int64_t(blocks) * LQ_WARPS, groups));  // each warp has a group at least
-    launch_pdl(op, kernel, blocks, LQ_WARPS * 32, smem, stream, p);
+                                              LQ_SPLIT_MAX_WARPS / WARPS}));
+    p.warps = int(std::min<int64_t>(int64_t(blocks) * WARPS, groups));  // each warp has a group at least
+    launch_pdl(op, kernel, blocks, WARPS * 32, smem, stream, p);
+}
+
+template <int BITS, class OutT, LqIn IN, LqOut OUT>
+void launch_gemv_lq(const char* op, const GemvLqParams& p, cudaStream_t stream) {
+    const int64_t groups = int64_t(p.out / LQ_TILE_ROWS) * ceil_div(p.in / LQ_TILE_COLS, LQ_GROUP);
+    if constexpr (IN == LqIn::X) {
+        if (groups >= int64_t(LQ_MIN_GROUPS) * LQ_WIDE_WARPS * sm_count())
+            return launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WIDE_WARPS>(op, p, groups, stream);
+    }
+    launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WARPS>(op, p, groups, stream);
 }
 
 // The checks and the launches of every form; p.x / p.y point at token 0 (p.T tokens).
@@ -301,7 +314,7 @@ void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t s
     require(p.T >= 1 && p.T <= GEMV_MAX_T, op, "T must be 1..8, got " + std::to_string(p.T));
     // x lives in shared memory: tokens go in groups that fit (one group unless T * in is large,
     // e.g. the 27B down-projection with more than 6 tokens).
-    const size_t room = smem_optin_bytes() - LQ_STATIC_SMEM_BYTES;
+    const size_t room = smem_optin_bytes() - lq_static_smem_bytes(LQ_WIDE_WARPS);
     require(lq_smem_bytes(p.in, 1, IN) <= room, op, "in = " + std::to_string(p.in) + " is too wide");
     int group = p.T;
     while (lq_smem_bytes(p.in, group, IN) > room) --group;
