@@ -5,7 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lampo.models.sampling import FIRST_PADDING_ID, filtered_probs, sample
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lampo.models.sampling import FIRST_PADDING_ID, filtered_probs, sample, top_k_ids
 from lampo.models.sampling_params import GREEDY, SamplingParams
 
 P4 = np.log(np.array([0.5, 0.2, 0.2, 0.1]))  # logits whose softmax is [0.5, 0.2, 0.2, 0.1]
@@ -60,6 +63,18 @@ def test_top_k_keeps_k_highest_ties_to_lower_ids():
     e = np.exp([3.0, 2.0, 3.0])
     np.testing.assert_allclose(p3[[1, 2, 3]], e / e.sum())
     assert p3[0] == p3[4] == 0
+
+
+@given(values=st.integers(1, 6), n=st.integers(1, 300), k=st.integers(1, 300), seed=st.integers(0, 2**32 - 1))
+def test_top_k_ids_is_the_stable_sort_s_first_k(values, n, k, seed):
+    """The partition-based top-k keeps exactly what a stable descending sort keeps, ties included
+    (few distinct values make many ties at the boundary)."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, values, 2 * n).astype(np.float64)
+    ids = np.sort(rng.choice(2 * n, n, replace=False))
+    k = min(k, n)
+    want = np.sort(ids[np.argsort(-x[ids], kind="stable")[:k]])
+    np.testing.assert_array_equal(top_k_ids(x, ids, k), want)
 
 
 @pytest.mark.parametrize(
