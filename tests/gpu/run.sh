@@ -32,6 +32,8 @@
 #          for k = 1..4 (lampo bench --speculate-accept ... --mtp; SPEC_MODELS picks a subset)
 #   kernel build + pytest -m cuda (LAMPO_GPU_TESTS) + Nsight Compute (--set full) over the LQ GEMV
 #          launches of tests/gpu/op_profile.py for the shapes in KERNEL_SHAPES ("OUT,IN,BITS[,T] ...")
+#   gemv   build (no tests unless TESTS=1) + tests/gpu/gemv_sweep.py: every LQ matrix of both models at
+#          1 and 4 tokens, and per (in, bits, tokens) the fixed cost of a launch and its streaming rate
 #   final  build + pytest -m cuda (the engine tests again with LAMPO_DECODE_FUSION=none and =all;
 #          TESTS=0 skips the tests, for a tree already tested in an earlier call)
 #          + full-size benches that fit one call (35B-A3B real depths to 262,144; 27B prefill 8,192
@@ -86,7 +88,7 @@
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|check|lq|trained|kernel|files|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline|spec) ;; *) echo "usage: $0 quick|check|lq|trained|kernel|files|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline|spec" >&2; exit 2 ;; esac
+case "$MODE" in quick|check|lq|trained|kernel|gemv|files|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline|spec) ;; *) echo "usage: $0 quick|check|lq|trained|kernel|gemv|files|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline|spec" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -199,7 +201,7 @@ for pid in "${WRITERS[@]}"; do
 done
 [ ${#WRITERS[@]} -gt 0 ] && export LAMPO_FULL_WIDTH_DIR="$WORK/full-width" && log "full-width checkpoints written"
 
-case "$MODE" in files|profile|omit|fusions|ab|timeline) RUN_TESTS=${TESTS:-} ;; *) RUN_TESTS=1; [ "${TESTS:-}" = 0 ] && RUN_TESTS= ;; esac
+case "$MODE" in files|profile|omit|fusions|ab|timeline|gemv) RUN_TESTS=${TESTS:-} ;; *) RUN_TESTS=1; [ "${TESTS:-}" = 0 ] && RUN_TESTS= ;; esac
 if [ -n "$RUN_TESTS" ]; then
 log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
 timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
@@ -286,6 +288,9 @@ kernel)
   timeout 300 ncu --set full -k regex:gemv_lq --clock-control none \
     $PY tests/gpu/op_profile.py ${KERNEL_SHAPES:-248320,2048,4 8192,2048,5} >"$OUT/bench/ncu-kernel.txt" 2>&1
   log "ncu exit $?" ;;
+gemv)
+  timeout 400 $PY tests/gpu/gemv_sweep.py --json "$OUT/bench/gemv-sweep.json" >"$OUT/bench/gemv-sweep.txt" 2>&1
+  log "gemv sweep exit $?" ;;
 check)
   for m in 35b-a3b 27b; do
     bench "$m-check" 90 --preset "qwen3.6-$m" --random-weights --prompt 2048 --depths 0 --decode-tokens 32 --profile-steps 0
