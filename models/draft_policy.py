@@ -8,8 +8,10 @@ what one more position adds to the target's forward (measured per model and engi
 verify is nearly free, an MoE's loads more experts), draft_cost what producing one draft costs (an
 MTP layer pass; an n-gram lookup is free). Each step takes the (drafter, k) with the largest
 E(k) / c(k) over k <= k_max, where n-gram drafts exist only as far as the context repeats; when no
-choice beats a plain step (ratio 1) the step is plain, and every PROBE_EVERY plain steps one
-draft is tried anyway so that the estimates can recover. `mode` forces a drafter ("mtp", "ngram")
+choice beats a plain step (ratio 1) the step is plain, and after PROBE_EVERY plain steps one
+draft is tried anyway so that the estimates can recover; each probe that keeps nothing doubles
+that wait (up to PROBE_EVERY_MAX: text that no drafter predicts, such as a random-weight model's,
+costs a probe every few hundred steps), and a kept draft brings it back. `mode` forces a drafter ("mtp", "ngram")
 or turns speculation off ("off"); `fixed_k` forces the number of drafts.
 
 Where the engine reports what its steps take (`record_time`: the wall seconds of a plain step and
@@ -28,7 +30,8 @@ PLAIN = ("plain", 0)  # the key of a plain step's measured time
 MODES = ("auto", "off", *DRAFTERS)
 PRIOR = 0.5  # conditional acceptance assumed before anything is measured
 SMOOTHING = 0.1  # weight of the newest round in the moving averages
-PROBE_EVERY = 16  # plain steps between two probes while speculation is off
+PROBE_EVERY = 16  # plain steps before a probe while speculation is off
+PROBE_EVERY_MAX = 256  # the longest wait, after probes that kept nothing
 PLAIN_EVERY = 32  # rounds between two plain steps once step times are measured
 TIME_SMOOTHING = 0.2  # weight of the newest time in the measured step times
 
@@ -44,6 +47,8 @@ class DraftPolicy:
     seconds: dict[tuple[str, int], float] = field(init=False, default_factory=dict)  # measured step times
     _warmed: set[tuple[str, int]] = field(init=False, default_factory=set)
     _plain_steps: int = field(init=False, default=0)
+    _probe_every: int = field(init=False, default=PROBE_EVERY)  # plain steps before the next probe
+    _probing: bool = field(init=False, default=False)  # the last choice was a probe
     _rounds: int = field(init=False, default=0)  # rounds since the last plain step
 
     def __post_init__(self):
@@ -100,13 +105,19 @@ class DraftPolicy:
             self._rounds += 1
             return best[1], best[2]
         self._plain_steps += 1
-        if self._plain_steps >= PROBE_EVERY:
+        if self._plain_steps >= self._probe_every:
             self._plain_steps = 0
+            self._probing = True
             return best[1], 1
         return None, 0
 
     def record(self, drafter: str, drafted: int, kept: int) -> None:
         """One round's outcome: positions 1..kept were kept, position kept + 1 (if drafted) was not."""
+        if kept:
+            self._probe_every = PROBE_EVERY
+        elif self._probing:
+            self._probe_every = min(2 * self._probe_every, PROBE_EVERY_MAX)
+        self._probing = False
         rates = self.accept[drafter]
         for i in range(min(drafted, kept + 1)):
             rates[i] += SMOOTHING * ((1.0 if i < kept else 0.0) - rates[i])

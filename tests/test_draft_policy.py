@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from lampo.models.draft_policy import PLAIN_EVERY, PRIOR, PROBE_EVERY, DraftPolicy
+from lampo.models.draft_policy import PLAIN_EVERY, PRIOR, PROBE_EVERY, PROBE_EVERY_MAX, DraftPolicy
 
 BOTH = {"mtp": 4, "ngram": 4}
 
@@ -36,6 +36,29 @@ def test_good_acceptance_draws_more_drafts_and_bad_turns_speculation_off():
         p.record("mtp", 4, 0)
     choices = [p.choose(BOTH) for _ in range(PROBE_EVERY)]
     assert choices[:-1] == [(None, 0)] * (PROBE_EVERY - 1) and choices[-1][1] == 1  # the probe
+
+
+def test_probes_that_keep_nothing_come_ever_later_and_a_kept_draft_brings_them_back():
+    p = DraftPolicy()
+    for _ in range(60):
+        p.record("mtp", 4, 0)
+
+    def steps_to_probe() -> int:
+        for n in range(1, PROBE_EVERY_MAX + 1):
+            drafter, k = p.choose({"mtp": 4})
+            if drafter:
+                return n
+        raise AssertionError("no probe")
+
+    waits = []
+    for _ in range(6):
+        waits.append(steps_to_probe())
+        p.record("mtp", 1, 0)  # the probe keeps nothing
+    assert waits == [PROBE_EVERY, 2 * PROBE_EVERY, 4 * PROBE_EVERY, 8 * PROBE_EVERY, PROBE_EVERY_MAX,
+                     PROBE_EVERY_MAX]
+    steps_to_probe()
+    p.record("mtp", 1, 1)  # kept: probes come as often as at first
+    assert steps_to_probe() == PROBE_EVERY
 
 
 def test_an_expensive_verify_step_turns_speculation_off():
