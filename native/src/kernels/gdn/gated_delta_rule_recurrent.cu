@@ -326,7 +326,8 @@ void gdn_decode_fused(const bf16* qkv, const bf16* conv_w, bf16* conv_state, con
     const dim3 grid(FUSED_CLUSTER, Hv);
     auto launch = [&](auto kernel) {
         launch_pdl_clusters(op, FUSED_CLUSTER, kernel, grid, REC_THREADS, 0, stream, qkv, conv_w, conv_state, a,
-                            b, A_log, dt_bias, state, z, norm_w, y, counters, rows.conv, rows.recurrent, T, Hk, Hv, eps);
+                            b, A_log, dt_bias, state, z, norm_w, y, counters, rows.conv, rows.recurrent, T, Hk, Hv,
+                            eps);
     };
     switch (K) {
         case 2: launch(gdn_decode_fused_kernel<2>); break;

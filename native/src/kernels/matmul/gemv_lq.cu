@@ -9,7 +9,8 @@
 // of bytes and no second wave idles most SMs. A warp's tiles go through registers (LqGroup: the
 // next group's loads are in flight while the current group's products run on the tensor cores,
 // across strip boundaries too), each multiplied by lq_tile_mma against x, which every block stages
-// once in fragment order (blocks of LQ_WARPS warps, or LQ_WIDE_WARPS for a large plain-x product). A strip that lies wholly in one warp's range is written by that warp; a
+// once in fragment order (blocks of LQ_WARPS warps, or LQ_WIDE_WARPS for a large plain-x product).
+// A strip that lies wholly in one warp's range is written by that warp; a
 // strip cut between warps gets one partial sum per warp (its C fragment, in a slot: 0 for the
 // warp's first strip, 1 for its last), and the warp that arrives last at the strip's counter adds
 // the pieces in warp order (deterministic) and writes the rows, then resets the counter. The slots
@@ -111,7 +112,9 @@ __device__ __forceinline__ void lq_store_rows(const GemvLqParams& p, int strip, 
 
 // The kernel's static shared memory at most: the block's pieces and counters (lq_finish_strip) and
 // 256 bytes for the folded norm's block sums (norm_row.cuh).
-constexpr size_t lq_static_smem_bytes(int warps) { return sizeof(float4) * warps * 2 * 32 + sizeof(unsigned) * warps + 256; }
+constexpr size_t lq_static_smem_bytes(int warps) {
+    return sizeof(float4) * warps * 2 * 32 + sizeof(unsigned) * warps + 256;
+}
 
 // Where the pieces of strips cut between warps meet: the device scratch and counters, or, for a
 // strip whose warps all belong to one block, that block's shared memory (no device-wide fence).
