@@ -3,8 +3,9 @@
 // folded-norm GEMV (gemv_lq_normed) builds its normed row in shared memory and stages it from there.
 //
 // lq_stage_x_from<SRC> takes the rows' loads from global memory (SRC = Global: __ldg) or shared
-// memory (SRC = Shared): the same fragment order and the same fp32 sums in the same order, so a
-// row staged from shared memory gives the same bits as the same row staged from global memory.
+// memory (SRC = Shared), lq_stage_x_normed builds them from the fp32 residual rows (the few-token
+// folded norm): the same fragment order and the same fp32 sums in the same order, so the same
+// row gives the same bits whichever way it is staged.
 //
 // x staged in shared memory for the mma B operand: for token n, tile t and quad q, 16 bf16 = the
 // b0, b1 pairs of k16 steps 0..3 (b0: columns 16j + 2q, +1; b1: 16j + 2q + 8, +9), 32 bytes, so a
@@ -22,27 +23,18 @@ namespace lampo {
 
 enum class LqXSource { Global, Shared };
 
-// x [tokens, in] bf16 in SRC.
-template <LqXSource SRC>
-__device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const bf16* x, int tokens, int in,
-                                                float centre, int thread, int threads) {
+// The staging loop: `load(n, t, q, v)` fills item (token n, tile t, quad q)'s eight words (the
+// bf16 pairs at columns 64 t + 16 j + 2 q and + 8, j = 0..3, in that order) for every item.
+template <class Load>
+__device__ __forceinline__ void lq_stage_items(uint4* xs, float* start, int tokens, int in, float centre, int thread,
+                                               int threads, Load&& load) {
     const int tiles = in / LQ_TILE_COLS, items = 4 * tiles * tokens;
     for (int base = 0; base < items; base += threads) {  // every lane of a warp takes part in the shuffles
         const int i = base + thread, q = i & 3, t = (i >> 2) % tiles, n = (i >> 2) / tiles;
         uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
         float sum = 0.0f;
         if (i < items) {
-            const uint32_t* row = reinterpret_cast<const uint32_t*>(x + size_t(n) * in + t * LQ_TILE_COLS) + q;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                if constexpr (SRC == LqXSource::Global) {
-                    v[2 * j] = __ldg(row + 8 * j);
-                    v[2 * j + 1] = __ldg(row + 8 * j + 4);
-                } else {
-                    v[2 * j] = row[8 * j];
-                    v[2 * j + 1] = row[8 * j + 4];
-                }
-            }
+            load(n, t, q, v);
 #pragma unroll
             for (int k = 0; k < 8; ++k) sum += __uint_as_float(v[k] << 16) + __uint_as_float(v[k] & 0xffff0000u);
         }
@@ -57,6 +49,47 @@ __device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const b
     for (int i = thread; i < tiles * 8; i += threads)  // tokens past the staged ones
         if ((i & 7) >= tokens) start[i] = 0.0f;
     if (thread < LQ_ZERO_X_BYTES / 16) xs[tokens * tiles * 8 + thread] = make_uint4(0u, 0u, 0u, 0u);
+}
+
+// x [tokens, in] bf16 in SRC.
+template <LqXSource SRC>
+__device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const bf16* x, int tokens, int in,
+                                                float centre, int thread, int threads) {
+    lq_stage_items(xs, start, tokens, in, centre, thread, threads, [&](int n, int t, int q, uint32_t (&v)[8]) {
+        const uint32_t* row = reinterpret_cast<const uint32_t*>(x + size_t(n) * in + t * LQ_TILE_COLS) + q;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if constexpr (SRC == LqXSource::Global) {
+                v[2 * j] = __ldg(row + 8 * j);
+                v[2 * j + 1] = __ldg(row + 8 * j + 4);
+            } else {
+                v[2 * j] = row[8 * j];
+                v[2 * j + 1] = row[8 * j + 4];
+            }
+        }
+    });
+}
+
+// x = bf16(r * inv[n] * (1 + w)) built while staging, the few-token folded norm: r the fp32 rows
+// [tokens, in] in global memory (read through L2: another block may have written them), w the norm
+// weight [in] in shared memory, inv from norm_rows_inv; the values norm_row_scale computes (its
+// expression and rounding), so the same bits as rmsnorm's rows staged by lq_stage_x_from.
+// normed_out (optional, [tokens, in]): the normed rows are also written there.
+__device__ __forceinline__ void lq_stage_x_normed(uint4* xs, float* start, const float* r, const bf16* w,
+                                                  const float* inv, bf16* normed_out, int tokens, int in,
+                                                  float centre, int thread, int threads) {
+    lq_stage_items(xs, start, tokens, in, centre, thread, threads, [&](int n, int t, int q, uint32_t (&v)[8]) {
+        const int col0 = t * LQ_TILE_COLS + 2 * q;
+        const float scale = inv[n];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {  // word k: columns col0 + 16 (k / 2) + 8 (k % 2), + 1
+            const int col = col0 + 16 * (k >> 1) + 8 * (k & 1);
+            const float2 x = __ldcg(reinterpret_cast<const float2*>(r + size_t(n) * in + col));
+            const uint32_t g = *reinterpret_cast<const uint32_t*>(w + col);
+            v[k] = pack_bf16x2(x.x * scale * (1.0f + bf16_lo(g)), x.y * scale * (1.0f + bf16_hi(g)));
+            if (normed_out) *reinterpret_cast<uint32_t*>(normed_out + size_t(n) * in + col) = v[k];
+        }
+    });
 }
 
 }  // namespace lampo
