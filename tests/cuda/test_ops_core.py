@@ -247,6 +247,33 @@ def test_gemv(ops, T, out, inn):
     check_matmul(ops.gemv, T, out, inn, "gemv")
 
 
+@pytest.mark.parametrize("out,inn,f32", [(12352, 2048, False), (1001, 2048, False), (256, 2048, True), (64, 5120, False)])
+def test_gemv_normed_is_rmsnorm_then_gemv(ops, out, inn, f32):
+    """The decode step's input projection builds the normed row itself: the same bits as the
+    rmsnorm launch followed by the plain GEMV, and the normed row it writes out equals rmsnorm's."""
+    rng = rng_for("gemv-normed", out, inn)
+    w, norm_w = bf16_randn(rng, (out, inn)), bf16_randn(rng, inn, 0.2)
+    residual = (rng.standard_normal((1, inn)) * 3).astype(np.float32)
+    y, normed = ops.gemv_normed(w, residual, norm_w, 1e-6, f32)
+    want_normed = ops.rmsnorm(residual, norm_w, 1e-6)
+    np.testing.assert_array_equal(normed, want_normed)
+    np.testing.assert_array_equal(y, ops.gemv(w, want_normed, f32))
+    ref = matmul_ref(w, to_bf16(norms.rmsnorm1p(residual, from_bf16(norm_w))))
+    if f32:
+        check_close(y, ref, 1e-5, "gemv_normed f32")
+    else:
+        check_bf16(y, ref, what="gemv_normed")
+
+
+@pytest.mark.parametrize("out,inn", [(2048, 4096), (5120, 6144), (1001, 512)])
+def test_gemv_add_residual_is_gemv_then_add(ops, out, inn):
+    rng = rng_for("gemv-add", out, inn)
+    w, x = bf16_randn(rng, (out, inn)), bf16_randn(rng, (1, inn))
+    residual = (rng.standard_normal((1, out)) * 3).astype(np.float32)
+    got = ops.gemv_add_residual(w, x, residual)
+    np.testing.assert_array_equal(got, residual + from_bf16(ops.gemv(w, x, False)))
+
+
 @pytest.mark.parametrize(
     "T,out,inn",
     [

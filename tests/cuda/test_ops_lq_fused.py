@@ -1,7 +1,6 @@
-"""The folded forms of the decode step and the verify window (lampo._native_ops): the GEMVs'
-normed input and residual add for bf16 and LQ weights (linear_normed / linear_add_residual of
-ops_lq_bindings.cpp: gemv.cu, gemv_lq.cu), the LQ MoE launches' shared slot, selection and residual
-add (ops_lq_fused_bindings.cpp: native/src/kernels/moe/moe_experts_lq.cu).
+"""The decode step's folded forms for LQ weights (lampo._native_ops, ops_lq_fused_bindings.cpp:
+gemv_lq_normed / gemv_lq_add_residual in native/src/kernels/matmul/gemv_lq.cu, the LQ MoE launches'
+shared slot, selection and residual add in native/src/kernels/moe/moe_experts_lq.cu).
 
 Each fused form is checked bit for bit against the unfused GPU launches it replaces where their
 roundings are the same (rmsnorm + gemv_lq; gemv_lq + the residual add; moe_router_topk's ids and
@@ -33,83 +32,53 @@ WIDTH_SETS = [(4, 6, 6, 6), (4, 4, 5, 5), (6, 5, 4, 4)]
 # ---- the GEMV's folded forms ----------------------------------------------------------------------
 
 
-def folded_matrix(rng, bits: int, out: int, inn: int):
-    """(the weight argument, its fp32 matrix, its plain product x -> y): bits 0 for bf16 weights
-    (gemv.cu), else an LQ matrix (gemv_lq.cu)."""
-    if bits:
-        packed, w = random_lq(rng, out, inn, bits)
-        return packed, w, lambda ops, x, f32: ops.gemv_lq(packed, bits, out, inn, x, f32)
-    w_bits = bf16_randn(rng, (out, inn))
-    return w_bits, from_bf16(w_bits), lambda ops, x, f32: ops.gemv(w_bits, x, f32)
-
-
-@pytest.mark.parametrize("bits", [0, *layout.WIDTHS])
-@pytest.mark.parametrize("T, out, inn, f32", [
-    (1, 16, 64, False),      # one tile
-    (3, 48, 192, True),      # uneven K slices
-    (1, 8192, 2048, False),  # 35B-A3B GDN in-projection
-    (5, 8192, 2048, False),  # its verify window
-    (4, 256, 2048, True),    # the router of a verify window (fp32 logits)
-    (1, 1024, 5120, False),  # 27B width
-    (8, 1024, 5120, False),  # 27B width, the widest window
+@pytest.mark.parametrize("bits", layout.WIDTHS)
+@pytest.mark.parametrize("out, inn, f32", [
+    (16, 64, False),      # one tile
+    (48, 192, True),      # uneven K slices
+    (8192, 2048, False),  # 35B-A3B GDN in-projection
+    (256, 2048, True),    # fp32 output
+    (1024, 5120, False),  # 27B width
 ])
-def test_linear_normed_is_rmsnorm_then_the_product(ops, bits, T, out, inn, f32):
-    """The input projection builds the normed rows itself: the bits of the rmsnorm launch followed
-    by the plain GEMV, for one token and for a window, and the normed rows it writes out equal
-    rmsnorm's."""
-    rng = rng_for("linear_normed", bits, T, out, inn)
-    w_arg, w, product = folded_matrix(rng, bits, out, inn)
+def test_gemv_lq_normed_is_rmsnorm_then_gemv_lq(ops, bits, out, inn, f32):
+    """The input projection builds the normed row itself: the bits of the rmsnorm launch followed
+    by gemv_lq, and the normed row it writes out equals rmsnorm's."""
+    rng = rng_for("gemv_lq_normed", bits, out, inn)
+    packed, w = random_lq(rng, out, inn, bits)
     norm_w = bf16_randn(rng, inn, 0.2)
-    residual = (rng.standard_normal((T, inn)) * 3).astype(np.float32)
-    y, normed = ops.linear_normed(w_arg, bits, out, inn, residual, norm_w, 1e-6, f32)
+    residual = (rng.standard_normal((1, inn)) * 3).astype(np.float32)
+    y, normed = ops.gemv_lq_normed(packed, bits, out, inn, residual, norm_w, 1e-6, f32)
     want_normed = ops.rmsnorm(residual, norm_w, 1e-6)
     np.testing.assert_array_equal(normed, want_normed)
-    np.testing.assert_array_equal(y, product(ops, want_normed, f32))
+    np.testing.assert_array_equal(y, ops.gemv_lq(packed, bits, out, inn, want_normed, f32))
     x = to_bf16(norms.rmsnorm1p(residual, from_bf16(norm_w)))
     ref = from_bf16(x).astype(np.float64) @ w.astype(np.float64).T
     if f32:
-        check_close(y, ref, 1e-4, f"linear_normed f32 bits={bits} T={T}")
+        check_close(y, ref, 1e-4, f"gemv_lq_normed f32 bits={bits}")
     else:
-        check_bf16(y, ref, what=f"linear_normed bits={bits} T={T}")
+        check_bf16(y, ref, what=f"gemv_lq_normed bits={bits}")
 
 
-@pytest.mark.parametrize("bits", [0, *layout.WIDTHS])
-@pytest.mark.parametrize("T, widths, out, inn", [
-    (3, (64, 32, 16, 16), 160, 128),   # GDN qkv|z|b|a-like, one strip of padding
-    (5, (256, 64, 64), 384, 2048),     # attention q|k|v-like
-])
-def test_linear_normed_parts_are_the_normed_product_split(ops, bits, T, widths, out, inn):
-    rng = rng_for("linear_normed_parts", bits, T, out, inn)
-    w_arg, _, _ = folded_matrix(rng, bits, out, inn)
-    norm_w = bf16_randn(rng, inn, 0.2)
-    residual = (rng.standard_normal((T, inn)) * 3).astype(np.float32)
-    got, normed = ops.linear_normed(w_arg, bits, out, inn, residual, norm_w, 1e-6, False, list(widths))
-    want_normed = ops.rmsnorm(residual, norm_w, 1e-6)
-    np.testing.assert_array_equal(normed, want_normed)
-    np.testing.assert_array_equal(got, ops.linear_parts(w_arg, bits, out, inn, want_normed, list(widths)))
-
-
-@pytest.mark.parametrize("bits", [0, *layout.WIDTHS])
-@pytest.mark.parametrize("T, out, inn", [(1, 16, 64), (1, 2048, 4096), (4, 2048, 512), (5, 5120, 6144)])
-def test_linear_add_residual_is_the_product_then_add(ops, bits, T, out, inn):
-    rng = rng_for("linear_add_residual", bits, T, out, inn)
-    w_arg, w, product = folded_matrix(rng, bits, out, inn)
-    x = bf16_randn(rng, (T, inn))
-    residual = (rng.standard_normal((T, out)) * 3).astype(np.float32)
-    got = ops.linear_add_residual(w_arg, bits, out, inn, x, residual)
-    y = product(ops, x, False)
+@pytest.mark.parametrize("bits", layout.WIDTHS)
+@pytest.mark.parametrize("out, inn", [(16, 64), (2048, 4096), (2048, 512), (5120, 6144)])
+def test_gemv_lq_add_residual_is_gemv_lq_then_add(ops, bits, out, inn):
+    rng = rng_for("gemv_lq_add", bits, out, inn)
+    packed, w = random_lq(rng, out, inn, bits)
+    x = bf16_randn(rng, (1, inn))
+    residual = (rng.standard_normal((1, out)) * 3).astype(np.float32)
+    got = ops.gemv_lq_add_residual(packed, bits, out, inn, x, residual)
+    y = ops.gemv_lq(packed, bits, out, inn, x, False)
     np.testing.assert_array_equal(got, residual + from_bf16(y))
-    check_bf16(y, from_bf16(x).astype(np.float64) @ w.astype(np.float64).T, what=f"product bits={bits}")
+    check_bf16(y, from_bf16(x).astype(np.float64) @ w.astype(np.float64).T, what=f"gemv_lq bits={bits}")
 
 
-def test_linear_folded_refuse_bad_arguments(ops):
+def test_gemv_lq_folded_refuse_bad_arguments(ops):
     packed = np.zeros(layout.packed_bytes(16, 64, 4), np.uint8)
-    with pytest.raises(ValueError, match="w: size in bytes"):
-        ops.linear_normed(packed, 5, 16, 64, np.zeros((1, 64), np.float32), np.zeros(64, np.uint16))
-    with pytest.raises(ValueError, match="T must be 1..8"):
-        ops.linear_normed(packed, 4, 16, 64, np.zeros((9, 64), np.float32), np.zeros(64, np.uint16))
-    with pytest.raises(ValueError, match="residual must have shape"):
-        ops.linear_add_residual(packed, 4, 16, 64, np.zeros((1, 64), np.uint16), np.zeros((1, 32), np.float32))
+    with pytest.raises(ValueError, match="bits 4..6"):
+        ops.gemv_lq_normed(np.zeros(layout.packed_bytes(16, 64, 4), np.uint8), 7, 16, 64,
+                           np.zeros((1, 64), np.float32), np.zeros(64, np.uint16))
+    with pytest.raises(ValueError, match="residual: length"):
+        ops.gemv_lq_add_residual(packed, 4, 16, 64, np.zeros((1, 64), np.uint16), np.zeros((1, 32), np.float32))
 
 
 # ---- the MoE launches -----------------------------------------------------------------------------

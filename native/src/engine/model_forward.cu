@@ -4,10 +4,9 @@
 //   + post-norm, FFN (SwiGLU or MoE), residual add + next pre-norm -> final norm -> LM head.
 //
 // The residual stream is fp32 [T, H]; `add_rmsnorm` fuses each residual add with the norm that
-// follows it, except in the decode step and the verify window (T <= GEMV_MAX_T,
-// DecodeFusion::Norms), where each block's input projection builds its normed rows from the
-// residual itself and each output projection adds into the residual: no norm launches between the
-// blocks (input_projection / output_projection).
+// follows it, except in the decode step (T = 1, DecodeFusion::Norms), where each block's input
+// projection builds its normed row from the residual itself and each output projection adds into
+// the residual: no norm launches between the blocks (input_projection / output_projection).
 // T <= GEMV_MAX_T (decode, verify windows) takes the GEMV / recurrent / flash-decoding
 // paths that read positions from device memory (graph-capturable); larger T (prefill chunks) takes
 // the GEMM / chunked GDN / flash prefill / grouped-MoE paths. Every launch is checked with its op
@@ -201,7 +200,7 @@ struct Ctx {
     const ForwardStep& step;
     cudaStream_t st;
     OpTimer* timer;
-    bool fold;  // a few-token forward with its norms and residual adds folded into the projections
+    bool fold;  // the decode step with its norms and residual adds folded into the projections
 
     // Runs one op (any launcher call), times it under `family` and checks its launch.
     template <class F>
@@ -219,11 +218,11 @@ struct Ctx {
 };
 
 // A block's input projection y = W @ normed input: reads ws.normed, or, folded, builds the normed
-// rows from the residual stream itself.
+// row from the residual stream itself.
 void input_projection(const Ctx& c, const Linear& W, const bf16* norm_w, bf16* y, const char* name) {
     if (c.folded()) {
         c.op(OpFamily::Projections, name,
-             [&] { linear_forward_normed(W, {c.ws.residual, norm_w, c.d.eps}, y, c.step.T, c.st); });
+             [&] { linear_forward_normed(W, {c.ws.residual, norm_w, c.d.eps}, y, c.st); });
     } else {
         c.op(OpFamily::Projections, name, [&] { linear_forward(W, c.ws.normed, y, c.step.T, c.st); });
     }
@@ -233,7 +232,7 @@ void input_projection(const Ctx& c, const Linear& W, const bf16* norm_w, bf16* y
 // into the residual stream.
 void output_projection(const Ctx& c, const Linear& W, const bf16* x, const char* name) {
     if (c.folded()) {
-        c.op(OpFamily::Projections, name, [&] { linear_forward_add_residual(W, x, c.ws.residual, c.step.T, c.st); });
+        c.op(OpFamily::Projections, name, [&] { linear_forward_add_residual(W, x, c.ws.residual, c.st); });
     } else {
         c.op(OpFamily::Projections, name, [&] { linear_forward(W, x, c.ws.delta, c.step.T, c.st); });
     }
@@ -244,8 +243,7 @@ void output_projection(const Ctx& c, const Linear& W, const bf16* x, const char*
 // before it). With T == 1 that is exactly one row of the fused product, so one GEMV over the fused
 // matrix writes every part in place; a verify window (T <= GEMV_MAX_T) has the GEMV store each
 // part where it goes (RowParts); a prefill chunk's product writes ws.fused [T, padded rows] and a
-// strided copy per part gathers its columns. The input is the block's normed input (norm_w): folded,
-// built from the residual stream by the GEMV.
+// strided copy per part gathers its columns. The input is the block's normed input (norm_w).
 template <size_t N>
 std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std::array<int, N>& widths,
                                    const bf16* norm_w, const char* name) {
@@ -269,10 +267,7 @@ std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std:
             split.dst[i] = out[i];
             split.first[i + 1] = split.first[i] + widths[i];
         }
-        c.op(OpFamily::Projections, name, [&] {
-            if (c.folded()) linear_forward_normed_parts(fused, {c.ws.residual, norm_w, c.d.eps}, split, T, c.st);
-            else linear_forward_parts(fused, c.ws.normed, split, T, c.st);
-        });
+        c.op(OpFamily::Projections, name, [&] { linear_forward_parts(fused, c.ws.normed, split, T, c.st); });
         return out;
     }
     c.op(OpFamily::Projections, name, [&] { linear_forward(fused, c.ws.normed, c.ws.fused, T, c.st); });
@@ -412,8 +407,7 @@ void shared_expert_and_combine(const Ctx& c, const MoeFfnWeights& w) {
 // as one more slot of the same two launches when it is in that format too. Folded (decode):
 // router logits from the residual stream (which also leaves the normed row in ws.normed), gate_up
 // selecting its experts from the logits, down adding into the residual: three launches. A prefill
-// chunk: the grouped GEMMs of the banks' format. Folded, the decode step and the verify window
-// alike (T tokens). Outside the one-slot forms the shared expert
+// chunk: the grouped GEMMs of the banks' format. Outside the one-slot forms the shared expert
 // runs through its own projections and moe_shared_combine.
 void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
     const ModelDims& d = c.d;
@@ -433,23 +427,23 @@ void moe_ffn(const Ctx& c, const MoeFfnWeights& w, const bf16* norm_w) {
     if (c.folded()) {  // decode_foldable: one_slot holds
         const Linear router{WeightFormat::BF16, w.router, d.n_experts, H};
         c.op(OpFamily::MoeRouter, "moe router logits", [&] {
-            linear_forward_normed_f32(router, {ws.residual, norm_w, d.eps, ws.normed}, ws.router_logits, T, c.st);
+            linear_forward_normed_f32(router, {ws.residual, norm_w, d.eps, ws.normed}, ws.router_logits, c.st);
         });
         c.op(OpFamily::MoeExperts, "moe_experts_gate_up_select", [&] {
             if (lq) {
                 moe_experts_lq_gate_up_select(ws.normed, ws.router_logits, d.n_experts, gate_up_lq, gu_bits,
-                                              ws.expert_ids, ws.expert_weights, ws.act, T, k, H, I, c.st, &shared_lq);
+                                              ws.expert_ids, ws.expert_weights, ws.act, 1, k, H, I, c.st, &shared_lq);
             } else {
                 moe_experts_gate_up_select(ws.normed, ws.router_logits, d.n_experts, gate_up, ws.expert_ids,
-                                           ws.expert_weights, ws.act, T, k, H, I, c.st, &shared);
+                                           ws.expert_weights, ws.act, 1, k, H, I, c.st, &shared);
             }
         });
         c.op(OpFamily::MoeExperts, "moe_experts_down_add", [&] {
             if (lq) {
-                moe_experts_lq_down_add(ws.act, down_lq, down_bits, ws.expert_ids, ws.expert_weights, ws.residual, T,
+                moe_experts_lq_down_add(ws.act, down_lq, down_bits, ws.expert_ids, ws.expert_weights, ws.residual, 1,
                                         k, H, I, c.st, &shared_lq);
             } else {
-                moe_experts_down_add(ws.act, down, ws.expert_ids, ws.expert_weights, ws.residual, T, k, H, I, c.st,
+                moe_experts_down_add(ws.act, down, ws.expert_ids, ws.expert_weights, ws.residual, 1, k, H, I, c.st,
                                      &shared);
             }
         });
@@ -583,8 +577,7 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
                                     " tokens; the engine keeps " + std::to_string(std::min(ws.logit_rows, GEMV_MAX_T)) +
                                     " rows");
     }
-    const bool folded = step.T <= std::min(GEMV_MAX_T, MOE_DECODE_MAX_T) && w.decode_foldable &&
-                        decode_fusion_enabled(DecodeFusion::Norms);
+    const bool folded = step.T == 1 && w.decode_foldable && decode_fusion_enabled(DecodeFusion::Norms);
     const Ctx c{d, w, ws, step, stream, timer, folded};  // unfolded: each block's input is ws.normed
     const int T = step.T, H = d.hidden, L = d.n_layers();
     if constexpr (timeline_built()) timeline_forward_begin(T);
@@ -619,7 +612,7 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
     }
 
     if (folded && (step.logits || step.hidden_out))
-        c.op(OpFamily::Norms, "rmsnorm", [&] { rmsnorm(ws.residual, w.final_norm, final_rows, T, H, d.eps, stream); });
+        c.op(OpFamily::Norms, "rmsnorm", [&] { rmsnorm(ws.residual, w.final_norm, final_rows, 1, H, d.eps, stream); });
     if (step.logits) {  // the last row, or every row of a verify window
         const int rows = step.rows ? T : 1;
         const bf16* first = final_rows + size_t(T - rows) * H;

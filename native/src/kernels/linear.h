@@ -60,24 +60,19 @@ struct RowParts {
 void linear_forward_parts(const Linear& W, const __nv_bfloat16* x, const RowParts& parts, int T,
                           cudaStream_t stream);
 
-// The decode step and the verify window (T <= GEMV_MAX_T tokens) fold the residual stream into
-// their projections instead of running an add_rmsnorm launch between them:
+// The decode step (one token) folds the residual stream into its projections instead of running
+// an add_rmsnorm launch between them:
 // - a block's input projection reads x = bf16(rmsnorm(residual) * (1 + weight)), built by the
 //   projection kernel itself (the same values add_rmsnorm / rmsnorm would write);
 // - a block's output projection adds its rounded output to the residual: residual += float(bf16(y)).
 struct ResidualNorm {
-    const float* residual = nullptr;         // [T, W.in] fp32: the residual stream of the tokens
+    const float* residual = nullptr;         // [W.in] fp32: the residual stream of the token
     const __nv_bfloat16* weight = nullptr;   // [W.in] the zero-centred norm weight
     float eps = 1e-6f;
-    __nv_bfloat16* normed_out = nullptr;     // optional [T, W.in]: the normed rows are also written here
+    __nv_bfloat16* normed_out = nullptr;     // optional [W.in]: the normed row is also written here
 };
-void linear_forward_normed(const Linear& W, const ResidualNorm& x, __nv_bfloat16* y, int T, cudaStream_t stream);
-void linear_forward_normed_f32(const Linear& W, const ResidualNorm& x, float* y, int T, cudaStream_t stream);
-// The normed product stored as `parts` (the verify window's fused input projections).
-void linear_forward_normed_parts(const Linear& W, const ResidualNorm& x, const RowParts& parts, int T,
-                                 cudaStream_t stream);
-// residual [T, W.out] += float(bf16(x [T, W.in] @ W^T)).
-void linear_forward_add_residual(const Linear& W, const __nv_bfloat16* x, float* residual, int T,
-                                 cudaStream_t stream);
+void linear_forward_normed(const Linear& W, const ResidualNorm& x, __nv_bfloat16* y, cudaStream_t stream);
+void linear_forward_normed_f32(const Linear& W, const ResidualNorm& x, float* y, cudaStream_t stream);
+void linear_forward_add_residual(const Linear& W, const __nv_bfloat16* x, float* residual, cudaStream_t stream);
 
 }  // namespace lampo

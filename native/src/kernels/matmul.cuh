@@ -1,7 +1,7 @@
 // matmul.cuh - the two bf16 matrix-product kernels behind linear_forward (linear.cu):
 //   y [T, out] = x [T, in] @ W^T,  W [out, in] bf16 row-major, fp32 accumulation, OutT bf16 or fp32.
 // gemv_bf16: T <= GEMV_MAX_T (gemv.cu);  gemm_bf16: any T (gemm.cu, tensor cores).
-// gemv_bf16_normed / gemv_bf16_add_residual: the few-token folded forms (linear.h).
+// gemv_bf16_normed / gemv_bf16_add_residual: the decode step's folded forms (linear.h).
 // gemv_lq / gemm_lq: the GEMV / GEMM for weights in the LQ format (gemv_lq_normed /
 // gemv_lq_add_residual: the GEMV's folded forms); gemm_lq_grouped: that GEMM over
 // groups of rows, one matrix per group (the MoE prefill experts).
@@ -15,13 +15,10 @@ namespace lampo {
 template <class OutT>
 void gemv_bf16(const bf16* W, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream);
 
-// The folded forms of the decode step and the verify window (T <= GEMV_MAX_T; contract in
-// linear.h); parts (bf16 output only): the rows stored as RowParts instead of at y.
+// The decode step's folded forms (T = 1; contract in linear.h).
 template <class OutT>
-void gemv_bf16_normed(const bf16* W, const ResidualNorm& x, OutT* y, int T, int out, int in, cudaStream_t stream,
-                      const RowParts* parts = nullptr);
-void gemv_bf16_add_residual(const bf16* W, const bf16* x, float* residual, int T, int out, int in,
-                            cudaStream_t stream);
+void gemv_bf16_normed(const bf16* W, const ResidualNorm& x, OutT* y, int out, int in, cudaStream_t stream);
+void gemv_bf16_add_residual(const bf16* W, const bf16* x, float* residual, int out, int in, cudaStream_t stream);
 // The bf16 product of gemv_bf16 stored as row parts (linear.h RowParts).
 void gemv_bf16_parts(const bf16* W, const bf16* x, const RowParts& parts, int T, int out, int in, cudaStream_t stream);
 
@@ -37,14 +34,11 @@ size_t lq_packed_bytes(int out, int in, int bits);
 // The bf16 product of gemv_lq stored as row parts (linear.h RowParts).
 void gemv_lq_parts(const uint8_t* W, int bits, const bf16* x, const RowParts& parts, int T, int out, int in,
                    cudaStream_t stream);
-// The folded forms of gemv_lq (T <= GEMV_MAX_T; contract in linear.h, as gemv_bf16_normed /
+// The decode step's folded forms of gemv_lq (T = 1; contract in linear.h, as gemv_bf16_normed /
 // gemv_bf16_add_residual): gemv_lq_normed is bit for bit rmsnorm followed by gemv_lq.
 template <class OutT>
-void gemv_lq_normed(const uint8_t* W, int bits, const ResidualNorm& x, OutT* y, int T, int out, int in,
-                    cudaStream_t stream);
-void gemv_lq_normed_parts(const uint8_t* W, int bits, const ResidualNorm& x, const RowParts& parts, int T, int out,
-                          int in, cudaStream_t stream);
-void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int T, int out, int in,
+void gemv_lq_normed(const uint8_t* W, int bits, const ResidualNorm& x, OutT* y, int out, int in, cudaStream_t stream);
+void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int out, int in,
                           cudaStream_t stream);
 constexpr int LQ_TILE_ROWS = 16;  // an LQ tile: 16 rows x 64 columns (one fp16 scale per row)
 constexpr int LQ_TILE_COLS = 64;

@@ -73,55 +73,6 @@ __device__ __forceinline__ float norm_row_inv(const float* x, const bf16* delta,
     return rsqrtf(norm_block_sum(ss) / float(n) + eps);
 }
 
-// Rows one block norms at once (the few-token forms: verify windows), and how many of them have
-// their loads in flight together.
-constexpr int NORM_MAX_ROWS = 8;
-constexpr int NORM_ROW_BATCH = 4;
-
-// inv[r] = rsqrt(mean(x_r^2) + eps) for the fp32 rows x_r = x + r * n, r < rows <= NORM_MAX_ROWS,
-// into `inv` (shared memory; visible to the block on return). Each row's sum is norm_row_inv's
-// (the same per-thread order and block reduction: the same bits); the loads of NORM_ROW_BATCH
-// rows are in flight at once instead of one row after the other.
-__device__ __forceinline__ void norm_rows_inv(const float* x, int rows, int n, float eps, float* inv) {
-    __shared__ float partial[NORM_THREADS / 32][NORM_MAX_ROWS];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int r0 = 0; r0 < rows; r0 += NORM_ROW_BATCH) {
-        float ss[NORM_ROW_BATCH] = {};
-        for (int i0 = threadIdx.x; i0 < n / 4; i0 += NORM_LOADS * NORM_THREADS) {
-            float4 v[NORM_ROW_BATCH][NORM_LOADS];
-#pragma unroll
-            for (int b = 0; b < NORM_ROW_BATCH; ++b)
-#pragma unroll
-                for (int l = 0; l < NORM_LOADS; ++l) {
-                    const int i = i0 + l * NORM_THREADS;
-                    if (r0 + b < rows && i < n / 4) v[b][l] = norm_residual4(x + size_t(r0 + b) * n, nullptr, i);
-                }
-#pragma unroll
-            for (int b = 0; b < NORM_ROW_BATCH; ++b)
-#pragma unroll
-                for (int l = 0; l < NORM_LOADS; ++l) {
-                    const int i = i0 + l * NORM_THREADS;
-                    if (r0 + b < rows && i < n / 4)
-                        ss[b] += v[b][l].x * v[b][l].x + v[b][l].y * v[b][l].y + v[b][l].z * v[b][l].z +
-                                 v[b][l].w * v[b][l].w;
-                }
-        }
-#pragma unroll
-        for (int b = 0; b < NORM_ROW_BATCH; ++b) {
-            const float s = warp_sum(ss[b]);
-            if (lane == 0 && r0 + b < rows) partial[warp][r0 + b] = s;
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        for (int r = 0; r < rows; ++r) {
-            const float s = warp_sum(lane < NORM_THREADS / 32 ? partial[lane][r] : 0.0f);
-            if (lane == 0) inv[r] = rsqrtf(s / float(n) + eps);
-        }
-    }
-    __syncthreads();
-}
-
 // y = bf16(r * inv * (1 + w)) with r read back from `r` (x + delta already applied). y may point
 // to shared memory. STAGED: r and w are in shared memory (plain loads; the folded-norm GEMV stages
 // them there), else in global memory (read through L2).

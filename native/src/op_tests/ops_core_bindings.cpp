@@ -251,6 +251,45 @@ py::array py_matmul(Path path, Arr<uint16_t> w, Arr<uint16_t> x, bool f32_out) {
     return download<uint16_t>(d_y, {T, out});
 }
 
+// The decode step's folded GEMV forms (linear.h). gemv_normed -> (y [1, out], normed [1, in]):
+// y = W @ bf16(rmsnorm(residual) * (1 + norm_w)), normed = the row the launch wrote out.
+py::tuple py_gemv_normed(Arr<uint16_t> w, Arr<float> residual, Arr<uint16_t> norm_w, float eps, bool f32_out) {
+    const char* op = "gemv_normed";
+    check_ndim(op, "w", w, 2);
+    const int out = int(w.shape(0)), in = int(w.shape(1));
+    check_dim(op, "residual", residual.size(), in, "length");
+    check_dim(op, "norm_w", norm_w.size(), in, "length");
+    auto d_w = upload(w);
+    auto d_r = upload(residual);
+    auto d_n = upload(norm_w);
+    auto d_y = poisoned(size_t(out) * (f32_out ? 4 : 2));
+    auto d_normed = poisoned(size_t(in) * 2);
+    OpStream st;
+    const Linear L{WeightFormat::BF16, d_w.get(), out, in};
+    const ResidualNorm x{d_r.as<float>(), as_bf16(d_n), eps, as_bf16(d_normed)};
+    if (f32_out) linear_forward_normed_f32(L, x, d_y.as<float>(), st.s);
+    else linear_forward_normed(L, x, as_bf16(d_y), st.s);
+    st.finish(op);
+    py::array y = f32_out ? py::array(download<float>(d_y, {1, out})) : py::array(download<uint16_t>(d_y, {1, out}));
+    return py::make_tuple(y, download<uint16_t>(d_normed, {1, in}));
+}
+
+// gemv_add_residual -> residual + float(bf16(x @ W^T)), x [1, in].
+py::array_t<float> py_gemv_add_residual(Arr<uint16_t> w, Arr<uint16_t> x, Arr<float> residual) {
+    const char* op = "gemv_add_residual";
+    check_ndim(op, "w", w, 2);
+    const int out = int(w.shape(0)), in = int(w.shape(1));
+    check_dim(op, "x", x.size(), in, "length");
+    check_dim(op, "residual", residual.size(), out, "length");
+    auto d_w = upload(w);
+    auto d_x = upload(x);
+    auto d_r = upload(residual);
+    OpStream st;
+    linear_forward_add_residual(Linear{WeightFormat::BF16, d_w.get(), out, in}, as_bf16(d_x), d_r.as<float>(), st.s);
+    st.finish(op);
+    return download<float>(d_r, {1, out});
+}
+
 // ---- sampling ------------------------------------------------------------------------------------
 
 py::tuple py_sample_token(Arr<float> logits, int v_real, float temperature, int top_k, float top_p, float min_p,
@@ -397,6 +436,10 @@ void register_core_ops(py::module_& ops) {
         "causal flash attention for a chunk at pos0 -> [T, nq*D] bf16 bits");
     ops.def("linear", [](Arr<uint16_t> w, Arr<uint16_t> x, bool f32) { return py_matmul(Path::Linear, w, x, f32); },
             "w"_a, "x"_a, "f32_out"_a = false, "linear_forward: x @ w.T (GEMV for T <= 8, else GEMM)");
+    ops.def("gemv_normed", &py_gemv_normed, "w"_a, "residual"_a, "norm_w"_a, "eps"_a = 1e-6f, "f32_out"_a = false,
+            "decode-step input projection: (W @ rmsnorm1p(residual), the normed row) (bf16 bits / f32)");
+    ops.def("gemv_add_residual", &py_gemv_add_residual, "w"_a, "x"_a, "residual"_a,
+            "decode-step output projection: residual + float(bf16(x @ W.T))");
     ops.def("gemv", [](Arr<uint16_t> w, Arr<uint16_t> x, bool f32) { return py_matmul(Path::Gemv, w, x, f32); },
             "w"_a, "x"_a, "f32_out"_a = false, "the GEMV kernel (T <= 8)");
     ops.def("gemm", [](Arr<uint16_t> w, Arr<uint16_t> x, bool f32) { return py_matmul(Path::Gemm, w, x, f32); },

@@ -1,7 +1,10 @@
-// ops_lq_fused_bindings.cpp - the folded MoE launches for LQ weights on numpy arrays, for
-// tests/cuda/test_ops_lq_fused.py (bf16 travels as uint16 bits; packed banks as models/quant/layout.py
-// `pack` writes them; helpers: op_helpers.h; the GEMV's folded forms are ops_lq_bindings.cpp's
-// linear_normed / linear_add_residual):
+// ops_lq_fused_bindings.cpp - the decode step's folded forms for LQ weights on numpy arrays, for
+// tests/cuda/test_ops_lq_fused.py (bf16 travels as uint16 bits; packed matrices and banks as
+// models/quant/layout.py `pack` writes them; helpers: op_helpers.h):
+//   gemv_lq_normed(packed, bits, out, in_, residual f32 [1, in], norm_w [in], eps, f32_out)
+//     -> (y [1, out] = W @ bf16(rmsnorm(residual) * (1 + norm_w)), the normed row [1, in] it wrote)
+//   gemv_lq_add_residual(packed, bits, out, in_, x [1, in], residual f32 [1, out])
+//     -> residual + float(bf16(x @ W^T))
 //   moe_lq_decode_shared(h [T, H], gate_up [E, bytes], bits_gu, down [E, bytes], bits_dn, ids [T, k],
 //     weights [T, k], I, <shared>) -> (act [T, k, I], act_s [T, Is], out [T, H], gate [T]):
 //     moe_experts_lq_gate_up + moe_experts_lq_down with the shared slot
@@ -30,6 +33,41 @@ void check_lq_matrix(const char* op, const char* name, py::ssize_t bytes, int bi
     require(bits >= 4 && bits <= 6 && rows > 0 && rows % 16 == 0 && cols > 0 && cols % 64 == 0, op,
             std::string(name) + " needs bits 4..6 and a [16n, 64k] matrix");
     check_dim(op, name, bytes, py::ssize_t(lq_packed_bytes(rows, cols, bits)), "size");
+}
+
+py::tuple py_gemv_lq_normed(Arr<uint8_t> packed, int bits, int out, int in, Arr<float> residual, Arr<uint16_t> norm_w,
+                            float eps, bool f32_out) {
+    const char* op = "gemv_lq_normed";
+    check_lq_matrix(op, "packed", packed.size(), bits, out, in);
+    check_dim(op, "residual", residual.size(), in, "length");
+    check_dim(op, "norm_w", norm_w.size(), in, "length");
+    auto d_w = upload(packed);
+    auto d_r = upload(residual);
+    auto d_n = upload(norm_w);
+    auto d_y = poisoned(size_t(out) * (f32_out ? 4 : 2));
+    auto d_normed = poisoned(size_t(in) * 2);
+    OpStream st;
+    const ResidualNorm x{d_r.as<float>(), d_n.as<bf16>(), eps, d_normed.as<bf16>()};
+    if (f32_out) gemv_lq_normed(d_w.as<uint8_t>(), bits, x, d_y.as<float>(), out, in, st.s);
+    else gemv_lq_normed(d_w.as<uint8_t>(), bits, x, d_y.as<bf16>(), out, in, st.s);
+    st.finish(op);
+    py::array y = f32_out ? py::array(download<float>(d_y, {1, out})) : py::array(download<uint16_t>(d_y, {1, out}));
+    return py::make_tuple(y, download<uint16_t>(d_normed, {1, in}));
+}
+
+py::array_t<float> py_gemv_lq_add_residual(Arr<uint8_t> packed, int bits, int out, int in, Arr<uint16_t> x,
+                                           Arr<float> residual) {
+    const char* op = "gemv_lq_add_residual";
+    check_lq_matrix(op, "packed", packed.size(), bits, out, in);
+    check_dim(op, "x", x.size(), in, "length");
+    check_dim(op, "residual", residual.size(), out, "length");
+    auto d_w = upload(packed);
+    auto d_x = upload(x);
+    auto d_r = upload(residual);
+    OpStream st;
+    gemv_lq_add_residual(d_w.as<uint8_t>(), bits, d_x.as<bf16>(), d_r.as<float>(), out, in, st.s);
+    st.finish(op);
+    return download<float>(d_r, {1, out});
 }
 
 // The shared expert's buffers for slot k of the LQ decode launches (MoeSharedSlotLq in ops.h).
@@ -145,6 +183,11 @@ py::tuple py_moe_lq_decode_select(Arr<uint16_t> h, Arr<float> logits, Arr<uint8_
 }  // namespace
 
 void register_lq_fused_ops(py::module_& ops) {
+    ops.def("gemv_lq_normed", &py_gemv_lq_normed, "packed"_a, "bits"_a, "out"_a, "in_"_a, "residual"_a, "norm_w"_a,
+            "eps"_a = 1e-6f, "f32_out"_a = false,
+            "decode-step input projection, LQ W: (W @ rmsnorm1p(residual), the normed row) (bf16 bits / f32)");
+    ops.def("gemv_lq_add_residual", &py_gemv_lq_add_residual, "packed"_a, "bits"_a, "out"_a, "in_"_a, "x"_a,
+            "residual"_a, "decode-step output projection, LQ W: residual + float(bf16(x @ W^T))");
     ops.def("moe_lq_decode_shared", &py_moe_lq_decode_shared, "h"_a, "gate_up"_a, "bits_gu"_a, "down"_a, "bits_dn"_a,
             "ids"_a, "weights"_a, "I"_a, "shared_gate_up"_a, "shared_gate_up_bits"_a, "shared_down"_a,
             "shared_down_bits"_a, "w_gate"_a, "Is"_a, "repeat"_a = 0,

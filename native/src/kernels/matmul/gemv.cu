@@ -12,14 +12,13 @@
 // each lane already loads its first batch of weight vectors into registers; the weight stream
 // starts during the previous kernel.
 //
-// Two forms fold the residual stream in (the decode step and the verify window; linear.h):
+// Two decode-step (T = 1) forms fold the residual stream in (linear.h):
 // - GemvIn::NormedResidual: x = bf16(rmsnorm(residual) * (1 + w)) is built by every block in
 //   shared memory (norm_row.cuh: the same thread mapping and order as add_rmsnorm, so bit-identical
-//   values); block 0 may also write it out for later kernels. One token: the norm weight is copied
-//   into shared memory before the wait and the first pass over the residual keeps the row there, so
-//   the second pass reads no global memory; more tokens: the rows' sums of squares in one pass
-//   (norm_rows_inv), then each row is normed from the residual again.
-// - GemvOut::AddToResidual: residual[t, row] += float(bf16(y[t, row])), the rounding the separate
+//   values); block 0 may also write it out for later kernels. The norm weight is copied into shared
+//   memory before the wait and the first pass over the residual keeps the row there, so the second
+//   pass reads no global memory.
+// - GemvOut::AddToResidual: residual[row] += float(bf16(y[row])), the rounding the separate
 //   bf16 output + add_rmsnorm would apply; the row's residual value is read right after the wait,
 //   so the kernel's tail is a store, not a read-modify-write.
 // gemv_bf16_parts stores the bf16 rows as RowParts (linear.h) instead of one [T, out] matrix.
@@ -45,7 +44,7 @@ enum class GemvOut { Store, AddToResidual };
 struct GemvParams {
     const bf16* W;
     const bf16* x;       // GemvIn::X: [T, in]
-    void* y;             // [T, out] OutT (the fp32 residual for AddToResidual)
+    void* y;             // [T, out] OutT, or the fp32 residual [out] for AddToResidual
     int out, in, ks_count;
     ResidualNorm norm;   // GemvIn::NormedResidual
     RowParts parts;      // n > 0: the bf16 rows stored as parts (linear.h), not at y
@@ -100,11 +99,11 @@ __device__ __forceinline__ void load_weights(uint4 (&wv)[GEMV_UNROLL][R], const 
 // R: rows per warp (GEMV_ROWS, or 3 where that makes the grid one wave: launch_gemv).
 template <int T, class OutT, GemvIn IN, GemvOut OUT, int R>
 __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(const GemvParams p) {
-    static_assert(OUT == GemvOut::Store || std::is_same_v<OutT, float>, "residual add: fp32 rows");
+    static_assert(IN == GemvIn::X || T == 1, "the folded norm serves one token");
+    static_assert(OUT == GemvOut::Store || (T == 1 && std::is_same_v<OutT, float>), "residual add: one fp32 row");
     constexpr int NV = next_pow2(T * R);
     __shared__ float partial[GEMV_WARPS][NV];
-    // GemvIn::NormedResidual: the normed rows (T x in bf16), the norm weight (in bf16), the residual
-    // row (in fp32; one token)
+    // GemvIn::NormedResidual: the normed row (in bf16), the norm weight (in bf16), the residual row (in fp32)
     extern __shared__ uint4 x_normed[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int groups_per_block = GEMV_WARPS / p.ks_count;
@@ -123,7 +122,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
     uint4 wv[GEMV_UNROLL][R];
     load_weights(wv, wrow, v0, vend);
     if constexpr (IN == GemvIn::NormedResidual) {
-        bf16* w_norm = reinterpret_cast<bf16*>(x_normed) + T * p.in;
+        bf16* w_norm = reinterpret_cast<bf16*>(x_normed) + p.in;
         for (int i = threadIdx.x; i < nvec; i += blockDim.x) cp_async_16(w_norm + 8 * i, p.norm.weight + 8 * i, true);
         cp_async_commit();
     }
@@ -134,30 +133,21 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
         return (blockIdx.x * groups_per_block + item / (T * R)) * R + item % R;
     };
     auto item_live = [&] { return item < groups_per_block * T * R && item_row() < p.out; };
-    auto item_at = [&] { return size_t(item % (T * R) / R) * p.out + item_row(); };  // [t, row] of y
     float residual_in = 0.0f;  // AddToResidual: the row's residual, read now, off the kernel's tail
     if constexpr (OUT == GemvOut::AddToResidual)
-        if (item_live()) residual_in = __ldcg(static_cast<const float*>(p.y) + item_at());
+        if (item_live()) residual_in = __ldcg(static_cast<const float*>(p.y) + item_row());
 
     const uint4* xv = reinterpret_cast<const uint4*>(p.x);
     if constexpr (IN == GemvIn::NormedResidual) {
         bf16* xs = reinterpret_cast<bf16*>(x_normed);
-        const bf16* w_norm = xs + T * p.in;
-        cp_async_wait<0>();  // w_norm: visible to every thread after the block sums
-        if constexpr (T == 1) {
-            float* r_row = reinterpret_cast<float*>(xs + 2 * p.in);
-            const float inv = norm_row_inv(p.norm.residual, nullptr, r_row, p.in, p.norm.eps);
-            norm_row_scale<true>(r_row, inv, w_norm, xs, p.in);
-        } else {
-            __shared__ float inv[T];
-            norm_rows_inv(p.norm.residual, T, p.in, p.norm.eps, inv);
-            for (int t = 0; t < T; ++t)
-                norm_row_scale_sum(p.norm.residual + size_t(t) * p.in, nullptr, inv[t], p.norm.weight, xs + t * p.in, p.in);
-        }
+        const bf16* w_norm = xs + p.in;
+        float* r_row = reinterpret_cast<float*>(xs + 2 * p.in);
+        cp_async_wait<0>();  // w_norm: visible to every thread after norm_row_inv's block sum
+        const float inv = norm_row_inv(p.norm.residual, nullptr, r_row, p.in, p.norm.eps);
+        norm_row_scale<true>(r_row, inv, w_norm, xs, p.in);
         __syncthreads();
         if (p.norm.normed_out && blockIdx.x == 0)
-            for (int i = threadIdx.x; i < T * nvec; i += blockDim.x)
-                reinterpret_cast<uint4*>(p.norm.normed_out)[i] = x_normed[i];
+            for (int i = threadIdx.x; i < nvec; i += blockDim.x) reinterpret_cast<uint4*>(p.norm.normed_out)[i] = x_normed[i];
         xv = x_normed;
     }
 
@@ -172,7 +162,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
 #pragma unroll
                 for (int t = 0; t < T; ++t) {
                     float xf[8];
-                    if constexpr (IN == GemvIn::NormedResidual) bf16x8_to_float(xv[t * nvec + v], xf);
+                    if constexpr (IN == GemvIn::NormedResidual) bf16x8_to_float(xv[v], xf);
                     else bf16x8_to_float(__ldg(xv + size_t(t) * nvec + v), xf);
 #pragma unroll
                     for (int r = 0; r < R; ++r) fma_bf16x8(acc[t * R + r], wv[u][r], xf);
@@ -194,7 +184,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
         for (int k = 0; k < p.ks_count; ++k) sum += partial[g * p.ks_count + k][idx];
         const int row = item_row(), t = idx / R;
         OutT* y = static_cast<OutT*>(p.y);
-        if constexpr (OUT == GemvOut::AddToResidual) y[item_at()] = residual_in + __bfloat162float(__float2bfloat16(sum));
+        if constexpr (OUT == GemvOut::AddToResidual) y[row] = residual_in + __bfloat162float(__float2bfloat16(sum));
         else if constexpr (std::is_same_v<OutT, float>) y[size_t(t) * p.out + row] = sum;
         else if (bf16* at = p.parts.n ? p.parts.at(t, row) : y + size_t(t) * p.out + row) *at = __float2bfloat16(sum);
     }
@@ -202,8 +192,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
 
 template <int T, class OutT, GemvIn IN, GemvOut OUT, int R>
 void launch_gemv_rows(GemvParams p, int blocks, cudaStream_t stream) {
-    // NormedResidual: T normed rows and the weight (bf16), one token's fp32 row
-    const size_t smem = IN == GemvIn::NormedResidual ? size_t(p.in) * (2 * T + 2 + (T == 1 ? 4 : 0)) : 0;
+    const size_t smem = IN == GemvIn::NormedResidual ? size_t(p.in) * 8 : 0;
     if (smem > 48 * 1024) allow_dynamic_smem(gemv_kernel<T, OutT, IN, OUT, R>, smem, "gemv_normed");
     launch_pdl("gemv_kernel", gemv_kernel<T, OutT, IN, OUT, R>, blocks, GEMV_WARPS * 32, smem, stream, p);
 }
@@ -236,26 +225,21 @@ void check_gemv(int out, int in) {
     require(out >= 0, "gemv", "out must be >= 0");
 }
 
-template <class OutT, GemvIn IN = GemvIn::X, GemvOut OUT = GemvOut::Store>
+template <class OutT>
 void run_gemv(const GemvParams& p, int T, cudaStream_t stream) {
     check_gemv(p.out, p.in);
     require(T >= 1 && T <= GEMV_MAX_T, "gemv", "T must be 1..8, got " + std::to_string(T));
     if (p.out == 0) return;
     switch (T) {
-        case 1: launch_gemv<1, OutT, IN, OUT>(p, stream); break;
-        case 2: launch_gemv<2, OutT, IN, OUT>(p, stream); break;
-        case 3: launch_gemv<3, OutT, IN, OUT>(p, stream); break;
-        case 4: launch_gemv<4, OutT, IN, OUT>(p, stream); break;
-        case 5: launch_gemv<5, OutT, IN, OUT>(p, stream); break;
-        case 6: launch_gemv<6, OutT, IN, OUT>(p, stream); break;
-        case 7: launch_gemv<7, OutT, IN, OUT>(p, stream); break;
-        default: launch_gemv<8, OutT, IN, OUT>(p, stream); break;
+        case 1: launch_gemv<1, OutT>(p, stream); break;
+        case 2: launch_gemv<2, OutT>(p, stream); break;
+        case 3: launch_gemv<3, OutT>(p, stream); break;
+        case 4: launch_gemv<4, OutT>(p, stream); break;
+        case 5: launch_gemv<5, OutT>(p, stream); break;
+        case 6: launch_gemv<6, OutT>(p, stream); break;
+        case 7: launch_gemv<7, OutT>(p, stream); break;
+        default: launch_gemv<8, OutT>(p, stream); break;
     }
-}
-
-void check_parts(const RowParts& parts, int out) {
-    require(parts.n >= 1 && parts.n <= RowParts::MAX && parts.first[parts.n] <= out, "gemv_parts",
-            "needs 1..4 parts within the " + std::to_string(out) + " rows");
 }
 
 }  // namespace
@@ -266,28 +250,28 @@ void gemv_bf16(const bf16* W, const bf16* x, OutT* y, int T, int out, int in, cu
 }
 
 void gemv_bf16_parts(const bf16* W, const bf16* x, const RowParts& parts, int T, int out, int in, cudaStream_t stream) {
-    check_parts(parts, out);
+    require(parts.n >= 1 && parts.n <= RowParts::MAX && parts.first[parts.n] <= out, "gemv_parts",
+            "needs 1..4 parts within the " + std::to_string(out) + " rows");
     run_gemv<bf16>({W, x, nullptr, out, in, 1, {}, parts}, T, stream);
 }
 
 template <class OutT>
-void gemv_bf16_normed(const bf16* W, const ResidualNorm& norm, OutT* y, int T, int out, int in, cudaStream_t stream,
-                      const RowParts* parts) {
-    require(norm.residual && norm.weight, "gemv_normed", "needs the residual rows and the norm weight");
-    if (parts) check_parts(*parts, out);
-    run_gemv<OutT, GemvIn::NormedResidual>({W, nullptr, y, out, in, 1, norm, parts ? *parts : RowParts{}}, T, stream);
+void gemv_bf16_normed(const bf16* W, const ResidualNorm& norm, OutT* y, int out, int in, cudaStream_t stream) {
+    check_gemv(out, in);
+    require(norm.residual && norm.weight, "gemv_normed", "needs the residual row and the norm weight");
+    if (out == 0) return;
+    launch_gemv<1, OutT, GemvIn::NormedResidual>({W, nullptr, y, out, in, 1, norm, {}}, stream);
 }
 
-void gemv_bf16_add_residual(const bf16* W, const bf16* x, float* residual, int T, int out, int in,
-                            cudaStream_t stream) {
-    run_gemv<float, GemvIn::X, GemvOut::AddToResidual>({W, x, residual, out, in, 1, {}, {}}, T, stream);
+void gemv_bf16_add_residual(const bf16* W, const bf16* x, float* residual, int out, int in, cudaStream_t stream) {
+    check_gemv(out, in);
+    if (out == 0) return;
+    launch_gemv<1, float, GemvIn::X, GemvOut::AddToResidual>({W, x, residual, out, in, 1, {}, {}}, stream);
 }
 
 template void gemv_bf16<bf16>(const bf16*, const bf16*, bf16*, int, int, int, cudaStream_t);
 template void gemv_bf16<float>(const bf16*, const bf16*, float*, int, int, int, cudaStream_t);
-template void gemv_bf16_normed<bf16>(const bf16*, const ResidualNorm&, bf16*, int, int, int, cudaStream_t,
-                                     const RowParts*);
-template void gemv_bf16_normed<float>(const bf16*, const ResidualNorm&, float*, int, int, int, cudaStream_t,
-                                      const RowParts*);
+template void gemv_bf16_normed<bf16>(const bf16*, const ResidualNorm&, bf16*, int, int, cudaStream_t);
+template void gemv_bf16_normed<float>(const bf16*, const ResidualNorm&, float*, int, int, cudaStream_t);
 
 }  // namespace lampo

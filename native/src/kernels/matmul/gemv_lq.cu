@@ -20,18 +20,15 @@
 // requested before the wait (weights are immutable); the scratch and counters are touched only
 // after it, so consecutive launches never share them.
 //
-// The folded forms of the decode step and the verify window (T <= GEMV_MAX_T; linear.h), as
-// gemv.cu's for BF16 weights:
+// The decode step's two folded forms (T = 1; linear.h), as gemv.cu's for BF16 weights:
 // - LqIn::NormedResidual (gemv_lq_normed): every block builds x = bf16(rmsnorm(residual) * (1 + w))
 //   itself (norm_row.cuh: add_rmsnorm's thread mapping and order, so the values are rmsnorm's bits)
-//   and stages it (lq_stage.cuh); block 0 may also write it out. The norm weight is copied in before
-//   the wait. One token: the residual row is kept in the x staging area between the norm's two
-//   passes and the normed row is staged from shared memory; more tokens: the rows' sums of squares
-//   in one pass (norm_rows_inv), then the staging reads the residual again and norms as it goes
-//   (lq_stage_x_normed). The split and the sums are those of gemv_lq in LQ_WARPS blocks: the result
-//   is bit for bit rmsnorm followed by gemv_lq wherever gemv_lq takes those blocks.
-// - LqOut::AddToResidual (gemv_lq_add_residual): residual[t, row] += float(bf16(y[t, row])), the
-//   rounding of a bf16 output added by add_rmsnorm.
+//   in shared memory and stages it from there (lq_stage.cuh); block 0 may also write it out. The
+//   norm weight is copied in before the wait; the residual row is kept in the x staging area
+//   between the norm's two passes. The split and the sums are those of gemv_lq in LQ_WARPS blocks:
+//   the result is bit for bit rmsnorm followed by gemv_lq wherever gemv_lq takes those blocks.
+// - LqOut::AddToResidual (gemv_lq_add_residual): residual[row] += float(bf16(y[row])), the rounding
+//   of a bf16 output added by add_rmsnorm.
 // gemv_lq_parts stores the bf16 rows as RowParts (linear.h) instead of one [T, out] matrix.
 #include <algorithm>
 #include <map>
@@ -64,8 +61,8 @@ __device__ unsigned lq_split_arrivals[LQ_SPLIT_MAX_STRIPS];
 enum class LqIn { X, NormedResidual };
 enum class LqOut { Store, AddToResidual };
 
-// Shared memory for x: `tokens` staged tokens and the zero fragment; NormedResidual: room for the
-// fp32 residual row that the one-token norm keeps there before x is staged.
+// Shared memory for x: `tokens` staged tokens and the zero fragment; NormedResidual (one token):
+// room for the fp32 residual row that the norm keeps there before x is staged.
 __host__ __device__ size_t lq_x_area_bytes(int in, int tokens, LqIn input) {
     const size_t staged = size_t(tokens) * lq_x_bytes(in) + LQ_ZERO_X_BYTES;
     return input == LqIn::NormedResidual && sizeof(float) * in > staged ? sizeof(float) * in : staged;
@@ -81,7 +78,7 @@ size_t lq_smem_bytes(int in, int tokens, LqIn input) {
 struct GemvLqParams {
     const uint8_t* W;
     const bf16* x;      // LqIn::X: [T, in]
-    void* y;            // [T, out] OutT (the fp32 residual for AddToResidual)
+    void* y;            // [T, out] OutT, or the fp32 residual [out] for AddToResidual
     int T, out, in;
     int warps;          // the split's ranges: at most the grid's warps and the number of groups
     ResidualNorm norm;  // LqIn::NormedResidual
@@ -106,19 +103,17 @@ __device__ __forceinline__ void lq_store_rows(const GemvLqParams& p, int strip, 
     for (int i = 0; i < 4; ++i) {
         const int token = 2 * quad + (i & 1), row = strip * LQ_TILE_ROWS + g + 8 * (i >> 1);
         if (token >= p.T) continue;
-        if constexpr (OUT == LqOut::AddToResidual) {
-            float* at = y + size_t(token) * p.out + row;
-            *at = __ldcg(at) + __bfloat162float(__float2bfloat16(v[i]));
-        } else if constexpr (std::is_same_v<OutT, float>) y[size_t(token) * p.out + row] = v[i];
+        if constexpr (OUT == LqOut::AddToResidual) y[row] = __ldcg(y + row) + __bfloat162float(__float2bfloat16(v[i]));
+        else if constexpr (std::is_same_v<OutT, float>) y[size_t(token) * p.out + row] = v[i];
         else if (bf16* at = p.parts.n ? p.parts.at(token, row) : y + size_t(token) * p.out + row)
             *at = __float2bfloat16(v[i]);
     }
 }
 
 // The kernel's static shared memory at most: the block's pieces and counters (lq_finish_strip) and
-// 512 bytes for the folded norm's block sums and scales (norm_row.cuh).
+// 256 bytes for the folded norm's block sums (norm_row.cuh).
 constexpr size_t lq_static_smem_bytes(int warps) {
-    return sizeof(float4) * warps * 2 * 32 + sizeof(unsigned) * warps + 512;
+    return sizeof(float4) * warps * 2 * 32 + sizeof(unsigned) * warps + 256;
 }
 
 // Where the pieces of strips cut between warps meet: the device scratch and counters, or, for a
@@ -197,9 +192,9 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     int64_t g = idle ? 0 : split.first(w);
     float* start = reinterpret_cast<float*>(lq_smem);
     uint4* xs = reinterpret_cast<uint4*>(start + 8 * tiles);
-    // NormedResidual: the norm weight after the x area (one token: overwritten in place by the
-    // normed row; the fp32 residual row (in * 4 bytes) lives in the x area until x is staged).
-    bf16* row = reinterpret_cast<bf16*>(xs + lq_x_area_bytes(p.in, p.T, IN) / 16);
+    // NormedResidual (T = 1): the norm weight, overwritten in place by the normed row, after the x
+    // area; the fp32 residual row (in * 4 bytes) lives in the x area until x is staged.
+    bf16* row = reinterpret_cast<bf16*>(xs + lq_x_area_bytes(p.in, 1, IN) / 16);
     if constexpr (IN == LqIn::NormedResidual) {
         for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x) cp_async_16(row + 8 * i, p.norm.weight + 8 * i, true);
         cp_async_commit();
@@ -213,24 +208,16 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     lq_load_group(a, src, g < g_end ? min(LQ_GROUP, tiles - t) : 0, lane);  // before the wait
     pdl_begin();
     if constexpr (IN == LqIn::NormedResidual) {
-        // The norm weight, visible to every thread after the block sums.
+        // The norm weight, visible to every thread after norm_row_inv's block sum.
         cp_async_wait<0>();
-        if (p.T > 1) {
-            __shared__ float inv[NORM_MAX_ROWS];  // within lq_static_smem_bytes
-            norm_rows_inv(p.norm.residual, p.T, p.in, p.norm.eps, inv);
-            lq_stage_x_normed(xs, start, p.norm.residual, row, inv, blockIdx.x == 0 ? p.norm.normed_out : nullptr, p.T,
-                              p.in, lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
-        } else {
-            float* r_row = reinterpret_cast<float*>(xs);
-            const float inv = norm_row_inv(p.norm.residual, nullptr, r_row, p.in, p.norm.eps);
-            norm_row_scale<true>(r_row, inv, row, row, p.in);  // a thread reads its weights, then writes them over
-            __syncthreads();
-            if (p.norm.normed_out && blockIdx.x == 0)
-                for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x)
-                    reinterpret_cast<uint4*>(p.norm.normed_out)[i] = reinterpret_cast<const uint4*>(row)[i];
-            lq_stage_x_from<LqXSource::Shared>(xs, start, row, 1, p.in, lq_code_centre<BITS>(), threadIdx.x,
-                                               blockDim.x);
-        }
+        float* r_row = reinterpret_cast<float*>(xs);
+        const float inv = norm_row_inv(p.norm.residual, nullptr, r_row, p.in, p.norm.eps);
+        norm_row_scale<true>(r_row, inv, row, row, p.in);  // a thread reads its weights, then writes them over
+        __syncthreads();
+        if (p.norm.normed_out && blockIdx.x == 0)
+            for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x)
+                reinterpret_cast<uint4*>(p.norm.normed_out)[i] = reinterpret_cast<const uint4*>(row)[i];
+        lq_stage_x_from<LqXSource::Shared>(xs, start, row, 1, p.in, lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
     } else {
         lq_stage_x_from<LqXSource::Global>(xs, start, p.x, p.T, p.in, lq_code_centre<BITS>(), threadIdx.x,
                                            blockDim.x);
@@ -339,8 +326,6 @@ void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t s
         q.x = p.x ? p.x + size_t(t0) * p.in : nullptr;
         q.y = p.y ? static_cast<OutT*>(p.y) + size_t(t0) * p.out : nullptr;
         for (int i = 0; i < p.parts.n; ++i) q.parts.dst[i] += size_t(t0) * (p.parts.first[i + 1] - p.parts.first[i]);
-        if (p.norm.residual) q.norm.residual = p.norm.residual + size_t(t0) * p.in;
-        if (p.norm.normed_out) q.norm.normed_out = p.norm.normed_out + size_t(t0) * p.in;
         q.T = std::min(group, p.T - t0);
         switch (bits) {
             case 4: launch_gemv_lq<4, OutT, IN, OUT>(op, q, stream); break;
@@ -361,41 +346,28 @@ void gemv_lq(const uint8_t* W, int bits, const bf16* x, OutT* y, int T, int out,
     run_gemv_lq<OutT>("gemv_lq", bits, {W, x, y, T, out, in, 0, {}, {}}, stream);
 }
 
-void check_parts(const char* op, const RowParts& parts, int out) {
-    require(parts.n >= 1 && parts.n <= RowParts::MAX && parts.first[parts.n] <= out, op,
-            "needs 1..4 parts within the " + std::to_string(out) + " rows");
-}
-
 void gemv_lq_parts(const uint8_t* W, int bits, const bf16* x, const RowParts& parts, int T, int out, int in,
                    cudaStream_t stream) {
-    check_parts("gemv_lq_parts", parts, out);
+    require(parts.n >= 1 && parts.n <= RowParts::MAX && parts.first[parts.n] <= out, "gemv_lq_parts",
+            "needs 1..4 parts within the " + std::to_string(out) + " rows");
     run_gemv_lq<bf16>("gemv_lq_parts", bits, {W, x, nullptr, T, out, in, 0, {}, parts}, stream);
 }
 
 template <class OutT>
-void gemv_lq_normed(const uint8_t* W, int bits, const ResidualNorm& x, OutT* y, int T, int out, int in,
-                    cudaStream_t stream) {
-    require(x.residual && x.weight, "gemv_lq_normed", "needs the residual rows and the norm weight");
-    run_gemv_lq<OutT, LqIn::NormedResidual>("gemv_lq_normed", bits, {W, nullptr, y, T, out, in, 0, x, {}}, stream);
+void gemv_lq_normed(const uint8_t* W, int bits, const ResidualNorm& x, OutT* y, int out, int in, cudaStream_t stream) {
+    require(x.residual && x.weight, "gemv_lq_normed", "needs the residual row and the norm weight");
+    run_gemv_lq<OutT, LqIn::NormedResidual>("gemv_lq_normed", bits, {W, nullptr, y, 1, out, in, 0, x, {}}, stream);
 }
 
-void gemv_lq_normed_parts(const uint8_t* W, int bits, const ResidualNorm& x, const RowParts& parts, int T, int out,
-                          int in, cudaStream_t stream) {
-    require(x.residual && x.weight, "gemv_lq_normed_parts", "needs the residual rows and the norm weight");
-    check_parts("gemv_lq_normed_parts", parts, out);
-    run_gemv_lq<bf16, LqIn::NormedResidual>("gemv_lq_normed_parts", bits, {W, nullptr, nullptr, T, out, in, 0, x, parts},
-                                            stream);
-}
-
-void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int T, int out, int in,
+void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int out, int in,
                           cudaStream_t stream) {
     run_gemv_lq<float, LqIn::X, LqOut::AddToResidual>("gemv_lq_add_residual", bits,
-                                                      {W, x, residual, T, out, in, 0, {}, {}}, stream);
+                                                      {W, x, residual, 1, out, in, 0, {}, {}}, stream);
 }
 
 template void gemv_lq<bf16>(const uint8_t*, int, const bf16*, bf16*, int, int, int, cudaStream_t);
 template void gemv_lq<float>(const uint8_t*, int, const bf16*, float*, int, int, int, cudaStream_t);
-template void gemv_lq_normed<bf16>(const uint8_t*, int, const ResidualNorm&, bf16*, int, int, int, cudaStream_t);
-template void gemv_lq_normed<float>(const uint8_t*, int, const ResidualNorm&, float*, int, int, int, cudaStream_t);
+template void gemv_lq_normed<bf16>(const uint8_t*, int, const ResidualNorm&, bf16*, int, int, cudaStream_t);
+template void gemv_lq_normed<float>(const uint8_t*, int, const ResidualNorm&, float*, int, int, cudaStream_t);
 
 }  // namespace lampo

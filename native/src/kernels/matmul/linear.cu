@@ -1,7 +1,7 @@
 // linear.cu - the weight-format seam's dispatch (contract in linear.h): T <= GEMV_MAX_T goes to
 // the GEMV kernel of the weights' format, larger T to its tensor-core GEMM; T == 0 is a no-op. The
-// folded forms of the decode step and the verify window (T <= GEMV_MAX_T) are the GEMVs' normed /
-// add-residual forms; the row parts of a verify window's fused projections are the GEMVs' parts forms.
+// decode step's folded forms (one token) are the GEMVs' normed / add-residual forms; the row parts
+// of a verify window's fused projections are the GEMVs' parts forms.
 #include "kernels/launch_utils.cuh"
 #include "kernels/linear.h"
 #include "kernels/matmul.cuh"
@@ -19,10 +19,6 @@ void check_weight(const Linear& W) {
     require(W.data != nullptr && W.out > 0 && W.in > 0, "linear_forward", "empty weight");
     require(W.format == WeightFormat::BF16 || W.format == WeightFormat::LQ, "linear_forward",
             "unsupported weight format " + std::to_string(int32_t(W.format)));
-}
-
-void check_tokens(const char* op, int T) {
-    require(T >= 1 && T <= GEMV_MAX_T, op, "T must be 1.." + std::to_string(GEMV_MAX_T) + ", got " + std::to_string(T));
 }
 
 template <class OutT>
@@ -52,7 +48,8 @@ void linear_forward_f32(const Linear& W, const bf16* x, float* y, int T, cudaStr
 
 void linear_forward_parts(const Linear& W, const bf16* x, const RowParts& parts, int T, cudaStream_t stream) {
     check_weight(W);
-    check_tokens("linear_forward_parts", T);
+    require(T >= 1 && T <= GEMV_MAX_T, "linear_forward_parts", "T must be 1.." + std::to_string(GEMV_MAX_T) +
+                                                                   ", got " + std::to_string(T));
     if (W.format == WeightFormat::LQ) gemv_lq_parts(static_cast<const uint8_t*>(W.data), W.bits, x, parts, T, W.out, W.in, stream);
     else gemv_bf16_parts(static_cast<const bf16*>(W.data), x, parts, T, W.out, W.in, stream);
 }
@@ -60,41 +57,28 @@ void linear_forward_parts(const Linear& W, const bf16* x, const RowParts& parts,
 namespace {
 
 template <class OutT>
-void normed_dispatch(const Linear& W, const ResidualNorm& x, OutT* y, int T, cudaStream_t stream) {
+void normed_dispatch(const Linear& W, const ResidualNorm& x, OutT* y, cudaStream_t stream) {
     check_weight(W);
-    check_tokens("linear_forward_normed", T);
-    if (W.format == WeightFormat::LQ) gemv_lq_normed(static_cast<const uint8_t*>(W.data), W.bits, x, y, T, W.out, W.in, stream);
-    else gemv_bf16_normed(static_cast<const bf16*>(W.data), x, y, T, W.out, W.in, stream);
+    if (W.format == WeightFormat::LQ) gemv_lq_normed(static_cast<const uint8_t*>(W.data), W.bits, x, y, W.out, W.in, stream);
+    else gemv_bf16_normed(static_cast<const bf16*>(W.data), x, y, W.out, W.in, stream);
 }
 
 }  // namespace
 
-void linear_forward_normed(const Linear& W, const ResidualNorm& x, bf16* y, int T, cudaStream_t stream) {
-    normed_dispatch(W, x, y, T, stream);
+void linear_forward_normed(const Linear& W, const ResidualNorm& x, bf16* y, cudaStream_t stream) {
+    normed_dispatch(W, x, y, stream);
 }
 
-void linear_forward_normed_f32(const Linear& W, const ResidualNorm& x, float* y, int T, cudaStream_t stream) {
-    normed_dispatch(W, x, y, T, stream);
+void linear_forward_normed_f32(const Linear& W, const ResidualNorm& x, float* y, cudaStream_t stream) {
+    normed_dispatch(W, x, y, stream);
 }
 
-void linear_forward_normed_parts(const Linear& W, const ResidualNorm& x, const RowParts& parts, int T,
-                                 cudaStream_t stream) {
+void linear_forward_add_residual(const Linear& W, const bf16* x, float* residual, cudaStream_t stream) {
     check_weight(W);
-    check_tokens("linear_forward_normed_parts", T);
     if (W.format == WeightFormat::LQ) {
-        gemv_lq_normed_parts(static_cast<const uint8_t*>(W.data), W.bits, x, parts, T, W.out, W.in, stream);
+        gemv_lq_add_residual(static_cast<const uint8_t*>(W.data), W.bits, x, residual, W.out, W.in, stream);
     } else {
-        gemv_bf16_normed<bf16>(static_cast<const bf16*>(W.data), x, nullptr, T, W.out, W.in, stream, &parts);
-    }
-}
-
-void linear_forward_add_residual(const Linear& W, const bf16* x, float* residual, int T, cudaStream_t stream) {
-    check_weight(W);
-    check_tokens("linear_forward_add_residual", T);
-    if (W.format == WeightFormat::LQ) {
-        gemv_lq_add_residual(static_cast<const uint8_t*>(W.data), W.bits, x, residual, T, W.out, W.in, stream);
-    } else {
-        gemv_bf16_add_residual(static_cast<const bf16*>(W.data), x, residual, T, W.out, W.in, stream);
+        gemv_bf16_add_residual(static_cast<const bf16*>(W.data), x, residual, W.out, W.in, stream);
     }
 }
 

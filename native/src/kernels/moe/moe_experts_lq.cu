@@ -101,31 +101,38 @@ __device__ __forceinline__ void shared_gate(const MoeLqParams& p, int t, int lan
     if (lane == 0) p.shared.gate[t] = sigmoid(dot);
 }
 
+// The window's choices and roots (WINDOW launches only).
+struct WindowChoices {
+    int experts[MOE_DISTINCT_MAX_SLOTS];
+    MoeDistinct distinct;
+};
+
 // One gate_up block: strip blockIdx.x of the gate and up rows of token t's slot s, its matrix
-// [2 inter, H] at BITS: the shared expert's (SHARED), or a routed expert's; all T tokens go through
-// it as the mma's columns, and the block writes the act rows of the slots that chose its expert.
-template <int BITS, bool SHARED>
+// [2 inter, H] at BITS: the shared expert's (SHARED), or a routed expert's. WINDOW (T > 1): all T
+// tokens go through it as the mma's columns, and it writes the act rows of every slot that chose
+// its expert (`window`: shared memory for the choices).
+template <int BITS, bool SHARED, bool WINDOW>
 __device__ __forceinline__ void gate_up_block(const MoeLqParams& p, uint4* smem, float (&partial)[MLQ_WARPS][32][4],
-                                              int* experts, MoeDistinct& distinct, int t, int s) {
+                                              WindowChoices* window, int t, int s) {
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, strip = blockIdx.x;
     const int inter = SHARED ? p.shared.inter : p.I;
     const int tiles = p.H / LQ_TILE_COLS, half = warp / GU_SLICES, slice = warp % GU_SLICES;
     const int tbeg = tiles * slice / GU_SLICES, tend = tiles * (slice + 1) / GU_SLICES;
+    const int tokens = WINDOW ? p.T : 1, j = t * p.k + s;  // j: a routed block's slot
     float* start = reinterpret_cast<float*>(smem);
     uint4* xs = reinterpret_cast<uint4*>(start + 8 * tiles);
-    const int j = t * p.k + s;  // a routed block's slot
 
     const uint8_t* matrix = p.shared.gate_up;  // known up front: its tiles go before the wait
     if constexpr (!SHARED) {
         pdl_begin();
         int e;
-        if (p.T == 1) {
-            e = slot_expert(p, t, s);
+        if constexpr (WINDOW) {
+            window_experts(p, t, s, window->experts, window->distinct);
+            if (window->distinct.root[j] != j) return;  // the block of the expert's first slot reads it
+            e = window->experts[j];
         } else {
-            window_experts(p, t, s, experts, distinct);
-            if (distinct.root[j] != j) return;  // the block of the expert's first slot reads it
-            e = experts[j];
+            e = slot_expert(p, t, s);
         }
         matrix = p.bank + size_t(e) * (size_t(2 * inter / LQ_TILE_ROWS) * tiles * TILE_BYTES);
         timeline_mark(TL_SELECTED);
@@ -135,23 +142,26 @@ __device__ __forceinline__ void gate_up_block(const MoeLqParams& p, uint4* smem,
     LqGroup<BITS> first;
     lq_load_group(first, src, tend - tbeg, lane);
     if constexpr (SHARED) pdl_begin();
-    lq_stage_x_from<LqXSource::Global>(xs, start, p.x, p.T, p.H, lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
+    lq_stage_x_from<LqXSource::Global>(xs, start, WINDOW ? p.x : p.x + size_t(t) * p.H, tokens, p.H,
+                                       lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
     __syncthreads();
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    lq_stream_tiles(first, src, lq_lane_x(xs, start, tiles, p.T, lane), tbeg, tend, lane, acc);
+    lq_stream_tiles(first, src, lq_lane_x(xs, start, tiles, tokens, lane), tbeg, tend, lane, acc);
 #pragma unroll
     for (int i = 0; i < 4; ++i) partial[warp][lane][i] = acc[i];
     __syncthreads();
     if (SHARED && strip == 0 && warp == MLQ_WARPS - 1)
-        for (int n = 0; n < p.T; ++n) shared_gate(p, n, lane);
-    if (threadIdx.x >= LQ_TILE_ROWS * p.T) return;
-    // row rho of the strip for token n: lane (rho % 8) * 4 + n / 2, value n % 2 (rows 0-7) or 2 + n % 2
-    const int rho = threadIdx.x % LQ_TILE_ROWS, n = threadIdx.x / LQ_TILE_ROWS;
-    int slot = SHARED || p.T == 1 ? s : -1;  // token n's slot that chose this block's expert
-    if (!SHARED && p.T > 1)
+        for (int n = 0; n < tokens; ++n) shared_gate(p, WINDOW ? n : t, lane);
+    if (threadIdx.x >= LQ_TILE_ROWS * tokens) return;
+    // row rho of the strip for column n: lane (rho % 8) * 4 + n / 2, value n % 2 (rows 0-7) or 2 + n % 2
+    const int rho = threadIdx.x % LQ_TILE_ROWS, n = threadIdx.x / LQ_TILE_ROWS, token = WINDOW ? n : t;
+    int slot = s;  // the slot of `token` that chose this block's expert (none: -1)
+    if constexpr (WINDOW && !SHARED) {
+        slot = -1;
         for (int s2 = 0; s2 < p.k; ++s2)
-            if (distinct.root[n * p.k + s2] == j) slot = s2;
+            if (window->distinct.root[n * p.k + s2] == j) slot = s2;
+    }
     if (slot < 0) return;
     const int src_lane = (rho & 7) * 4 + n / 2, value = (rho < 8 ? 0 : 2) + (n & 1);
     float gate = 0.0f, up = 0.0f;
@@ -159,25 +169,26 @@ __device__ __forceinline__ void gate_up_block(const MoeLqParams& p, uint4* smem,
         gate += partial[w][src_lane][value];
         up += partial[GU_SLICES + w][src_lane][value];
     }
-    bf16* out = SHARED ? p.y + size_t(p.T) * p.k * p.I + size_t(n) * inter : p.y + size_t(n * p.k + slot) * p.I;
+    bf16* out = SHARED ? p.y + size_t(p.T) * p.k * p.I + size_t(token) * inter : p.y + size_t(token * p.k + slot) * p.I;
     out[strip * LQ_TILE_ROWS + rho] = __float2bfloat16(silu(gate) * up);
 }
 
-// BITS: the routed bank's width; SBITS: the shared slot's (BITS when there is none). A window's
-// blocks of tokens past the first for the shared slot have nothing to do.
-template <int BITS, int SBITS>
+// BITS: the routed bank's width; SBITS: the shared slot's (BITS when there is none). WINDOW: the
+// distinct-expert form (T > 1), where the shared slot runs in token 0's blocks only.
+template <int BITS, int SBITS, bool WINDOW>
 __global__ void __launch_bounds__(MLQ_WARPS * 32) moe_lq_gate_up_kernel(const MoeLqParams p) {
     extern __shared__ uint4 mlq_smem[];
     __shared__ float partial[MLQ_WARPS][32][4];
-    __shared__ int experts[MOE_DISTINCT_MAX_SLOTS];
-    __shared__ MoeDistinct distinct;
+    __shared__ std::conditional_t<WINDOW, WindowChoices, char> window;
     const int slots = p.shared.gate_up ? p.k + 1 : p.k;
     const int t = blockIdx.y / slots, s = blockIdx.y % slots;
+    WindowChoices* choices = nullptr;
+    if constexpr (WINDOW) choices = &window;
     if (s == p.k) {
-        if (t == 0 && blockIdx.x < p.shared.inter / LQ_TILE_ROWS)
-            gate_up_block<SBITS, true>(p, mlq_smem, partial, experts, distinct, t, s);
+        if ((!WINDOW || t == 0) && blockIdx.x < p.shared.inter / LQ_TILE_ROWS)
+            gate_up_block<SBITS, true, WINDOW>(p, mlq_smem, partial, choices, t, s);
     } else if (blockIdx.x < p.I / LQ_TILE_ROWS) {  // the grid spans max(I, Is)
-        gate_up_block<BITS, false>(p, mlq_smem, partial, experts, distinct, t, s);
+        gate_up_block<BITS, false, WINDOW>(p, mlq_smem, partial, choices, t, s);
     }
 }
 
@@ -191,7 +202,7 @@ __device__ __forceinline__ void down_slot(uint4* xs, float* start, const uint8_t
     LqGroup<BITS> first;
     lq_load_group(first, strip_tiles, tiles, lane);
     if (before_wait) pdl_begin();
-    lq_stage_x_from<LqXSource::Global>(xs, start, x, 1, width, lq_code_centre<BITS>(), lane, 32);
+    lq_stage_x_from<LqXSource::Global, true>(xs, start, x, 1, width, lq_code_centre<BITS>(), lane, 32);
     __syncwarp();
     lq_stream_tiles(first, strip_tiles, lq_lane_x(xs, start, tiles, 1, lane), 0, tiles, lane, acc);
 }
@@ -294,10 +305,12 @@ void launch_gate_up(const char* op, MoeLqParams p, int bits, cudaStream_t stream
     const bool has_shared = p.shared.gate_up != nullptr;
     const int sbits = has_shared ? p.shared.gate_up_bits : bits;
     const dim3 grid(std::max(p.I, p.shared.inter) / LQ_TILE_ROWS, p.T * (has_shared ? p.k + 1 : p.k));
-    const size_t smem = lq_start_bytes(p.H) + size_t(p.T) * lq_x_bytes(p.H) + LQ_ZERO_X_BYTES;
+    const bool window = p.T > 1;
+    const size_t smem = lq_start_bytes(p.H) + size_t(window ? p.T : 1) * lq_x_bytes(p.H) + LQ_ZERO_X_BYTES;
     with_widths(bits, sbits, [&](auto b, auto sb) {
-        launch_moe_lq(op, moe_lq_gate_up_kernel<decltype(b)::value, decltype(sb)::value>, grid, MLQ_WARPS,
-                      MLQ_WARPS, smem, p, stream);
+        constexpr int B = decltype(b)::value, SB = decltype(sb)::value;
+        if (window) launch_moe_lq(op, moe_lq_gate_up_kernel<B, SB, true>, grid, MLQ_WARPS, MLQ_WARPS, smem, p, stream);
+        else launch_moe_lq(op, moe_lq_gate_up_kernel<B, SB, false>, grid, MLQ_WARPS, MLQ_WARPS, smem, p, stream);
     });
 }
 
