@@ -64,8 +64,9 @@
 #   handover  no engine build: tests/gpu/probe_handover.cu (a standalone program): what one
 #          dependency point costs alone (a PDL kernel boundary, a grid-wide counter, a posted flag)
 #   timeline  build with -DLAMPO_TIMELINE=ON (no tests unless TESTS=1) + tests/gpu/timeline.py: block
-#          timestamps of the graphed decode step of the 35B-A3B (or TIMELINE_MODEL=27b), each launch's
-#          share of the critical path (TIMELINE_DEPTHS, default 8192)
+#          timestamps of the graphed decode step of the 35B-A3B (TIMELINE_MODEL: "35b-a3b 27b" for both; TIMELINE_WEIGHTS
+#          q5 / q4 for the LQ format, default bf16), each launch's share of the critical path
+#          (TIMELINE_DEPTHS, default 8192)
 #   files  build (no tests unless TESTS=1) + full-size checkpoints loaded from FILES, each written into
 #          $WORK/files by the synthetic generator (one process per CPU, no MTP), benched, deleted:
 #          the 35B-A3B at q5 in the packed LQ format (21.6 GB; prefill 8,192 and decode at 8,192,
@@ -403,11 +404,12 @@ for r in rows:
 PYEOF
   ;;
 timeline)  # block timestamps of the graphed step (a LAMPO_TIMELINE build; tests/gpu/timeline.py)
-  m=${TIMELINE_MODEL:-35b-a3b}
-  for depth in ${TIMELINE_DEPTHS:-8192}; do
-    timeout 180 $PY tests/gpu/timeline.py --preset "qwen3.6-$m" --depth "$depth" \
-      --json "$OUT/bench/timeline-$m-$depth.json" >"$OUT/bench/timeline-$m-$depth.txt" 2>&1
-    log "timeline $m depth $depth exit $?"
+  for m in ${TIMELINE_MODEL:-35b-a3b}; do
+    for depth in ${TIMELINE_DEPTHS:-8192}; do
+      timeout 180 $PY tests/gpu/timeline.py --preset "qwen3.6-$m" --depth "$depth" --weights "${TIMELINE_WEIGHTS:-bf16}" \
+        --json "$OUT/bench/timeline-$m-$depth.json" >"$OUT/bench/timeline-$m-$depth.txt" 2>&1
+      log "timeline $m depth $depth exit $?"
+    done
   done ;;
 ab)  # each build once into $WORK/so/BUILD/ (both modules), then AB_REPEAT rounds that bench every build in turn
   SO_DIR="$WORK/so"; rm -rf "$SO_DIR"; mkdir -p "$SO_DIR"

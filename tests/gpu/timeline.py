@@ -14,7 +14,7 @@ Run on a machine with an NVIDIA GPU: bash tests/gpu/run.sh timeline (configures 
 -DLAMPO_TIMELINE=ON, builds it, then runs this script). The instrumented step is
 slower than the plain one (each mark is an atomic and a store); the script prints both.
 
-Usage: python tests/gpu/timeline.py [--preset P] [--layers N] [--depth D] [--steps S] [--json PATH]
+Usage: python tests/gpu/timeline.py [--preset P] [--weights W] [--layers N] [--depth D] [--steps S] [--json PATH]
 """
 
 from __future__ import annotations
@@ -161,6 +161,7 @@ def main() -> int:
     ap.add_argument("--preset", default="qwen3.6-35b-a3b")
     ap.add_argument("--layers", type=int)
     ap.add_argument("--depth", type=int, default=8192, help="context depth (random fill)")
+    ap.add_argument("--weights", default="bf16", help="weight format of the random fill (bf16, q5, q4)")
     ap.add_argument("--steps", type=int, default=4, help="recorded graph steps")
     ap.add_argument("--show", type=int, default=24, help="launches listed one by one")
     ap.add_argument("--per-sm", type=int, default=1 << 16, help="event capacity per SM")
@@ -172,7 +173,8 @@ def main() -> int:
         print("lampo._native was built without LAMPO_TIMELINE=ON", file=sys.stderr)
         return 2
     bench_args = ["--preset", args.preset, "--random-weights", "--prompt", "512", "--depths", str(args.depth),
-                  "--fast-depth", "--profile-steps", "0"] + (["--layers", str(args.layers)] if args.layers else [])
+                  "--fast-depth", "--profile-steps", "0", "--weights", args.weights] + (
+                      ["--layers", str(args.layers)] if args.layers else [])
     parsed = bench.build_parser().parse_args(bench_args)
     cfg, _ = bench.resolve_model(parsed)
     w = bench.plan_workload(parsed, cfg, cuda=True)

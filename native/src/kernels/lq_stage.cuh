@@ -11,9 +11,8 @@
 // lane reads its tile's B fragments with two 16-byte loads. After the tokens, LQ_ZERO_X_BYTES of
 // zeros: the one tile's fragments that every lane past the last token reads (lq_lane_x).
 // start[t * 8 + n] = -centre * (sum of tile t's x of token n), zero for n >= tokens. `thread` /
-// `threads` (a multiple of 32: a block, or one warp) share the work: the rows' 16-byte vectors,
-// then one thread per (n, t, q) for the sums; a tile's four quads are adjacent lanes and add their
-// sums by shuffles.
+// `threads` (a multiple of 32) share the work: one thread per (n, t, q); a tile's four quads are
+// adjacent lanes and add their sums by shuffles.
 // xs: tokens * lq_x_bytes(in) + LQ_ZERO_X_BYTES bytes; start: lq_start_bytes(in).
 #pragma once
 
@@ -23,69 +22,41 @@ namespace lampo {
 
 enum class LqXSource { Global, Shared };
 
-// Columns staged per thread in flight: LQ_STAGE_BATCH vectors of 8 (one 16-byte load each).
-constexpr int LQ_STAGE_BATCH = 4;
-
-// The staging, in two passes: (1) every 8 consecutive columns of every row (a uint4 of 4 bf16
-// pairs) from `load8(n, c8)` (token n, columns 8 c8 .. 8 c8 + 7), LQ_STAGE_BATCH vectors per thread
-// in flight, each of its words scattered to its place (word w of the vector at tile offset 8 o is
-// word o of item (n, t, w)); (2) after the barrier (WARP: the threads are one warp), each item's
-// eight words read back and summed in order, the quads' sums added by shuffles. Every row is read
-// in coalesced 16-byte loads, a batch per round trip, instead of one round trip per item row.
-template <bool WARP, class Load8>
-__device__ __forceinline__ void lq_stage_rows(uint4* xs, float* start, int tokens, int in, float centre, int thread,
-                                              int threads, Load8&& load8) {
-    const int tiles = in / LQ_TILE_COLS, per_row = in / 8, vectors = tokens * per_row;
-    uint32_t* words = reinterpret_cast<uint32_t*>(xs);
-    for (int base = thread; base < vectors; base += LQ_STAGE_BATCH * threads) {
-        uint4 v[LQ_STAGE_BATCH];
-#pragma unroll
-        for (int b = 0; b < LQ_STAGE_BATCH; ++b) {
-            const int idx = base + b * threads;
-            if (idx < vectors) v[b] = load8(idx / per_row, idx % per_row);
-        }
-#pragma unroll
-        for (int b = 0; b < LQ_STAGE_BATCH; ++b) {
-            const int idx = base + b * threads;
-            if (idx >= vectors) continue;
-            const int n = idx / per_row, c8 = idx % per_row;
-            uint32_t* item0 = words + ((n * tiles + c8 / 8) * 4) * 8 + c8 % 8;  // quad 0's word
-            item0[0] = v[b].x;
-            item0[8] = v[b].y;
-            item0[16] = v[b].z;
-            item0[24] = v[b].w;
-        }
-    }
-    if constexpr (WARP) __syncwarp();
-    else __syncthreads();
-    const int items = 4 * tiles * tokens;
+// x [tokens, in] bf16 in SRC.
+template <LqXSource SRC>
+__device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const bf16* x, int tokens, int in,
+                                                float centre, int thread, int threads) {
+    const int tiles = in / LQ_TILE_COLS, items = 4 * tiles * tokens;
     for (int base = 0; base < items; base += threads) {  // every lane of a warp takes part in the shuffles
         const int i = base + thread, q = i & 3, t = (i >> 2) % tiles, n = (i >> 2) / tiles;
+        uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
         float sum = 0.0f;
         if (i < items) {
-            const uint4 a = xs[2 * i], b = xs[2 * i + 1];
-            const uint32_t v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            const uint32_t* row = reinterpret_cast<const uint32_t*>(x + size_t(n) * in + t * LQ_TILE_COLS) + q;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if constexpr (SRC == LqXSource::Global) {
+                    v[2 * j] = __ldg(row + 8 * j);
+                    v[2 * j + 1] = __ldg(row + 8 * j + 4);
+                } else {
+                    v[2 * j] = row[8 * j];
+                    v[2 * j + 1] = row[8 * j + 4];
+                }
+            }
 #pragma unroll
             for (int k = 0; k < 8; ++k) sum += __uint_as_float(v[k] << 16) + __uint_as_float(v[k] & 0xffff0000u);
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (i < items && q == 0) start[t * 8 + n] = -centre * sum;
+        if (i < items) {
+            xs[2 * i] = make_uint4(v[0], v[1], v[2], v[3]);
+            xs[2 * i + 1] = make_uint4(v[4], v[5], v[6], v[7]);
+            if (q == 0) start[t * 8 + n] = -centre * sum;
+        }
     }
     for (int i = thread; i < tiles * 8; i += threads)  // tokens past the staged ones
         if ((i & 7) >= tokens) start[i] = 0.0f;
     if (thread < LQ_ZERO_X_BYTES / 16) xs[tokens * tiles * 8 + thread] = make_uint4(0u, 0u, 0u, 0u);
-}
-
-// x [tokens, in] bf16 in SRC; WARP: staged by one warp (thread = lane, threads = 32).
-template <LqXSource SRC, bool WARP = false>
-__device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const bf16* x, int tokens, int in,
-                                                float centre, int thread, int threads) {
-    lq_stage_rows<WARP>(xs, start, tokens, in, centre, thread, threads, [&](int n, int c8) {
-        const uint4* at = reinterpret_cast<const uint4*>(x + size_t(n) * in) + c8;
-        if constexpr (SRC == LqXSource::Global) return __ldg(at);
-        else return *at;
-    });
 }
 
 }  // namespace lampo

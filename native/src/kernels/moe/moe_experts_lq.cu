@@ -13,17 +13,11 @@
 //
 // - gate_up: grid (max(I, Is) / 16 row strips, T * slots); the block's 8 warps take the gate
 //   strip's tiles (warps 0-3) and the up strip's (warps 4-7) in 4 slices of H each, so the block
-//   reads one expert's 32 rows once; the slices are summed through shared memory and 16 threads
-//   per token apply silu * up. One token: selecting, every warp of routed slot s runs the router's
-//   warp top-k on the logits for s + 1 rounds and takes slot s's expert (warp 0 of strip 0, slot 0
-//   runs all k and writes ids and weights), as moe_experts_gate_up_select does. A window (T > 1)
-//   reads each distinct expert once (moe_distinct.cuh): every block learns all T * k choices
-//   (read, or selected by warp n for token n, the strip-0 block of token n's slot 0 writing them),
-//   only the block of an expert's first slot (token-major) runs, with all T tokens staged as the
-//   mma's columns, and writes the act row of every slot that chose the expert; the shared slot
-//   runs in token 0's blocks for all tokens. A token's columns are summed exactly as alone, so a
-//   window's act rows are the one-token launch's bits. The shared slot's strip-0 block also
-//   computes gate[t] for every token (the last warp, beside the epilogue).
+//   reads one expert's 32 rows once; h_t is staged once per block; the slices are summed through
+//   shared memory and 16 threads apply silu * up. Selecting, every warp of routed slot s runs the
+//   router's warp top-k on token t's logits for s + 1 rounds and takes slot s's expert (warp 0 of
+//   strip 0, slot 0 runs all k and writes ids and weights), as moe_experts_gate_up_select does.
+//   The shared slot's strip-0 block also computes gate[t] (warp 1, beside the epilogue).
 // - down: grid (H / 16 row strips, T), one warp per slot (k, + 1 for the shared slot); warp s
 //   streams its slot's strip over all of I (Is), with its act row staged by the warp itself; the
 //   rows are summed in slot order with their weights (deterministic, no atomics).
@@ -37,7 +31,6 @@
 #include "kernels/launch_utils.cuh"
 #include "kernels/lq_stage.cuh"
 #include "kernels/moe/moe_common.h"
-#include "kernels/moe/moe_distinct.cuh"
 #include "kernels/moe/moe_topk.cuh"
 #include "kernels/ops.h"
 
@@ -72,25 +65,6 @@ __device__ __forceinline__ int slot_expert(const MoeLqParams& p, int t, int s) {
     return __shfl_sync(0xffffffffu, sel.id, s);
 }
 
-// A window's (T > 1) choices, all T * k of them, into `experts` (shared memory), read from ids or
-// selected (warp n runs token n's top-k; the strip-0 block of token t's slot 0 writes its ids and
-// weights), and their roots into `distinct`; visible to the block on return. After the PDL wait.
-__device__ __noinline__ void window_experts(const MoeLqParams& p, int t, int s, int* experts, MoeDistinct& distinct) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (p.logits) {
-        if (warp < p.T) {
-            const TopkLane sel = warp_topk(p.logits + size_t(warp) * p.E, p.E, p.k);
-            if (lane < p.k) experts[warp * p.k + lane] = sel.id;
-            if (blockIdx.x == 0 && s == 0 && warp == t) store_topk(sel, p.ids, p.weights, t, p.k);
-        }
-    } else if (threadIdx.x < p.T * p.k) {
-        experts[threadIdx.x] = __ldcg(p.ids + threadIdx.x);
-    }
-    __syncthreads();
-    if (warp == 0) moe_find_distinct(experts, p.T * p.k, distinct);
-    __syncthreads();
-}
-
 // shared.gate[t] = sigmoid(h_t . w_gate) by one warp, summed in moe_experts.cu's order (its bits).
 __device__ __forceinline__ void shared_gate(const MoeLqParams& p, int t, int lane) {
     const bf16* hrow = p.x + size_t(t) * p.H;
@@ -101,40 +75,23 @@ __device__ __forceinline__ void shared_gate(const MoeLqParams& p, int t, int lan
     if (lane == 0) p.shared.gate[t] = sigmoid(dot);
 }
 
-// The window's choices and roots (WINDOW launches only).
-struct WindowChoices {
-    int experts[MOE_DISTINCT_MAX_SLOTS];
-    MoeDistinct distinct;
-};
-
 // One gate_up block: strip blockIdx.x of the gate and up rows of token t's slot s, its matrix
-// [2 inter, H] at BITS: the shared expert's (SHARED), or a routed expert's. WINDOW (T > 1): all T
-// tokens go through it as the mma's columns, and it writes the act rows of every slot that chose
-// its expert (`window`: shared memory for the choices).
-template <int BITS, bool SHARED, bool WINDOW>
+// [2 inter, H] at BITS: the shared expert's (SHARED), or routed expert's.
+template <int BITS, bool SHARED>
 __device__ __forceinline__ void gate_up_block(const MoeLqParams& p, uint4* smem, float (&partial)[MLQ_WARPS][32][4],
-                                              WindowChoices* window, int t, int s) {
+                                              int t, int s) {
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, strip = blockIdx.x;
     const int inter = SHARED ? p.shared.inter : p.I;
     const int tiles = p.H / LQ_TILE_COLS, half = warp / GU_SLICES, slice = warp % GU_SLICES;
     const int tbeg = tiles * slice / GU_SLICES, tend = tiles * (slice + 1) / GU_SLICES;
-    const int tokens = WINDOW ? p.T : 1, j = t * p.k + s;  // j: a routed block's slot
     float* start = reinterpret_cast<float*>(smem);
     uint4* xs = reinterpret_cast<uint4*>(start + 8 * tiles);
 
     const uint8_t* matrix = p.shared.gate_up;  // known up front: its tiles go before the wait
     if constexpr (!SHARED) {
         pdl_begin();
-        int e;
-        if constexpr (WINDOW) {
-            window_experts(p, t, s, window->experts, window->distinct);
-            if (window->distinct.root[j] != j) return;  // the block of the expert's first slot reads it
-            e = window->experts[j];
-        } else {
-            e = slot_expert(p, t, s);
-        }
-        matrix = p.bank + size_t(e) * (size_t(2 * inter / LQ_TILE_ROWS) * tiles * TILE_BYTES);
+        matrix = p.bank + size_t(slot_expert(p, t, s)) * (size_t(2 * inter / LQ_TILE_ROWS) * tiles * TILE_BYTES);
         timeline_mark(TL_SELECTED);
     }
     const int row_strip = strip + half * (inter / LQ_TILE_ROWS);  // the gate strip, or its up strip
@@ -142,53 +99,39 @@ __device__ __forceinline__ void gate_up_block(const MoeLqParams& p, uint4* smem,
     LqGroup<BITS> first;
     lq_load_group(first, src, tend - tbeg, lane);
     if constexpr (SHARED) pdl_begin();
-    lq_stage_x_from<LqXSource::Global>(xs, start, WINDOW ? p.x : p.x + size_t(t) * p.H, tokens, p.H,
-                                       lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
+    lq_stage_x_from<LqXSource::Global>(xs, start, p.x + size_t(t) * p.H, 1, p.H, lq_code_centre<BITS>(),
+                                       threadIdx.x, blockDim.x);
     __syncthreads();
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    lq_stream_tiles(first, src, lq_lane_x(xs, start, tiles, tokens, lane), tbeg, tend, lane, acc);
+    lq_stream_tiles(first, src, lq_lane_x(xs, start, tiles, 1, lane), tbeg, tend, lane, acc);
 #pragma unroll
     for (int i = 0; i < 4; ++i) partial[warp][lane][i] = acc[i];
     __syncthreads();
-    if (SHARED && strip == 0 && warp == MLQ_WARPS - 1)
-        for (int n = 0; n < tokens; ++n) shared_gate(p, WINDOW ? n : t, lane);
-    if (threadIdx.x >= LQ_TILE_ROWS * tokens) return;
-    // row rho of the strip for column n: lane (rho % 8) * 4 + n / 2, value n % 2 (rows 0-7) or 2 + n % 2
-    const int rho = threadIdx.x % LQ_TILE_ROWS, n = threadIdx.x / LQ_TILE_ROWS, token = WINDOW ? n : t;
-    int slot = s;  // the slot of `token` that chose this block's expert (none: -1)
-    if constexpr (WINDOW && !SHARED) {
-        slot = -1;
-        for (int s2 = 0; s2 < p.k; ++s2)
-            if (window->distinct.root[n * p.k + s2] == j) slot = s2;
-    }
-    if (slot < 0) return;
-    const int src_lane = (rho & 7) * 4 + n / 2, value = (rho < 8 ? 0 : 2) + (n & 1);
+    if (SHARED && strip == 0 && warp == 1) shared_gate(p, t, lane);
+    if (threadIdx.x >= LQ_TILE_ROWS) return;
+    // row rho of the strip: token 0 of lane (rho % 8) * 4, value 0 (rows 0-7) or 2 (rows 8-15)
+    const int rho = threadIdx.x, src_lane = (rho & 7) * 4, value = rho < 8 ? 0 : 2;
     float gate = 0.0f, up = 0.0f;
     for (int w = 0; w < GU_SLICES; ++w) {
         gate += partial[w][src_lane][value];
         up += partial[GU_SLICES + w][src_lane][value];
     }
-    bf16* out = SHARED ? p.y + size_t(p.T) * p.k * p.I + size_t(token) * inter : p.y + size_t(token * p.k + slot) * p.I;
+    bf16* out = SHARED ? p.y + size_t(p.T) * p.k * p.I + size_t(t) * inter : p.y + size_t(t * p.k + s) * p.I;
     out[strip * LQ_TILE_ROWS + rho] = __float2bfloat16(silu(gate) * up);
 }
 
-// BITS: the routed bank's width; SBITS: the shared slot's (BITS when there is none). WINDOW: the
-// distinct-expert form (T > 1), where the shared slot runs in token 0's blocks only.
-template <int BITS, int SBITS, bool WINDOW>
+// BITS: the routed bank's width; SBITS: the shared slot's (BITS when there is none).
+template <int BITS, int SBITS>
 __global__ void __launch_bounds__(MLQ_WARPS * 32) moe_lq_gate_up_kernel(const MoeLqParams p) {
     extern __shared__ uint4 mlq_smem[];
     __shared__ float partial[MLQ_WARPS][32][4];
-    __shared__ std::conditional_t<WINDOW, WindowChoices, char> window;
     const int slots = p.shared.gate_up ? p.k + 1 : p.k;
     const int t = blockIdx.y / slots, s = blockIdx.y % slots;
-    WindowChoices* choices = nullptr;
-    if constexpr (WINDOW) choices = &window;
     if (s == p.k) {
-        if ((!WINDOW || t == 0) && blockIdx.x < p.shared.inter / LQ_TILE_ROWS)
-            gate_up_block<SBITS, true, WINDOW>(p, mlq_smem, partial, choices, t, s);
+        if (blockIdx.x < p.shared.inter / LQ_TILE_ROWS) gate_up_block<SBITS, true>(p, mlq_smem, partial, t, s);
     } else if (blockIdx.x < p.I / LQ_TILE_ROWS) {  // the grid spans max(I, Is)
-        gate_up_block<BITS, false, WINDOW>(p, mlq_smem, partial, choices, t, s);
+        gate_up_block<BITS, false>(p, mlq_smem, partial, t, s);
     }
 }
 
@@ -202,7 +145,7 @@ __device__ __forceinline__ void down_slot(uint4* xs, float* start, const uint8_t
     LqGroup<BITS> first;
     lq_load_group(first, strip_tiles, tiles, lane);
     if (before_wait) pdl_begin();
-    lq_stage_x_from<LqXSource::Global, true>(xs, start, x, 1, width, lq_code_centre<BITS>(), lane, 32);
+    lq_stage_x_from<LqXSource::Global>(xs, start, x, 1, width, lq_code_centre<BITS>(), lane, 32);
     __syncwarp();
     lq_stream_tiles(first, strip_tiles, lq_lane_x(xs, start, tiles, 1, lane), 0, tiles, lane, acc);
 }
@@ -305,12 +248,10 @@ void launch_gate_up(const char* op, MoeLqParams p, int bits, cudaStream_t stream
     const bool has_shared = p.shared.gate_up != nullptr;
     const int sbits = has_shared ? p.shared.gate_up_bits : bits;
     const dim3 grid(std::max(p.I, p.shared.inter) / LQ_TILE_ROWS, p.T * (has_shared ? p.k + 1 : p.k));
-    const bool window = p.T > 1;
-    const size_t smem = lq_start_bytes(p.H) + size_t(window ? p.T : 1) * lq_x_bytes(p.H) + LQ_ZERO_X_BYTES;
+    const size_t smem = lq_start_bytes(p.H) + size_t(lq_x_bytes(p.H)) + LQ_ZERO_X_BYTES;
     with_widths(bits, sbits, [&](auto b, auto sb) {
-        constexpr int B = decltype(b)::value, SB = decltype(sb)::value;
-        if (window) launch_moe_lq(op, moe_lq_gate_up_kernel<B, SB, true>, grid, MLQ_WARPS, MLQ_WARPS, smem, p, stream);
-        else launch_moe_lq(op, moe_lq_gate_up_kernel<B, SB, false>, grid, MLQ_WARPS, MLQ_WARPS, smem, p, stream);
+        launch_moe_lq(op, moe_lq_gate_up_kernel<decltype(b)::value, decltype(sb)::value>, grid, MLQ_WARPS,
+                      MLQ_WARPS, smem, p, stream);
     });
 }
 
