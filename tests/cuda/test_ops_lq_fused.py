@@ -8,7 +8,8 @@ weights; the LQ gate_up's routed act; the down launch storing its output), and a
 dequantized matrices (models/quant/layout.py; tolerances as tests/cuda/test_ops_lq.py: fp32 1e-4,
 bf16 1e-2 of |ref| + rms(ref)). The shared slot's act is rounded once (silu(gate) * up in fp32) where
 the unfused shared expert rounds gate_up first, so the whole MoE block is compared with the unfused
-LQ launches (gate_up, down, gemv_lq, silu_mul, gemv_lq, moe_shared_combine) at 2e-2.
+LQ launches (gate_up, down, gemv_lq, silu_mul, gemv_lq, moe_shared_combine) at 2e-2. A verify
+window's MoE rows (tokens sharing experts) are checked against the same launches token by token.
 test_zz_lq_fused_timings prints the 35B-A3B decode MoE launches' time (never asserted).
 """
 
