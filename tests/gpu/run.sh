@@ -84,7 +84,7 @@
 #          --fast-depth variant of the 35B-A3B
 #
 # Environment: OUT (default .gpu/out), LAMPO_GPU_TESTS (pytest paths, default tests/cuda),
-# LAMPO_COMMIT (recorded in the bench JSON; default HEAD, "+uncommitted" if the tree differs), JOBS (build parallelism),
+# LAMPO_COMMIT (recorded in the bench JSON; default HEAD, "+uncommitted (engine sources ID)" if the tree differs), JOBS (build parallelism),
 # TEST_TIMEOUT (seconds). Pure-Python dependencies missing on a bare machine may be
 # placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
@@ -98,19 +98,21 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT/bench" "$WORK"
 export PYTHONUNBUFFERED=1
 [ -d "$ROOT/.gpu/pylib" ] && export PYTHONPATH="$ROOT/.gpu/pylib${PYTHONPATH:+:$PYTHONPATH}"
-# The commit the results belong to: HEAD, marked "+uncommitted" when tracked files differ from it
-# (local edits, or a copy whose .git did not follow the working tree); set LAMPO_COMMIT to name it.
-if [ -z "${LAMPO_COMMIT:-}" ]; then
-  LAMPO_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-  [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && LAMPO_COMMIT="$LAMPO_COMMIT+uncommitted"
-fi
-export LAMPO_COMMIT
 # The engine sources as this tree has them, independent of .git (a copied checkout's .git was
 # seen pointing at an older commit than its working tree): the blob ids of native/src's files with
 # their paths, hashed. For a commit C the same id is
 #   git ls-tree -r C native/src | awk '{print $3"  "$4}' | sha1sum | cut -c1-12
 ENGINE_SOURCES=$(find native/src -type f | LC_ALL=C sort | while read -r f; do echo "$(git hash-object "$f")  $f"; done \
   | sha1sum | cut -c1-12)
+# The commit the results belong to: HEAD, marked "+uncommitted" with the engine sources' id when
+# tracked files differ from it (local edits, or a copy whose .git did not follow the working tree);
+# set LAMPO_COMMIT to name it.
+if [ -z "${LAMPO_COMMIT:-}" ]; then
+  LAMPO_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] \
+    && LAMPO_COMMIT="$LAMPO_COMMIT+uncommitted (engine sources $ENGINE_SOURCES)"
+fi
+export LAMPO_COMMIT
 T0=$(date +%s)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 
