@@ -98,6 +98,16 @@ class ModelConfig:
         return 2 * self.key_dim + self.value_dim
 
     @property
+    def attn_proj_rows(self) -> int:
+        """Rows of the fused attention input projection q|gate, k, v."""
+        return self.q_proj_rows + 2 * self.kv_width
+
+    @property
+    def gdn_proj_rows(self) -> int:
+        """Rows of the fused GDN input projection qkv, z, b, a."""
+        return self.conv_dim + self.value_dim + 2 * self.linear_num_value_heads
+
+    @property
     def gdn_ratio(self) -> int:
         """V heads per QK head: V head j uses QK head j // gdn_ratio."""
         return self.linear_num_value_heads // self.linear_num_key_heads
@@ -190,9 +200,8 @@ class ModelConfig:
         """The widths the engine computes in 32-bit ints (native/src/engine/model.h, ModelDims), before
         the zero-row padding of its fused projections (at most FUSED_ROW_PAD more)."""
         sizes = {
-            "q_proj rows + 2 * kv_width (fused attention projection)": self.q_proj_rows + 2 * self.kv_width,
-            "conv_dim + value_dim + 2 * linear_num_value_heads (fused GDN projection)":
-                self.conv_dim + self.value_dim + 2 * self.linear_num_value_heads,
+            "q_proj rows + 2 * kv_width (fused attention projection)": self.attn_proj_rows,
+            "conv_dim + value_dim + 2 * linear_num_value_heads (fused GDN projection)": self.gdn_proj_rows,
         }
         if self.is_moe:
             sizes["2 * moe_intermediate_size"] = 2 * self.moe_intermediate_size

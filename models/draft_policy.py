@@ -11,8 +11,8 @@ E(k) / c(k) over k <= k_max, where n-gram drafts exist only as far as the contex
 choice beats a plain step (ratio 1) the step is plain, and after PROBE_EVERY plain steps one
 draft is tried anyway so that the estimates can recover; each probe that keeps nothing doubles
 that wait (up to PROBE_EVERY_MAX: text that no drafter predicts, such as a random-weight model's,
-costs a probe every few hundred steps), and a kept draft brings it back. `mode` forces a drafter ("mtp", "ngram")
-or turns speculation off ("off"); `fixed_k` forces the number of drafts.
+costs a probe every few hundred steps), and a kept draft brings it back. `mode` forces a drafter
+("mtp", "ngram") or turns speculation off ("off"); `fixed_k` forces the number of drafts.
 
 Where the engine reports what its steps take (`record_time`: the wall seconds of a plain step and
 of each round), c(k) is the measured time of a round of k drafts over the measured plain step

@@ -75,8 +75,6 @@ def activation_bytes_per_token(cfg: ModelConfig, mtp: bool = False) -> dict[str,
     - mtp (with the MTP module): the trunk's final hidden rows and the MTP fc input [2H], bf16 (6H).
     """
     h = cfg.hidden_size
-    gdn_proj = cfg.conv_dim + cfg.value_dim + 2 * cfg.linear_num_value_heads
-    attn_proj = cfg.q_proj_rows + 2 * cfg.kv_width
     if cfg.is_moe:
         k = cfg.num_experts_per_tok
         ffn = (2 * (3 * k * cfg.moe_intermediate_size + 3 * cfg.shared_expert_intermediate_size)
@@ -86,7 +84,7 @@ def activation_bytes_per_token(cfg: ModelConfig, mtp: bool = False) -> dict[str,
     return {
         "residual": 2 * 4 * h,
         "normed": 2 * h,
-        "projections": 2 * max(gdn_proj, attn_proj),
+        "projections": 2 * max(cfg.gdn_proj_rows, cfg.attn_proj_rows),
         "mixer": 4 * max(cfg.conv_dim + cfg.value_dim, cfg.attn_inner),
         "gdn_chunk": 4 * cfg.linear_num_value_heads * (GDN_CHUNK + cfg.linear_key_head_dim + cfg.linear_value_head_dim),
         "ffn": ffn,

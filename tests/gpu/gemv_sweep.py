@@ -35,11 +35,10 @@ def lq_matrices(cfg: ModelConfig, recipe: str = "q5") -> dict[str, tuple[int, in
     """name -> (out, in, bits) of the fused matrices the engine holds in LQ (one expert for a bank)."""
     bits = RECIPES[recipe].bits
     h = cfg.hidden_size
-    hv = cfg.linear_num_value_heads
     m = {
-        "attention q|k|v": (cfg.q_proj_rows + 2 * cfg.kv_width, h, bits["attention"]),
+        "attention q|k|v": (cfg.attn_proj_rows, h, bits["attention"]),
         "attention o": (h, cfg.attn_inner, bits["attention"]),
-        "gdn qkv|z|b|a": (cfg.conv_dim + cfg.value_dim + 2 * hv, h, bits["gdn"]),
+        "gdn qkv|z|b|a": (cfg.gdn_proj_rows, h, bits["gdn"]),
         "gdn out": (h, cfg.value_dim, bits["gdn"]),
         "lm head": (cfg.vocab_size, h, bits["lm_head"]),
     }

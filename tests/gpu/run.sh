@@ -64,8 +64,9 @@
 #   handover  no engine build: tests/gpu/probe_handover.cu (a standalone program): what one
 #          dependency point costs alone (a PDL kernel boundary, a grid-wide counter, a posted flag)
 #   timeline  build with -DLAMPO_TIMELINE=ON (no tests unless TESTS=1) + tests/gpu/timeline.py: block
-#          timestamps of the graphed decode step of the 35B-A3B (TIMELINE_MODEL: "35b-a3b 27b" for both; TIMELINE_WEIGHTS
-#          q5 / q4 for the LQ format, default bf16), each launch's share of the critical path
+#          timestamps of the graphed decode step of the 35B-A3B (TIMELINE_MODEL: "35b-a3b 27b" for
+#          both; TIMELINE_WEIGHTS q5 / q4 for the LQ format, default bf16), each launch's share of the
+#          critical path
 #          (TIMELINE_DEPTHS, default 8192)
 #   files  build (no tests unless TESTS=1) + full-size checkpoints loaded from FILES, each written into
 #          $WORK/files by the synthetic generator (one process per CPU, no MTP), benched, deleted:
@@ -84,9 +85,9 @@
 #          --fast-depth variant of the 35B-A3B
 #
 # Environment: OUT (default .gpu/out), LAMPO_GPU_TESTS (pytest paths, default tests/cuda),
-# LAMPO_COMMIT (recorded in the bench JSON; default HEAD, "+uncommitted (engine sources ID)" if the tree differs), JOBS (build parallelism),
-# TEST_TIMEOUT (seconds). Pure-Python dependencies missing on a bare machine may be
-# placed in .gpu/pylib (added to PYTHONPATH).
+# LAMPO_COMMIT (recorded in the bench JSON; default HEAD, "+uncommitted (engine sources ID)" if the
+# tree differs), JOBS (build parallelism), TEST_TIMEOUT (seconds). Pure-Python dependencies missing
+# on a bare machine may be placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
 case "$MODE" in quick|check|lq|trained|kernel|gemv|files|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline|spec) ;; *) echo "usage: $0 quick|check|lq|trained|kernel|gemv|files|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline|spec" >&2; exit 2 ;; esac

@@ -728,9 +728,9 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     evaluated densely, attention scores (causal half), the LM head for the trunk and the MTP row."""
     h = cfg.hidden_size
     dk, dv = cfg.linear_key_head_dim, cfg.linear_value_head_dim
-    gdn = (cfg.conv_dim * h + cfg.value_dim * h + 2 * cfg.linear_num_value_heads * h + h * cfg.value_dim
+    gdn = (cfg.gdn_proj_rows * h + h * cfg.value_dim
            + cfg.linear_num_value_heads * (3 * dk * dv + 2 * GDN_CHUNK * (dk + dv)))  # + the chunked rule
-    attn = (cfg.q_proj_rows + 2 * cfg.kv_width) * h + h * cfg.attn_inner + cfg.attn_inner * seq_len
+    attn = cfg.attn_proj_rows * h + h * cfg.attn_inner + cfg.attn_inner * seq_len
     ffn = (3 * h * (cfg.num_experts * cfg.moe_intermediate_size + cfg.shared_expert_intermediate_size)
            if cfg.is_moe else 3 * h * cfg.intermediate_size)
     layers = sum(gdn if t == LINEAR else attn for t in cfg.layer_types) + cfg.num_hidden_layers * ffn
