@@ -16,7 +16,7 @@ distributed exactly as plain decoding's:
   output has the distribution plain sampling with the same settings has.
 
 Drafters: MTP drafts chain the checkpoint's MTP layer (each draft feeds the next step its own
-hidden state); `ngram_drafts` looks the context's last n tokens up earlier in the context (prompt
+hidden state), each chosen among the conversation's draft vocabulary (`draft_vocab`); `ngram_drafts` looks the context's last n tokens up earlier in the context (prompt
 lookup) and proposes what followed them there, for answers that quote a document.
 
 `SpeculativeDecoder` is the one implementation of a round on a `ReferenceModel` (drafting,
@@ -35,6 +35,7 @@ from typing import Callable, Literal, NamedTuple, Sequence
 import numpy as np
 
 from lampo.models.draft_policy import DraftPolicy
+from lampo.models.draft_vocab import DraftVocab
 from lampo.models.sampling import filtered_probs, sample
 from lampo.models.sampling_params import SamplingParams
 
@@ -149,7 +150,7 @@ class SpeculativeDecoder:
         ngram = ngram_drafts(context, cap) if self.drafter in ("ngram", "auto") else []  # one lookup a round
         drafter, k = self._choose(len(ngram), mtp_ready, cap)
         snap = model.snapshot() if drafter else None  # before the MTP draft chain writes its rows
-        drafts, q = self._drafts(drafter, k, ngram, reply) if drafter else ([], None)
+        drafts, q = self._drafts(drafter, k, ngram, reply, context) if drafter else ([], None)
         model.advance([token, *drafts])
         kept, nxt = self._accept(drafts, q, reply)
         self.stats.record(len(drafts), kept)
@@ -200,10 +201,12 @@ class SpeculativeDecoder:
         available = {"ngram": ngram_available, "mtp": cap if mtp_ready else 0}
         return self.policy.choose(available)
 
-    def _drafts(self, drafter: str, k: int, ngram: list[int], reply: list[int]) -> tuple[list[int], np.ndarray | None]:
+    def _drafts(self, drafter: str, k: int, ngram: list[int], reply: list[int],
+                context: Sequence[int]) -> tuple[list[int], np.ndarray | None]:
         """The round's drafts (`ngram`: the context's n-gram drafts; MTP drafts start from the row
-        `_mtp_row` ran) and, when sampling with drafts, the distributions q they were drawn from
-        (None otherwise: neither greedy acceptance nor an empty draft reads q)."""
+        `_mtp_row` ran, each chosen among the draft vocabulary of `context`) and, when sampling with
+        drafts, the distributions q they were drawn from (None otherwise: neither greedy acceptance
+        nor an empty draft reads q)."""
         greedy = self.params.greedy
         if drafter == "ngram":
             drafts = ngram[:k]
@@ -212,7 +215,15 @@ class SpeculativeDecoder:
             q = np.zeros((len(drafts), self.model.cfg.vocab_size))  # a deterministic drafter: one-hot
             q[np.arange(len(drafts)), drafts] = 1.0
             return drafts, q
-        drafts, qs, logits = [], [], self.model.logits(self.model.mtp_hidden_last)
+        vocab = DraftVocab(self.model.cfg.real_vocab_size, context).size
+
+        def draft_logits(row: np.ndarray) -> np.ndarray:
+            logits = self.model.logits(row)
+            if vocab:
+                logits[vocab:] = -np.inf
+            return logits
+
+        drafts, qs, logits = [], [], draft_logits(self.model.mtp_hidden_last)
         position = self.model.position  # the MTP row after `_mtp_row`'s
         for i in range(k):
             if greedy:
@@ -221,7 +232,8 @@ class SpeculativeDecoder:
                 qs.append(filtered_probs(logits, self.params, seen_ids=reply + drafts))
                 drafts.append(_draw(qs[-1], self.rng))
             if i + 1 < k:  # chain: the MTP's own hidden row and the draft it just made
-                logits = self.model.mtp_step(self.model.mtp_hidden_last, drafts[-1], position + i)
+                self.model.mtp_advance(self.model.mtp_hidden_last[None], [drafts[-1]], position + i)
+                logits = draft_logits(self.model.mtp_hidden_last)
         return drafts, (np.stack(qs) if qs else None)
 
     def _accept(self, drafts: list[int], q: np.ndarray | None, reply: list[int]) -> tuple[int, int]:

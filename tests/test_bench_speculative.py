@@ -51,3 +51,15 @@ def test_the_mtp_draft_chain_is_timed_and_run_in_the_rounds(tiny_dense_dir, tmp_
     assert "draft ms" in capsys.readouterr().out
     assert "draft_ms" not in json.dumps(run_bench(tiny_dense_dir, tmp_path, "--speculate-accept", "0.8",
                                                   "--draft-k", "2"))
+
+
+def test_the_draft_chain_over_a_prefix_of_the_vocabulary_is_timed_beside_every_id(tiny_dense_dir, tmp_path,
+                                                                                  capsys):
+    r = run_bench(tiny_dense_dir, tmp_path, "--speculate-accept", "0.8", "--draft-k", "2", "--mtp",
+                  "--draft-vocab", "98304")
+    for s in r["speculative"]:
+        (d,) = s["draft_counts"]
+        assert s["draft_vocab"] == 98304 and d["draft_ms"] > 0 and d["draft_ms_every_id"] > 0
+    assert "all ids" in capsys.readouterr().out
+    assert bench.main(["--model", str(tiny_dense_dir), "--backend", "reference", "--speculate-accept", "0.8",
+                       "--draft-vocab", "98304"]) == 2  # without --mtp

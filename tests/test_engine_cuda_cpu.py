@@ -43,6 +43,7 @@ class FakeEngine:
                  tensor_bits: dict[str, int], *, context_max: int, prefill_chunk: int, snapshot_slots: int,
                  vram_limit: int, verify_rows: int = 0):
         self.has_mtp = "mtp.fc" in tensor_names  # the MTP module asked for (its roles named)
+        self.real_vocab_size, self.draft_vocab = config.real_vocab_size, 0
         assert isinstance(config, ModelConfig) and tensor_names == engine_tensor_names(config, self.has_mtp)
         self.native, self.config, self.tensor_bits, self.vram_limit = native, config, tensor_bits, vram_limit
         self.context_max, self.prefill_chunk, self.snapshot_slots = context_max, prefill_chunk, snapshot_slots

@@ -18,6 +18,7 @@ from lampo.engine.cuda import CudaBackend, NativeSteps
 from lampo.engine.native_rounds import NativeSpeculativeSteps, round_policy
 from lampo.engine.protocol import Done, GenerationRequest, Stats, TokenEvent
 from lampo.engine.speculation import Speculation, parse_speculation
+from lampo.models.draft_vocab import PREFIXES
 from lampo.models.presets import get_preset
 from lampo.models.sampling_params import GREEDY, SamplingParams
 
@@ -78,6 +79,8 @@ def test_greedy_rounds_reproduce_the_plain_reply_and_count_their_drafts(tiny_den
     assert 0 < stats.draft_rounds and stats.draft_n_accepted <= stats.draft_n
     kept_at = stats.draft_kept_at  # per draft position: rounds that kept it (and the ones before it)
     assert sum(kept_at) == stats.draft_n_accepted and stats.draft_rounds >= kept_at[0]
+    # the conversation's ids are all low: MTP drafts among the shortest prefix (models/draft_vocab.py)
+    assert engine.draft_vocab == (PREFIXES[0] if engine.has_mtp else 0)
     assert list(kept_at) == sorted(kept_at, reverse=True) and len(kept_at) <= (speculation.drafts or 4)
     if speculation.mode == "mtp" and speculation.drafts != 1:
         assert stats.draft_n_accepted < stats.draft_n  # the misses were rejected, and the reply is right

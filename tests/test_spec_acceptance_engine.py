@@ -16,6 +16,7 @@ from helpers import TagTokenizer
 
 from lampo.engine import cuda
 from lampo.models.checkpoint import Checkpoint
+from lampo.models.draft_vocab import PREFIXES
 from lampo.models.presets import get_preset
 from lampo.models.reference.model import ReferenceModel
 from lampo.models.synthetic import write_checkpoint
@@ -47,15 +48,19 @@ def test_mtp_agreement_counts_the_drafts_of_each_reply_position(gpu_script, tmp_
     rng = np.random.default_rng(0)
     prompt, reply = [int(t) for t in rng.integers(0, 1000, 12)], [int(t) for t in rng.integers(0, 1000, 6)]
     seq = prompt + reply
-    hits = []
+    rows = []
     for t in range(len(prompt) + 1, len(seq)):  # the draft of seq[t] from (h_{t-2}, seq[t-1]), one row at a time
         model.reset()
         model.prefill(seq[:t - 1])
         model.mtp_advance(model.hiddens[:-1], seq[1:t - 1], 0)
-        hits.append(int(np.argmax(model.mtp_step(model.hiddens[-1], seq[t - 1], t - 2))) == seq[t])
-    reply[-1] = int(np.argmax(model.mtp_step(model.hiddens[-1], seq[-2], len(seq) - 3)))  # surely drafted
-    hits[-1] = True
-    assert spec_acceptance.mtp_agreement(model, prompt, reply) == 100 * np.mean(hits)
+        rows.append(model.mtp_step(model.hiddens[-1], seq[t - 1], t - 2))
+    reply[-1] = int(np.argmax(rows[-1][:PREFIXES[0]]))  # surely drafted among the conversation's ids
+    seq = prompt + reply
+    want = seq[len(prompt) + 1:]
+    every = [int(np.argmax(r)) == w for r, w in zip(rows, want)]
+    prefix = [int(np.argmax(r[:PREFIXES[0]])) == w for r, w in zip(rows, want)]
+    assert spec_acceptance.mtp_agreement(model, prompt, reply) == {
+        "pct": 100 * np.mean(every), "draft_vocab": PREFIXES[0], "pct_draft_vocab": 100 * np.mean(prefix)}
 
 
 def test_reference_rows_reproduce_plain_greedy_in_worker_processes(tiny_dense_dir, monkeypatch):

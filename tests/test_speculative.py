@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from lampo.models.checkpoint import Checkpoint
+from lampo.models.draft_vocab import PREFIXES, DraftVocab
 from lampo.models.reference.model import ReferenceModel
 from lampo.models.sampling_params import SamplingParams
 from lampo.models.speculative import (
@@ -81,7 +82,7 @@ def test_partly_right_drafts_are_kept_up_to_the_first_wrong_one(models, monkeypa
     spec = SpeculativeReference(model, GREEDY, k, "ngram")
     expected_kept = []
 
-    def drafts(drafter, n, ngram, reply):
+    def drafts(drafter, n, ngram, reply, context):
         truth = want[len(reply):len(reply) + n]
         d = [t if rng.random() >= corrupt else (t + 1) % 1000 for t in truth]
         expected_kept.append(next((i for i, (a, b) in enumerate(zip(d, truth)) if a != b), len(d)))
@@ -186,9 +187,9 @@ def test_the_mtp_rows_follow_the_trunk_through_chunks_rounds_and_rewinds(models,
     right = iter([3, 1, 0, 3])  # how many of each round's drafts are the target's own tokens
     chain = decoder._drafts  # the MTP's own drafts, so that the chain writes its rows too
 
-    def drafts(drafter, k, ngram, reply):
+    def drafts(drafter, k, ngram, reply, context):
         n = next(right)
-        chain(drafter, k, ngram, reply)
+        chain(drafter, k, ngram, reply, context)
         truth = want[len(reply):len(reply) + k]
         return truth[:n] + [(t + 1) % 1000 for t in truth[n:]], None
 
@@ -213,3 +214,29 @@ def test_the_mtp_rows_follow_the_trunk_through_chunks_rounds_and_rewinds(models,
     model.prefill(fed)
     fresh = model.mtp_prefill(model.hiddens, fed[1:] + [token], 0, last_only=True)
     np.testing.assert_allclose(got, fresh, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("low, vocab", [(5, PREFIXES[0]), (150_000, PREFIXES[1])])
+def test_mtp_drafts_come_from_the_conversations_draft_vocabulary(models, monkeypatch, low, vocab):
+    """The tiny model's MTP layer, with random weights, would draft ids from the whole vocabulary;
+    each round drafts among its conversation's draft vocabulary (here, a long prompt of ids below
+    `vocab` makes it that prefix), and the reply is still the plain one."""
+    model = models["dense"]
+    prompt = [low + i % 97 for i in range(1500)]
+    decoder = SpeculativeDecoder(model, GREEDY, 4, "mtp", np.random.default_rng(0))
+    rounds, chain = [], decoder._drafts
+
+    def drafts(drafter, k, ngram, reply, context):
+        out = chain(drafter, k, ngram, reply, context)
+        rounds.append((DraftVocab(model.cfg.real_vocab_size, context).size, out[0]))
+        return out
+
+    monkeypatch.setattr(decoder, "_drafts", drafts)
+    model.reset()
+    decoder.advance(prompt)
+    reply = [int(np.argmax(model.logits(model.hidden_last)))]
+    while len(reply) < 12:
+        reply += decoder.round(prompt + reply, reply).tokens
+    assert reply[:12] == plain_greedy(model, prompt, 12)
+    assert rounds and all(size == vocab for size, _ in rounds)
+    assert max(max(d) for _, d in rounds) < vocab

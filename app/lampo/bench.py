@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="drafts per round for --speculate-accept (default 1,2,3,4)")
     p.add_argument("--mtp", action="store_true",
                    help="with --speculate-accept: load the MTP module, time its draft chain and run it in the rounds")
+    p.add_argument("--draft-vocab", type=int, default=0, metavar="N",
+                   help="with --mtp: MTP drafts among ids [0, N) only, as `lampo chat` drafts for a conversation "
+                   "whose tokens lie there (e.g. 98304: Latin-script text and code; lampo.models.draft_vocab); "
+                   "the chain is also timed over every id. Default 0: every id")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON")
     return p
@@ -155,7 +159,9 @@ def plan_workload(args: argparse.Namespace, cfg: ModelConfig, cuda: bool) -> Wor
             raise ValueError(f"--draft-k values must be in 1..7 (got {args.draft_k})")
         if args.mtp and not cfg.mtp_num_hidden_layers:
             raise ValueError("--mtp: this model has no MTP layer")
-        spec = SpecWorkload(args.speculate_accept, sorted(set(args.draft_k)), args.mtp)
+        if args.draft_vocab and not args.mtp:
+            raise ValueError("--draft-vocab sets the MTP drafts' vocabulary: it needs --mtp")
+        spec = SpecWorkload(args.speculate_accept, sorted(set(args.draft_k)), args.mtp, args.draft_vocab)
     # room after the deepest depth: warm-up + timed + profiled steps (+1 for the start token),
     # and what the speculative measurement runs past it
     tail = WARMUP_STEPS + n + (args.profile_steps if cuda else 0) + 1 + (spec.room(n) if spec else 0)
@@ -234,8 +240,11 @@ class Target:
         self.position, self.next_token = start + keep, next_token
 
     def draft(self, k: int) -> list[int]:
-        """k MTP drafts from the token to feed (the state is not advanced)."""
+        """k MTP drafts from the token to feed (the state is not advanced), each among ids [0,
+        `draft_vocab`) (every id when 0)."""
         raise ValueError("--mtp needs an engine with the MTP module")
+
+    draft_vocab = 0
 
     def _verify(self, ids: list[int]) -> list[int]:
         raise ValueError("--speculate-accept needs a verify window, which this engine has not")
@@ -320,6 +329,14 @@ class CudaTarget(Target):
     def draft(self, k: int) -> list[int]:
         return [int(t) for t in self.engine.mtp_draft(self.next_token, k)]
 
+    @property
+    def draft_vocab(self) -> int:
+        return self.engine.draft_vocab
+
+    @draft_vocab.setter
+    def draft_vocab(self, n: int) -> None:
+        self.engine.draft_vocab = n
+
     def _verify(self, ids: list[int]) -> list[int]:
         return [int(t) for t in self.engine.verify(np.asarray(ids, np.int32))]
 
@@ -384,7 +401,7 @@ class ReferenceTarget(Target):
         start = model.state.kv[-1].length  # the MTP layer's cache
         logits = model.mtp_step(model.hiddens[-1], self.next_token, start)
         for i in range(k):
-            drafts.append(int(np.argmax(logits)))
+            drafts.append(int(np.argmax(logits[:self.draft_vocab or None])))
             if i + 1 < k:
                 logits = model.mtp_step(model.mtp_hidden_last, drafts[-1], start + 1 + i)
         return drafts

@@ -6,7 +6,8 @@ At each decode depth, after the plain decode measurement, and for each draft cou
   the plain decode step of that depth;
 - with --mtp, the draft cost: the MTP layer's chain of k drafts from the fed token (`mtp_draft`),
   timed the same way; the rounds below then run it too (its drafts are not used), so their time is
-  that of MTP rounds at that acceptance;
+  that of MTP rounds at that acceptance. With --draft-vocab N the drafts are chosen among ids
+  [0, N) (the LM head's first N rows) and the chain is timed over every id too;
 - for each acceptance a, rounds whose k drafts are the target's own greedy tokens, each replaced
   by another token with probability 1 - a, until `decode_tokens` tokens are emitted: tok/s over the
   rounds' own time, the speedup over plain decoding, the tokens per round, and the acceptance
@@ -49,6 +50,7 @@ class SpecWorkload:
     accepts: list[float]
     ks: list[int]
     mtp: bool = False  # the engine loads the MTP module and the rounds draft with it
+    draft_vocab: int = 0  # MTP drafts among ids [0, draft_vocab) (0: every id)
 
     @property
     def rows(self) -> int:
@@ -114,6 +116,8 @@ def measure_speculative(target, decode_row: dict, spec: SpecWorkload, n: int, rn
     plain_ms = decode_row["ms_per_token"]
     target.snapshot(BASE_SLOT)
     out = {"depth": decode_row["depth"], "plain_ms_per_token": plain_ms, "draft_counts": []}
+    if spec.mtp:
+        out["draft_vocab"] = spec.draft_vocab
     for k in spec.ks:
         def verify_once():
             own = target.verify([target.next_token, *(int(t) for t in rng.integers(0, target.cfg.real_vocab_size, k))])
@@ -126,6 +130,10 @@ def measure_speculative(target, decode_row: dict, spec: SpecWorkload, n: int, rn
             row["profile_ms"] = target.profile_verify(ids, profile_steps)
             target.restore(BASE_SLOT)
         if spec.mtp:
+            if spec.draft_vocab:
+                target.draft_vocab = 0
+                row["draft_ms_every_id"] = median_ms(target, lambda: target.draft(k))
+            target.draft_vocab = spec.draft_vocab
             row["draft_ms"] = median_ms(target, lambda: target.draft(k))
             row["draft_cost"] = row["draft_ms"] / plain_ms
         row["runs"] = []
@@ -151,12 +159,14 @@ def median_ms(target, call) -> float:
 
 def format_speculative(rows: list[dict]) -> list[str]:
     mtp = any("draft_ms" in d for r in rows for d in r["draft_counts"])
+    every = any("draft_ms_every_id" in d for r in rows for d in r["draft_counts"])  # --draft-vocab
     header = (f"{'depth':>9} {'k':>2} {'verify ms':>10} {'x plain':>8}" + (f" {'draft ms':>9}" if mtp else "")
+              + (f" {'all ids':>8}" if every else "")
               + f" {'set a':>6} {'measured':>9} {'tok/round':>9} {'tok/s':>9} {'speedup':>8}")
     lines = ["", header]
     for r in rows:
         for d in r["draft_counts"]:
-            draft = f" {d['draft_ms']:>9.3f}" if mtp else ""
+            draft = (f" {d['draft_ms']:>9.3f}" if mtp else "") + (f" {d['draft_ms_every_id']:>8.3f}" if every else "")
             for run in d["runs"]:
                 lines.append(f"{r['depth']:>9,} {d['k']:>2} {d['verify_ms']:>10.3f} {d['verify_cost']:>8.2f}{draft} "
                              f"{run['a']:>6.2f} {run['acceptance']:>9.2f} {run['tokens_per_round']:>9.2f} "

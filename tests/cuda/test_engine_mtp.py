@@ -92,6 +92,32 @@ def test_mtp_drafts_after_a_chunked_prefill_match_the_reference(tiny):
     assert_rows_agree(logits, reference_chain(ref, prompt, first, drafts), moe, "MTP chain after prefill", DENSE_TOL)
 
 
+def test_drafts_among_a_prefix_of_the_vocabulary(tiny):
+    """With a draft vocabulary (Engine.draft_vocab) the chain reads the LM head's first rows only:
+    each draft is the argmax of those logits, which match the reference's, and the draft graphs of
+    either vocabulary give their own drafts when the setting goes back and forth."""
+    _d, engine, ref, moe = tiny
+    n = 4096
+    prompt = [int(t) for t in np.random.default_rng(4).integers(0, REAL_VOCAB, 50)]
+    first = start(engine, prompt)
+    every, _ = engine_chain(engine, first, 3)
+    engine.draft_vocab = n
+    try:
+        drafts, logits = engine_chain(engine, first, 3)
+        engine.draft_vocab = 0
+        assert engine_chain(engine, first, 3)[0] == every
+        engine.draft_vocab = n
+        assert engine_chain(engine, first, 3)[0] == drafts
+    finally:
+        engine.draft_vocab = 0
+    assert drafts == [int(np.argmax(l[:n])) for l in logits] and max(drafts) < n and max(every) >= n
+    want = reference_chain(ref, prompt, first, drafts)
+    assert_rows_agree([l[:n] for l in logits], [w[:n] for w in want], moe, "MTP chain over a prefix", DENSE_TOL)
+    for bad in (100, 8, REAL_VOCAB + 16):
+        with pytest.raises(ValueError, match="draft vocabulary"):
+            engine.draft_vocab = bad
+
+
 @pytest.mark.parametrize("keeps", [(3,), (5,), (1,), (4, 2)])  # (4, 2): take two drafts back
 def test_the_mtp_rows_follow_the_kept_rows_of_a_verify_window(tiny, keeps):
     _d, engine, ref, moe = tiny

@@ -29,7 +29,9 @@
 #          are tests/cuda/test_engine_verify.py and test_engine_mtp.py) + the speculative benches:
 #          35B-A3B and 27B at q5, decode at 8,192 (random fill), the verify window's and the MTP
 #          draft chain's cost against a plain step and MTP rounds at a set acceptance 0.6 / 0.8 / 0.9
-#          for k = 1..4 (lampo bench --speculate-accept ... --mtp; SPEC_MODELS picks a subset)
+#          for k = 1..4 (lampo bench --speculate-accept ... --mtp; SPEC_MODELS picks a subset), the MTP
+#          drafts among the first SPEC_DRAFT_VOCAB ids (default 98304, a Latin-script conversation's;
+#          empty: every id), the chain timed over every id too
 #   kernel build + pytest -m cuda (LAMPO_GPU_TESTS) + Nsight Compute (--set full) over the LQ GEMV
 #          launches of tests/gpu/op_profile.py for the shapes in KERNEL_SHAPES ("OUT,IN,BITS[,T] ...")
 #   gemv   build (no tests unless TESTS=1) + tests/gpu/gemv_sweep.py: every LQ matrix of both models at
@@ -284,9 +286,11 @@ lq)
       done ;;
   esac; done ;;
 spec)
+  vocab=${SPEC_DRAFT_VOCAB-98304}
   for m in ${SPEC_MODELS:-35b-a3b 27b}; do
     bench "$m-q5-spec" 150 --preset "qwen3.6-$m" --random-weights --weights q5 --prompt 512 --depths 8192 \
-      --fast-depth --profile-steps 0 --speculate-accept 0.6,0.8,0.9 --draft-k 1,2,3,4 --mtp
+      --fast-depth --profile-steps 0 --speculate-accept 0.6,0.8,0.9 --draft-k 1,2,3,4 --mtp \
+      ${vocab:+--draft-vocab $vocab}
   done ;;
 kernel)
   timeout 300 ncu --set full -k regex:gemv_lq --clock-control none \

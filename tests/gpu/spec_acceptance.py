@@ -38,6 +38,7 @@ from lampo.models.chat_format import Message, render
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.reference.model import ReferenceModel
 from lampo.models.sampling_params import GREEDY
+from lampo.models.draft_vocab import DraftVocab
 from lampo.models.speculative import SpeculativeReference
 from lampo.models.tokenizer import Tokenizer
 
@@ -122,15 +123,19 @@ def engine_rows(model_dir: Path, prompts: dict[str, list[int]], tokens: int, tok
     return rows
 
 
-def mtp_agreement(model: ReferenceModel, prompt: list[int], reply: list[int]) -> float:
+def mtp_agreement(model: ReferenceModel, prompt: list[int], reply: list[int]) -> dict:
     """Teacher-forced MTP agreement along prompt + reply: the % of reply positions t >= 1 whose
-    token the MTP row of (h_{t-1}, reply[t-1]) drafts (the rows a k = 1 round would check)."""
+    token the MTP row of (h_{t-1}, reply[t-1]) drafts (the rows a k = 1 round would check), with the
+    drafts chosen among every id and among the conversation's draft vocabulary (its size too)."""
     seq = list(prompt) + list(reply)
     model.reset()
     model.advance(seq)
-    drafts = np.argmax(model.mtp_prefill(model.hiddens[:-1], seq[1:], 0), axis=-1)
     p = len(prompt)
-    return float(100 * np.mean(drafts[p - 1:-1] == np.asarray(seq[p + 1:])))
+    logits = model.mtp_prefill(model.hiddens[:-1], seq[1:], 0)[p - 1:-1]
+    want = np.asarray(seq[p + 1:])
+    vocab = DraftVocab(model.cfg.real_vocab_size, seq).size
+    return {"pct": float(100 * np.mean(np.argmax(logits, axis=-1) == want)), "draft_vocab": vocab,
+            "pct_draft_vocab": float(100 * np.mean(np.argmax(logits[:, :vocab or None], axis=-1) == want))}
 
 
 def compare_replies(model: ReferenceModel, prompts: dict[str, list[int]], plain: dict[str, list[int]],
@@ -142,8 +147,8 @@ def compare_replies(model: ReferenceModel, prompts: dict[str, list[int]], plain:
     for kind, ids in prompts.items():
         want, got = plain[kind], engine[kind]
         rows.append({"prompt": kind, "engine_differs_at": first_difference(got, want),
-                     "mtp_agreement_pct_reference_reply": mtp_agreement(model, ids, want),
-                     "mtp_agreement_pct_engine_reply": mtp_agreement(model, ids, got)})
+                     "mtp_agreement_reference_reply": mtp_agreement(model, ids, want),
+                     "mtp_agreement_engine_reply": mtp_agreement(model, ids, got)})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 

@@ -2,7 +2,8 @@
 
 `NativeSpeculativeSteps` is `NativeSteps` whose decode step drafts: "ngram" looks the prompt and
 the reply so far up for a repeat of their last tokens (`models.speculative.ngram_drafts`), "mtp"
-chains the engine's MTP layer from the fed token (`Engine.mtp_draft`, its greedy continuation),
+chains the engine's MTP layer from the fed token (`Engine.mtp_draft`, its greedy continuation
+among the conversation's draft vocabulary, `models.draft_vocab`),
 "auto" offers both (MTP where the engine holds the module) and lets each round take one. A
 `DraftPolicy` (the measured acceptance per drafter and draft position, and the measured step
 times) chooses the drafter and how many drafts to try; the step runs the fed token and those
@@ -27,6 +28,7 @@ import numpy as np
 
 from lampo.engine.loop import Decoded
 from lampo.models.draft_policy import DRAFTERS, DraftPolicy
+from lampo.models.draft_vocab import DraftVocab
 from lampo.models.speculative import accept_greedy, ngram_drafts
 
 
@@ -50,6 +52,7 @@ class NativeSpeculativeSteps:
         self._mtp = policy.mode in ("auto", "mtp") and engine.has_mtp
         self._ngram = policy.mode in ("auto", "ngram")
         self._context = list(prompt)  # the prompt, then every token fed or kept
+        self._vocab = DraftVocab(engine.real_vocab_size, self._context) if self._mtp else None
         self._round: tuple[str, int, list[int]] | None = None  # (drafter, fed, drafts) of the submitted round
         self._started = 0.0  # when the submitted step began
         self._draft_s = 0.0  # the submitted round's drafting time
@@ -59,7 +62,7 @@ class NativeSpeculativeSteps:
         return getattr(self._plain, name)
 
     def decode_submit(self, fed: int, max_drafts: int) -> None:
-        self._context.append(fed)
+        self._grow([fed])
         cap = min(self._policy.k_max, max_drafts)
         self._started = self._clock()
         ngram = ngram_drafts(self._context, cap) if self._ngram and cap > 0 else []
@@ -68,6 +71,8 @@ class NativeSpeculativeSteps:
             self._round = None
             self._plain.decode_submit(fed, 0)
             return
+        if drafter == "mtp" and self._engine.draft_vocab != self._vocab.size:
+            self._engine.draft_vocab = self._vocab.size
         drafts = [int(t) for t in self._engine.mtp_draft(fed, k)] if drafter == "mtp" else ngram[:k]
         self._round = (drafter, fed, drafts)
         self._draft_s = self._clock() - self._started
@@ -86,12 +91,19 @@ class NativeSpeculativeSteps:
         self._policy.record_time(drafter, len(drafts), self._draft_s + self._clock() - started)
         self._policy.record(drafter, len(drafts), kept)
         self._kept = kept
-        self._context += drafts[:kept]
+        self._grow(drafts[:kept])
         return Decoded((*drafts[:kept], nxt), len(drafts))
+
+    def _grow(self, ids: list[int]) -> None:
+        self._context += ids
+        if self._vocab:
+            self._vocab.add(ids)
 
     def rewind(self, n: int) -> None:
         if not 0 < n <= self._kept:
             raise ValueError(f"rewind: the last step kept {self._kept} drafts, cannot take back {n}")
         self._kept -= n
         self._engine.accept(self._kept + 1)
+        if self._vocab:
+            self._vocab.remove(self._context[-n:])
         del self._context[-n:]

@@ -316,6 +316,7 @@ void register_engine(py::module_& m) {
         .def_property_readonly("prefill_chunk", [](Engine& e) { return e.options().prefill_chunk; })
         .def_property_readonly("snapshot_slots", [](Engine& e) { return e.options().snapshot_slots; })
         .def_property_readonly("vocab", [](Engine& e) { return e.dims().vocab; })
+        .def_property_readonly("real_vocab_size", [](Engine& e) { return e.dims().vocab_real; })
         .def("reset", &Engine::reset, release())
         .def("snapshot", &Engine::snapshot, py::arg("slot"), release())
         .def("restore", &Engine::restore, py::arg("slot"), release())
@@ -350,6 +351,9 @@ void register_engine(py::module_& m) {
                                "Whether the MTP module is loaded (its roles were in tensor_names)")
         .def("mtp_draft", &mtp_draft, py::arg("token"), py::arg("k"),
              "Feed the sampled `token` to the MTP layer with the last trunk row and chain it: k greedy drafts")
+        .def_property("draft_vocab", &Engine::draft_vocab, &Engine::set_draft_vocab,
+                      "MTP drafts are chosen among ids [0, draft_vocab) (the LM head's first rows; a multiple "
+                      "of 16), or every id when 0")
         .def("logits",
              [](Engine& e) {
                  std::vector<float> v;

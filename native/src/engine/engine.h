@@ -122,9 +122,14 @@ public:
     bool has_mtp() const;
     // Feeds `token` (sampled, not yet fed to the trunk) to the MTP layer with the held trunk row,
     // then chains the MTP layer on its own output and each draft: returns k (1..GEMV_MAX_T) greedy
-    // drafts (argmax, no presence penalty). Writes the MTP cache rows from position - 1 on; the
+    // drafts (argmax over the draft vocabulary, no presence penalty). Writes the MTP cache rows from position - 1 on; the
     // trunk's state is untouched (but a held verify window can no longer be accepted).
     std::vector<int32_t> mtp_draft(int token, int k);
+    // The drafts' vocabulary: ids [0, n) only, i.e. the LM head's first n rows (n a multiple of 16,
+    // at most the real vocabulary), or 0 for every id. With n > 0 a draft's logits() hold the
+    // first n entries only (the others are left as they were).
+    void set_draft_vocab(int n);
+    int draft_vocab() const { return draft_vocab_; }
     // With recording on (MoE models), each prefill keeps the experts every layer chose for each of
     // its tokens: routing() = ids [layers * T * k] of the last prefill (the exact oracle of the
     // tests: the reference replays them, lampo.models.reference.ffn.Routing).
@@ -179,6 +184,8 @@ private:
 
     cudaGraphExec_t verify_exec_[GEMV_MAX_T + 1] = {};  // the verify window of each size, once captured
     cudaGraphExec_t draft_exec_[GEMV_MAX_T + 1] = {};   // the MTP draft chain of each length, once captured
+    int draft_exec_vocab_[GEMV_MAX_T + 1] = {};         // the draft vocabulary baked into each
+    int draft_vocab_ = 0;                               // set_draft_vocab (0: the whole vocabulary)
     SamplingConfig verify_sampling_[GEMV_MAX_T + 1] = {};  // the settings baked into each
     std::vector<int32_t> verify_tokens_; // the last verify's row tokens
     bool verify_penalised_ = false;      // it ran with a presence penalty (seen_backup_ holds the set before)

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "kernels/common.cuh"
+#include "kernels/matmul.cuh"
 #include "kernels/ops.h"
 
 namespace lampo {
@@ -103,6 +104,7 @@ std::vector<int32_t> Engine::mtp_draft(int token, int k) {
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_mtp_ids_, h_mtp_, 4, cudaMemcpyHostToDevice, stream_));
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_mtp_pos_, h_mtp_ + GEMV_MAX_T + 1, size_t(k) * 4, cudaMemcpyHostToDevice,
                                      stream_));
+    const int rows = draft_vocab_;
     auto body = [&] {
         for (int i = 0; i < k; ++i) {
             MtpStep m;
@@ -113,19 +115,31 @@ std::vector<int32_t> Engine::mtp_draft(int token, int k) {
             m.hiddens = i == 0 ? hidden_row(0) : mtp_chain_;
             m.out = mtp_chain_;
             m.logits = ws_.logits;
+            m.logit_rows = rows;
             mtp_forward(dims_, weights_->model(), mtp_kv_, opt_.context_max, ws_, m, stream_, nullptr);
-            argmax_rows(ws_.logits, 1, dims_.vocab, dims_.vocab_real, d_mtp_ids_ + i + 1, stream_);
+            argmax_rows(ws_.logits, 1, rows ? rows : dims_.vocab, rows ? rows : dims_.vocab_real, d_mtp_ids_ + i + 1,
+                        stream_);
             LAMPO_CHECK_LAUNCH("argmax_rows");
         }
     };
     if (opt_.speculative_graphs) {  // one graph per chain length: fixed pointers, positions on the device
-        launch_captured(draft_exec_[k], false, body, "cudaGraphInstantiate (MTP draft chain)");
+        launch_captured(draft_exec_[k], draft_exec_vocab_[k] != rows, body, "cudaGraphInstantiate (MTP draft chain)");
+        draft_exec_vocab_[k] = rows;
     } else {
         body();
     }
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(h_mtp_, d_mtp_ids_ + 1, size_t(k) * 4, cudaMemcpyDeviceToHost, stream_));
     LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
     return std::vector<int32_t>(h_mtp_, h_mtp_ + k);
+}
+
+void Engine::set_draft_vocab(int n) {
+    if (n != 0 && (n < LQ_TILE_ROWS || n % LQ_TILE_ROWS != 0 || n > dims_.vocab_real)) {
+        throw std::invalid_argument("set_draft_vocab: the draft vocabulary must be 0 (every id) or a multiple of " +
+                                    std::to_string(LQ_TILE_ROWS) + " up to the real vocabulary of " +
+                                    std::to_string(dims_.vocab_real) + ", got " + std::to_string(n));
+    }
+    draft_vocab_ = n;
 }
 
 MtpStep Engine::decode_mtp_step() const {

@@ -250,7 +250,8 @@ struct MtpStep {
     int pos0 = 0;                     // the same on the host (T > GEMV_MAX_T)
     const bf16* hiddens = nullptr;    // [T, H] final-normed trunk rows, or the MTP's own out
     bf16* out = nullptr;              // [T, H]
-    float* logits = nullptr;          // optional [V] fp32
+    float* logits = nullptr;          // optional [V] fp32 (or [logit_rows])
+    int logit_rows = 0;               // > 0: the logits of ids [0, logit_rows) only (the LM head's first rows)
 };
 void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& kv, int context_max,
                  const Workspace& ws, const MtpStep& step, cudaStream_t stream, OpTimer* timer);

@@ -659,8 +659,10 @@ void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& 
     ffn(c, mw.layer);
     add_norm(c, mw.norm, m.out);
     if (m.logits) {
+        Linear head = w.lm_head;  // its first rows: a prefix of the packed tiles (or bf16 rows)
+        if (m.logit_rows > 0) head.out = m.logit_rows;
         c.op(OpFamily::LmHead, "lm_head",
-             [&] { linear_forward_f32(w.lm_head, m.out + size_t(T - 1) * H, m.logits, 1, stream); });
+             [&] { linear_forward_f32(head, m.out + size_t(T - 1) * H, m.logits, 1, stream); });
     }
 }
 
