@@ -167,11 +167,11 @@ gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
 //    delta rule step of gdn_recurrent_kernel (rec_token), each block's bf16 o slice into rank 0's
 //    shared memory (two buffers, so one cluster barrier per token), and there rank 0's first warp
 //    runs the gated RMSNorm of head j with z -> y row t. With rows, the recurrent slice after token
-//    t goes to rec_rows row t and the v channels' conv state to conv_rows row t.
+//    t goes to rec_rows row t and the v channels' conv state to conv_rows row t; the q/k channels'
+//    state after token t (the same in every block of the K group) by the group's first block.
 // 3. the block's v channels' conv state, read only by this block, is written at the end; the q/k
 //    conv state is shared by the 8 * Hv/Hk blocks of the K group: each takes a ticket on
-//    counters[hk] after reading it, and the last one writes the new q/k state (and, with rows, the
-//    q/k state after each token, replayed from the first state and x).
+//    counters[hk] after reading it, and the last one writes the new q/k state.
 // Numbers identical to causal_conv1d_silu -> gated_delta_rule_recurrent -> gated_rmsnorm, rows
 // included.
 constexpr int FUSED_CLUSTER = GDN_D / REC_COLS;
@@ -224,6 +224,7 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
     const size_t conv_row = size_t(C) * (K - 1);
     const int cq = hk * GDN_D + tid, ck = (Hk + hk) * GDN_D + tid;
     const int cv = 2 * Hk * GDN_D + j * GDN_D + blockIdx.x * REC_COLS + tid;  // tid < REC_COLS
+    const bool qk_rows = conv_rows && blockIdx.x == 0 && j % (Hv / Hk) == 0;  // the K group's first block
 
     // 1. constants and states.
     float wq[K], wk[K], wv[K];
@@ -253,6 +254,10 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
         const float kv = round_to_bf16(conv_silu_step<K>(wk, hkk, xk));
         shift_in<K>(hq, xq);
         shift_in<K>(hkk, xk);
+        if (qk_rows) {
+            store_hist<K>(conv_rows + t * conv_row, cq, hq);
+            store_hist<K>(conv_rows + t * conv_row, ck, hkk);
+        }
         if (tid < REC_COLS) {
             const float xv = __bfloat162float(xt[cv]);
             v_s[tid] = round_to_bf16(conv_silu_step<K>(wv, hv, xv));
@@ -282,17 +287,6 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
     if (tid == 0) last = ticket == gridDim.x * (Hv / Hk) - 1;
     __syncthreads();
     if (last) {
-        if (conv_rows) {  // the q/k state after each token, from the first state and the inputs
-            float rq[K - 1], rk[K - 1];
-            load_hist<K>(conv_state, cq, rq);
-            load_hist<K>(conv_state, ck, rk);
-            for (int t = 0; t < T; ++t) {
-                shift_in<K>(rq, __bfloat162float(x[size_t(t) * C + cq]));
-                shift_in<K>(rk, __bfloat162float(x[size_t(t) * C + ck]));
-                store_hist<K>(conv_rows + t * conv_row, cq, rq);
-                store_hist<K>(conv_rows + t * conv_row, ck, rk);
-            }
-        }
         store_hist<K>(conv_state, cq, hq);
         store_hist<K>(conv_state, ck, hkk);
         if (tid == 0) counters[hk] = 0;
