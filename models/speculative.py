@@ -229,7 +229,7 @@ class SpeculativeDecoder:
             if greedy:
                 drafts.append(int(np.argmax(logits)))
             else:
-                qs.append(filtered_probs(logits, self.params, seen_ids=reply + drafts))
+                qs.append(filtered_probs(logits, self.params, seen_ids=reply))  # as the engine's sample_draft
                 drafts.append(_draw(qs[-1], self.rng))
             if i + 1 < k:  # chain: the MTP's own hidden row and the draft it just made
                 self.model.mtp_advance(self.model.mtp_hidden_last[None], [drafts[-1]], position + i)

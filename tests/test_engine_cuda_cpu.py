@@ -119,9 +119,11 @@ class FakeEngine:
         self.pending = self._sample()
         return self.pending
 
-    def verify(self, ids):  # each row's sampled token, row after row; the rows kept until the next forward
+    def verify(self, ids, mtp_drafts=False):  # each row's sampled token, row after row; kept until the next forward
         assert 2 <= len(ids) <= self.verify_rows and ids.dtype == np.int32 and self.queued == 0
+        assert not mtp_drafts or self.has_mtp, "MTP drafts need the module"
         self.calls.append(("verify", len(ids)))
+        self.mtp_verified = mtp_drafts
         start, tokens = len(self.history), []
         for t in ids:
             self.history.append(int(t))

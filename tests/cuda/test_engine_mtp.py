@@ -238,6 +238,28 @@ def test_sampled_rounds_draw_from_the_plain_distribution(tiny):
     assert tv < 0.2, f"total variation {tv:.3f} between plain and speculative replies"
 
 
+def test_sampled_drafts_are_judged_only_as_the_chains_own(tiny):
+    """With a temperature the chain draws its drafts from q and keeps q for one verify of exactly
+    those drafts (mtp_drafts=True); other ids, or a second window, are refused before anything
+    runs. Greedy settings take the flag as a no-op."""
+    _d, engine, _ref, _moe = tiny
+    prompt = [int(t) for t in np.random.default_rng(9).integers(0, REAL_VOCAB, 30)]
+    first = start(engine, prompt)
+    engine.set_sampling(1.0, 3, 1.0, 0.0, 0.0, 7)
+    drafts = [int(t) for t in engine.mtp_draft(first, 3)]
+    position = engine.position
+    with pytest.raises(Exception, match="sampled drafts"):
+        engine.verify(np.asarray([first, drafts[0], drafts[1] ^ 1, drafts[2]], np.int32), True)
+    assert engine.position == position
+    targets = engine.verify(np.asarray([first, *drafts], np.int32), True)
+    engine.accept(1)
+    with pytest.raises(Exception, match="sampled drafts"):  # q was used up by that window
+        engine.verify(np.asarray([int(targets[0]), *drafts], np.int32), True)
+    engine.set_sampling(0.0, 0, 1.0, 0.0, 0.0, 0)
+    greedy = [int(t) for t in engine.mtp_draft(int(targets[0]), 2)]
+    engine.verify(np.asarray([int(targets[0]), *greedy], np.int32), True)
+
+
 def test_the_captured_chain_and_windows_equal_the_eager_launches(tiny, tmp_path):
     """Draft chains and verify windows as captured graphs (the default) against an engine that
     launches them eagerly, over rounds back to back: the same kernels, so the same numbers."""

@@ -403,6 +403,51 @@ def test_sample_distribution(ops, params):
     assert (np.abs(got - expected) <= 5 * sigma + 1e-4).all(), np.c_[expected, got][expected > 0]
 
 
+DRAFT_PARAMS = SamplingParams(temperature=0.8, top_k=12, top_p=0.95, min_p=0.0)
+
+
+def test_sample_draft_draws_from_the_q_it_writes(ops):
+    """sample_draft: q is the filtered distribution (ids ascending), its draws follow it, and its
+    RNG stream is not sample_token's."""
+    logits = (rng_for("draft").standard_normal(64) * 2).astype(np.float32)
+    p = DRAFT_PARAMS
+    expected = ref_sampling.filtered_probs(logits, p)
+    n = 20_000
+    ids, q_ids, q_probs, step = ops.sample_draft(logits, 64, p.temperature, p.top_k, p.top_p, p.min_p, 5, 0, n)
+    assert step == n
+    np.testing.assert_array_equal(q_ids, np.flatnonzero(expected))
+    np.testing.assert_allclose(q_probs, expected[q_ids], rtol=1e-5, atol=1e-6)
+    got = np.bincount(ids, minlength=64) / n
+    sigma = np.sqrt(expected * (1 - expected) / n) + 1e-9
+    assert (np.abs(got - expected) <= 5 * sigma + 1e-4).all(), np.c_[expected, got][expected > 0]
+    plain, _, _ = draw(ops, logits, p, draws=200, seed=5)
+    assert (plain != ids[:200]).any()
+
+
+@pytest.mark.parametrize("shift", [0.0, 1.0, 3.0])
+def test_sample_verify_row_keeps_the_target_distribution(ops, shift):
+    """Drafts drawn from q (another row's distribution, `shift` apart) and judged by
+    sample_verify_row: the tokens follow p exactly, a draft is kept (token == draft) with
+    probability sum(min(p, q)), and a rejected draft is never the token."""
+    rng = rng_for("verify", shift)
+    logits = (rng.standard_normal(64) * 2).astype(np.float32)
+    prm = DRAFT_PARAMS
+    p = ref_sampling.filtered_probs(logits, prm)
+    q = ref_sampling.filtered_probs(logits + shift * rng.standard_normal(64).astype(np.float32), prm)
+    n = 20_000
+    drafts = rng.choice(64, size=n, p=q).astype(np.int32)
+    q_ids = np.flatnonzero(q).astype(np.int32)
+    ids, step = ops.sample_verify_row(logits, 64, prm.temperature, prm.top_k, prm.top_p, prm.min_p, 11, drafts,
+                                      q_ids, q[q_ids].astype(np.float32), 0)
+    assert step == n
+    got = np.bincount(ids, minlength=64) / n
+    sigma = np.sqrt(p * (1 - p) / n) + 1e-9
+    assert (np.abs(got - p) <= 5 * sigma + 1e-4).all(), np.c_[p, got][p > 0]
+    kept = np.mean(ids == drafts)
+    want = np.minimum(p, q).sum()
+    assert abs(kept - want) <= 5 * np.sqrt(want * (1 - want) / n) + 1e-3, (kept, want)
+
+
 def test_sample_topk_ties_at_cut(ops):
     logits = np.round(rng_for("ties").standard_normal(200)).astype(np.float32)  # many equal values
     params = SamplingParams(temperature=1.0, top_k=9, top_p=1.0)

@@ -9,11 +9,14 @@ among the conversation's draft vocabulary, `models.draft_vocab`),
 times) chooses the drafter and how many drafts to try; the step runs the fed token and those
 drafts as one verify window (`Engine.verify`: each row's token drawn by the engine's sampler with
 the request's settings) and keeps the drafts up to the first that differs from its row's token,
-plus that row's token (`Engine.accept`). Both drafters are deterministic given the context, so
-this is speculative sampling with one-hot draft distributions: a draft is kept with the
+plus that row's token (`Engine.accept`). N-gram drafts are deterministic given the context, so
+for them this is speculative sampling with one-hot draft distributions: a draft is kept with the
 probability its row gives it, and where it is not, the row's token is a draw from the row's
-distribution without the draft, which makes every reply - greedy or sampled, with or without a
-presence penalty - follow the plain decoding's distribution exactly (greedy: token for token).
+distribution without the draft. MTP drafts of a sampled reply are drawn from the MTP layer's own
+filtered distribution q, and the verify rows judge them by it (`verify(..., mtp_drafts=True)`:
+kept with probability min(1, p / q), else a draw from max(0, p - q)). Either way every reply -
+greedy or sampled, with or without a presence penalty - follows the plain decoding's distribution
+exactly (greedy: token for token).
 With no drafts worth trying the step is a plain decode step. `rewind` takes kept drafts back
 (accept with a smaller keep). The engine must have been made with verify rows for at least
 `k_max + 1` tokens.
@@ -85,7 +88,7 @@ class NativeSpeculativeSteps:
             return step
         drafter, fed, drafts = self._round
         started = self._clock()
-        targets = self._engine.verify(np.asarray([fed, *drafts], np.int32))
+        targets = self._engine.verify(np.asarray([fed, *drafts], np.int32), drafter == "mtp")
         kept, nxt = accept_greedy(drafts, lambda i: int(targets[i]))
         self._engine.accept(kept + 1)
         self._policy.record_time(drafter, len(drafts), self._draft_s + self._clock() - started)

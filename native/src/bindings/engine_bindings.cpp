@@ -158,12 +158,13 @@ int prefill(Engine& e, const py::array_t<int32_t, py::array::c_style | py::array
     return e.prefill(v.data(), int(v.size()), sample);
 }
 
-py::array_t<int32_t> verify(Engine& e, const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& ids) {
+py::array_t<int32_t> verify(Engine& e, const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& ids,
+                            bool mtp_drafts) {
     if (ids.ndim() != 1) throw std::invalid_argument("verify: ids must be a 1-D array");
     std::vector<int32_t> v(ids.data(), ids.data() + ids.size()), tokens;
     {
         py::gil_scoped_release release;
-        tokens = e.verify(v.data(), int(v.size()));
+        tokens = e.verify(v.data(), int(v.size()), mtp_drafts);
     }
     py::array_t<int32_t> out(tokens.size());
     std::copy(tokens.begin(), tokens.end(), out.mutable_data());
@@ -338,9 +339,10 @@ void register_engine(py::module_& m) {
         .def("decode_collect", &Engine::decode_collect, release(),
              "Wait for the oldest queued decode step; returns its sampled id")
         .def_property_readonly("decode_queued", &Engine::decode_queued)
-        .def("verify", &verify, py::arg("ids"),
+        .def("verify", &verify, py::arg("ids"), py::arg("mtp_drafts") = false,
              "Run a verify window (the last sampled token, then the drafts) at the current position; "
-             "returns each row's greedy token (engine.h)")
+             "returns each row's token, drawn with the sampling settings (mtp_drafts: the drafts are the "
+             "last mtp_draft's, judged by their own distribution when sampled; engine.h)")
         .def("accept", &Engine::accept, py::arg("keep"), release(),
              "Keep the first `keep` rows of the last verify window (states and position)")
         .def("verify_logits", &verify_logits, "fp32 logits [n, V] of the last verify window's rows")
@@ -350,7 +352,8 @@ void register_engine(py::module_& m) {
         .def_property_readonly("has_mtp", &Engine::has_mtp,
                                "Whether the MTP module is loaded (its roles were in tensor_names)")
         .def("mtp_draft", &mtp_draft, py::arg("token"), py::arg("k"),
-             "Feed the sampled `token` to the MTP layer with the last trunk row and chain it: k greedy drafts")
+             "Feed the sampled `token` to the MTP layer with the last trunk row and chain it: k drafts, "
+             "greedy or drawn from the MTP layer's distribution with the sampling settings")
         .def_property("draft_vocab", &Engine::draft_vocab, &Engine::set_draft_vocab,
                       "MTP drafts are chosen among ids [0, draft_vocab) (the LM head's first rows; a multiple "
                       "of 16), or every id when 0")

@@ -101,8 +101,9 @@ Engine::~Engine() {
     if (stream_) cudaStreamSynchronize(stream_);
     if (graph_exec_) cudaGraphExecDestroy(graph_exec_);
     if (graph_) cudaGraphDestroy(graph_);
-    for (cudaGraphExec_t e : verify_exec_)
-        if (e) cudaGraphExecDestroy(e);
+    for (const auto& by_size : verify_exec_)
+        for (cudaGraphExec_t e : by_size)
+            if (e) cudaGraphExecDestroy(e);
     for (cudaGraphExec_t e : draft_exec_)
         if (e) cudaGraphExecDestroy(e);
     if (h_io_) cudaFreeHost(h_io_);
@@ -190,6 +191,7 @@ void Engine::begin_generation() {
     require_idle("begin_generation");
     LAMPO_CUDA_CHECK(cudaMemsetAsync(d_seen_, 0, dims_.vocab, stream_));
     LAMPO_CUDA_CHECK(cudaMemsetAsync(d_step_, 0, 4, stream_));
+    if (d_draft_step_) LAMPO_CUDA_CHECK(cudaMemsetAsync(d_draft_step_, 0, 4, stream_));
 }
 
 void Engine::sample(OpTimer* timer) {

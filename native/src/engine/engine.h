@@ -106,7 +106,12 @@ public:
     // step): a draft is right where it equals its row's token, so keeping the drafts up to the first
     // that is not, plus that row's token, decodes exactly as plain steps would in distribution (and
     // token for token when greedy). The position moves past the whole window.
-    std::vector<int32_t> verify(const int32_t* ids, int n);
+    // mtp_drafts: ids[1..n) are the drafts of the last mtp_draft, which a sampled reply (temperature
+    // > 0) draws from the MTP layer's own distributions q: each row then keeps its draft with
+    // probability min(1, p / q) and otherwise draws from max(0, p - q) (sample_verify_row), the
+    // row's token still distributed as p. Without it (or greedy) a draft is kept where it equals the
+    // row's own draw, as for any deterministic drafter.
+    std::vector<int32_t> verify(const int32_t* ids, int n, bool mtp_drafts = false);
     // Keeps the first `keep` (1..n) rows of the last verify: the GDN states become those after row
     // keep - 1, the position verify's start + keep (the KV rows past it are rewritten later) and the
     // presence set holds the tokens of rows < keep only. May be called again with a smaller keep
@@ -121,8 +126,10 @@ public:
     // ---- MTP drafts (the MTP module loaded) ----
     bool has_mtp() const;
     // Feeds `token` (sampled, not yet fed to the trunk) to the MTP layer with the held trunk row,
-    // then chains the MTP layer on its own output and each draft: returns k (1..GEMV_MAX_T) greedy
-    // drafts (argmax over the draft vocabulary, no presence penalty). Writes the MTP cache rows from position - 1 on; the
+    // then chains the MTP layer on its own output and each draft: returns k (1..GEMV_MAX_T) drafts
+    // over the draft vocabulary: the argmax (greedy sampling settings, no presence penalty), or a
+    // draw from the filtered draft distribution q (sample_draft: temperature > 0), whose q is kept
+    // for verify(..., mtp_drafts). Writes the MTP cache rows from position - 1 on; the
     // trunk's state is untouched (but a held verify window can no longer be accepted).
     std::vector<int32_t> mtp_draft(int token, int k);
     // The drafts' vocabulary: ids [0, n) only, i.e. the LM head's first n rows (n a multiple of 16,
@@ -182,11 +189,16 @@ private:
     cudaGraphExec_t graph_exec_ = nullptr;
     DecodeGraphInfo graph_info_;
 
-    cudaGraphExec_t verify_exec_[GEMV_MAX_T + 1] = {};  // the verify window of each size, once captured
+    // the verify window of each size, once captured, [1]: its rows judging sampled MTP drafts by q
+    cudaGraphExec_t verify_exec_[2][GEMV_MAX_T + 1] = {};
+    SamplingConfig verify_sampling_[2][GEMV_MAX_T + 1] = {};  // the settings baked into each
     cudaGraphExec_t draft_exec_[GEMV_MAX_T + 1] = {};   // the MTP draft chain of each length, once captured
     int draft_exec_vocab_[GEMV_MAX_T + 1] = {};         // the draft vocabulary baked into each
+    SamplingConfig draft_sampling_[GEMV_MAX_T + 1] = {};  // and its sampling settings
     int draft_vocab_ = 0;                               // set_draft_vocab (0: the whole vocabulary)
-    SamplingConfig verify_sampling_[GEMV_MAX_T + 1] = {};  // the settings baked into each
+    DraftDistribution draft_q_[GEMV_MAX_T] = {};        // q of each sampled draft (inside mtp_mem_)
+    int32_t* d_draft_step_ = nullptr;                   // the drafts' RNG step (inside mtp_mem_)
+    std::vector<int32_t> sampled_drafts_;               // the last chain's drafts, when drawn from q
     std::vector<int32_t> verify_tokens_; // the last verify's row tokens
     bool verify_penalised_ = false;      // it ran with a presence penalty (seen_backup_ holds the set before)
     uint8_t* seen_backup_ = nullptr;     // [V] (inside verify_mem_)
@@ -209,7 +221,8 @@ private:
     void feed_token(int token);  // token >= 0: the next step's input (else the last sampled id)
     void allocate_verify_rows();  // verify_mem_ and the layers' *_rows pointers
     // verify; with `timer`, un-graphed, its ops timed and the window's GPU time added to *body_ms.
-    std::vector<int32_t> run_verify(const int32_t* ids, int n, OpTimer* timer = nullptr, double* body_ms = nullptr);
+    std::vector<int32_t> run_verify(const int32_t* ids, int n, bool mtp_drafts, OpTimer* timer = nullptr,
+                                    double* body_ms = nullptr);
     double timed_ms(const std::function<void()>& body);  // GPU time of the launches `body` queues
     static std::vector<std::pair<std::string, double>> family_means(const OpTimer& timer, int steps,
                                                                     double total_ms);

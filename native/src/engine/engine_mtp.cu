@@ -2,7 +2,8 @@
 //
 // mtp_mem_: the MTP layer's INT8 KV cache (as a trunk attention layer's), then mtp_hidden_
 // [prefill_chunk + 1, H], mtp_chain_ [H], slot_held_ [snapshot_slots, H] (bf16), then
-// d_mtp_ids_ [GEMV_MAX_T + 1] and d_mtp_pos_ [GEMV_MAX_T] (int32).
+// d_mtp_ids_ [GEMV_MAX_T + 1], d_mtp_pos_ [GEMV_MAX_T + 1] and d_draft_step_ [1] (int32, 256 bytes
+// each), then draft_q_: GEMV_MAX_T draft distributions (count, SAMPLE_MAX_K ids, SAMPLE_MAX_K probs).
 //
 // The held row: a forward writes its final-normed rows to mtp_hidden_ rows 1..n (hidden_out),
 // after row 0 holds the previous forward's last row, so the MTP rows a forward completes read
@@ -29,7 +30,9 @@ void Engine::allocate_mtp() {
     const size_t hidden_bytes = align256((size_t(opt_.prefill_chunk) + 1) * H * b16);
     const size_t chain_bytes = align256(H * b16), held_bytes = align256(size_t(opt_.snapshot_slots) * H * b16);
     const size_t ids_bytes = align256((GEMV_MAX_T + 1) * 4);
-    mtp_mem_ = DeviceMemory(kv_layer_bytes() + hidden_bytes + chain_bytes + held_bytes + 2 * ids_bytes,
+    const size_t q_bytes = align256(DRAFT_DISTRIBUTION_BYTES);
+    mtp_mem_ = DeviceMemory(kv_layer_bytes() + hidden_bytes + chain_bytes + held_bytes + 3 * ids_bytes +
+                                GEMV_MAX_T * q_bytes,
                             "MTP layer KV cache (" + std::to_string(opt_.context_max) + " tokens) and rows");
     char* p = mtp_mem_.as<char>();
     mtp_kv_ = kv_layer_at(p);
@@ -42,6 +45,13 @@ void Engine::allocate_mtp() {
     p += held_bytes;
     d_mtp_ids_ = reinterpret_cast<int32_t*>(p);
     d_mtp_pos_ = reinterpret_cast<int32_t*>(p + ids_bytes);
+    d_draft_step_ = reinterpret_cast<int32_t*>(p + 2 * ids_bytes);
+    p += 3 * ids_bytes;
+    for (DraftDistribution& q : draft_q_) {
+        q = draft_distribution_at(p);
+        p += q_bytes;
+    }
+    LAMPO_CUDA_CHECK(cudaMemset(d_draft_step_, 0, 4));  // before the engine's stream exists
     slot_held_row_.assign(opt_.snapshot_slots, -1);
     if (cudaHostAlloc(reinterpret_cast<void**>(&h_mtp_), 2 * (GEMV_MAX_T + 1) * 4, cudaHostAllocDefault) !=
         cudaSuccess) {
@@ -105,6 +115,8 @@ std::vector<int32_t> Engine::mtp_draft(int token, int k) {
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_mtp_pos_, h_mtp_ + GEMV_MAX_T + 1, size_t(k) * 4, cudaMemcpyHostToDevice,
                                      stream_));
     const int rows = draft_vocab_;
+    const bool sampled = sampling_.temperature > 0.0f;
+    const int V = rows ? rows : dims_.vocab, v_real = rows ? rows : dims_.vocab_real;
     auto body = [&] {
         for (int i = 0; i < k; ++i) {
             MtpStep m;
@@ -117,20 +129,28 @@ std::vector<int32_t> Engine::mtp_draft(int token, int k) {
             m.logits = ws_.logits;
             m.logit_rows = rows;
             mtp_forward(dims_, weights_->model(), mtp_kv_, opt_.context_max, ws_, m, stream_, nullptr);
-            argmax_rows(ws_.logits, 1, rows ? rows : dims_.vocab, rows ? rows : dims_.vocab_real, d_mtp_ids_ + i + 1,
-                        stream_);
-            LAMPO_CHECK_LAUNCH("argmax_rows");
+            if (sampled) {
+                sample_draft(ws_.logits, V, v_real, sampling_, d_seen_, d_draft_step_, d_mtp_ids_ + i + 1, draft_q_[i],
+                             ws_.sampling_scratch, stream_);
+            } else {
+                argmax_rows(ws_.logits, 1, V, v_real, d_mtp_ids_ + i + 1, stream_);
+            }
+            LAMPO_CHECK_LAUNCH("MTP draft");
         }
     };
     if (opt_.speculative_graphs) {  // one graph per chain length: fixed pointers, positions on the device
-        launch_captured(draft_exec_[k], draft_exec_vocab_[k] != rows, body, "cudaGraphInstantiate (MTP draft chain)");
+        const bool stale = draft_exec_vocab_[k] != rows || !same_sampling(sampling_, draft_sampling_[k]);
+        launch_captured(draft_exec_[k], stale, body, "cudaGraphInstantiate (MTP draft chain)");
         draft_exec_vocab_[k] = rows;
+        draft_sampling_[k] = sampling_;
     } else {
         body();
     }
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(h_mtp_, d_mtp_ids_ + 1, size_t(k) * 4, cudaMemcpyDeviceToHost, stream_));
     LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    return std::vector<int32_t>(h_mtp_, h_mtp_ + k);
+    std::vector<int32_t> drafts(h_mtp_, h_mtp_ + k);
+    sampled_drafts_ = sampled ? drafts : std::vector<int32_t>{};
+    return drafts;
 }
 
 void Engine::set_draft_vocab(int n) {

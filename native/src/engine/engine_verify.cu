@@ -44,21 +44,24 @@ void Engine::allocate_verify_rows() {
     seen_backup_ = reinterpret_cast<uint8_t*>(p + out_bytes);
 }
 
-std::vector<int32_t> Engine::verify(const int32_t* ids, int n) { return run_verify(ids, n, nullptr); }
+std::vector<int32_t> Engine::verify(const int32_t* ids, int n, bool mtp_drafts) {
+    return run_verify(ids, n, mtp_drafts);
+}
 
 std::vector<std::pair<std::string, double>> Engine::profile_verify(const int32_t* ids, int n, int steps) {
     if (steps < 1) throw std::invalid_argument("profile_verify: steps must be >= 1");
     OpTimer timer(stream_);
     double total_ms = 0.0;
     for (int i = 0; i < steps; ++i) {
-        run_verify(ids, n, &timer, &total_ms);
+        run_verify(ids, n, false, &timer, &total_ms);
         timer.collect();
         accept(1);
     }
     return family_means(timer, steps, total_ms);
 }
 
-std::vector<int32_t> Engine::run_verify(const int32_t* ids, int n, OpTimer* timer, double* body_ms) {
+std::vector<int32_t> Engine::run_verify(const int32_t* ids, int n, bool mtp_drafts, OpTimer* timer,
+                                        double* body_ms) {
     require_weights();
     require_idle("verify");
     if (opt_.verify_rows == 0) throw std::logic_error("verify: the engine keeps no verify rows (verify_rows = 0)");
@@ -66,6 +69,12 @@ std::vector<int32_t> Engine::run_verify(const int32_t* ids, int n, OpTimer* time
         throw std::invalid_argument("verify: a window of " + std::to_string(n) + " tokens; this engine verifies 2.." +
                                     std::to_string(opt_.verify_rows));
     }
+    // Rows judging sampled drafts by their q: only for the drafts that q drew (the last chain's)
+    const bool by_q = mtp_drafts && sampling_.temperature > 0.0f;
+    if (by_q && sampled_drafts_ != std::vector<int32_t>(ids + 1, ids + n)) {
+        throw std::logic_error("verify: the drafts are not the last MTP chain's sampled drafts");
+    }
+    sampled_drafts_.clear();
     MtpStep mtp;  // the MTP rows of all n ids: those up to a kept row are right whatever is kept
     ForwardStep step = open_window("verify", ids, n, mtp);
     step.logits = true;
@@ -77,8 +86,14 @@ std::vector<int32_t> Engine::run_verify(const int32_t* ids, int n, OpTimer* time
             LAMPO_CUDA_CHECK(cudaMemcpyAsync(seen_backup_, d_seen_, dims_.vocab, cudaMemcpyDeviceToDevice, stream_));
         if (timer) timer->begin(OpFamily::Sampling);
         for (int i = 0; i < n; ++i) {
-            sample_token(ws_.logits + size_t(i) * dims_.vocab, dims_.vocab, dims_.vocab_real, sampling_, d_seen_,
-                         d_step_, d_verify_out_ + i, ws_.sampling_scratch, stream_);
+            const float* row = ws_.logits + size_t(i) * dims_.vocab;
+            if (by_q && i + 1 < n) {  // the row's draft, d_ids_[i + 1], drawn from draft_q_[i]
+                sample_verify_row(row, dims_.vocab, dims_.vocab_real, sampling_, d_seen_, d_step_, d_ids_ + i + 1,
+                                  draft_q_[i], d_verify_out_ + i, ws_.sampling_scratch, stream_);
+            } else {
+                sample_token(row, dims_.vocab, dims_.vocab_real, sampling_, d_seen_, d_step_, d_verify_out_ + i,
+                             ws_.sampling_scratch, stream_);
+            }
             LAMPO_CHECK_LAUNCH("sample_token (verify row)");
         }
         if (timer) timer->end();
@@ -90,9 +105,9 @@ std::vector<int32_t> Engine::run_verify(const int32_t* ids, int n, OpTimer* time
     if (timer) {
         *body_ms += timed_ms(body);
     } else if (opt_.speculative_graphs && (!mtp_hidden_ || mtp.T == n)) {
-        launch_captured(verify_exec_[n], !same_sampling(sampling_, verify_sampling_[n]), body,
+        launch_captured(verify_exec_[by_q][n], !same_sampling(sampling_, verify_sampling_[by_q][n]), body,
                         "cudaGraphInstantiate (verify window)");
-        verify_sampling_[n] = sampling_;
+        verify_sampling_[by_q][n] = sampling_;
     } else {
         body();
     }

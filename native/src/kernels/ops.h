@@ -265,6 +265,35 @@ size_t sampling_scratch_bytes(int V);
 void sample_token(const float* logits, int V, int v_real, const SamplingConfig& cfg,
                   uint8_t* seen, int32_t* d_step, int32_t* d_out, void* scratch,
                   cudaStream_t stream);
+// Speculative sampling with drafts drawn from their own distribution q (temperature > 0):
+// - sample_draft draws a draft as sample_token draws a token (the presence penalty from `seen`,
+//   which it does not mark; its own RNG stream, seed ^ DRAFT_RNG_STREAM, keyed by d_draft_step[0],
+//   which it advances) and writes q, the filtered distribution it drew from;
+// - sample_verify_row, for a verify row whose draft d_draft[0] was drawn from q: keeps the draft
+//   with probability min(1, p(d) / q(d)) (p: the row's filtered distribution, as sample_token's),
+//   else draws from max(0, p - q) renormalised, so the token is distributed as p; marks and steps
+//   as sample_token. The token equals the draft exactly when the draft is kept.
+// q: the kept candidates in ascending id order, at most SAMPLE_MAX_K of them.
+constexpr int SAMPLE_MAX_K = 1024;
+constexpr uint64_t DRAFT_RNG_STREAM = 0x6a09e667f3bcc908ull;
+struct DraftDistribution {
+    int32_t* count = nullptr;  // [1]
+    int32_t* ids = nullptr;    // [SAMPLE_MAX_K]
+    float* probs = nullptr;    // [SAMPLE_MAX_K]
+};
+// One distribution laid out from `base` (DRAFT_DISTRIBUTION_BYTES of device memory).
+constexpr size_t DRAFT_DISTRIBUTION_BYTES = 16 + size_t(SAMPLE_MAX_K) * 8;
+inline DraftDistribution draft_distribution_at(void* base) {
+    char* p = static_cast<char*>(base);
+    return {reinterpret_cast<int32_t*>(p), reinterpret_cast<int32_t*>(p + 16),
+            reinterpret_cast<float*>(p + 16 + size_t(SAMPLE_MAX_K) * 4)};
+}
+void sample_draft(const float* logits, int V, int v_real, const SamplingConfig& cfg, const uint8_t* seen,
+                  int32_t* d_draft_step, int32_t* d_out, const DraftDistribution& q, void* scratch,
+                  cudaStream_t stream);
+void sample_verify_row(const float* logits, int V, int v_real, const SamplingConfig& cfg, uint8_t* seen,
+                       int32_t* d_step, const int32_t* d_draft, const DraftDistribution& q, int32_t* d_out,
+                       void* scratch, cudaStream_t stream);
 // Row-wise argmax of logits [T, V] (ids >= v_real masked) -> d_out [T] (speculative verify).
 void argmax_rows(const float* logits, int T, int V, int v_real, int32_t* d_out, cudaStream_t stream);
 

@@ -315,6 +315,66 @@ py::tuple py_sample_token(Arr<float> logits, int v_real, float temperature, int 
                           int(download<int32_t>(d_step, {1}).at(0)));
 }
 
+// sample_draft `draws` times (draw i at draft step step + i) -> (ids [draws], the last draw's q as
+// (ids, probs), the step after).
+py::tuple py_sample_draft(Arr<float> logits, int v_real, float temperature, int top_k, float top_p, float min_p,
+                          uint64_t seed, int step, int draws) {
+    const char* op = "sample_draft";
+    check_ndim(op, "logits", logits, 1);
+    const int V = int(logits.shape(0));
+    require(draws >= 1, op, "draws must be >= 1");
+    auto d_logits = upload(logits);
+    DeviceBuffer d_seen{size_t(V)}, q_mem{DRAFT_DISTRIBUTION_BYTES}, scratch{sampling_scratch_bytes(V)};
+    auto d_step = device_int(step);
+    auto d_out = poisoned(size_t(draws) * 4);
+    const DraftDistribution q = draft_distribution_at(q_mem.get());
+    const SamplingConfig cfg{temperature, top_k, top_p, min_p, 0.0f, seed};
+    OpStream st;
+    LAMPO_CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0, scratch.bytes(), st.s));
+    LAMPO_CUDA_CHECK(cudaMemsetAsync(d_seen.get(), 0, d_seen.bytes(), st.s));
+    for (int i = 0; i < draws; ++i)
+        sample_draft(d_logits.as<float>(), V, v_real, cfg, d_seen.as<uint8_t>(), d_step.as<int32_t>(),
+                     d_out.as<int32_t>() + i, q, scratch.get(), st.s);
+    st.finish(op);
+    int32_t n = 0;
+    LAMPO_CUDA_CHECK(cudaMemcpy(&n, q.count, 4, cudaMemcpyDeviceToHost));
+    std::vector<int32_t> ids(n);
+    std::vector<float> probs(n);
+    LAMPO_CUDA_CHECK(cudaMemcpy(ids.data(), q.ids, size_t(n) * 4, cudaMemcpyDeviceToHost));
+    LAMPO_CUDA_CHECK(cudaMemcpy(probs.data(), q.probs, size_t(n) * 4, cudaMemcpyDeviceToHost));
+    return py::make_tuple(download<int32_t>(d_out, {draws}), py::array_t<int32_t>(n, ids.data()),
+                          py::array_t<float>(n, probs.data()), int(download<int32_t>(d_step, {1}).at(0)));
+}
+
+// sample_verify_row once per draft (row i judging drafts[i] at step step + i) against the draft
+// distribution q (q_ids ascending, q_probs) -> (ids [len(drafts)], the step after).
+py::tuple py_sample_verify_row(Arr<float> logits, int v_real, float temperature, int top_k, float top_p, float min_p,
+                               uint64_t seed, Arr<int32_t> drafts, Arr<int32_t> q_ids, Arr<float> q_probs, int step) {
+    const char* op = "sample_verify_row";
+    check_ndim(op, "logits", logits, 1);
+    const int V = int(logits.shape(0)), draws = int(drafts.size()), n = int(q_ids.size());
+    require(draws >= 1 && n >= 1 && n <= SAMPLE_MAX_K && int(q_probs.size()) == n, op,
+            "needs drafts and a q of 1..SAMPLE_MAX_K ids with one probability each");
+    auto d_logits = upload(logits);
+    auto d_drafts = upload(drafts);
+    DeviceBuffer d_seen{size_t(V)}, q_mem{DRAFT_DISTRIBUTION_BYTES}, scratch{sampling_scratch_bytes(V)};
+    auto d_step = device_int(step);
+    auto d_out = poisoned(size_t(draws) * 4);
+    const DraftDistribution q = draft_distribution_at(q_mem.get());
+    LAMPO_CUDA_CHECK(cudaMemcpy(q.count, &n, 4, cudaMemcpyHostToDevice));
+    LAMPO_CUDA_CHECK(cudaMemcpy(q.ids, q_ids.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+    LAMPO_CUDA_CHECK(cudaMemcpy(q.probs, q_probs.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+    const SamplingConfig cfg{temperature, top_k, top_p, min_p, 0.0f, seed};
+    OpStream st;
+    LAMPO_CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0, scratch.bytes(), st.s));
+    LAMPO_CUDA_CHECK(cudaMemsetAsync(d_seen.get(), 0, d_seen.bytes(), st.s));
+    for (int i = 0; i < draws; ++i)
+        sample_verify_row(d_logits.as<float>(), V, v_real, cfg, d_seen.as<uint8_t>(), d_step.as<int32_t>(),
+                          d_drafts.as<int32_t>() + i, q, d_out.as<int32_t>() + i, scratch.get(), st.s);
+    st.finish(op);
+    return py::make_tuple(download<int32_t>(d_out, {draws}), int(download<int32_t>(d_step, {1}).at(0)));
+}
+
 py::array_t<int32_t> py_argmax_rows(Arr<float> logits, int v_real) {
     const char* op = "argmax_rows";
     check_ndim(op, "logits", logits, 2);
@@ -447,6 +507,12 @@ void register_core_ops(py::module_& ops) {
     ops.def("sample_token", &py_sample_token, "logits"_a, "v_real"_a, "temperature"_a, "top_k"_a, "top_p"_a,
             "min_p"_a, "presence_penalty"_a, "seed"_a, "seen"_a, "step"_a, "draws"_a = 1,
             "-> (ids [draws] int32, seen after, step after); draw i uses step + i");
+    ops.def("sample_draft", &py_sample_draft, "logits"_a, "v_real"_a, "temperature"_a, "top_k"_a, "top_p"_a,
+            "min_p"_a, "seed"_a, "step"_a, "draws"_a = 1,
+            "-> (ids [draws] int32, the last draw's q: ids, probs, step after); draw i uses draft step step + i");
+    ops.def("sample_verify_row", &py_sample_verify_row, "logits"_a, "v_real"_a, "temperature"_a, "top_k"_a,
+            "top_p"_a, "min_p"_a, "seed"_a, "drafts"_a, "q_ids"_a, "q_probs"_a, "step"_a,
+            "-> (ids [len(drafts)] int32, step after): row i judges drafts[i] (drawn from q) at step + i");
     ops.def("argmax_rows", &py_argmax_rows, "logits"_a, "v_real"_a, "row-wise argmax (ties -> lower id)");
     ops.def("bench_linear", &py_bench_linear, "out"_a, "in_"_a, "T"_a, "iters"_a = 50, "f32_out"_a = false,
             "time linear_forward in a CUDA graph -> {us, GBps, TFLOPs}");

@@ -21,6 +21,10 @@
 //     ties -> lower id first), min-p keeps p >= min_p * p_max, and the draw u (splitmix64 of
 //     (seed, d_step[0])) walks the CDF of the kept tokens in ascending id order.
 // Both write d_out[0], seen[id] = 1, d_step[0] += 1. Graph-capturable (no host reads).
+// sample_draft / sample_verify_row (ops.h) are the same two launches with the finish kernel in
+// another mode: Draft writes the kept candidates' probabilities out as q (and marks nothing);
+// Verify keeps the row's draft d when u * q(d) < p(d) (u the row's draw), else walks the CDF of
+// max(0, p - q) with a second number from the same draw (p where that is all zero).
 // argmax_rows: one block per row, the greedy scan and block reduction without the penalty.
 #include <algorithm>
 #include <climits>
@@ -36,7 +40,6 @@ namespace {
 
 constexpr int SAMPLE_BLOCKS = 16;
 constexpr int SAMPLE_THREADS = 1024;
-constexpr int SAMPLE_MAX_K = 1024;
 constexpr int SAMPLE_CANDIDATES = SAMPLE_BLOCKS * SAMPLE_MAX_K;
 static_assert(SAMPLE_MAX_K <= SAMPLE_THREADS, "one selected candidate per thread");
 
@@ -294,21 +297,63 @@ struct FinishConfig {
     uint64_t seed;
 };
 
+// Plain: draw from p (the filtered distribution). Draft: the same draw, with p written out as the
+// draft's distribution q and the presence set left alone. Verify: the row's draft (drawn from q)
+// kept with probability min(1, p(d) / q(d)), else a draw from max(0, p - q).
+enum class Finish { Plain, Draft, Verify };
+
+// q(id) of a draft distribution (ids ascending), 0 where id is not in it; read through L2 (an
+// earlier launch wrote it).
+__device__ float draft_prob(const DraftDistribution& q, int id) {
+    const int n = __ldcg(q.count);
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        const int mid = (lo + hi) >> 1;
+        if (__ldcg(q.ids + mid) < id) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n && __ldcg(q.ids + lo) == id ? __ldcg(q.probs + lo) : 0.0f;
+}
+
+// The index (among threads [0, kk) with weight > 0) whose cumulative weight, in thread order,
+// first passes u * (sum of weights); rounding past the end takes the last one with weight.
+__device__ int block_draw(float weight, float u) {
+    __shared__ int first, last;
+    if (threadIdx.x == 0) {
+        first = INT_MAX;
+        last = 0;
+    }
+    float total;
+    const float before = block_exclusive_scan(weight, total);  // its barrier orders the reset
+    if (weight > 0.0f && before + weight > u * total) atomicMin(&first, int(threadIdx.x));
+    if (weight > 0.0f) atomicMax(&last, int(threadIdx.x));
+    __syncthreads();
+    const int chosen = first != INT_MAX ? first : last;
+    __syncthreads();  // read before a later call resets them
+    return chosen;
+}
+
+__device__ __forceinline__ float unit_float(uint64_t bits) { return float(bits >> 40) * (1.0f / 16777216.0f); }
+
+// q: Draft writes it, Verify reads it (with the row's draft at draft[0]); Plain neither.
+template <Finish MODE>
 __global__ void __launch_bounds__(SAMPLE_THREADS)
 sample_finish_kernel(const Scratch cand, FinishConfig cfg, uint8_t* __restrict__ seen, int32_t* __restrict__ d_step,
-                     int32_t* __restrict__ d_out) {
+                     int32_t* __restrict__ d_out, DraftDistribution q, const int32_t* __restrict__ draft) {
     pdl_begin();
     extern __shared__ uint32_t keys[];  // all candidates, in id order
     __shared__ int offset[SAMPLE_BLOCKS + 1];
     __shared__ float sel_val[SAMPLE_MAX_K], sel_p[SAMPLE_MAX_K];
     __shared__ int sel_id[SAMPLE_MAX_K];
     __shared__ float red[32];
-    __shared__ int pick;
+    __shared__ float p_draft;
+    __shared__ int draft_at;
     const int tid = threadIdx.x;
     if (tid == 0) {
         offset[0] = 0;
         for (int b = 0; b < SAMPLE_BLOCKS; ++b) offset[b + 1] = offset[b] + cand.count[b];
-        pick = SAMPLE_MAX_K;
+        p_draft = 0.0f;
+        draft_at = -1;
     }
     __syncthreads();
     const int n = offset[SAMPLE_BLOCKS];
@@ -317,7 +362,11 @@ sample_finish_kernel(const Scratch cand, FinishConfig cfg, uint8_t* __restrict__
             keys[offset[b] + j] = cand.key[b * SAMPLE_MAX_K + j];
     __syncthreads();
     if (n == 0) {  // every id masked: nothing to draw
-        if (tid == 0) { d_out[0] = 0; d_step[0] += 1; }
+        if (tid == 0) {
+            d_out[0] = 0;
+            d_step[0] += 1;
+            if constexpr (MODE == Finish::Draft) *q.count = 0;
+        }
         return;
     }
     const int kk = min(cfg.k, n);
@@ -355,27 +404,54 @@ sample_finish_kernel(const Scratch cand, FinishConfig cfg, uint8_t* __restrict__
         }
         if (mine && cfg.min_p > 0.0f) keep = keep && p >= cfg.min_p;  // p_max is exp(0) = 1
         const float w = keep ? p : 0.0f;
-        float kept_total;
-        const float cum_before = block_exclusive_scan(w, kept_total);
         const uint64_t bits = splitmix64(cfg.seed ^ splitmix64(uint64_t(uint32_t(d_step[0]))));
-        const float target = float(bits >> 40) * (1.0f / 16777216.0f) * kept_total;
-        if (keep && cum_before + w > target) atomicMin(&pick, tid);
-        __syncthreads();
-        chosen = pick;
-        if (chosen >= kk) {  // rounding put the target past the last kept token: take the last kept one
-            __shared__ int last;
-            if (tid == 0) last = 0;
-            __syncthreads();
-            if (keep) atomicMax(&last, tid);
-            __syncthreads();
-            chosen = last;
+        if constexpr (MODE == Finish::Plain) {
+            chosen = block_draw(w, unit_float(bits));
+        } else {
+            int kept_n;
+            const int at = block_exclusive_scan(int(keep), kept_n);  // this kept candidate's place in q
+            float kept_total;
+            block_exclusive_scan(w, kept_total);
+            const float prob = w / kept_total;  // p(x) of this thread's candidate
+            if constexpr (MODE == Finish::Draft) {
+                if (keep) {
+                    q.ids[at] = sel_id[tid];
+                    q.probs[at] = prob;
+                }
+                if (tid == 0) *q.count = kept_n;
+                chosen = block_draw(w, unit_float(bits));
+            } else {
+                const int d = draft[0];
+                if (keep && sel_id[tid] == d) {
+                    p_draft = prob;
+                    draft_at = tid;
+                }
+                __syncthreads();
+                const float q_draft = draft_prob(q, d);
+                if (draft_at >= 0 && unit_float(bits) * q_draft < p_draft) {
+                    chosen = draft_at;  // kept with probability min(1, p(d) / q(d))
+                } else {  // else drawn from max(0, p - q), renormalised; p itself where that is empty
+                    const float r = keep ? fmaxf(0.0f, prob - draft_prob(q, sel_id[tid])) : 0.0f;
+                    float residual;
+                    block_exclusive_scan(r, residual);
+                    chosen = block_draw(residual > 0.0f ? r : w, unit_float(splitmix64(bits)));
+                }
+            }
         }
     }
     if (tid == 0) {
         const int id = sel_id[chosen];
         d_out[0] = id;
-        seen[id] = 1;
         d_step[0] += 1;
+        if constexpr (MODE == Finish::Draft) {
+            if (kk <= 1) {  // one candidate: q is that token
+                q.ids[0] = id;
+                q.probs[0] = 1.0f;
+                *q.count = 1;
+            }
+        } else {
+            seen[id] = 1;
+        }
     }
 }
 
@@ -397,12 +473,45 @@ size_t sampling_scratch_bytes(int V) {
     return CANDIDATE_BYTES + 16;  // + best (8 bytes), ticket (4, padded)
 }
 
-void sample_token(const float* logits, int V, int v_real, const SamplingConfig& cfg, uint8_t* seen, int32_t* d_step,
-                  int32_t* d_out, void* scratch, cudaStream_t stream) {
-    const char* op = "sample_token";
+namespace {
+
+void check_sampling(const char* op, int V, int v_real, const SamplingConfig& cfg) {
     require(V > 0 && v_real > 0 && v_real <= V, op, "need 0 < v_real <= V");
     require(cfg.top_k >= 0 && cfg.top_k <= SAMPLE_MAX_K, op,
             "top_k must be 0 (off) or at most " + std::to_string(SAMPLE_MAX_K) + ", got " + std::to_string(cfg.top_k));
+}
+
+// The two launches of a sampled (temperature > 0) draw in the finish mode MODE.
+template <Finish MODE>
+void launch_sampled(const char* op, const float* logits, int V, int v_real, const SamplingConfig& cfg, uint64_t seed,
+                    uint8_t* seen, int32_t* d_step, int32_t* d_out, const DraftDistribution& q, const int32_t* draft,
+                    void* scratch, cudaStream_t stream) {
+    require(cfg.temperature > 0.0f, op, "needs a temperature above 0");
+    require(cfg.top_p > 0.0f && cfg.top_p <= 1.0f, op, "top_p must be in (0, 1]");
+    const Scratch s = scratch_layout(scratch);
+    FinishConfig fin{};
+    fin.k = cfg.top_k > 0 ? cfg.top_k : SAMPLE_MAX_K;
+    fin.temperature = cfg.temperature;
+    fin.top_p = cfg.top_p;
+    fin.min_p = cfg.min_p;
+    fin.seed = seed;
+    allow_dynamic_smem(sample_select_kernel, select_smem_bytes(V), op);
+    launch_pdl("sample_select_kernel", sample_select_kernel, SAMPLE_BLOCKS, SAMPLE_THREADS,
+               select_smem_bytes(V), stream, logits, V, v_real, static_cast<const uint8_t*>(seen),
+               cfg.presence_penalty, fin.k, s);
+    LAMPO_CHECK_LAUNCH(op);
+    const auto finish = sample_finish_kernel<MODE>;
+    allow_dynamic_smem(finish, FINISH_SMEM, op);
+    launch_pdl("sample_finish_kernel", finish, 1, SAMPLE_THREADS, FINISH_SMEM, stream, s, fin, seen, d_step, d_out,
+               q, draft);
+}
+
+}  // namespace
+
+void sample_token(const float* logits, int V, int v_real, const SamplingConfig& cfg, uint8_t* seen, int32_t* d_step,
+                  int32_t* d_out, void* scratch, cudaStream_t stream) {
+    const char* op = "sample_token";
+    check_sampling(op, V, v_real, cfg);
     const Scratch s = scratch_layout(scratch);
     if (cfg.temperature <= 0.0f) {
         require(reinterpret_cast<uintptr_t>(logits) % 16 == 0, op, "logits must be 16-byte aligned");
@@ -412,20 +521,26 @@ void sample_token(const float* logits, int V, int v_real, const SamplingConfig& 
                    logits, v_real, cfg.presence_penalty, seen, s, d_step, d_out);
         return;
     }
-    require(cfg.top_p > 0.0f && cfg.top_p <= 1.0f, op, "top_p must be in (0, 1]");
-    FinishConfig fin{};
-    fin.k = cfg.top_k > 0 ? cfg.top_k : SAMPLE_MAX_K;
-    fin.temperature = cfg.temperature;
-    fin.top_p = cfg.top_p;
-    fin.min_p = cfg.min_p;
-    fin.seed = cfg.seed;
-    allow_dynamic_smem(sample_select_kernel, select_smem_bytes(V), op);
-    launch_pdl("sample_select_kernel", sample_select_kernel, SAMPLE_BLOCKS, SAMPLE_THREADS,
-               select_smem_bytes(V), stream, logits, V, v_real, seen, cfg.presence_penalty, fin.k, s);
-    LAMPO_CHECK_LAUNCH(op);
-    allow_dynamic_smem(sample_finish_kernel, FINISH_SMEM, op);
-    launch_pdl("sample_finish_kernel", sample_finish_kernel, 1, SAMPLE_THREADS, FINISH_SMEM, stream, s,
-               fin, seen, d_step, d_out);
+    launch_sampled<Finish::Plain>(op, logits, V, v_real, cfg, cfg.seed, seen, d_step, d_out, DraftDistribution{},
+                                  nullptr, scratch, stream);
+}
+
+void sample_draft(const float* logits, int V, int v_real, const SamplingConfig& cfg, const uint8_t* seen,
+                  int32_t* d_draft_step, int32_t* d_out, const DraftDistribution& q, void* scratch,
+                  cudaStream_t stream) {
+    const char* op = "sample_draft";
+    check_sampling(op, V, v_real, cfg);
+    launch_sampled<Finish::Draft>(op, logits, V, v_real, cfg, cfg.seed ^ DRAFT_RNG_STREAM, const_cast<uint8_t*>(seen),
+                                  d_draft_step, d_out, q, nullptr, scratch, stream);
+}
+
+void sample_verify_row(const float* logits, int V, int v_real, const SamplingConfig& cfg, uint8_t* seen,
+                       int32_t* d_step, const int32_t* d_draft, const DraftDistribution& q, int32_t* d_out,
+                       void* scratch, cudaStream_t stream) {
+    const char* op = "sample_verify_row";
+    check_sampling(op, V, v_real, cfg);
+    launch_sampled<Finish::Verify>(op, logits, V, v_real, cfg, cfg.seed, seen, d_step, d_out, q, d_draft, scratch,
+                                   stream);
 }
 
 void argmax_rows(const float* logits, int T, int V, int v_real, int32_t* d_out, cudaStream_t stream) {
