@@ -181,7 +181,7 @@ def test_rounds_turn_themselves_off_where_they_measure_slower(tiny_dense_dir, ve
 
     engine.decode_collect = costing(engine.decode_collect, lambda: 1.0)
     engine.mtp_draft = costing(engine.mtp_draft, lambda token, k: 0.05 * k)
-    engine.verify = costing(engine.verify, lambda ids: verify_s_per_row * len(ids))
+    engine.verify = costing(engine.verify, lambda ids, mtp_drafts=False: verify_s_per_row * len(ids))
     steps = NativeSpeculativeSteps(NativeSteps(engine, engine.native, GREEDY), engine, PROMPT,
                                    round_policy("mtp", 4, None), clock=lambda: now[0])
     steps.begin()
