@@ -19,6 +19,8 @@ from lampo.models.checkpoint import Checkpoint
 from lampo.models.draft_vocab import PREFIXES
 from lampo.models.presets import get_preset
 from lampo.models.reference.model import ReferenceModel
+from lampo.models.sampling import filtered_probs
+from lampo.models.sampling_params import SamplingParams
 from lampo.models.synthetic import write_checkpoint
 
 
@@ -59,8 +61,16 @@ def test_mtp_agreement_counts_the_drafts_of_each_reply_position(gpu_script, tmp_
     want = seq[len(prompt) + 1:]
     every = [int(np.argmax(r)) == w for r, w in zip(rows, want)]
     prefix = [int(np.argmax(r[:PREFIXES[0]])) == w for r, w in zip(rows, want)]
-    assert spec_acceptance.mtp_agreement(model, prompt, reply) == {
-        "pct": 100 * np.mean(every), "draft_vocab": PREFIXES[0], "pct_draft_vocab": 100 * np.mean(prefix)}
+    got = spec_acceptance.mtp_agreement(model, prompt, reply)
+    kept = got.pop("chat_sampling_kept_pct")
+    assert got == {"pct": 100 * np.mean(every), "draft_vocab": PREFIXES[0], "pct_draft_vocab": 100 * np.mean(prefix)}
+    model.reset()
+    model.prefill(seq)
+    chat, n = SamplingParams(), PREFIXES[0]
+    ps = [filtered_probs(model.logits(model.hiddens[t - 1]), chat) for t in range(len(prompt) + 1, len(seq))]
+    qs = [filtered_probs(np.where(np.arange(len(r)) < n, r, -np.inf), chat) for r in rows]
+    assert kept["sampled_drafts"] == pytest.approx(100 * np.mean([np.minimum(p, q).sum() for p, q in zip(ps, qs)]))
+    assert kept["greedy_drafts"] == pytest.approx(100 * np.mean([p[int(np.argmax(r[:n]))] for p, r in zip(ps, rows)]))
 
 
 def test_reference_rows_reproduce_plain_greedy_in_worker_processes(tiny_dense_dir, monkeypatch):

@@ -37,7 +37,8 @@ import numpy as np
 from lampo.models.chat_format import Message, render
 from lampo.models.checkpoint import Checkpoint
 from lampo.models.reference.model import ReferenceModel
-from lampo.models.sampling_params import GREEDY
+from lampo.models.sampling import filtered_probs
+from lampo.models.sampling_params import GREEDY, SamplingParams
 from lampo.models.draft_vocab import DraftVocab
 from lampo.models.speculative import SpeculativeReference
 from lampo.models.tokenizer import Tokenizer
@@ -126,7 +127,10 @@ def engine_rows(model_dir: Path, prompts: dict[str, list[int]], tokens: int, tok
 def mtp_agreement(model: ReferenceModel, prompt: list[int], reply: list[int]) -> dict:
     """Teacher-forced MTP agreement along prompt + reply: the % of reply positions t >= 1 whose
     token the MTP row of (h_{t-1}, reply[t-1]) drafts (the rows a k = 1 round would check), with the
-    drafts chosen among every id and among the conversation's draft vocabulary (its size too)."""
+    drafts chosen among every id and among the conversation's draft vocabulary (its size too); and
+    at the chat's default sampling settings (SamplingParams()), the mean chance that such a first
+    draft is kept: sum(min(p, q)) when it is drawn from the MTP layer's distribution q, p(argmax q)
+    when it is q's argmax (p: the trunk's distribution at that position)."""
     seq = list(prompt) + list(reply)
     model.reset()
     model.advance(seq)
@@ -134,8 +138,20 @@ def mtp_agreement(model: ReferenceModel, prompt: list[int], reply: list[int]) ->
     logits = model.mtp_prefill(model.hiddens[:-1], seq[1:], 0)[p - 1:-1]
     want = np.asarray(seq[p + 1:])
     vocab = DraftVocab(model.cfg.real_vocab_size, seq).size
+    chat = SamplingParams()
+    sampled, greedy = [], []
+    for hidden, mtp_row in zip(model.hiddens[p:-1], logits):
+        target = filtered_probs(model.logits(hidden), chat)
+        row = mtp_row.copy()
+        if vocab:
+            row[vocab:] = -np.inf
+        draft = filtered_probs(row, chat)
+        sampled.append(np.minimum(target, draft).sum())
+        greedy.append(target[int(np.argmax(row))])
     return {"pct": float(100 * np.mean(np.argmax(logits, axis=-1) == want)), "draft_vocab": vocab,
-            "pct_draft_vocab": float(100 * np.mean(np.argmax(logits[:, :vocab or None], axis=-1) == want))}
+            "pct_draft_vocab": float(100 * np.mean(np.argmax(logits[:, :vocab or None], axis=-1) == want)),
+            "chat_sampling_kept_pct": {"sampled_drafts": float(100 * np.mean(sampled)),
+                                       "greedy_drafts": float(100 * np.mean(greedy))}}
 
 
 def compare_replies(model: ReferenceModel, prompts: dict[str, list[int]], plain: dict[str, list[int]],
