@@ -32,15 +32,19 @@ def test_engine_rows_measure_every_setting_against_the_plain_reply(gpu_script, t
     prompts = {"chat": list(markov_model.PROMPT), "document": list(markov_model.PROMPT[3:])}
     rows = spec_acceptance.engine_rows(tiny_dense_dir, prompts, 24, TagTokenizer())
     settings = ["off"] + [f"{d}:{k}" for d in ("mtp", "ngram") for k in (1, 2, 3, 4)] + ["auto"]
-    assert [(r["setting"], r["prompt"]) for r in rows] == ([(s, p) for s in settings for p in prompts]
-                                                           + [("mtp:1", "document"), ("mtp:1", "chat")])
-    assert [r["reply"] for r in rows[:2]] == [list(markov_model.chain(markov_model.markov(p), 24))
-                                              for p in prompts.values()]
-    assert all("reply" not in r for r in rows[2:])
-    assert all(r["differs_at"] is None and r["tokens"] == 24 for r in rows)
-    assert all(r["drafted"] == 0 for r in rows[:2]) and all(r["drafted"] > 0 for r in rows[2:])
-    assert all(0 < r["acceptance_pct"] <= 100 and r["decode_tok_s"] > 0 for r in rows[2:])
-    assert all(0 < r["kept_at_pct_of_rounds"][0] <= 100 for r in rows[2:])
+    sampled = ["off"] + [f"mtp:{k}" for k in (1, 2, 3, 4)]
+    assert [(r["setting"], r["prompt"], r["sampling"]) for r in rows] == (
+        [(s, p, "greedy") for s in settings for p in prompts]
+        + [("mtp:1", "document", "greedy"), ("mtp:1", "chat", "greedy")]
+        + [(s, p, "chat") for s in sampled for p in prompts])
+    greedy, chat = rows[:-len(sampled) * 2], rows[-len(sampled) * 2:]
+    assert [r["reply"] for r in greedy[:2]] == [list(markov_model.chain(markov_model.markov(p), 24))
+                                                for p in prompts.values()]
+    assert all("reply" not in r for r in greedy[2:] + chat)
+    assert all(r["differs_at"] is None for r in greedy) and all(r["tokens"] == 24 for r in rows)
+    assert all(r["drafted"] == 0 for r in greedy[:2] + chat[:2]) and all(r["drafted"] > 0 for r in greedy[2:] + chat[2:])
+    assert all(0 < r["acceptance_pct"] <= 100 and r["decode_tok_s"] > 0 for r in greedy[2:] + chat[2:])
+    assert all(0 < r["kept_at_pct_of_rounds"][0] <= 100 for r in greedy[2:] + chat[2:])
 
 
 def test_mtp_agreement_counts_the_drafts_of_each_reply_position(gpu_script, tmp_path):

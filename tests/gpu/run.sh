@@ -24,7 +24,8 @@
 #          alone on the GPU, then the numpy reference's, which first compares the engine's plain
 #          replies with its own). TRAINED_FULL_SIZE (default "35b-a3b 27b",
 #          may be empty) names the full-size benches. Needs .gpu/qwen3.6
-#          (tokenizer.json, chat_template.jinja) carried.
+#          (tokenizer.json, chat_template.jinja) carried. TRAINED_QUALITY=0 leaves out the quality
+#          run, TRAINED_REFERENCE_S (default 300) limits the numpy reference's rounds.
 #   spec   build + pytest -m cuda (LAMPO_GPU_TESTS; the verify window's and the MTP module's tests
 #          are tests/cuda/test_engine_verify.py and test_engine_mtp.py) + the speculative benches:
 #          35B-A3B and 27B at q5, decode at 8,192 (random fill), the verify window's and the MTP
@@ -246,13 +247,15 @@ trained)
   export LAMPO_TRAINED_DIR="$TRAINED"
   # the engine's speculative rounds first, with the GPU to themselves; then the numpy measurements
   # (CPU) beside the GPU tests and benches
-  timeout 150 $PY tests/gpu/spec_acceptance.py "$TRAINED" --tokens 256 --engine --json "$OUT/bench/spec-engine.json" \
+  timeout 240 $PY tests/gpu/spec_acceptance.py "$TRAINED" --tokens 256 --engine --json "$OUT/bench/spec-engine.json" \
     >"$OUT/bench/spec-engine.txt" 2>&1
   log "spec acceptance (engine) exit $?"
-  (timeout 300 $PY -m lampo.models.quant.quality --model "$TRAINED" --text docs/architecture.md --tokens 256 \
-     --json "$OUT/bench/quality-trained.json" >"$OUT/bench/quality-trained.txt" 2>&1) &
-  QUALITY=$!
-  (timeout 300 $PY tests/gpu/spec_acceptance.py "$TRAINED" --tokens 256 --engine-json "$OUT/bench/spec-engine.json" \
+  QUALITY=
+  [ "${TRAINED_QUALITY:-1}" = 0 ] || { (timeout 300 $PY -m lampo.models.quant.quality --model "$TRAINED" \
+     --text docs/architecture.md --tokens 256 --json "$OUT/bench/quality-trained.json" \
+     >"$OUT/bench/quality-trained.txt" 2>&1) & QUALITY=$!; }
+  (timeout "${TRAINED_REFERENCE_S:-300}" $PY tests/gpu/spec_acceptance.py "$TRAINED" --tokens 256 \
+     --engine-json "$OUT/bench/spec-engine.json" \
      --json "$OUT/bench/spec-reference.json" \
      >"$OUT/bench/spec-reference.txt" 2>&1) &
   SPEC=$!
@@ -265,7 +268,7 @@ trained)
   for m in ${TRAINED_FULL_SIZE-35b-a3b 27b}; do
     bench "$m-q5" 60 --preset "qwen3.6-$m" --random-weights --weights q5 --prompt 8192 --depths 8192 --profile-steps 0
   done
-  wait "$QUALITY"; log "quality exit $?"
+  [ -n "$QUALITY" ] && { wait "$QUALITY"; log "quality exit $?"; }
   wait "$SPEC"; log "spec acceptance (numpy reference) exit $?" ;;
 lq)
   for b in ${LQ_BENCHES:-q5 bf16 vram long}; do case "$b" in

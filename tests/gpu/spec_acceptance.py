@@ -96,14 +96,17 @@ def engine_rows(model_dir: Path, prompts: dict[str, list[int]], tokens: int, tok
     from lampo.models.sampling_params import SamplingParams
 
     rows = []
-    request = SamplingParams(**{**GREEDY.to_dict(), "max_tokens": tokens})
+    greedy = SamplingParams(**{**GREEDY.to_dict(), "max_tokens": tokens})
+    chat = SamplingParams(seed=1, max_tokens=tokens)  # the chat's default sampling settings, seeded
     settings = ([Speculation("off")] + [Speculation(d, k) for d in ("mtp", "ngram") for k in (1, 2, 3, 4)]
                 + [Speculation("auto")])
     # the first MTP setting again with the prompts in the other order: a row that moves with the
-    # order would be state carried from one request into the next
-    runs = [(s, list(prompts)) for s in settings] + [(settings[1], list(reversed(prompts)))]
-    plain: dict[str, list[int]] = {}
-    for speculation, order in runs:
+    # order would be state carried from one request into the next; then sampled replies at the
+    # chat's settings, plain and with MTP drafts drawn from their own distribution
+    runs = ([(s, list(prompts), greedy) for s in settings] + [(settings[1], list(reversed(prompts)), greedy)]
+            + [(s, list(prompts), chat) for s in [Speculation("off")] + [Speculation("mtp", k) for k in (1, 2, 3, 4)]])
+    plain: dict[tuple[str, bool], list[int]] = {}
+    for speculation, order, request in runs:
         backend = CudaBackend(model_dir, context_max=16_384, weights="bf16", speculation=speculation,
                               tokenizer=tokenizer)
         for kind in order:
@@ -111,14 +114,14 @@ def engine_rows(model_dir: Path, prompts: dict[str, list[int]], tokens: int, tok
             events = list(backend.generate(GenerationRequest(tuple(ids), request), threading.Event()))
             got = [i for e in events if isinstance(e, TokenEvent) for i in e.ids]
             stats = [e for e in events if isinstance(e, Stats)][-1]
-            parts = first_difference(got, plain.setdefault(kind, got))
+            parts = first_difference(got, plain.setdefault((kind, request.greedy), got))
             rows.append({"prompt": kind, "setting": str(speculation), "order": order, "tokens": len(got),
-                         "differs_at": parts,
+                         "sampling": "greedy" if request.greedy else "chat", "differs_at": parts,
                          "drafted": stats.draft_n, "accepted": stats.draft_n_accepted, "rounds": stats.draft_rounds,
                          "acceptance_pct": 100 * (stats.acceptance or 0.0),
                          "kept_at_pct_of_rounds": [100 * n / stats.draft_rounds for n in stats.draft_kept_at],
                          "decode_tok_s": stats.predicted_per_second}
-                        | ({"reply": got} if speculation.mode == "off" else {}))
+                        | ({"reply": got} if speculation.mode == "off" and request.greedy else {}))
             print(json.dumps(rows[-1]), flush=True)
         backend.close()
     return rows
