@@ -9,7 +9,10 @@ only a proposal (the verify window's rows decide), so restricting it changes how
 kept, never the reply.
 
 `DraftVocab` counts a conversation's tokens (prompt and reply) below each of PREFIXES; its `size`
-is the shortest prefix holding at least COVER of them, or 0 (every id) when none does. The CUDA
+is the shortest prefix holding at least COVER of them, or 0 (every id) when none does. The chat
+markup (the tokenizer's added tokens from MARKUP_FROM on: <|im_start|>, <|im_end|>, <think>, tool
+and vision tags) is not counted: a few per message, it is not the conversation's text, and a
+draft of it is missed only where a message or a thought ends. The CUDA
 engine reads that many rows (`Engine.draft_vocab`) and the numpy reference masks the other ids
 (`SpeculativeDecoder`), so both draft the same tokens.
 """
@@ -22,6 +25,7 @@ import numpy as np
 
 PREFIXES = (98_304, 151_552)  # multiples of the LQ format's 16-row strips
 COVER = 0.995
+MARKUP_FROM = 248_044  # the Qwen3.6 tokenizer's first added token
 
 
 class DraftVocab:
@@ -36,6 +40,7 @@ class DraftVocab:
 
     def add(self, ids: Iterable[int], sign: int = 1) -> None:
         a = np.fromiter(ids, np.int64)
+        a = a[a < MARKUP_FROM]
         self._total += sign * len(a)
         self._below += sign * (a[:, None] < np.asarray(PREFIXES)).sum(axis=0)
 

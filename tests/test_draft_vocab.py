@@ -6,7 +6,8 @@ every id."""
 from __future__ import annotations
 
 import pytest
-from lampo.models.draft_vocab import COVER, PREFIXES, DraftVocab
+from lampo.models.chat_format import Message, render
+from lampo.models.draft_vocab import COVER, MARKUP_FROM, PREFIXES, DraftVocab
 from lampo.models.tokenizer import Tokenizer
 
 REAL = 248_077
@@ -34,6 +35,20 @@ def test_the_cover_threshold_and_the_edges():
     assert DraftVocab(REAL, [PREFIXES[0] - 1]).size == PREFIXES[0]  # the last id of the prefix is in it
     assert DraftVocab(REAL).size == 0  # nothing seen: every id
     assert DraftVocab(PREFIXES[0], [1, 2, 3]).size == 0  # a prefix as long as the vocabulary is every id
+
+
+def test_the_chat_markup_is_not_counted(qwen_dir):
+    """A chat of short English messages: its <|im_start|> / <|im_end|> tokens are several percent of
+    it, but not its text; the tokenizer's added tokens all lie from MARKUP_FROM on."""
+    tok = Tokenizer.from_checkpoint(qwen_dir)
+    assert tok.token_to_id("<|endoftext|>") == MARKUP_FROM  # the first added token; the markup follows it
+    assert all(tok.token_to_id(t) > MARKUP_FROM for t in ("<|im_start|>", "<|im_end|>", "<think>", "</think>"))
+    messages = [Message("user", "Hi! What is a list in Python?"), Message("assistant", "An ordered, mutable sequence."),
+                Message("user", "And a tuple?")]
+    ids = tok.encode(render(messages, add_generation_prompt=True))
+    assert sum(t >= MARKUP_FROM for t in ids) / len(ids) > 1 - COVER  # enough to tip the count
+    assert DraftVocab(REAL, ids).size == PREFIXES[0]
+    assert DraftVocab(REAL, [MARKUP_FROM + 2] * 50).size == 0  # markup alone: nothing to count
 
 
 @pytest.mark.parametrize("text, want", [
