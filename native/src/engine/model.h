@@ -116,6 +116,7 @@ struct ModelWeights {
     // one more slot, which they read in the banks' format, so every layer's four expert matrices
     // must share one format (a dense model always folds).
     bool decode_foldable = true;
+    bool mtp_foldable = true;  // the same for the MTP layer's one-row passes
 };
 
 // ---- conversation state (device pointers; owned by the Engine) ---------------------------------

@@ -633,7 +633,9 @@ void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& 
     step.d_ids = m.d_ids;
     step.d_pos = m.d_pos;
     step.pos0 = m.pos0;
-    const Ctx c{d, w, ws, step, stream, timer, false};
+    // One row (a draft, or a decode step's MTP row) folds its norms as the decode step does.
+    const bool folded = m.T == 1 && w.mtp_foldable && decode_fusion_enabled(DecodeFusion::Norms);
+    const Ctx c{d, w, ws, step, stream, timer, folded};
     const MtpWeights& mw = w.mtp;
     const int T = m.T, H = d.hidden;
     const size_t row = size_t(H) * 2, rows_bytes = size_t(T) * H * 4;
@@ -651,13 +653,22 @@ void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& 
     LAMPO_CUDA_CHECK(cudaMemsetAsync(ws.residual, 0, rows_bytes, stream));  // 0 + hidden: its fp32 value
     add_norm(c, mw.pre_fc_norm_hidden, ws.normed, m.hiddens);
     half_into_mtp_in(1);
-    c.op(OpFamily::Projections, "mtp fc", [&] { linear_forward(mw.fc, ws.mtp_in, ws.delta, T, stream); });
     LAMPO_CUDA_CHECK(cudaMemsetAsync(ws.residual, 0, rows_bytes, stream));  // the residual stream starts at u
-    add_norm(c, mw.layer.input_norm, ws.normed);
+    if (folded) {  // u added into the zero residual as add_rmsnorm would add it; the next block norms it
+        c.op(OpFamily::Projections, "mtp fc",
+             [&] { linear_forward_add_residual(mw.fc, ws.mtp_in, ws.residual, stream); });
+    } else {
+        c.op(OpFamily::Projections, "mtp fc", [&] { linear_forward(mw.fc, ws.mtp_in, ws.delta, T, stream); });
+        add_norm(c, mw.layer.input_norm, ws.normed);
+    }
     gated_attention(c, mw.layer.attn, kv, context_max, mw.layer.input_norm);
-    add_norm(c, mw.layer.post_norm, ws.normed);
+    if (!folded) add_norm(c, mw.layer.post_norm, ws.normed);
     ffn(c, mw.layer);
-    add_norm(c, mw.norm, m.out);
+    if (folded) {
+        c.op(OpFamily::Norms, "rmsnorm", [&] { rmsnorm(ws.residual, mw.norm, m.out, 1, H, d.eps, stream); });
+    } else {
+        add_norm(c, mw.norm, m.out);
+    }
     if (m.logits) {
         Linear head = w.lm_head;  // its first rows: a prefix of the packed tiles (or bf16 rows)
         if (m.logit_rows > 0) head.out = m.logit_rows;

@@ -315,35 +315,45 @@ py::tuple py_sample_token(Arr<float> logits, int v_real, float temperature, int 
                           int(download<int32_t>(d_step, {1}).at(0)));
 }
 
+// One sample_draft / sample_verify_row call of `draws` launches: the logits, the step counter,
+// the outputs, an empty presence set, one draft distribution and the sampler's scratch (zeroed,
+// as the engine zeroes it once), on its own stream.
+struct DraftOpCall {
+    int V;
+    SamplingConfig cfg;
+    DeviceBuffer logits, step, out, seen, q_mem, scratch;
+    DraftDistribution q;
+    OpStream st;  // made after the buffers: its device synchronisation orders their uploads first
+    DraftOpCall(Arr<float> logits_, int draws, int step_, const SamplingConfig& cfg_)
+        : V(int(logits_.shape(0))), cfg(cfg_), logits(upload(logits_)), step(device_int(step_)),
+          out(poisoned(size_t(draws) * 4)), seen{size_t(V)}, q_mem{DRAFT_DISTRIBUTION_BYTES},
+          scratch{sampling_scratch_bytes(V)}, q(draft_distribution_at(q_mem.get())) {
+        LAMPO_CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0, scratch.bytes(), st.s));
+        LAMPO_CUDA_CHECK(cudaMemsetAsync(seen.get(), 0, seen.bytes(), st.s));
+    }
+    int step_after() { return int(download<int32_t>(step, {1}).at(0)); }
+};
+
 // sample_draft `draws` times (draw i at draft step step + i) -> (ids [draws], the last draw's q as
 // (ids, probs), the step after).
 py::tuple py_sample_draft(Arr<float> logits, int v_real, float temperature, int top_k, float top_p, float min_p,
                           uint64_t seed, int step, int draws) {
     const char* op = "sample_draft";
     check_ndim(op, "logits", logits, 1);
-    const int V = int(logits.shape(0));
     require(draws >= 1, op, "draws must be >= 1");
-    auto d_logits = upload(logits);
-    DeviceBuffer d_seen{size_t(V)}, q_mem{DRAFT_DISTRIBUTION_BYTES}, scratch{sampling_scratch_bytes(V)};
-    auto d_step = device_int(step);
-    auto d_out = poisoned(size_t(draws) * 4);
-    const DraftDistribution q = draft_distribution_at(q_mem.get());
-    const SamplingConfig cfg{temperature, top_k, top_p, min_p, 0.0f, seed};
-    OpStream st;
-    LAMPO_CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0, scratch.bytes(), st.s));
-    LAMPO_CUDA_CHECK(cudaMemsetAsync(d_seen.get(), 0, d_seen.bytes(), st.s));
+    DraftOpCall c(logits, draws, step, {temperature, top_k, top_p, min_p, 0.0f, seed});
     for (int i = 0; i < draws; ++i)
-        sample_draft(d_logits.as<float>(), V, v_real, cfg, d_seen.as<uint8_t>(), d_step.as<int32_t>(),
-                     d_out.as<int32_t>() + i, q, scratch.get(), st.s);
-    st.finish(op);
+        sample_draft(c.logits.as<float>(), c.V, v_real, c.cfg, c.seen.as<uint8_t>(), c.step.as<int32_t>(),
+                     c.out.as<int32_t>() + i, c.q, c.scratch.get(), c.st.s);
+    c.st.finish(op);
     int32_t n = 0;
-    LAMPO_CUDA_CHECK(cudaMemcpy(&n, q.count, 4, cudaMemcpyDeviceToHost));
+    LAMPO_CUDA_CHECK(cudaMemcpy(&n, c.q.count, 4, cudaMemcpyDeviceToHost));
     std::vector<int32_t> ids(n);
     std::vector<float> probs(n);
-    LAMPO_CUDA_CHECK(cudaMemcpy(ids.data(), q.ids, size_t(n) * 4, cudaMemcpyDeviceToHost));
-    LAMPO_CUDA_CHECK(cudaMemcpy(probs.data(), q.probs, size_t(n) * 4, cudaMemcpyDeviceToHost));
-    return py::make_tuple(download<int32_t>(d_out, {draws}), py::array_t<int32_t>(n, ids.data()),
-                          py::array_t<float>(n, probs.data()), int(download<int32_t>(d_step, {1}).at(0)));
+    LAMPO_CUDA_CHECK(cudaMemcpy(ids.data(), c.q.ids, size_t(n) * 4, cudaMemcpyDeviceToHost));
+    LAMPO_CUDA_CHECK(cudaMemcpy(probs.data(), c.q.probs, size_t(n) * 4, cudaMemcpyDeviceToHost));
+    return py::make_tuple(download<int32_t>(c.out, {draws}), py::array_t<int32_t>(n, ids.data()),
+                          py::array_t<float>(n, probs.data()), c.step_after());
 }
 
 // sample_verify_row once per draft (row i judging drafts[i] at step step + i) against the draft
@@ -352,27 +362,19 @@ py::tuple py_sample_verify_row(Arr<float> logits, int v_real, float temperature,
                                uint64_t seed, Arr<int32_t> drafts, Arr<int32_t> q_ids, Arr<float> q_probs, int step) {
     const char* op = "sample_verify_row";
     check_ndim(op, "logits", logits, 1);
-    const int V = int(logits.shape(0)), draws = int(drafts.size()), n = int(q_ids.size());
+    const int draws = int(drafts.size()), n = int(q_ids.size());
     require(draws >= 1 && n >= 1 && n <= SAMPLE_MAX_K && int(q_probs.size()) == n, op,
             "needs drafts and a q of 1..SAMPLE_MAX_K ids with one probability each");
-    auto d_logits = upload(logits);
     auto d_drafts = upload(drafts);
-    DeviceBuffer d_seen{size_t(V)}, q_mem{DRAFT_DISTRIBUTION_BYTES}, scratch{sampling_scratch_bytes(V)};
-    auto d_step = device_int(step);
-    auto d_out = poisoned(size_t(draws) * 4);
-    const DraftDistribution q = draft_distribution_at(q_mem.get());
-    LAMPO_CUDA_CHECK(cudaMemcpy(q.count, &n, 4, cudaMemcpyHostToDevice));
-    LAMPO_CUDA_CHECK(cudaMemcpy(q.ids, q_ids.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
-    LAMPO_CUDA_CHECK(cudaMemcpy(q.probs, q_probs.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
-    const SamplingConfig cfg{temperature, top_k, top_p, min_p, 0.0f, seed};
-    OpStream st;
-    LAMPO_CUDA_CHECK(cudaMemsetAsync(scratch.get(), 0, scratch.bytes(), st.s));
-    LAMPO_CUDA_CHECK(cudaMemsetAsync(d_seen.get(), 0, d_seen.bytes(), st.s));
+    DraftOpCall c(logits, draws, step, {temperature, top_k, top_p, min_p, 0.0f, seed});
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(c.q.count, &n, 4, cudaMemcpyHostToDevice, c.st.s));
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(c.q.ids, q_ids.data(), size_t(n) * 4, cudaMemcpyHostToDevice, c.st.s));
+    LAMPO_CUDA_CHECK(cudaMemcpyAsync(c.q.probs, q_probs.data(), size_t(n) * 4, cudaMemcpyHostToDevice, c.st.s));
     for (int i = 0; i < draws; ++i)
-        sample_verify_row(d_logits.as<float>(), V, v_real, cfg, d_seen.as<uint8_t>(), d_step.as<int32_t>(),
-                          d_drafts.as<int32_t>() + i, q, d_out.as<int32_t>() + i, scratch.get(), st.s);
-    st.finish(op);
-    return py::make_tuple(download<int32_t>(d_out, {draws}), int(download<int32_t>(d_step, {1}).at(0)));
+        sample_verify_row(c.logits.as<float>(), c.V, v_real, c.cfg, c.seen.as<uint8_t>(), c.step.as<int32_t>(),
+                          d_drafts.as<int32_t>() + i, c.q, c.out.as<int32_t>() + i, c.scratch.get(), c.st.s);
+    c.st.finish(op);
+    return py::make_tuple(download<int32_t>(c.out, {draws}), c.step_after());
 }
 
 py::array_t<int32_t> py_argmax_rows(Arr<float> logits, int v_real) {

@@ -466,6 +466,7 @@ WeightStore::WeightStore(const ModelDims& d, const TensorNames& names, const Ten
         for (const LayerWeights& lw : model_.layers) {
             model_.decode_foldable = model_.decode_foldable && moe_one_format(lw.moe);
         }
+        model_.mtp_foldable = !model_.has_mtp || moe_one_format(model_.mtp.layer.moe);
     }
     loaded_.assign(slots_.size(), false);
     LAMPO_CUDA_CHECK(cudaDeviceSynchronize());  // the padding memsets ran on the legacy stream
