@@ -11,10 +11,10 @@ kept, never the reply.
 `DraftVocab` counts a conversation's tokens (prompt and reply) below each of PREFIXES; its `size`
 is the shortest prefix holding at least COVER of them, or 0 (every id) when none does. The chat
 markup (the tokenizer's added tokens from MARKUP_FROM on: <|im_start|>, <|im_end|>, <think>, tool
-and vision tags) is not counted: a few per message, it is not the conversation's text, and a
-draft of it is missed only where a message or a thought ends. The CUDA
-engine reads that many rows (`Engine.draft_vocab`) and the numpy reference masks the other ids
-(`SpeculativeDecoder`), so both draft the same tokens.
+and vision tags) is not counted: a few per message, it is not the conversation's text, and a draft
+of it is missed only where a message or a thought ends. The CUDA engine reads that many rows
+(`Engine.draft_vocab`) and the numpy reference masks the other ids (`SpeculativeDecoder`), so both
+draft the same tokens.
 """
 
 from __future__ import annotations

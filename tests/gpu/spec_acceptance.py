@@ -6,7 +6,8 @@ must reproduce plain greedy decoding token for token (asserted); the JSON gives 
 acceptance per draft position, the acceptance %, the mean tokens per target forward and the numpy
 run's seconds (the runs spread over --workers processes). With --engine, the same prompts run on
 the CUDA engine instead (CudaBackend, bf16 weights): plain, greedy rounds of MTP and n-gram drafts
-for k = 1..4, and auto (the drafter, k or a plain step chosen each round from what it measured),
+for k = 1..4, and auto (the drafter, k or a plain step chosen each round from what it measured);
+then sampled replies at the chat's default settings, plain and with MTP drafts for k = 1..4,
 each with its acceptance, the share of rounds that kept each draft position, drafting rounds,
 decode tok/s and where its reply first differs from the engine's plain reply (null: nowhere; the
 verify window and the decode step round differently in bf16, so a near-tie may part them). The two
