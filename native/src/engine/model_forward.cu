@@ -502,10 +502,10 @@ void embed_rows(const Ctx& c) {
     });
 }
 
-// residual += delta (ws.delta, or `delta`), then y = rmsnorm1p(residual, norm_w).
-void add_norm(const Ctx& c, const bf16* norm_w, bf16* y, const bf16* delta = nullptr) {
+// residual += ws.delta, then y = rmsnorm1p(residual, norm_w).
+void add_norm(const Ctx& c, const bf16* norm_w, bf16* y) {
     c.op(OpFamily::Norms, "add_rmsnorm", [&] {
-        add_rmsnorm(c.ws.residual, delta ? delta : c.ws.delta, norm_w, y, c.step.T, c.d.hidden, c.d.eps, c.st);
+        add_rmsnorm(c.ws.residual, c.ws.delta, norm_w, y, c.step.T, c.d.hidden, c.d.eps, c.st);
     });
 }
 
@@ -638,21 +638,15 @@ void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& 
     const Ctx c{d, w, ws, step, stream, timer, folded};
     const MtpWeights& mw = w.mtp;
     const int T = m.T, H = d.hidden;
-    const size_t row = size_t(H) * 2, rows_bytes = size_t(T) * H * 4;
-    // The fc input: each half normed into ws.normed, then copied into its columns of ws.mtp_in.
-    auto half_into_mtp_in = [&](int half) {
-        c.op(OpFamily::Projections, "mtp fc input", [&] {
-            LAMPO_CUDA_CHECK(cudaMemcpy2DAsync(ws.mtp_in + size_t(half) * H, 2 * row, ws.normed, row, row, T,
-                                               cudaMemcpyDeviceToDevice, stream));
-        });
-    };
+    const size_t rows_bytes = size_t(T) * H * 4;
+    // The fc input [T, 2H]: the normed embedding, then the normed hidden, each norm writing its half.
     embed_rows(c);
     c.op(OpFamily::Norms, "rmsnorm",
-         [&] { rmsnorm(ws.residual, mw.pre_fc_norm_embedding, ws.normed, T, H, d.eps, stream); });
-    half_into_mtp_in(0);
+         [&] { rmsnorm(ws.residual, mw.pre_fc_norm_embedding, ws.mtp_in, T, H, d.eps, stream, 2 * H); });
     LAMPO_CUDA_CHECK(cudaMemsetAsync(ws.residual, 0, rows_bytes, stream));  // 0 + hidden: its fp32 value
-    add_norm(c, mw.pre_fc_norm_hidden, ws.normed, m.hiddens);
-    half_into_mtp_in(1);
+    c.op(OpFamily::Norms, "add_rmsnorm", [&] {
+        add_rmsnorm(ws.residual, m.hiddens, mw.pre_fc_norm_hidden, ws.mtp_in + H, T, H, d.eps, stream, 2 * H);
+    });
     LAMPO_CUDA_CHECK(cudaMemsetAsync(ws.residual, 0, rows_bytes, stream));  // the residual stream starts at u
     if (folded) {  // u added into the zero residual as add_rmsnorm would add it; the next block norms it
         c.op(OpFamily::Projections, "mtp fc",

@@ -41,13 +41,13 @@ void embedding_gather_lq(const uint8_t* table, int bits, const int32_t* d_ids, f
 
 // ---- rmsnorm.cu ---------------------------------------------------------------------------
 // Zero-centred RMSNorm: y = bf16(x * rsqrt(mean(x^2) + eps) * (1 + w)), statistics in fp32.
-// x [rows, n] fp32 or bf16 ; w [n] bf16 ; y [rows, n] bf16.  Used for layer norms (n = H) and
-// per-head q/k norms are done inside attn_prep.
-void rmsnorm(const float* x, const bf16* w, bf16* y, int rows, int n, float eps, cudaStream_t stream);
+// x [rows, n] fp32 or bf16 ; w [n] bf16 ; y [rows, n] bf16, its rows ldy apart (0: n; a multiple
+// of 4).  Used for layer norms (n = H) and per-head q/k norms are done inside attn_prep.
+void rmsnorm(const float* x, const bf16* w, bf16* y, int rows, int n, float eps, cudaStream_t stream, int ldy = 0);
 // residual[t] += delta[t] (fp32 add of a bf16 delta), then y[t] = rmsnorm(residual[t]) as above.
 // Fuses the residual add of one sub-block with the pre-norm of the next.
 void add_rmsnorm(float* residual, const bf16* delta, const bf16* w, bf16* y, int rows, int n,
-                 float eps, cudaStream_t stream);
+                 float eps, cudaStream_t stream, int ldy = 0);
 // residual[t] += delta[t] without a norm (used for the last add before the final norm).
 void residual_add(float* residual, const bf16* delta, int rows, int n, cudaStream_t stream);
 

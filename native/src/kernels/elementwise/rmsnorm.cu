@@ -1,5 +1,6 @@
 // rmsnorm.cu - zero-centred RMSNorm on the fp32 residual stream, with the fused residual add.
-//   rmsnorm:      y = bf16(x * rsqrt(mean(x^2) + eps) * (1 + w))      x [rows, n] fp32, w [n] bf16
+//   rmsnorm:      y = bf16(x * rsqrt(mean(x^2) + eps) * (1 + w))      x [rows, n] fp32, w [n] bf16,
+//                 y's rows ldy apart (the MTP fc input: two halves of one [rows, 2n] row)
 //   add_rmsnorm:  residual += float(delta); y = rmsnorm(residual)     delta [rows, n] bf16
 //   residual_add: residual += float(delta)
 // One block per row (256 threads, float4 / 4 x bf16 vectors, n % 4 == 0); statistics in fp32.
@@ -14,15 +15,15 @@
 namespace lampo {
 namespace {
 
-// ADD: residual += delta first (and the row is written back).
+// ADD: residual += delta first (and the row is written back). y's rows are ldy apart.
 template <bool ADD>
 __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(float* __restrict__ x, const bf16* __restrict__ delta,
                                                                const bf16* __restrict__ w, bf16* __restrict__ y,
-                                                               int n, float eps) {
+                                                               int n, int ldy, float eps) {
     pdl_begin();
     float* row = x + size_t(blockIdx.x) * n;
     const float inv = norm_row_inv(row, ADD ? delta + size_t(blockIdx.x) * n : nullptr, ADD ? row : nullptr, n, eps);
-    norm_row_scale(row, inv, w, y + size_t(blockIdx.x) * n, n);
+    norm_row_scale(row, inv, w, y + size_t(blockIdx.x) * ldy, n);
 }
 
 __global__ void residual_add_kernel(float* __restrict__ residual, const bf16* __restrict__ delta, size_t n4) {
@@ -39,21 +40,30 @@ void check_width(const char* op, int n) {
     require(n > 0 && n % 4 == 0, op, "row width must be a positive multiple of 4, got " + std::to_string(n));
 }
 
+// y's row stride: n by default, else at least n and a multiple of 4 (aligned vector stores).
+int row_stride(const char* op, int n, int ldy) {
+    if (ldy == 0) return n;
+    require(ldy >= n && ldy % 4 == 0, op, "y's row stride must be a multiple of 4 and at least " + std::to_string(n));
+    return ldy;
+}
+
 }  // namespace
 
-void rmsnorm(const float* x, const bf16* w, bf16* y, int rows, int n, float eps, cudaStream_t stream) {
+void rmsnorm(const float* x, const bf16* w, bf16* y, int rows, int n, float eps, cudaStream_t stream, int ldy) {
     check_width("rmsnorm", n);
+    ldy = row_stride("rmsnorm", n, ldy);
     if (rows <= 0) return;
     launch_pdl("rmsnorm_kernel", rmsnorm_kernel<false>, rows, NORM_THREADS, 0, stream,
-               const_cast<float*>(x), nullptr, w, y, n, eps);
+               const_cast<float*>(x), nullptr, w, y, n, ldy, eps);
 }
 
 void add_rmsnorm(float* residual, const bf16* delta, const bf16* w, bf16* y, int rows, int n, float eps,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, int ldy) {
     check_width("add_rmsnorm", n);
+    ldy = row_stride("add_rmsnorm", n, ldy);
     if (rows <= 0) return;
     launch_pdl("rmsnorm_kernel", rmsnorm_kernel<true>, rows, NORM_THREADS, 0, stream, residual, delta, w,
-               y, n, eps);
+               y, n, ldy, eps);
 }
 
 void residual_add(float* residual, const bf16* delta, int rows, int n, cudaStream_t stream) {
