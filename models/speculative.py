@@ -16,8 +16,9 @@ distributed exactly as plain decoding's:
   output has the distribution plain sampling with the same settings has.
 
 Drafters: MTP drafts chain the checkpoint's MTP layer (each draft feeds the next step its own
-hidden state), each chosen among the conversation's draft vocabulary (`draft_vocab`); `ngram_drafts` looks the context's last n tokens up earlier in the context (prompt
-lookup) and proposes what followed them there, for answers that quote a document.
+hidden state), each chosen among the conversation's draft vocabulary (`draft_vocab`);
+`ngram_drafts` looks the context's last n tokens up earlier in the context (prompt lookup) and
+proposes what followed them there, for answers that quote a document.
 
 `SpeculativeDecoder` is the one implementation of a round on a `ReferenceModel` (drafting,
 verifying, accepting, rolling back; `rewind` undoes kept drafts a caller will not emit), with
