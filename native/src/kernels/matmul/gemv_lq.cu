@@ -3,95 +3,52 @@
 //   W[n, k] = scale[n, k/64] * (code[n, k] - 2^(BITS-1)),  BITS in {4, 5, 6}, fp16 scales,
 //   tiles of 16 rows x 64 columns, out % 16 == 0, in % 64 == 0; x, y bf16 (or fp32 y), fp32 sums.
 //
-// Balanced split: a strip (16 rows) is cut into groups of LQ_GROUP tiles (its last group may be
-// short), and the strips' groups, in order, are dealt out in equal contiguous ranges to every warp
-// of a grid no larger than what the GPU holds at once, so each warp streams about the same number
-// of bytes and no second wave idles most SMs. A warp's tiles go through registers (LqGroup: the
-// next group's loads are in flight while the current group's products run on the tensor cores,
-// across strip boundaries too), each multiplied by lq_tile_mma against x, which every block stages
-// once in fragment order (blocks of LQ_WARPS warps, or LQ_WIDE_WARPS for a large plain-x product).
-// A strip that lies wholly in one warp's range is written by that warp; a
-// strip cut between warps gets one partial sum per warp (its C fragment, in a slot: 0 for the
-// warp's first strip, 1 for its last), and the warp that arrives last at the strip's counter adds
-// the pieces in warp order (deterministic) and writes the rows, then resets the counter. The slots
-// and counters are the block's shared memory when the strip's warps are all in one block (small
-// matrices), else a device scratch (fenced device-wide; its counters stay zero between launches).
-// Every weight byte is read once and serves all T tokens. Launched with PDL: the first group is
-// requested before the wait (weights are immutable); the scratch and counters are touched only
-// after it, so consecutive launches never share them.
+// Strip slices: a strip (16 rows, all tiles of `in`) is cut into `slices` runs of consecutive
+// tiles (1, 2, 4 or 8, from the matrix's shape alone: lq_slices), one warp per slice, the slices
+// of a strip in one block of LQ_WARPS warps. A warp streams its tiles through registers in groups
+// of LQ_GROUP (the next group's loads in flight while the current group's products run on the
+// tensor cores; the first group requested before the PDL wait, weights being immutable) and reads
+// its B fragments of x straight from x's rows (lq_x_frags: L1-resident after a block's first
+// loads), so no block stages x and nothing waits on a barrier before the products; the codes'
+// offset is subtracted by a second mma per k16 step (lq_tile_mma_direct). The slices' C fragments
+// meet in the block's shared memory and the strip's first warp adds them in slice order
+// (deterministic), so no sum leaves its block. The split depends on the shape alone: every token
+// of a window gets the bits of a one-token product, in every input and output form.
 //
 // The decode step's two folded forms (T = 1; linear.h), as gemv.cu's for BF16 weights:
 // - LqIn::NormedResidual (gemv_lq_normed): every block builds x = bf16(rmsnorm(residual) * (1 + w))
 //   itself (norm_row.cuh: add_rmsnorm's thread mapping and order, so the values are rmsnorm's bits)
-//   in shared memory and stages it from there (lq_stage.cuh); block 0 may also write it out. The
-//   norm weight is copied in before the wait; the residual row is kept in the x staging area
-//   between the norm's two passes. The split and the sums are those of gemv_lq in LQ_WARPS blocks:
-//   the result is bit for bit rmsnorm followed by gemv_lq wherever gemv_lq takes those blocks.
+//   in shared memory and its warps read their fragments from there; block 0 may also write it
+//   out. The norm weight is copied in before the wait; the residual row stays in shared memory
+//   between the norm's two passes. The result is bit for bit rmsnorm followed by gemv_lq.
 // - LqOut::AddToResidual (gemv_lq_add_residual): residual[row] += float(bf16(y[row])), the rounding
 //   of a bf16 output added by add_rmsnorm.
 // gemv_lq_parts stores the bf16 rows as RowParts (linear.h) instead of one [T, out] matrix.
-#include <algorithm>
-#include <map>
-#include <mutex>
 #include <type_traits>
-#include <utility>
 
 #include "kernels/launch_utils.cuh"
-#include "kernels/lq_stage.cuh"
+#include "kernels/lq_tile.cuh"
 #include "kernels/matmul.cuh"
 #include "kernels/norm_row.cuh"
 
 namespace lampo {
 namespace {
 
-// Warps per block: 8 (two blocks per SM), or 16 (one per SM) for a plain-x GEMV that fills every SM
-// with them: each block stages all of x, so half the blocks stage it half as often (at T = 5 the
-// 27B's down projection takes 16% less time). The folded-norm form keeps NORM_THREADS.
-constexpr int LQ_WARPS = 8;
-constexpr int LQ_WIDE_WARPS = 16;
-constexpr int LQ_MIN_GROUPS = 2;           // groups per warp the split aims for at least
-constexpr int LQ_SPLIT_MAX_WARPS = 4096;   // the scratch's size: warps of one launch at most
-constexpr int LQ_SPLIT_MAX_STRIPS = 1 << 16;
-
-// Partial sums of strips cut between warps: [warp][slot][lane] C fragments; per strip, the count
-// of pieces arrived (zero between launches).
-__device__ float4 lq_split_pieces[LQ_SPLIT_MAX_WARPS * 2 * 32];
-__device__ unsigned lq_split_arrivals[LQ_SPLIT_MAX_STRIPS];
+constexpr int LQ_WARPS = 8;             // a block: the slices of 8 / slices strips
+constexpr int LQ_MIN_SLICE_TILES = 2 * LQ_GROUP;  // tiles per slice at least, where a strip is cut
+static_assert(LQ_WARPS * 32 == NORM_THREADS, "the folded norm runs on the GEMV block");
 
 enum class LqIn { X, NormedResidual };
 enum class LqOut { Store, AddToResidual };
-
-// Shared memory for x: `tokens` staged tokens and the zero fragment; NormedResidual (one token):
-// room for the fp32 residual row that the norm keeps there before x is staged.
-__host__ __device__ size_t lq_x_area_bytes(int in, int tokens, LqIn input) {
-    const size_t staged = size_t(tokens) * lq_x_bytes(in) + LQ_ZERO_X_BYTES;
-    return input == LqIn::NormedResidual && sizeof(float) * in > staged ? sizeof(float) * in : staged;
-}
-
-// Dynamic shared memory of a launch: the tiles' start values, the x area; NormedResidual: the norm
-// weight / normed row after it.
-size_t lq_smem_bytes(int in, int tokens, LqIn input) {
-    return lq_start_bytes(in) + lq_x_area_bytes(in, tokens, input) +
-           (input == LqIn::NormedResidual ? lq_x_bytes(in) : 0);
-}
 
 struct GemvLqParams {
     const uint8_t* W;
     const bf16* x;      // LqIn::X: [T, in]
     void* y;            // [T, out] OutT, or the fp32 residual [out] for AddToResidual
     int T, out, in;
-    int warps;          // the split's ranges: at most the grid's warps and the number of groups
+    int slices;         // warps per strip: lq_slices(out, in)
     ResidualNorm norm;  // LqIn::NormedResidual
     RowParts parts;     // n > 0: the bf16 rows stored as parts (linear.h), not at y
-};
-
-// The split (header): groups of LQ_GROUP tiles, `per_strip` per strip, `total` in all, warp w <
-// warps <= total taking [first(w), first(w + 1)) (never empty); owner(group): the warp taking it.
-struct LqSplit {
-    int64_t total;
-    int per_strip, warps;
-    __device__ int64_t first(int w) const { return total * w / warps; }
-    __device__ int owner(int64_t group) const { return int(((group + 1) * warps - 1) / total); }
 };
 
 // rows g and g + 8 of `strip` for tokens 2 quad, 2 quad + 1 from the lane's C fragment `v`.
@@ -110,199 +67,101 @@ __device__ __forceinline__ void lq_store_rows(const GemvLqParams& p, int strip, 
     }
 }
 
-// The kernel's static shared memory at most: the block's pieces and counters (lq_finish_strip) and
-// 256 bytes for the folded norm's block sums (norm_row.cuh).
-constexpr size_t lq_static_smem_bytes(int warps) {
-    return sizeof(float4) * warps * 2 * 32 + sizeof(unsigned) * warps + 256;
-}
+// Dynamic shared memory of the folded norm: the fp32 residual row, then the norm weight that the
+// normed row overwrites.
+size_t lq_norm_smem_bytes(int in) { return size_t(in) * (sizeof(float) + sizeof(bf16)); }
 
-// Where the pieces of strips cut between warps meet: the device scratch and counters, or, for a
-// strip whose warps all belong to one block, that block's shared memory (no device-wide fence).
-struct LqPieces {
-    float4* piece;       // [warp][slot][lane]
-    unsigned* arrivals;  // the strip's counter
-    int first_warp;      // warp index of piece[0]
-};
-
-// Adds this warp's piece (slot 0: its first strip, else 1) to the strip's; true for the warp that
-// arrives last, which then holds the sum of all pieces in warp order in `sum`.
-template <bool SHARED>
-__device__ __forceinline__ bool lq_meet(const LqPieces& at, const LqSplit& split, int w, int strip, int w_lo, int w_hi,
-                                        bool first_strip, int lane, const float (&acc)[4], float (&sum)[4]) {
-    at.piece[((w - at.first_warp) * 2 + (first_strip ? 0 : 1)) * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    if constexpr (SHARED) __threadfence_block();
-    else __threadfence();
-    __syncwarp();
-    unsigned arrived = 0;
-    if (lane == 0) arrived = atomicAdd(at.arrivals, 1u);
-    arrived = __shfl_sync(0xffffffffu, arrived, 0);
-    if (arrived != unsigned(w_hi - w_lo)) return false;
-    if (lane == 0) *at.arrivals = 0u;  // ready for the next use
-    if constexpr (SHARED) __threadfence_block();
-    else __threadfence();
-    sum[0] = sum[1] = sum[2] = sum[3] = 0.0f;
-    for (int v = w_lo; v <= w_hi; ++v) {  // the lowest warp's piece is its last strip unless it began here
-        const int slot = v == w_lo && split.first(v) != int64_t(strip) * split.per_strip ? 1 : 0;
-        const float4* piece = at.piece + ((v - at.first_warp) * 2 + slot) * 32 + lane;
-        const float4 value = SHARED ? *piece : __ldcg(piece);
-        sum[0] += value.x;
-        sum[1] += value.y;
-        sum[2] += value.z;
-        sum[3] += value.w;
-    }
-    return true;
-}
-
-// The end of warp w's part of `strip` (acc its sums): the rows, if the warp holds the whole strip;
-// else its piece, and the rows from all pieces if it is the last to arrive. block_pieces /
-// block_arrivals: the block's shared memory for strips within it (counter: the lowest warp's).
-template <int WARPS, class OutT, LqOut OUT>
-__device__ __forceinline__ void lq_finish_strip(const GemvLqParams& p, const LqSplit& split, int w, int strip,
-                                                bool whole, bool first_strip, int lane, const float (&acc)[4],
-                                                float4* block_pieces, unsigned* block_arrivals) {
-    if (whole) {
-        lq_store_rows<OutT, OUT>(p, strip, lane, acc);
-        return;
-    }
-    const int w_lo = split.owner(int64_t(strip) * split.per_strip);
-    const int w_hi = split.owner(int64_t(strip + 1) * split.per_strip - 1);
-    float sum[4];
-    const bool last = w_lo / WARPS == w_hi / WARPS
-        ? lq_meet<true>({block_pieces, block_arrivals + w_lo % WARPS, w_lo - w_lo % WARPS}, split, w, strip,
-                        w_lo, w_hi, first_strip, lane, acc, sum)
-        : lq_meet<false>({lq_split_pieces, lq_split_arrivals + strip, 0}, split, w, strip, w_lo, w_hi, first_strip,
-                         lane, acc, sum);
-    if (last) lq_store_rows<OutT, OUT>(p, strip, lane, sum);
-}
-
-template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const GemvLqParams p) {
-    static_assert(IN == LqIn::X || WARPS * 32 == NORM_THREADS, "the folded norm runs on the GEMV block");
+template <int BITS, class OutT, LqIn IN, LqOut OUT>
+__global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqParams p) {
     static_assert(OUT == LqOut::Store || std::is_same_v<OutT, float>, "residual add: an fp32 row");
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
+    constexpr LqXSource XSRC = IN == LqIn::NormedResidual ? LqXSource::Shared : LqXSource::Global;
     extern __shared__ uint4 lq_smem[];
-    __shared__ float4 block_pieces[WARPS * 2 * 32];  // within lq_static_smem_bytes(WARPS)
-    __shared__ unsigned block_arrivals[WARPS];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = blockIdx.x * WARPS + warp;
-    if (threadIdx.x < WARPS) block_arrivals[threadIdx.x] = 0u;  // read after the staging's barrier
-    const int tiles = p.in / LQ_TILE_COLS, per_strip = (tiles + LQ_GROUP - 1) / LQ_GROUP;
-    const LqSplit split{int64_t(p.out / LQ_TILE_ROWS) * per_strip, per_strip, p.warps};
-    const bool idle = w >= p.warps;  // the last block's warps past the split's count
-    const int64_t g_end = idle ? 0 : split.first(w + 1);
-    int64_t g = idle ? 0 : split.first(w);
-    float* start = reinterpret_cast<float*>(lq_smem);
-    uint4* xs = reinterpret_cast<uint4*>(start + 8 * tiles);
-    // NormedResidual (T = 1): the norm weight, overwritten in place by the normed row, after the x
-    // area; the fp32 residual row (in * 4 bytes) lives in the x area until x is staged.
-    bf16* row = reinterpret_cast<bf16*>(xs + lq_x_area_bytes(p.in, 1, IN) / 16);
+    __shared__ float4 slice_sums[LQ_WARPS][32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = blockIdx.x * LQ_WARPS + warp;
+    const int strip = w / p.slices, slice = w % p.slices;
+    const int tiles = p.in / LQ_TILE_COLS, t_end = tiles * (slice + 1) / p.slices;
+    const bool live = strip < p.out / LQ_TILE_ROWS;
+    int t = tiles * slice / p.slices;
+    const uint8_t* src = p.W + (size_t(strip) * tiles + t) * TILE_BYTES;
+    LqGroup<BITS> a, b;
+    lq_load_group(a, src, live ? min(LQ_GROUP, t_end - t) : 0, lane);  // before the wait
+    float* r_row = reinterpret_cast<float*>(lq_smem);  // NormedResidual: the residual row,
+    bf16* row = reinterpret_cast<bf16*>(r_row + p.in);  // then the norm weight / normed row
     if constexpr (IN == LqIn::NormedResidual) {
         for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x) cp_async_16(row + 8 * i, p.norm.weight + 8 * i, true);
         cp_async_commit();
     }
-
-    // The warp's position: group g = tile t of `strip`, at src (a strip's tiles follow the previous
-    // strip's).
-    int strip = int(g / per_strip), t = int(g - int64_t(strip) * per_strip) * LQ_GROUP;
-    const uint8_t* src = p.W + (size_t(strip) * tiles + t) * TILE_BYTES;
-    LqGroup<BITS> a, b;
-    lq_load_group(a, src, g < g_end ? min(LQ_GROUP, tiles - t) : 0, lane);  // before the wait
     pdl_begin();
     if constexpr (IN == LqIn::NormedResidual) {
-        // The norm weight, visible to every thread after norm_row_inv's block sum.
-        cp_async_wait<0>();
-        float* r_row = reinterpret_cast<float*>(xs);
+        cp_async_wait<0>();  // the norm weight: visible to every thread after norm_row_inv's block sum
         const float inv = norm_row_inv(p.norm.residual, nullptr, r_row, p.in, p.norm.eps);
         norm_row_scale<true>(r_row, inv, row, row, p.in);  // a thread reads its weights, then writes them over
         __syncthreads();
         if (p.norm.normed_out && blockIdx.x == 0)
             for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x)
                 reinterpret_cast<uint4*>(p.norm.normed_out)[i] = reinterpret_cast<const uint4*>(row)[i];
-        lq_stage_x_from<LqXSource::Shared>(xs, start, row, 1, p.in, lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
-    } else {
-        lq_stage_x_from<LqXSource::Global>(xs, start, p.x, p.T, p.in, lq_code_centre<BITS>(), threadIdx.x,
-                                           blockDim.x);
     }
-    __syncthreads();
-    if (g >= g_end) return;
+    // Lane 4n + q reads token n's words q + 4m of each tile (lanes past the last token: zeros).
+    const int token = lane >> 2;
+    const bool x_live = token < p.T;
+    const uint32_t* x_words =
+        reinterpret_cast<const uint32_t*>(IN == LqIn::NormedResidual ? row : p.x + size_t(x_live ? token : 0) * p.in) +
+        (lane & 3);
 
-    const LqLaneX x = lq_lane_x(xs, start, tiles, p.T, lane);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    bool first_strip = true;
-    int seg_begin = t;  // where the warp's part of the current strip began
-    // After a group's products: finish the strip where it ends, and move to the next group.
-    auto advance = [&](int count) {
-        const bool strip_ends = t + count == tiles;
-        ++g;
-        if (strip_ends || g == g_end) {
-            lq_finish_strip<WARPS, OutT, OUT>(p, split, w, strip, seg_begin == 0 && strip_ends, first_strip, lane, acc,
-                                       block_pieces, block_arrivals);
-            acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
-            first_strip = false;
-            seg_begin = 0;
-        }
-        strip += strip_ends;
-        t = strip_ends ? 0 : t + LQ_GROUP;
-    };
-    // One register group: request the next one (the following tiles of this strip, or the next
-    // strip's first), multiply this one. The full-group forms are the ones real shapes take (in a
-    // multiple of 256).
+    // One register group: request the next one (the slice's following tiles), multiply this one.
     auto step = [&](LqGroup<BITS>& cur, LqGroup<BITS>& next) {
-        const int count = min(LQ_GROUP, tiles - t);
-        const int next_t = t + count == tiles ? 0 : t + LQ_GROUP;
-        const int next_count = g + 1 < g_end ? min(LQ_GROUP, tiles - next_t) : 0;
+        const int count = min(LQ_GROUP, t_end - t);
         src += count * TILE_BYTES;
+        const int next_count = min(LQ_GROUP, t_end - t - count);
         if (next_count == LQ_GROUP) lq_load_group<BITS, true>(next, src, LQ_GROUP, lane);
         else lq_load_group(next, src, next_count, lane);
-        const uint4* frag = x.frag + t * x.frag_step;
-        if (count == LQ_GROUP) lq_mma_group<BITS, true>(cur, frag, x.frag_step, x.start + 4 * t, LQ_GROUP, acc);
-        else lq_mma_group<BITS, false>(cur, frag, x.frag_step, x.start + 4 * t, count, acc);
-        advance(count);
+        if (count == LQ_GROUP) lq_mma_group_direct<BITS, true, XSRC>(cur, x_words + t * 32, x_live, LQ_GROUP, acc);
+        else lq_mma_group_direct<BITS, false, XSRC>(cur, x_words + t * 32, x_live, count, acc);
+        t += count;
     };
-    while (true) {
-        step(a, b);
-        if (g == g_end) return;
-        step(b, a);
-        if (g == g_end) return;
+    if (live) {
+        while (true) {
+            step(a, b);
+            if (t == t_end) break;
+            step(b, a);
+            if (t == t_end) break;
+        }
     }
+    if (p.slices > 1) {  // the strip's slices meet; its first warp adds them in order
+        slice_sums[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+        __syncthreads();
+        if (slice != 0) return;
+        for (int s = 1; s < p.slices; ++s) {
+            const float4 v = slice_sums[warp + s][lane];
+            acc[0] += v.x;
+            acc[1] += v.y;
+            acc[2] += v.z;
+            acc[3] += v.w;
+        }
+    }
+    if (live) lq_store_rows<OutT, OUT>(p, strip, lane, acc);
 }
 
-// The grid: as many blocks as the GPU holds at once (fewer when the matrix gives a warp fewer
-// than LQ_MIN_GROUPS groups), so the split's ranges all run in one wave.
-template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
-void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaStream_t stream) {
-    const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS>;
-    const size_t smem = lq_smem_bytes(p.in, p.T, IN);
-    if (smem + lq_static_smem_bytes(WARPS) > 48 * 1024) allow_dynamic_smem(kernel, smem, op);
-    // Blocks per SM by device and shared memory size, asked of the runtime once each (eager
-    // few-token forwards, e.g. verify windows, launch this kernel hundreds of times per call).
-    static std::mutex lock;
-    static std::map<std::pair<int, size_t>, int> resident;
-    int device = 0, per_sm = 0;
-    LAMPO_CUDA_CHECK(cudaGetDevice(&device));
-    {
-        const std::lock_guard<std::mutex> hold(lock);
-        auto it = resident.find({device, smem});
-        if (it == resident.end()) {
-            LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, WARPS * 32, smem));
-            it = resident.emplace(std::make_pair(device, smem), per_sm).first;
-        }
-        per_sm = it->second;
-    }
-    const int64_t wanted = (groups + LQ_MIN_GROUPS * WARPS - 1) / (LQ_MIN_GROUPS * WARPS);
-    const int blocks = int(std::min<int64_t>({wanted, int64_t(std::max(per_sm, 1)) * sm_count(),
-                                              LQ_SPLIT_MAX_WARPS / WARPS}));
-    p.warps = int(std::min<int64_t>(int64_t(blocks) * WARPS, groups));  // each warp has a group at least
-    launch_pdl(op, kernel, blocks, WARPS * 32, smem, stream, p);
+// Slices per strip: doubled while the grid has fewer than four blocks per SM and each slice keeps
+// at least LQ_MIN_SLICE_TILES tiles (the shape alone decides, never T or the input form).
+int lq_slices(int out, int in) {
+    const int strips = out / LQ_TILE_ROWS, tiles = in / LQ_TILE_COLS, wave = 4 * sm_count();
+    int slices = 1;
+    while (slices < LQ_WARPS && ceil_div(strips * slices, LQ_WARPS) < wave &&
+           tiles / (2 * slices) >= LQ_MIN_SLICE_TILES)
+        slices *= 2;
+    return slices;
 }
 
 template <int BITS, class OutT, LqIn IN, LqOut OUT>
-void launch_gemv_lq(const char* op, const GemvLqParams& p, cudaStream_t stream) {
-    const int64_t groups = int64_t(p.out / LQ_TILE_ROWS) * ceil_div(p.in / LQ_TILE_COLS, LQ_GROUP);
-    if constexpr (IN == LqIn::X) {
-        if (groups >= int64_t(LQ_MIN_GROUPS) * LQ_WIDE_WARPS * sm_count())
-            return launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WIDE_WARPS>(op, p, groups, stream);
-    }
-    launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WARPS>(op, p, groups, stream);
+void launch_gemv_lq(const char* op, GemvLqParams p, cudaStream_t stream) {
+    const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT>;
+    const size_t smem = IN == LqIn::NormedResidual ? lq_norm_smem_bytes(p.in) : 0;
+    if (smem > 32 * 1024) allow_dynamic_smem(kernel, smem, op);
+    p.slices = lq_slices(p.out, p.in);
+    launch_pdl(op, kernel, ceil_div(p.out / LQ_TILE_ROWS * p.slices, LQ_WARPS), LQ_WARPS * 32, smem, stream, p);
 }
 
 // The checks and the launches of every form; p.x / p.y point at token 0 (p.T tokens).
@@ -311,27 +170,14 @@ void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t s
     require(bits >= 4 && bits <= 6, op, "bits must be 4, 5 or 6, got " + std::to_string(bits));
     require(p.out > 0 && p.out % LQ_TILE_ROWS == 0 && p.in > 0 && p.in % LQ_TILE_COLS == 0, op,
             "W must be [16n, 64k], got [" + std::to_string(p.out) + ", " + std::to_string(p.in) + "]");
-    require(p.out / LQ_TILE_ROWS <= LQ_SPLIT_MAX_STRIPS, op,
-            "out must be at most " + std::to_string(LQ_SPLIT_MAX_STRIPS * LQ_TILE_ROWS) + ", got " +
-                std::to_string(p.out));
     require(p.T >= 1 && p.T <= GEMV_MAX_T, op, "T must be 1..8, got " + std::to_string(p.T));
-    // x lives in shared memory: tokens go in groups that fit (one group unless T * in is large,
-    // e.g. the 27B down-projection with more than 6 tokens).
-    const size_t room = smem_optin_bytes() - lq_static_smem_bytes(LQ_WIDE_WARPS);
-    require(lq_smem_bytes(p.in, 1, IN) <= room, op, "in = " + std::to_string(p.in) + " is too wide");
-    int group = p.T;
-    while (lq_smem_bytes(p.in, group, IN) > room) --group;
-    for (int t0 = 0; t0 < p.T; t0 += group) {
-        GemvLqParams q = p;
-        q.x = p.x ? p.x + size_t(t0) * p.in : nullptr;
-        q.y = p.y ? static_cast<OutT*>(p.y) + size_t(t0) * p.out : nullptr;
-        for (int i = 0; i < p.parts.n; ++i) q.parts.dst[i] += size_t(t0) * (p.parts.first[i + 1] - p.parts.first[i]);
-        q.T = std::min(group, p.T - t0);
-        switch (bits) {
-            case 4: launch_gemv_lq<4, OutT, IN, OUT>(op, q, stream); break;
-            case 5: launch_gemv_lq<5, OutT, IN, OUT>(op, q, stream); break;
-            default: launch_gemv_lq<6, OutT, IN, OUT>(op, q, stream); break;
-        }
+    if constexpr (IN == LqIn::NormedResidual)
+        require(lq_norm_smem_bytes(p.in) + sizeof(float4) * LQ_WARPS * 32 + 256 <= smem_optin_bytes(), op,
+                "in = " + std::to_string(p.in) + " is too wide");
+    switch (bits) {
+        case 4: launch_gemv_lq<4, OutT, IN, OUT>(op, p, stream); break;
+        case 5: launch_gemv_lq<5, OutT, IN, OUT>(op, p, stream); break;
+        default: launch_gemv_lq<6, OutT, IN, OUT>(op, p, stream); break;
     }
 }
 
