@@ -104,6 +104,9 @@ __device__ __forceinline__ uint16_t lq_load_u16(const void* p) {
     return v;
 }
 
+// Asks L1 for the line at p (no register written).
+__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
+
 // A lane's share of one tile, in registers: its code words and the fp16 scales of its rows g, g + 8
 // (kept as loaded; converted where the products use them, so no instruction waits on the load).
 template <int BITS>

@@ -102,12 +102,14 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqP
             for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x)
                 reinterpret_cast<uint4*>(p.norm.normed_out)[i] = reinterpret_cast<const uint4*>(row)[i];
     }
-    // Lane 4n + q reads token n's words q + 4m of each tile (lanes past the last token: zeros).
-    const int token = lane >> 2;
+    // Lane 4n + q reads token n's words q + 4m of each tile (lanes past the last token: zeros), and
+    // from global memory asks L1 for line q of the next group's x while that group's tiles load.
+    const int token = lane >> 2, quad = lane & 3;
     const bool x_live = token < p.T;
-    const uint32_t* x_words =
-        reinterpret_cast<const uint32_t*>(IN == LqIn::NormedResidual ? row : p.x + size_t(x_live ? token : 0) * p.in) +
-        (lane & 3);
+    const uint32_t* x_row =
+        reinterpret_cast<const uint32_t*>(IN == LqIn::NormedResidual ? row : p.x + size_t(x_live ? token : 0) * p.in);
+    const uint32_t* x_words = x_row + quad;
+    constexpr int TILE_WORDS = LQ_TILE_COLS / 2;  // one 128-byte line of x per tile
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     // One register group: request the next one (the slice's following tiles), multiply this one.
@@ -117,8 +119,9 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqP
         const int next_count = min(LQ_GROUP, t_end - t - count);
         if (next_count == LQ_GROUP) lq_load_group<BITS, true>(next, src, LQ_GROUP, lane);
         else lq_load_group(next, src, next_count, lane);
-        if (count == LQ_GROUP) lq_mma_group_direct<BITS, true, XSRC>(cur, x_words + t * 32, x_live, LQ_GROUP, acc);
-        else lq_mma_group_direct<BITS, false, XSRC>(cur, x_words + t * 32, x_live, count, acc);
+        if (XSRC == LqXSource::Global && x_live && quad < next_count) prefetch_l1(x_row + (t + count + quad) * TILE_WORDS);
+        if (count == LQ_GROUP) lq_mma_group_direct<BITS, true, XSRC>(cur, x_words + t * TILE_WORDS, x_live, LQ_GROUP, acc);
+        else lq_mma_group_direct<BITS, false, XSRC>(cur, x_words + t * TILE_WORDS, x_live, count, acc);
         t += count;
     };
     if (live) {
