@@ -34,8 +34,7 @@
 namespace lampo {
 namespace {
 
-constexpr int LQ_WARPS = 8;             // a block: the slices of 8 / slices strips
-constexpr int LQ_MIN_SLICE_TILES = 2 * LQ_GROUP;  // tiles per slice at least, where a strip is cut
+constexpr int LQ_WARPS = 8;  // a block: its strips' tiles dealt out to 8 warps
 static_assert(LQ_WARPS * 32 == NORM_THREADS, "the folded norm runs on the GEMV block");
 
 enum class LqIn { X, NormedResidual };
@@ -46,7 +45,7 @@ struct GemvLqParams {
     const bf16* x;      // LqIn::X: [T, in]
     void* y;            // [T, out] OutT, or the fp32 residual [out] for AddToResidual
     int T, out, in;
-    int slices;         // warps per strip: lq_slices(out, in)
+    int block_strips;   // strips per block: lq_block_strips(out)
     ResidualNorm norm;  // LqIn::NormedResidual
     RowParts parts;     // n > 0: the bf16 rows stored as parts (linear.h), not at y
 };
@@ -71,25 +70,33 @@ __device__ __forceinline__ void lq_store_rows(const GemvLqParams& p, int strip, 
 // normed row overwrites.
 size_t lq_norm_smem_bytes(int in) { return size_t(in) * (sizeof(float) + sizeof(bf16)); }
 
+// A block's tiles dealt out to its warps: warp w takes [first(w), first(w + 1)) of the block's
+// `total` tiles (strip-major), owner(i) is the warp holding tile i.
+struct LqDeal {
+    int total;
+    __device__ int first(int w) const { return int(int64_t(total) * w / LQ_WARPS); }
+    __device__ int owner(int i) const { return int((int64_t(i + 1) * LQ_WARPS - 1) / total); }
+};
+
 template <int BITS, class OutT, LqIn IN, LqOut OUT>
 __global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqParams p) {
     static_assert(OUT == LqOut::Store || std::is_same_v<OutT, float>, "residual add: an fp32 row");
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
     constexpr LqXSource XSRC = IN == LqIn::NormedResidual ? LqXSource::Shared : LqXSource::Global;
     extern __shared__ uint4 lq_smem[];
-    __shared__ float4 slice_sums[LQ_WARPS][32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = blockIdx.x * LQ_WARPS + warp;
-    const int strip = w / p.slices, slice = w % p.slices;
-    const int tiles = p.in / LQ_TILE_COLS, t_end = tiles * (slice + 1) / p.slices;
-    const bool live = strip < p.out / LQ_TILE_ROWS;
-    int t = tiles * slice / p.slices;
-    const uint8_t* src = p.W + (size_t(strip) * tiles + t) * TILE_BYTES;
+    __shared__ float4 pieces[LQ_WARPS][2][32];  // a warp's sums of its first / last strip where cut
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int tiles = p.in / LQ_TILE_COLS, strip0 = blockIdx.x * p.block_strips;
+    const LqDeal deal{min(p.block_strips, p.out / LQ_TILE_ROWS - strip0) * tiles};
+    const int begin = deal.first(warp), end = deal.first(warp + 1);
+    int i = begin, t = begin % tiles;  // the next tile: block-wide index and column in its strip
+    const uint8_t* src = p.W + (size_t(strip0) * tiles + begin) * TILE_BYTES;  // a warp's range is contiguous
     LqGroup<BITS> a, b;
-    lq_load_group(a, src, live ? min(LQ_GROUP, t_end - t) : 0, lane);  // before the wait
+    lq_load_group(a, src, min(LQ_GROUP, min(tiles - t, end - i)), lane);  // before the wait
     float* r_row = reinterpret_cast<float*>(lq_smem);  // NormedResidual: the residual row,
     bf16* row = reinterpret_cast<bf16*>(r_row + p.in);  // then the norm weight / normed row
     if constexpr (IN == LqIn::NormedResidual) {
-        for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x) cp_async_16(row + 8 * i, p.norm.weight + 8 * i, true);
+        for (int k = threadIdx.x; k < p.in / 8; k += blockDim.x) cp_async_16(row + 8 * k, p.norm.weight + 8 * k, true);
         cp_async_commit();
     }
     pdl_begin();
@@ -99,8 +106,8 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqP
         norm_row_scale<true>(r_row, inv, row, row, p.in);  // a thread reads its weights, then writes them over
         __syncthreads();
         if (p.norm.normed_out && blockIdx.x == 0)
-            for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x)
-                reinterpret_cast<uint4*>(p.norm.normed_out)[i] = reinterpret_cast<const uint4*>(row)[i];
+            for (int k = threadIdx.x; k < p.in / 8; k += blockDim.x)
+                reinterpret_cast<uint4*>(p.norm.normed_out)[k] = reinterpret_cast<const uint4*>(row)[k];
     }
     // Lane 4n + q reads token n's words q + 4m of each tile (lanes past the last token: zeros), and
     // from global memory asks L1 for line q of the next group's x while that group's tiles load.
@@ -112,59 +119,71 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqP
     constexpr int TILE_WORDS = LQ_TILE_COLS / 2;  // one 128-byte line of x per tile
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    // One register group: request the next one (the slice's following tiles), multiply this one.
+    // One register group (tiles of one strip): request the next one (the rest of this strip, or
+    // the next strip's first), multiply this one; at a strip's end store its rows, or keep the
+    // warp's piece where the strip is cut.
     auto step = [&](LqGroup<BITS>& cur, LqGroup<BITS>& next) {
-        const int count = min(LQ_GROUP, t_end - t);
+        const int count = min(LQ_GROUP, min(tiles - t, end - i));
+        const int next_t = t + count == tiles ? 0 : t + count;
+        const int next_count = min(LQ_GROUP, min(tiles - next_t, end - i - count));
         src += count * TILE_BYTES;
-        const int next_count = min(LQ_GROUP, t_end - t - count);
         if (next_count == LQ_GROUP) lq_load_group<BITS, true>(next, src, LQ_GROUP, lane);
         else lq_load_group(next, src, next_count, lane);
-        if (XSRC == LqXSource::Global && x_live && quad < next_count) prefetch_l1(x_row + (t + count + quad) * TILE_WORDS);
+        if (XSRC == LqXSource::Global && x_live && quad < next_count) prefetch_l1(x_row + (next_t + quad) * TILE_WORDS);
         if (count == LQ_GROUP) lq_mma_group_direct<BITS, true, XSRC>(cur, x_words + t * TILE_WORDS, x_live, LQ_GROUP, acc);
         else lq_mma_group_direct<BITS, false, XSRC>(cur, x_words + t * TILE_WORDS, x_live, count, acc);
-        t += count;
+        i += count;
+        if (t + count == tiles || i == end) {
+            const int strip = (i - 1) / tiles, strip_begin = strip * tiles;
+            if (strip_begin >= begin && strip_begin + tiles <= end) {
+                lq_store_rows<OutT, OUT>(p, strip0 + strip, lane, acc);
+            } else {
+                pieces[warp][strip_begin < begin ? 0 : 1][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            }
+            acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+        }
+        t = next_t;
     };
-    if (live) {
+    if (begin < end) {
         while (true) {
             step(a, b);
-            if (t == t_end) break;
+            if (i == end) break;
             step(b, a);
-            if (t == t_end) break;
+            if (i == end) break;
         }
     }
-    if (p.slices > 1) {  // the strip's slices meet; its first warp adds them in order
-        slice_sums[warp][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-        __syncthreads();
-        if (slice != 0) return;
-        for (int s = 1; s < p.slices; ++s) {
-            const float4 v = slice_sums[warp + s][lane];
-            acc[0] += v.x;
-            acc[1] += v.y;
-            acc[2] += v.z;
-            acc[3] += v.w;
+    __syncthreads();
+    // A cut strip is added up, in warp order, by the warp holding its first tile: that warp's
+    // piece is its last strip's (slot 1), every later warp's its first strip's (slot 0).
+    // Warps between them with no tiles (a block of fewer than 8 tiles) hold no piece.
+    for (int strip = (begin + tiles - 1) / tiles; strip * tiles < end; ++strip) {
+        const int strip_end = (strip + 1) * tiles;
+        if (strip_end <= end) continue;  // whole: stored
+        float4 sum = pieces[warp][1][lane];
+        for (int v = warp + 1; v <= deal.owner(strip_end - 1); ++v) {
+            if (deal.first(v) == deal.first(v + 1)) continue;
+            const float4 piece = pieces[v][0][lane];
+            sum.x += piece.x;
+            sum.y += piece.y;
+            sum.z += piece.z;
+            sum.w += piece.w;
         }
+        lq_store_rows<OutT, OUT>(p, strip0 + strip, lane, {sum.x, sum.y, sum.z, sum.w});
     }
-    if (live) lq_store_rows<OutT, OUT>(p, strip, lane, acc);
 }
 
-// Slices per strip: doubled while the grid has fewer than four blocks per SM and each slice keeps
-// at least LQ_MIN_SLICE_TILES tiles (the shape alone decides, never T or the input form).
-int lq_slices(int out, int in) {
-    const int strips = out / LQ_TILE_ROWS, tiles = in / LQ_TILE_COLS, wave = 4 * sm_count();
-    int slices = 1;
-    while (slices < LQ_WARPS && ceil_div(strips * slices, LQ_WARPS) < wave &&
-           tiles / (2 * slices) >= LQ_MIN_SLICE_TILES)
-        slices *= 2;
-    return slices;
-}
+// Strips per block: the fewest that keep the grid within two blocks per SM (all resident at
+// once), so every block holds the same number of strips (the last may hold fewer) and every warp
+// about the same number of tiles. Depends on the matrix and the GPU, never on T or the form.
+int lq_block_strips(int out) { return ceil_div(out / LQ_TILE_ROWS, 2 * sm_count()); }
 
 template <int BITS, class OutT, LqIn IN, LqOut OUT>
 void launch_gemv_lq(const char* op, GemvLqParams p, cudaStream_t stream) {
     const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT>;
     const size_t smem = IN == LqIn::NormedResidual ? lq_norm_smem_bytes(p.in) : 0;
     if (smem > 32 * 1024) allow_dynamic_smem(kernel, smem, op);
-    p.slices = lq_slices(p.out, p.in);
-    launch_pdl(op, kernel, ceil_div(p.out / LQ_TILE_ROWS * p.slices, LQ_WARPS), LQ_WARPS * 32, smem, stream, p);
+    p.block_strips = lq_block_strips(p.out);
+    launch_pdl(op, kernel, ceil_div(p.out / LQ_TILE_ROWS, p.block_strips), LQ_WARPS * 32, smem, stream, p);
 }
 
 // The checks and the launches of every form; p.x / p.y point at token 0 (p.T tokens).
@@ -175,7 +194,7 @@ void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t s
             "W must be [16n, 64k], got [" + std::to_string(p.out) + ", " + std::to_string(p.in) + "]");
     require(p.T >= 1 && p.T <= GEMV_MAX_T, op, "T must be 1..8, got " + std::to_string(p.T));
     if constexpr (IN == LqIn::NormedResidual)
-        require(lq_norm_smem_bytes(p.in) + sizeof(float4) * LQ_WARPS * 32 + 256 <= smem_optin_bytes(), op,
+        require(lq_norm_smem_bytes(p.in) + sizeof(float4) * LQ_WARPS * 2 * 32 + 256 <= smem_optin_bytes(), op,
                 "in = " + std::to_string(p.in) + " is too wide");
     switch (bits) {
         case 4: launch_gemv_lq<4, OutT, IN, OUT>(op, p, stream); break;
