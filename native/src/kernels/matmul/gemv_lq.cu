@@ -27,7 +27,7 @@
 #include <type_traits>
 
 #include "kernels/launch_utils.cuh"
-#include "kernels/lq_tile.cuh"
+#include "kernels/lq_stage.cuh"
 #include "kernels/matmul.cuh"
 #include "kernels/norm_row.cuh"
 
@@ -82,7 +82,6 @@ template <int BITS, class OutT, LqIn IN, LqOut OUT>
 __global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqParams p) {
     static_assert(OUT == LqOut::Store || std::is_same_v<OutT, float>, "residual add: an fp32 row");
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
-    constexpr LqXSource XSRC = IN == LqIn::NormedResidual ? LqXSource::Shared : LqXSource::Global;
     extern __shared__ uint4 lq_smem[];
     __shared__ float4 pieces[LQ_WARPS][2][32];  // a warp's sums of its first / last strip where cut
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -109,14 +108,14 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqP
             for (int k = threadIdx.x; k < p.in / 8; k += blockDim.x)
                 reinterpret_cast<uint4*>(p.norm.normed_out)[k] = reinterpret_cast<const uint4*>(row)[k];
     }
-    // Lane 4n + q reads token n's words q + 4m of each tile (lanes past the last token: zeros), and
-    // from global memory asks L1 for line q of the next group's x while that group's tiles load.
-    const int token = lane >> 2, quad = lane & 3;
-    const bool x_live = token < p.T;
-    const uint32_t* x_row =
-        reinterpret_cast<const uint32_t*>(IN == LqIn::NormedResidual ? row : p.x + size_t(x_live ? token : 0) * p.in);
-    const uint32_t* x_words = x_row + quad;
-    constexpr int TILE_WORDS = LQ_TILE_COLS / 2;  // one 128-byte line of x per tile
+    float* start = reinterpret_cast<float*>(lq_smem + (IN == LqIn::NormedResidual ? p.in * 6 / 16 : 0));
+    uint4* xs = reinterpret_cast<uint4*>(start + 8 * tiles);
+    if constexpr (IN == LqIn::NormedResidual)
+        lq_stage_x_from<LqXSource::Shared>(xs, start, row, 1, p.in, lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
+    else
+        lq_stage_x_from<LqXSource::Global>(xs, start, p.x, p.T, p.in, lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
+    __syncthreads();
+    const LqLaneX x = lq_lane_x(xs, start, tiles, p.T, lane);
 
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     // One register group (tiles of one strip): request the next one (the rest of this strip, or
@@ -129,9 +128,9 @@ __global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqP
         src += count * TILE_BYTES;
         if (next_count == LQ_GROUP) lq_load_group<BITS, true>(next, src, LQ_GROUP, lane);
         else lq_load_group(next, src, next_count, lane);
-        if (XSRC == LqXSource::Global && x_live && quad < next_count) prefetch_l1(x_row + (next_t + quad) * TILE_WORDS);
-        if (count == LQ_GROUP) lq_mma_group_direct<BITS, true, XSRC>(cur, x_words + t * TILE_WORDS, x_live, LQ_GROUP, acc);
-        else lq_mma_group_direct<BITS, false, XSRC>(cur, x_words + t * TILE_WORDS, x_live, count, acc);
+        const uint4* frag = x.frag + t * x.frag_step;
+        if (count == LQ_GROUP) lq_mma_group<BITS, true>(cur, frag, x.frag_step, x.start + 4 * t, LQ_GROUP, acc);
+        else lq_mma_group<BITS, false>(cur, frag, x.frag_step, x.start + 4 * t, count, acc);
         i += count;
         if (t + count == tiles || i == end) {
             const int strip = (i - 1) / tiles, strip_begin = strip * tiles;
@@ -180,7 +179,8 @@ int lq_block_strips(int out) { return ceil_div(out / LQ_TILE_ROWS, 2 * sm_count(
 template <int BITS, class OutT, LqIn IN, LqOut OUT>
 void launch_gemv_lq(const char* op, GemvLqParams p, cudaStream_t stream) {
     const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT>;
-    const size_t smem = IN == LqIn::NormedResidual ? lq_norm_smem_bytes(p.in) : 0;
+    const size_t smem = (IN == LqIn::NormedResidual ? lq_norm_smem_bytes(p.in) : 0) + lq_start_bytes(p.in) +
+                        size_t(IN == LqIn::NormedResidual ? 1 : p.T) * lq_x_bytes(p.in) + LQ_ZERO_X_BYTES;
     if (smem > 32 * 1024) allow_dynamic_smem(kernel, smem, op);
     p.block_strips = lq_block_strips(p.out);
     launch_pdl(op, kernel, ceil_div(p.out / LQ_TILE_ROWS, p.block_strips), LQ_WARPS * 32, smem, stream, p);
