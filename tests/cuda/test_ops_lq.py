@@ -36,8 +36,8 @@ def random_lq(rng, out: int, inn: int, bits: int) -> tuple[np.ndarray, np.ndarra
     (512, 2048, 8),      # a verify window
     (2048, 4096, 5),
     (1024, 5120, 2),     # 27B width
-    (64, 17_408, 8),     # 27B down-projection width, a window of 8
-    (2048, 17_408, 1),   # 27B down-projection width, strips cut into slices
+    (64, 17_408, 8),     # 27B down-projection width: x staged for groups of tokens
+    (2048, 17_408, 1),   # enough groups for one 16-warp block per SM (LQ_WIDE_WARPS)
     (2048, 17_408, 5),   # the same for a verify window
 ])
 def test_gemv_lq_matches_the_dequantized_product(ops, bits, out, inn, T):
@@ -50,10 +50,11 @@ def test_gemv_lq_matches_the_dequantized_product(ops, bits, out, inn, T):
 
 
 @pytest.mark.parametrize("bits", layout.WIDTHS)
-@pytest.mark.parametrize("out, inn", [(48, 192), (2048, 2048), (1024, 5120), (512, 17_408)])
+@pytest.mark.parametrize("out, inn", [(48, 192), (2048, 2048), (1024, 5120), (512, 17_408), (4096, 5120)])
 def test_gemv_lq_window_rows_are_the_one_token_bits(ops, bits, out, inn):
-    """The split depends on the matrix alone, so each token of a verify window gets exactly the
-    bits that a one-token product of its row gives (f32 and bf16 outputs)."""
+    """The split depends on the matrix alone (never on T), so each token of a verify window gets
+    exactly the bits that a one-token product of its row gives (f32 and bf16 outputs), strips cut
+    between blocks included."""
     rng = rng_for("gemv_lq_window", bits, out, inn)
     packed, _ = random_lq(rng, out, inn, bits)
     x = bf16_randn(rng, (8, inn))
@@ -68,7 +69,7 @@ def test_gemv_lq_window_rows_are_the_one_token_bits(ops, bits, out, inn):
 @pytest.mark.parametrize("T, widths, out, inn", [
     (2, (64, 32, 16, 16), 160, 128),             # GDN qkv|z|b|a-like, one strip of padding
     (5, (256, 64, 64), 384, 256),                # attention q|k|v-like
-    (8, (96, 48), 144, 17_408),                  # 27B down-projection width
+    (8, (96, 48), 144, 17_408),                  # x staged for groups of tokens
 ])
 def test_row_parts_are_the_product_split_by_rows(ops, bits, T, widths, out, inn):
     """linear_forward_parts stores each part of the rows as its own [T, width] matrix, one after

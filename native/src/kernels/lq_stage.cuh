@@ -20,6 +20,8 @@
 
 namespace lampo {
 
+enum class LqXSource { Global, Shared };
+
 // x [tokens, in] bf16 in SRC.
 template <LqXSource SRC>
 __device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const bf16* x, int tokens, int in,

@@ -49,12 +49,6 @@ template <int BITS>
 __host__ __device__ constexpr uint32_t lq_code_magic() { return (uint32_t(127 + BITS) << 7) * 0x10001u; }
 template <int BITS>
 __host__ __device__ constexpr float lq_code_centre() { return float(3 << (BITS - 1)); }  // 2^BITS + 2^(BITS-1)
-// -(2^BITS + 2^(BITS-1)) = -1.5 * 2^BITS in both halves of a bf16 pair (exact).
-template <int BITS>
-__host__ __device__ constexpr uint32_t lq_centre_pair() { return (0x8000u | (uint32_t(127 + BITS) << 7) | 0x40u) * 0x10001u; }
-
-// Where a kernel reads x from: global memory (__ldg) or shared memory.
-enum class LqXSource { Global, Shared };
 
 // Fragment register s of k16 step j from the lane's low-nibble word and high-bit words.
 template <int BITS>
@@ -104,9 +98,6 @@ __device__ __forceinline__ uint16_t lq_load_u16(const void* p) {
     return v;
 }
 
-// Asks L1 for the line at p (no register written).
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
-
 // A lane's share of one tile, in registers: its code words and the fp16 scales of its rows g, g + 8
 // (kept as loaded; converted where the products use them, so no instruction waits on the load).
 template <int BITS>
@@ -131,18 +122,7 @@ __device__ __forceinline__ void lq_load_tile(LqTileRegs<BITS>& r, const uint8_t*
 }
 
 // acc (the lane's C fragment: [0..1] row g, tokens 2quad, 2quad + 1; [2..3] row g + 8) +=
-// the rows' scales times the tile's sums (its 64 columns' products, fp32).
-template <int BITS>
-__device__ __forceinline__ void lq_scale_add(const LqTileRegs<BITS>& tile, const float (&sums)[4], float (&acc)[4]) {
-    const float scale_lo = __half2float(__ushort_as_half(tile.scale_lo));
-    const float scale_hi = __half2float(__ushort_as_half(tile.scale_hi));
-    acc[0] = fmaf(scale_lo, sums[0], acc[0]);
-    acc[1] = fmaf(scale_lo, sums[1], acc[1]);
-    acc[2] = fmaf(scale_hi, sums[2], acc[2]);
-    acc[3] = fmaf(scale_hi, sums[3], acc[3]);
-}
-
-// acc += scale_row * sum over the tile's 64 columns of (code - 2^(BITS-1)) * x, x_frag the lane's
+// scale_row * sum over the tile's 64 columns of (code - 2^(BITS-1)) * x, x_frag the lane's
 // two 16-byte B fragments of this tile, start its tokens' start values.
 template <int BITS>
 __device__ __forceinline__ void lq_tile_mma(const LqTileRegs<BITS>& tile, const uint4* x_frag, float2 start,
@@ -158,28 +138,12 @@ __device__ __forceinline__ void lq_tile_mma(const LqTileRegs<BITS>& tile, const 
         for (int s = 0; s < 4; ++s) a[s] = lq_a_register<BITS>(tile.codes.low[j], tile.codes.high, j, s, magic);
         mma_bf16_16816(sums, a, b[2 * j], b[2 * j + 1]);
     }
-    lq_scale_add<BITS>(tile, sums, acc);
-}
-
-// The same with the lane's B fragments in registers (b[2j], b[2j + 1]: k16 step j) and no start
-// values: after each step's mma of the codes (2^BITS + code) one more with the constant A of
-// lq_centre_pair subtracts the offset on the tensor cores.
-template <int BITS>
-__device__ __forceinline__ void lq_tile_mma_direct(const LqTileRegs<BITS>& tile, const uint32_t (&b)[8],
-                                                   float (&acc)[4]) {
-    const uint32_t magic = lq_code_magic<BITS>();
-    const uint32_t centre[4] = {lq_centre_pair<BITS>(), lq_centre_pair<BITS>(), lq_centre_pair<BITS>(),
-                                lq_centre_pair<BITS>()};
-    float sums[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        uint32_t a[4];
-#pragma unroll
-        for (int s = 0; s < 4; ++s) a[s] = lq_a_register<BITS>(tile.codes.low[j], tile.codes.high, j, s, magic);
-        mma_bf16_16816(sums, a, b[2 * j], b[2 * j + 1]);
-        mma_bf16_16816(sums, centre, b[2 * j], b[2 * j + 1]);
-    }
-    lq_scale_add<BITS>(tile, sums, acc);
+    const float scale_lo = __half2float(__ushort_as_half(tile.scale_lo));
+    const float scale_hi = __half2float(__ushort_as_half(tile.scale_hi));
+    acc[0] = fmaf(scale_lo, sums[0], acc[0]);
+    acc[1] = fmaf(scale_lo, sums[1], acc[1]);
+    acc[2] = fmaf(scale_hi, sums[2], acc[2]);
+    acc[3] = fmaf(scale_hi, sums[3], acc[3]);
 }
 
 // LQ_GROUP consecutive tiles in a lane's registers.
@@ -221,34 +185,6 @@ __device__ __forceinline__ void lq_mma_group(const LqGroup<BITS>& group, const u
 #pragma unroll
     for (int u = 0; u < LQ_GROUP; ++u)
         if (FULL || u < count) lq_tile_mma<BITS>(group.tile[u], frag + u * frag_step, start[4 * u], acc);
-}
-
-// A lane's B fragments of one tile read straight from x's row in SRC: `words` is the row as 32-bit
-// words from the tile's first column on, plus the lane's quad q, so b[2j] = words[8j] (columns
-// 16j + 2q, +1) and b[2j + 1] = words[8j + 4] (16j + 2q + 8, +9): lq_stage.cuh's fragment order.
-// Zeros for a lane past the last token (live false: nothing is read).
-template <LqXSource SRC>
-__device__ __forceinline__ void lq_x_frags(uint32_t (&b)[8], const uint32_t* words, bool live) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-        const uint32_t* at = words + 8 * (i >> 1) + 4 * (i & 1);
-        b[i] = !live ? 0u : SRC == LqXSource::Global ? __ldg(at) : *at;
-    }
-}
-
-// acc += the products of tiles [t, t + count) held in `group` with x read by lq_x_frags from
-// `words` (tile t's; FULL: count == LQ_GROUP, no checks).
-template <int BITS, bool FULL, LqXSource SRC>
-__device__ __forceinline__ void lq_mma_group_direct(const LqGroup<BITS>& group, const uint32_t* words, bool live,
-                                                    int count, float (&acc)[4]) {
-#pragma unroll
-    for (int u = 0; u < LQ_GROUP; ++u) {
-        if (FULL || u < count) {
-            uint32_t b[8];
-            lq_x_frags<SRC>(b, words + u * LQ_TILE_COLS / 2, live);
-            lq_tile_mma_direct<BITS>(group.tile[u], b, acc);
-        }
-    }
 }
 
 // acc += the strip's tiles [tbeg, tend) times x, in tile order; `first` holds the group that

@@ -3,28 +3,41 @@
 //   W[n, k] = scale[n, k/64] * (code[n, k] - 2^(BITS-1)),  BITS in {4, 5, 6}, fp16 scales,
 //   tiles of 16 rows x 64 columns, out % 16 == 0, in % 64 == 0; x, y bf16 (or fp32 y), fp32 sums.
 //
-// Strip slices: a strip (16 rows, all tiles of `in`) is cut into `slices` runs of consecutive
-// tiles (1, 2, 4 or 8, from the matrix's shape alone: lq_slices), one warp per slice, the slices
-// of a strip in one block of LQ_WARPS warps. A warp streams its tiles through registers in groups
-// of LQ_GROUP (the next group's loads in flight while the current group's products run on the
-// tensor cores; the first group requested before the PDL wait, weights being immutable) and reads
-// its B fragments of x straight from x's rows (lq_x_frags: L1-resident after a block's first
-// loads), so no block stages x and nothing waits on a barrier before the products; the codes'
-// offset is subtracted by a second mma per k16 step (lq_tile_mma_direct). The slices' C fragments
-// meet in the block's shared memory and the strip's first warp adds them in slice order
-// (deterministic), so no sum leaves its block. The split depends on the shape alone: every token
-// of a window gets the bits of a one-token product, in every input and output form.
+// Balanced split: a strip (16 rows) is cut into groups of LQ_GROUP tiles (its last group may be
+// short), and the strips' groups, in order, are dealt out in equal contiguous ranges to every warp
+// of a grid no larger than what the GPU holds at once, so each warp streams about the same number
+// of bytes and no second wave idles most SMs. A warp's tiles go through registers (LqGroup: the
+// next group's loads are in flight while the current group's products run on the tensor cores,
+// across strip boundaries too), each multiplied by lq_tile_mma against x, which every block stages
+// once in fragment order (blocks of LQ_WARPS warps, or LQ_WIDE_WARPS for a large plain-x product).
+// A strip that lies wholly in one warp's range is written by that warp; a strip cut between warps
+// gets one partial sum per warp (its C fragment, in a slot: 0 for the warp's first strip, 1 for its
+// last), kept without a fence or a count while the weights still stream. After one barrier at the
+// end, the block's lowest warp holding a piece of a cut strip adds it up: if all the strip's warps
+// are in the block (small matrices), from the block's shared memory, in warp order; else the pieces
+// lie in a device scratch (each warp fences its own before the barrier) and that warp counts its
+// block in at the strip's counter; the block that arrives last adds every piece in warp order
+// (deterministic), writes the rows and resets the counter (zero between launches). Every weight
+// byte is read once and serves all T tokens; the split depends on the matrix alone, so each token
+// of a window gets the bits of a one-token product. Launched with PDL: the first group is
+// requested before the wait (weights are immutable); the scratch and counters are touched only
+// after it, so consecutive launches never share them.
 //
 // The decode step's two folded forms (T = 1; linear.h), as gemv.cu's for BF16 weights:
 // - LqIn::NormedResidual (gemv_lq_normed): every block builds x = bf16(rmsnorm(residual) * (1 + w))
 //   itself (norm_row.cuh: add_rmsnorm's thread mapping and order, so the values are rmsnorm's bits)
-//   in shared memory and its warps read their fragments from there; block 0 may also write it
-//   out. The norm weight is copied in before the wait; the residual row stays in shared memory
-//   between the norm's two passes. The result is bit for bit rmsnorm followed by gemv_lq.
+//   in shared memory and stages it from there (lq_stage.cuh); block 0 may also write it out. The
+//   norm weight is copied in before the wait; the residual row is kept in the x staging area
+//   between the norm's two passes. The split and the sums are those of gemv_lq in LQ_WARPS blocks:
+//   the result is bit for bit rmsnorm followed by gemv_lq wherever gemv_lq takes those blocks.
 // - LqOut::AddToResidual (gemv_lq_add_residual): residual[row] += float(bf16(y[row])), the rounding
 //   of a bf16 output added by add_rmsnorm.
 // gemv_lq_parts stores the bf16 rows as RowParts (linear.h) instead of one [T, out] matrix.
+#include <algorithm>
+#include <map>
+#include <mutex>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/launch_utils.cuh"
 #include "kernels/lq_stage.cuh"
@@ -34,20 +47,54 @@
 namespace lampo {
 namespace {
 
-constexpr int LQ_WARPS = 8;  // a block: its strips' tiles dealt out to 8 warps
-static_assert(LQ_WARPS * 32 == NORM_THREADS, "the folded norm runs on the GEMV block");
+// Warps per block: 8 (two blocks per SM), or 16 (one per SM) for a plain-x GEMV that fills every SM
+// with them: each block stages all of x, so half the blocks stage it half as often (at T = 5 the
+// 27B's down projection takes 16% less time). The folded-norm form keeps NORM_THREADS.
+constexpr int LQ_WARPS = 8;
+constexpr int LQ_WIDE_WARPS = 16;
+constexpr int LQ_MIN_GROUPS = 2;           // groups per warp the split aims for at least
+constexpr int LQ_SPLIT_MAX_WARPS = 4096;   // the scratch's size: warps of one launch at most
+constexpr int LQ_SPLIT_MAX_STRIPS = 1 << 16;
+
+// Partial sums of strips cut between warps: [warp][slot][lane] C fragments; per strip, the count
+// of pieces arrived (zero between launches).
+__device__ float4 lq_split_pieces[LQ_SPLIT_MAX_WARPS * 2 * 32];
+__device__ unsigned lq_split_arrivals[LQ_SPLIT_MAX_STRIPS];
 
 enum class LqIn { X, NormedResidual };
 enum class LqOut { Store, AddToResidual };
+
+// Shared memory for x: `tokens` staged tokens and the zero fragment; NormedResidual (one token):
+// room for the fp32 residual row that the norm keeps there before x is staged.
+__host__ __device__ size_t lq_x_area_bytes(int in, int tokens, LqIn input) {
+    const size_t staged = size_t(tokens) * lq_x_bytes(in) + LQ_ZERO_X_BYTES;
+    return input == LqIn::NormedResidual && sizeof(float) * in > staged ? sizeof(float) * in : staged;
+}
+
+// Dynamic shared memory of a launch: the tiles' start values, the x area; NormedResidual: the norm
+// weight / normed row after it.
+size_t lq_smem_bytes(int in, int tokens, LqIn input) {
+    return lq_start_bytes(in) + lq_x_area_bytes(in, tokens, input) +
+           (input == LqIn::NormedResidual ? lq_x_bytes(in) : 0);
+}
 
 struct GemvLqParams {
     const uint8_t* W;
     const bf16* x;      // LqIn::X: [T, in]
     void* y;            // [T, out] OutT, or the fp32 residual [out] for AddToResidual
     int T, out, in;
-    int block_strips;   // strips per block: lq_block_strips(out)
+    int warps;          // the split's ranges: at most the grid's warps and the number of groups
     ResidualNorm norm;  // LqIn::NormedResidual
     RowParts parts;     // n > 0: the bf16 rows stored as parts (linear.h), not at y
+};
+
+// The split (header): groups of LQ_GROUP tiles, `per_strip` per strip, `total` in all, warp w <
+// warps <= total taking [first(w), first(w + 1)) (never empty); owner(group): the warp taking it.
+struct LqSplit {
+    int64_t total;
+    int per_strip, warps;
+    __device__ int64_t first(int w) const { return total * w / warps; }
+    __device__ int owner(int64_t group) const { return int(((group + 1) * warps - 1) / total); }
 };
 
 // rows g and g + 8 of `strip` for tokens 2 quad, 2 quad + 1 from the lane's C fragment `v`.
@@ -66,124 +113,213 @@ __device__ __forceinline__ void lq_store_rows(const GemvLqParams& p, int strip, 
     }
 }
 
-// Dynamic shared memory of the folded norm: the fp32 residual row, then the norm weight that the
-// normed row overwrites.
-size_t lq_norm_smem_bytes(int in) { return size_t(in) * (sizeof(float) + sizeof(bf16)); }
+// The kernel's static shared memory at most: the block's pieces (lq_keep_piece) and 256 bytes for
+// the folded norm's block sums (norm_row.cuh).
+constexpr size_t lq_static_smem_bytes(int warps) { return sizeof(float4) * warps * 2 * 32 + 256; }
 
-// A block's tiles dealt out to its warps: warp w takes [first(w), first(w + 1)) of the block's
-// `total` tiles (strip-major), owner(i) is the warp holding tile i.
-struct LqDeal {
-    int total;
-    __device__ int first(int w) const { return int(int64_t(total) * w / LQ_WARPS); }
-    __device__ int owner(int i) const { return int((int64_t(i + 1) * LQ_WARPS - 1) / total); }
+// A strip cut between warps w_lo..w_hi (the owners of its first and last group); `shared`: all in
+// one block, so the pieces meet in that block's shared memory, else in the device scratch.
+struct LqCut {
+    int w_lo, w_hi;
+    __device__ LqCut(const LqSplit& split, int strip)
+        : w_lo(split.owner(int64_t(strip) * split.per_strip)), w_hi(split.owner(int64_t(strip + 1) * split.per_strip - 1)) {}
+    template <int WARPS>
+    __device__ bool shared() const { return w_lo / WARPS == w_hi / WARPS; }
 };
 
-template <int BITS, class OutT, LqIn IN, LqOut OUT>
-__global__ void __launch_bounds__(LQ_WARPS * 32, 2) gemv_lq_kernel(const GemvLqParams p) {
+// Warp w's piece of a cut strip (its C fragment `acc`) kept in slot 0 (the warp's first strip) or
+// 1 (its last): no fence and no count here, in the middle of the weight stream; the strips are
+// added up after every warp of the block has finished (lq_add_cut_strip).
+template <int WARPS>
+__device__ __forceinline__ void lq_keep_piece(const LqCut& cut, int w, bool first_strip, int lane, const float (&acc)[4],
+                                              float4* block_pieces) {
+    const int slot = first_strip ? 0 : 1;
+    const float4 v = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    if (cut.shared<WARPS>()) block_pieces[((w % WARPS) * 2 + slot) * 32 + lane] = v;
+    else lq_split_pieces[(w * 2 + slot) * 32 + lane] = v;
+}
+
+// Piece of warp v of `strip`: the lowest warp's is its last strip's unless the strip is its first.
+template <int WARPS>
+__device__ __forceinline__ float4 lq_piece(const LqSplit& split, const LqCut& cut, int v, int strip, bool shared,
+                                           const float4* block_pieces, int lane) {
+    const int slot = v == cut.w_lo && split.first(v) != int64_t(strip) * split.per_strip ? 1 : 0;
+    return shared ? block_pieces[((v % WARPS) * 2 + slot) * 32 + lane] : __ldcg(lq_split_pieces + (v * 2 + slot) * 32 + lane);
+}
+
+// After the block's barrier, by the block's lowest warp holding a piece of the cut `strip`: within
+// one block, add the pieces in warp order and store the rows; across blocks, count the block's
+// arrival (its pieces were fenced device-wide before the barrier) and, in the block that arrives
+// last, add every piece in warp order and store the rows, then reset the count.
+template <int WARPS, class OutT, LqOut OUT>
+__device__ __forceinline__ void lq_add_cut_strip(const GemvLqParams& p, const LqSplit& split, int strip, int lane,
+                                                 const float4* block_pieces) {
+    const LqCut cut(split, strip);
+    const bool shared = cut.shared<WARPS>();
+    if (!shared) {
+        unsigned arrived = 0;
+        if (lane == 0) arrived = atomicAdd(lq_split_arrivals + strip, 1u);
+        arrived = __shfl_sync(0xffffffffu, arrived, 0);
+        if (arrived != unsigned(cut.w_hi / WARPS - cut.w_lo / WARPS)) return;
+        if (lane == 0) lq_split_arrivals[strip] = 0u;  // ready for the next launch
+        __threadfence();
+    }
+    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int v = cut.w_lo; v <= cut.w_hi; ++v) {
+        const float4 piece = lq_piece<WARPS>(split, cut, v, strip, shared, block_pieces, lane);
+        sum[0] += piece.x;
+        sum[1] += piece.y;
+        sum[2] += piece.z;
+        sum[3] += piece.w;
+    }
+    lq_store_rows<OutT, OUT>(p, strip, lane, sum);
+}
+
+template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const GemvLqParams p) {
+    static_assert(IN == LqIn::X || WARPS * 32 == NORM_THREADS, "the folded norm runs on the GEMV block");
     static_assert(OUT == LqOut::Store || std::is_same_v<OutT, float>, "residual add: an fp32 row");
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
     extern __shared__ uint4 lq_smem[];
-    __shared__ float4 pieces[LQ_WARPS][2][32];  // a warp's sums of its first / last strip where cut
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int tiles = p.in / LQ_TILE_COLS, strip0 = blockIdx.x * p.block_strips;
-    const LqDeal deal{min(p.block_strips, p.out / LQ_TILE_ROWS - strip0) * tiles};
-    const int begin = deal.first(warp), end = deal.first(warp + 1);
-    int i = begin, t = begin % tiles;  // the next tile: block-wide index and column in its strip
-    const uint8_t* src = p.W + (size_t(strip0) * tiles + begin) * TILE_BYTES;  // a warp's range is contiguous
-    LqGroup<BITS> a, b;
-    lq_load_group(a, src, min(LQ_GROUP, min(tiles - t, end - i)), lane);  // before the wait
-    float* r_row = reinterpret_cast<float*>(lq_smem);  // NormedResidual: the residual row,
-    bf16* row = reinterpret_cast<bf16*>(r_row + p.in);  // then the norm weight / normed row
+    __shared__ float4 block_pieces[WARPS * 2 * 32];  // within lq_static_smem_bytes(WARPS)
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = blockIdx.x * WARPS + warp;
+    const int tiles = p.in / LQ_TILE_COLS, per_strip = (tiles + LQ_GROUP - 1) / LQ_GROUP;
+    const LqSplit split{int64_t(p.out / LQ_TILE_ROWS) * per_strip, per_strip, p.warps};
+    const bool idle = w >= p.warps;  // the last block's warps past the split's count
+    const int64_t g_end = idle ? 0 : split.first(w + 1);
+    int64_t g = idle ? 0 : split.first(w);
+    float* start = reinterpret_cast<float*>(lq_smem);
+    uint4* xs = reinterpret_cast<uint4*>(start + 8 * tiles);
+    // NormedResidual (T = 1): the norm weight, overwritten in place by the normed row, after the x
+    // area; the fp32 residual row (in * 4 bytes) lives in the x area until x is staged.
+    bf16* row = reinterpret_cast<bf16*>(xs + lq_x_area_bytes(p.in, 1, IN) / 16);
     if constexpr (IN == LqIn::NormedResidual) {
-        for (int k = threadIdx.x; k < p.in / 8; k += blockDim.x) cp_async_16(row + 8 * k, p.norm.weight + 8 * k, true);
+        for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x) cp_async_16(row + 8 * i, p.norm.weight + 8 * i, true);
         cp_async_commit();
     }
+
+    // The warp's position: group g = tile t of `strip`, at src (a strip's tiles follow the previous
+    // strip's).
+    int strip = int(g / per_strip), t = int(g - int64_t(strip) * per_strip) * LQ_GROUP;
+    const uint8_t* src = p.W + (size_t(strip) * tiles + t) * TILE_BYTES;
+    LqGroup<BITS> a, b;
+    lq_load_group(a, src, g < g_end ? min(LQ_GROUP, tiles - t) : 0, lane);  // before the wait
     pdl_begin();
     if constexpr (IN == LqIn::NormedResidual) {
-        cp_async_wait<0>();  // the norm weight: visible to every thread after norm_row_inv's block sum
+        // The norm weight, visible to every thread after norm_row_inv's block sum.
+        cp_async_wait<0>();
+        float* r_row = reinterpret_cast<float*>(xs);
         const float inv = norm_row_inv(p.norm.residual, nullptr, r_row, p.in, p.norm.eps);
         norm_row_scale<true>(r_row, inv, row, row, p.in);  // a thread reads its weights, then writes them over
         __syncthreads();
         if (p.norm.normed_out && blockIdx.x == 0)
-            for (int k = threadIdx.x; k < p.in / 8; k += blockDim.x)
-                reinterpret_cast<uint4*>(p.norm.normed_out)[k] = reinterpret_cast<const uint4*>(row)[k];
-    }
-    float* start = reinterpret_cast<float*>(lq_smem + (IN == LqIn::NormedResidual ? p.in * 6 / 16 : 0));
-    uint4* xs = reinterpret_cast<uint4*>(start + 8 * tiles);
-    if constexpr (IN == LqIn::NormedResidual)
+            for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x)
+                reinterpret_cast<uint4*>(p.norm.normed_out)[i] = reinterpret_cast<const uint4*>(row)[i];
         lq_stage_x_from<LqXSource::Shared>(xs, start, row, 1, p.in, lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
-    else
-        lq_stage_x_from<LqXSource::Global>(xs, start, p.x, p.T, p.in, lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
+    } else {
+        lq_stage_x_from<LqXSource::Global>(xs, start, p.x, p.T, p.in, lq_code_centre<BITS>(), threadIdx.x,
+                                           blockDim.x);
+    }
     __syncthreads();
-    const LqLaneX x = lq_lane_x(xs, start, tiles, p.T, lane);
 
+    const LqLaneX x = lq_lane_x(xs, start, tiles, p.T, lane);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    // One register group (tiles of one strip): request the next one (the rest of this strip, or
-    // the next strip's first), multiply this one; at a strip's end store its rows, or keep the
-    // warp's piece where the strip is cut.
+    bool first_strip = true;
+    int seg_begin = t;  // where the warp's part of the current strip began
+    int cut_first = -1, cut_last = -1;  // the warp's first / last strip, where cut between warps
+    bool device_pieces = false;
+    // After a group's products: store a strip that ends with the warp's whole part of it, or keep
+    // the warp's piece of a cut one; move to the next group.
+    auto advance = [&](int count) {
+        const bool strip_ends = t + count == tiles;
+        ++g;
+        if (strip_ends || g == g_end) {
+            if (seg_begin == 0 && strip_ends) {
+                lq_store_rows<OutT, OUT>(p, strip, lane, acc);
+            } else {
+                const LqCut piece_of(split, strip);
+                lq_keep_piece<WARPS>(piece_of, w, first_strip, lane, acc, block_pieces);
+                device_pieces |= !piece_of.shared<WARPS>();
+                (first_strip ? cut_first : cut_last) = strip;
+            }
+            acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+            first_strip = false;
+            seg_begin = 0;
+        }
+        strip += strip_ends;
+        t = strip_ends ? 0 : t + LQ_GROUP;
+    };
+    // One register group: request the next one (the following tiles of this strip, or the next
+    // strip's first), multiply this one. The full-group forms are the ones real shapes take (in a
+    // multiple of 256).
     auto step = [&](LqGroup<BITS>& cur, LqGroup<BITS>& next) {
-        const int count = min(LQ_GROUP, min(tiles - t, end - i));
-        const int next_t = t + count == tiles ? 0 : t + count;
-        const int next_count = min(LQ_GROUP, min(tiles - next_t, end - i - count));
+        const int count = min(LQ_GROUP, tiles - t);
+        const int next_t = t + count == tiles ? 0 : t + LQ_GROUP;
+        const int next_count = g + 1 < g_end ? min(LQ_GROUP, tiles - next_t) : 0;
         src += count * TILE_BYTES;
         if (next_count == LQ_GROUP) lq_load_group<BITS, true>(next, src, LQ_GROUP, lane);
         else lq_load_group(next, src, next_count, lane);
         const uint4* frag = x.frag + t * x.frag_step;
         if (count == LQ_GROUP) lq_mma_group<BITS, true>(cur, frag, x.frag_step, x.start + 4 * t, LQ_GROUP, acc);
         else lq_mma_group<BITS, false>(cur, frag, x.frag_step, x.start + 4 * t, count, acc);
-        i += count;
-        if (t + count == tiles || i == end) {
-            const int strip = (i - 1) / tiles, strip_begin = strip * tiles;
-            if (strip_begin >= begin && strip_begin + tiles <= end) {
-                lq_store_rows<OutT, OUT>(p, strip0 + strip, lane, acc);
-            } else {
-                pieces[warp][strip_begin < begin ? 0 : 1][lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-            }
-            acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
-        }
-        t = next_t;
+        advance(count);
     };
-    if (begin < end) {
+    if (g < g_end) {
         while (true) {
             step(a, b);
-            if (i == end) break;
+            if (g == g_end) break;
             step(b, a);
-            if (i == end) break;
+            if (g == g_end) break;
         }
     }
+    if (device_pieces) __threadfence();  // the pieces in the scratch, before the block counts itself
     __syncthreads();
-    // A cut strip is added up, in warp order, by the warp holding its first tile: that warp's
-    // piece is its last strip's (slot 1), every later warp's its first strip's (slot 0).
-    // Warps between them with no tiles (a block of fewer than 8 tiles) hold no piece.
-    for (int strip = (begin + tiles - 1) / tiles; strip * tiles < end; ++strip) {
-        const int strip_end = (strip + 1) * tiles;
-        if (strip_end <= end) continue;  // whole: stored
-        float4 sum = pieces[warp][1][lane];
-        for (int v = warp + 1; v <= deal.owner(strip_end - 1); ++v) {
-            if (deal.first(v) == deal.first(v + 1)) continue;
-            const float4 piece = pieces[v][0][lane];
-            sum.x += piece.x;
-            sum.y += piece.y;
-            sum.z += piece.z;
-            sum.w += piece.w;
-        }
-        lq_store_rows<OutT, OUT>(p, strip0 + strip, lane, {sum.x, sum.y, sum.z, sum.w});
-    }
+    // Each cut strip is added up by the lowest warp of this block that holds a piece of it.
+    auto add_if_lowest = [&](int strip_cut) {
+        if (strip_cut >= 0 && w == max(LqCut(split, strip_cut).w_lo, int(blockIdx.x) * WARPS))
+            lq_add_cut_strip<WARPS, OutT, OUT>(p, split, strip_cut, lane, block_pieces);
+    };
+    add_if_lowest(cut_first);
+    add_if_lowest(cut_last);
 }
 
-// Strips per block: the fewest that keep the grid within two blocks per SM (all resident at
-// once), so every block holds the same number of strips (the last may hold fewer) and every warp
-// about the same number of tiles. Depends on the matrix and the GPU, never on T or the form.
-int lq_block_strips(int out) { return ceil_div(out / LQ_TILE_ROWS, 2 * sm_count()); }
+// The grid: as many blocks as the GPU holds at once (fewer when the matrix gives a warp fewer
+// than LQ_MIN_GROUPS groups), so the split's ranges all run in one wave.
+template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
+void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaStream_t stream) {
+    const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS>;
+    const size_t smem = lq_smem_bytes(p.in, p.T, IN);
+    if (smem + lq_static_smem_bytes(WARPS) > 48 * 1024) allow_dynamic_smem(kernel, smem, op);
+    // Blocks per SM by device and shared memory size, asked of the runtime once each (eager
+    // few-token forwards, e.g. verify windows, launch this kernel hundreds of times per call).
+    static std::mutex lock;
+    static std::map<std::pair<int, size_t>, int> resident;
+    int device = 0, per_sm = 0;
+    LAMPO_CUDA_CHECK(cudaGetDevice(&device));
+    {
+        const std::lock_guard<std::mutex> hold(lock);
+        auto it = resident.find({device, smem});
+        if (it == resident.end()) {
+            LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, WARPS * 32, smem));
+            it = resident.emplace(std::make_pair(device, smem), per_sm).first;
+        }
+        per_sm = it->second;
+    }
+    const int64_t wanted = (groups + LQ_MIN_GROUPS * WARPS - 1) / (LQ_MIN_GROUPS * WARPS);
+    const int blocks = int(std::min<int64_t>({wanted, int64_t(std::max(per_sm, 1)) * sm_count(),
+                                              LQ_SPLIT_MAX_WARPS / WARPS}));
+    p.warps = int(std::min<int64_t>(int64_t(blocks) * WARPS, groups));  // each warp has a group at least
+    launch_pdl(op, kernel, blocks, WARPS * 32, smem, stream, p);
+}
 
 template <int BITS, class OutT, LqIn IN, LqOut OUT>
-void launch_gemv_lq(const char* op, GemvLqParams p, cudaStream_t stream) {
-    const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT>;
-    const size_t smem = (IN == LqIn::NormedResidual ? lq_norm_smem_bytes(p.in) : 0) + lq_start_bytes(p.in) +
-                        size_t(IN == LqIn::NormedResidual ? 1 : p.T) * lq_x_bytes(p.in) + LQ_ZERO_X_BYTES;
-    if (smem > 32 * 1024) allow_dynamic_smem(kernel, smem, op);
-    p.block_strips = lq_block_strips(p.out);
-    launch_pdl(op, kernel, ceil_div(p.out / LQ_TILE_ROWS, p.block_strips), LQ_WARPS * 32, smem, stream, p);
+void launch_gemv_lq(const char* op, const GemvLqParams& p, cudaStream_t stream) {
+    const int64_t groups = int64_t(p.out / LQ_TILE_ROWS) * ceil_div(p.in / LQ_TILE_COLS, LQ_GROUP);
+    if constexpr (IN == LqIn::X) {
+        if (groups >= int64_t(LQ_MIN_GROUPS) * LQ_WIDE_WARPS * sm_count())
+            return launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WIDE_WARPS>(op, p, groups, stream);
+    }
+    launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WARPS>(op, p, groups, stream);
 }
 
 // The checks and the launches of every form; p.x / p.y point at token 0 (p.T tokens).
@@ -192,14 +328,27 @@ void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t s
     require(bits >= 4 && bits <= 6, op, "bits must be 4, 5 or 6, got " + std::to_string(bits));
     require(p.out > 0 && p.out % LQ_TILE_ROWS == 0 && p.in > 0 && p.in % LQ_TILE_COLS == 0, op,
             "W must be [16n, 64k], got [" + std::to_string(p.out) + ", " + std::to_string(p.in) + "]");
+    require(p.out / LQ_TILE_ROWS <= LQ_SPLIT_MAX_STRIPS, op,
+            "out must be at most " + std::to_string(LQ_SPLIT_MAX_STRIPS * LQ_TILE_ROWS) + ", got " +
+                std::to_string(p.out));
     require(p.T >= 1 && p.T <= GEMV_MAX_T, op, "T must be 1..8, got " + std::to_string(p.T));
-    if constexpr (IN == LqIn::NormedResidual)
-        require(lq_norm_smem_bytes(p.in) + sizeof(float4) * LQ_WARPS * 2 * 32 + 256 <= smem_optin_bytes(), op,
-                "in = " + std::to_string(p.in) + " is too wide");
-    switch (bits) {
-        case 4: launch_gemv_lq<4, OutT, IN, OUT>(op, p, stream); break;
-        case 5: launch_gemv_lq<5, OutT, IN, OUT>(op, p, stream); break;
-        default: launch_gemv_lq<6, OutT, IN, OUT>(op, p, stream); break;
+    // x lives in shared memory: tokens go in groups that fit (one group unless T * in is large,
+    // e.g. the 27B down-projection with more than 6 tokens).
+    const size_t room = smem_optin_bytes() - lq_static_smem_bytes(LQ_WIDE_WARPS);
+    require(lq_smem_bytes(p.in, 1, IN) <= room, op, "in = " + std::to_string(p.in) + " is too wide");
+    int group = p.T;
+    while (lq_smem_bytes(p.in, group, IN) > room) --group;
+    for (int t0 = 0; t0 < p.T; t0 += group) {
+        GemvLqParams q = p;
+        q.x = p.x ? p.x + size_t(t0) * p.in : nullptr;
+        q.y = p.y ? static_cast<OutT*>(p.y) + size_t(t0) * p.out : nullptr;
+        for (int i = 0; i < p.parts.n; ++i) q.parts.dst[i] += size_t(t0) * (p.parts.first[i + 1] - p.parts.first[i]);
+        q.T = std::min(group, p.T - t0);
+        switch (bits) {
+            case 4: launch_gemv_lq<4, OutT, IN, OUT>(op, q, stream); break;
+            case 5: launch_gemv_lq<5, OutT, IN, OUT>(op, q, stream); break;
+            default: launch_gemv_lq<6, OutT, IN, OUT>(op, q, stream); break;
+        }
     }
 }
 
