@@ -18,10 +18,9 @@
 // lie in a device scratch (each warp fences its own before the barrier) and that warp counts its
 // block in at the strip's counter; the block that arrives last adds every piece in warp order
 // (deterministic), writes the rows and resets the counter (zero between launches). Every weight
-// byte is read once and serves all T tokens; the split depends on the matrix alone, so each token
-// of a window gets the bits of a one-token product. Launched with PDL: the first group is
-// requested before the wait (weights are immutable); the scratch and counters are touched only
-// after it, so consecutive launches never share them.
+// byte is read once and serves all T tokens. Launched with PDL: the first group is requested
+// before the wait (weights are immutable); the scratch and counters are touched only after it, so
+// consecutive launches never share them.
 //
 // The decode step's two folded forms (T = 1; linear.h), as gemv.cu's for BF16 weights:
 // - LqIn::NormedResidual (gemv_lq_normed): every block builds x = bf16(rmsnorm(residual) * (1 + w))
