@@ -10,17 +10,15 @@
 // next group's loads are in flight while the current group's products run on the tensor cores,
 // across strip boundaries too), each multiplied by lq_tile_mma against x, which every block stages
 // once in fragment order (blocks of LQ_WARPS warps, or LQ_WIDE_WARPS for a large plain-x product).
-// A strip that lies wholly in one warp's range is written by that warp; a strip cut between warps
-// gets one partial sum per warp (its C fragment, in a slot: 0 for the warp's first strip, 1 for its
-// last), kept without a fence or a count while the weights still stream. After one barrier at the
-// end, the block's lowest warp holding a piece of a cut strip adds it up: if all the strip's warps
-// are in the block (small matrices), from the block's shared memory, in warp order; else the pieces
-// lie in a device scratch (each warp fences its own before the barrier) and that warp counts its
-// block in at the strip's counter; the block that arrives last adds every piece in warp order
-// (deterministic), writes the rows and resets the counter (zero between launches). Every weight
-// byte is read once and serves all T tokens. Launched with PDL: the first group is requested
-// before the wait (weights are immutable); the scratch and counters are touched only after it, so
-// consecutive launches never share them.
+// A strip that lies wholly in one warp's range is written by that warp; a
+// strip cut between warps gets one partial sum per warp (its C fragment, in a slot: 0 for the
+// warp's first strip, 1 for its last), and the warp that arrives last at the strip's counter adds
+// the pieces in warp order (deterministic) and writes the rows, then resets the counter. The slots
+// and counters are the block's shared memory when the strip's warps are all in one block (small
+// matrices), else a device scratch (fenced device-wide; its counters stay zero between launches).
+// Every weight byte is read once and serves all T tokens. Launched with PDL: the first group is
+// requested before the wait (weights are immutable); the scratch and counters are touched only
+// after it, so consecutive launches never share them.
 //
 // The decode step's two folded forms (T = 1; linear.h), as gemv.cu's for BF16 weights:
 // - LqIn::NormedResidual (gemv_lq_normed): every block builds x = bf16(rmsnorm(residual) * (1 + w))
@@ -52,6 +50,11 @@ namespace {
 constexpr int LQ_WARPS = 8;
 constexpr int LQ_WIDE_WARPS = 16;
 constexpr int LQ_MIN_GROUPS = 2;           // groups per warp the split aims for at least
+// The split by whole strips per block (LqSplit) takes x up to this wide and up to this many strips
+// per SM: the small matrices of the 35B-A3B's layers (not its LM head), where it measured faster
+// than one range over the grid (docs/benchmarks.md).
+constexpr int LQ_BLOCK_SPLIT_MAX_IN = 4096;
+constexpr int LQ_BLOCK_SPLIT_MAX_STRIPS_PER_SM = 8;
 constexpr int LQ_SPLIT_MAX_WARPS = 4096;   // the scratch's size: warps of one launch at most
 constexpr int LQ_SPLIT_MAX_STRIPS = 1 << 16;
 
@@ -83,17 +86,31 @@ struct GemvLqParams {
     void* y;            // [T, out] OutT, or the fp32 residual [out] for AddToResidual
     int T, out, in;
     int warps;          // the split's ranges: at most the grid's warps and the number of groups
+    int block_groups;   // > 0: the split by whole strips per block (LqSplit)
     ResidualNorm norm;  // LqIn::NormedResidual
     RowParts parts;     // n > 0: the bf16 rows stored as parts (linear.h), not at y
 };
 
 // The split (header): groups of LQ_GROUP tiles, `per_strip` per strip, `total` in all, warp w <
 // warps <= total taking [first(w), first(w + 1)) (never empty); owner(group): the warp taking it.
+// Over the whole grid (block_groups 0), or by whole strips per block: block b takes groups
+// [b block_groups, (b + 1) block_groups) (the last block fewer) and deals them out to its
+// LQ_WARPS warps, so no strip is cut between blocks (launch_gemv_lq: small matrices).
 struct LqSplit {
     int64_t total;
-    int per_strip, warps;
-    __device__ int64_t first(int w) const { return total * w / warps; }
-    __device__ int owner(int64_t group) const { return int(((group + 1) * warps - 1) / total); }
+    int per_strip, warps, block_groups;
+    __device__ int64_t block_begin(int64_t block) const { return min(total, block * block_groups); }
+    __device__ int64_t first(int w) const {
+        if (block_groups == 0) return total * w / warps;
+        const int64_t begin = block_begin(w / LQ_WARPS), len = min(total - begin, int64_t(block_groups));
+        return begin + len * (w % LQ_WARPS) / LQ_WARPS;
+    }
+    __device__ int owner(int64_t group) const {
+        if (block_groups == 0) return int(((group + 1) * warps - 1) / total);
+        const int64_t block = group / block_groups, begin = block_begin(block);
+        const int64_t len = min(total - begin, int64_t(block_groups));
+        return int(block) * LQ_WARPS + int(((group - begin + 1) * LQ_WARPS - 1) / len);
+    }
 };
 
 // rows g and g + 8 of `strip` for tokens 2 quad, 2 quad + 1 from the lane's C fragment `v`.
@@ -112,66 +129,69 @@ __device__ __forceinline__ void lq_store_rows(const GemvLqParams& p, int strip, 
     }
 }
 
-// The kernel's static shared memory at most: the block's pieces (lq_keep_piece) and 256 bytes for
-// the folded norm's block sums (norm_row.cuh).
-constexpr size_t lq_static_smem_bytes(int warps) { return sizeof(float4) * warps * 2 * 32 + 256; }
+// The kernel's static shared memory at most: the block's pieces and counters (lq_finish_strip) and
+// 256 bytes for the folded norm's block sums (norm_row.cuh).
+constexpr size_t lq_static_smem_bytes(int warps) {
+    return sizeof(float4) * warps * 2 * 32 + sizeof(unsigned) * warps + 256;
+}
 
-// A strip cut between warps w_lo..w_hi (the owners of its first and last group); `shared`: all in
-// one block, so the pieces meet in that block's shared memory, else in the device scratch.
-struct LqCut {
-    int w_lo, w_hi;
-    __device__ LqCut(const LqSplit& split, int strip)
-        : w_lo(split.owner(int64_t(strip) * split.per_strip)), w_hi(split.owner(int64_t(strip + 1) * split.per_strip - 1)) {}
-    template <int WARPS>
-    __device__ bool shared() const { return w_lo / WARPS == w_hi / WARPS; }
+// Where the pieces of strips cut between warps meet: the device scratch and counters, or, for a
+// strip whose warps all belong to one block, that block's shared memory (no device-wide fence).
+struct LqPieces {
+    float4* piece;       // [warp][slot][lane]
+    unsigned* arrivals;  // the strip's counter
+    int first_warp;      // warp index of piece[0]
 };
 
-// Warp w's piece of a cut strip (its C fragment `acc`) kept in slot 0 (the warp's first strip) or
-// 1 (its last): no fence and no count here, in the middle of the weight stream; the strips are
-// added up after every warp of the block has finished (lq_add_cut_strip).
-template <int WARPS>
-__device__ __forceinline__ void lq_keep_piece(const LqCut& cut, int w, bool first_strip, int lane, const float (&acc)[4],
-                                              float4* block_pieces) {
-    const int slot = first_strip ? 0 : 1;
-    const float4 v = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    if (cut.shared<WARPS>()) block_pieces[((w % WARPS) * 2 + slot) * 32 + lane] = v;
-    else lq_split_pieces[(w * 2 + slot) * 32 + lane] = v;
+// Adds this warp's piece (slot 0: its first strip, else 1) to the strip's; true for the warp that
+// arrives last, which then holds the sum of all pieces in warp order in `sum`.
+template <bool SHARED>
+__device__ __forceinline__ bool lq_meet(const LqPieces& at, const LqSplit& split, int w, int strip, int w_lo, int w_hi,
+                                        bool first_strip, int lane, const float (&acc)[4], float (&sum)[4]) {
+    at.piece[((w - at.first_warp) * 2 + (first_strip ? 0 : 1)) * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    if constexpr (SHARED) __threadfence_block();
+    else __threadfence();
+    __syncwarp();
+    unsigned arrived = 0;
+    if (lane == 0) arrived = atomicAdd(at.arrivals, 1u);
+    arrived = __shfl_sync(0xffffffffu, arrived, 0);
+    if (arrived != unsigned(w_hi - w_lo)) return false;
+    if (lane == 0) *at.arrivals = 0u;  // ready for the next use
+    if constexpr (SHARED) __threadfence_block();
+    else __threadfence();
+    sum[0] = sum[1] = sum[2] = sum[3] = 0.0f;
+    for (int v = w_lo; v <= w_hi; ++v) {  // the lowest warp's piece is its last strip unless it began here
+        const int slot = v == w_lo && split.first(v) != int64_t(strip) * split.per_strip ? 1 : 0;
+        const float4* piece = at.piece + ((v - at.first_warp) * 2 + slot) * 32 + lane;
+        const float4 value = SHARED ? *piece : __ldcg(piece);
+        sum[0] += value.x;
+        sum[1] += value.y;
+        sum[2] += value.z;
+        sum[3] += value.w;
+    }
+    return true;
 }
 
-// Piece of warp v of `strip`: the lowest warp's is its last strip's unless the strip is its first.
-template <int WARPS>
-__device__ __forceinline__ float4 lq_piece(const LqSplit& split, const LqCut& cut, int v, int strip, bool shared,
-                                           const float4* block_pieces, int lane) {
-    const int slot = v == cut.w_lo && split.first(v) != int64_t(strip) * split.per_strip ? 1 : 0;
-    return shared ? block_pieces[((v % WARPS) * 2 + slot) * 32 + lane] : __ldcg(lq_split_pieces + (v * 2 + slot) * 32 + lane);
-}
-
-// After the block's barrier, by the block's lowest warp holding a piece of the cut `strip`: within
-// one block, add the pieces in warp order and store the rows; across blocks, count the block's
-// arrival (its pieces were fenced device-wide before the barrier) and, in the block that arrives
-// last, add every piece in warp order and store the rows, then reset the count.
+// The end of warp w's part of `strip` (acc its sums): the rows, if the warp holds the whole strip;
+// else its piece, and the rows from all pieces if it is the last to arrive. block_pieces /
+// block_arrivals: the block's shared memory for strips within it (counter: the lowest warp's).
 template <int WARPS, class OutT, LqOut OUT>
-__device__ __forceinline__ void lq_add_cut_strip(const GemvLqParams& p, const LqSplit& split, int strip, int lane,
-                                                 const float4* block_pieces) {
-    const LqCut cut(split, strip);
-    const bool shared = cut.shared<WARPS>();
-    if (!shared) {
-        unsigned arrived = 0;
-        if (lane == 0) arrived = atomicAdd(lq_split_arrivals + strip, 1u);
-        arrived = __shfl_sync(0xffffffffu, arrived, 0);
-        if (arrived != unsigned(cut.w_hi / WARPS - cut.w_lo / WARPS)) return;
-        if (lane == 0) lq_split_arrivals[strip] = 0u;  // ready for the next launch
-        __threadfence();
+__device__ __forceinline__ void lq_finish_strip(const GemvLqParams& p, const LqSplit& split, int w, int strip,
+                                                bool whole, bool first_strip, int lane, const float (&acc)[4],
+                                                float4* block_pieces, unsigned* block_arrivals) {
+    if (whole) {
+        lq_store_rows<OutT, OUT>(p, strip, lane, acc);
+        return;
     }
-    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int v = cut.w_lo; v <= cut.w_hi; ++v) {
-        const float4 piece = lq_piece<WARPS>(split, cut, v, strip, shared, block_pieces, lane);
-        sum[0] += piece.x;
-        sum[1] += piece.y;
-        sum[2] += piece.z;
-        sum[3] += piece.w;
-    }
-    lq_store_rows<OutT, OUT>(p, strip, lane, sum);
+    const int w_lo = split.owner(int64_t(strip) * split.per_strip);
+    const int w_hi = split.owner(int64_t(strip + 1) * split.per_strip - 1);
+    float sum[4];
+    const bool last = w_lo / WARPS == w_hi / WARPS
+        ? lq_meet<true>({block_pieces, block_arrivals + w_lo % WARPS, w_lo - w_lo % WARPS}, split, w, strip,
+                        w_lo, w_hi, first_strip, lane, acc, sum)
+        : lq_meet<false>({lq_split_pieces, lq_split_arrivals + strip, 0}, split, w, strip, w_lo, w_hi, first_strip,
+                         lane, acc, sum);
+    if (last) lq_store_rows<OutT, OUT>(p, strip, lane, sum);
 }
 
 template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
@@ -181,9 +201,11 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
     extern __shared__ uint4 lq_smem[];
     __shared__ float4 block_pieces[WARPS * 2 * 32];  // within lq_static_smem_bytes(WARPS)
+    __shared__ unsigned block_arrivals[WARPS];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = blockIdx.x * WARPS + warp;
+    if (threadIdx.x < WARPS) block_arrivals[threadIdx.x] = 0u;  // read after the staging's barrier
     const int tiles = p.in / LQ_TILE_COLS, per_strip = (tiles + LQ_GROUP - 1) / LQ_GROUP;
-    const LqSplit split{int64_t(p.out / LQ_TILE_ROWS) * per_strip, per_strip, p.warps};
+    const LqSplit split{int64_t(p.out / LQ_TILE_ROWS) * per_strip, per_strip, p.warps, p.block_groups};
     const bool idle = w >= p.warps;  // the last block's warps past the split's count
     const int64_t g_end = idle ? 0 : split.first(w + 1);
     int64_t g = idle ? 0 : split.first(w);
@@ -220,27 +242,19 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
                                            blockDim.x);
     }
     __syncthreads();
+    if (g >= g_end) return;
 
     const LqLaneX x = lq_lane_x(xs, start, tiles, p.T, lane);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     bool first_strip = true;
     int seg_begin = t;  // where the warp's part of the current strip began
-    int cut_first = -1, cut_last = -1;  // the warp's first / last strip, where cut between warps
-    bool device_pieces = false;
-    // After a group's products: store a strip that ends with the warp's whole part of it, or keep
-    // the warp's piece of a cut one; move to the next group.
+    // After a group's products: finish the strip where it ends, and move to the next group.
     auto advance = [&](int count) {
         const bool strip_ends = t + count == tiles;
         ++g;
         if (strip_ends || g == g_end) {
-            if (seg_begin == 0 && strip_ends) {
-                lq_store_rows<OutT, OUT>(p, strip, lane, acc);
-            } else {
-                const LqCut piece_of(split, strip);
-                lq_keep_piece<WARPS>(piece_of, w, first_strip, lane, acc, block_pieces);
-                device_pieces |= !piece_of.shared<WARPS>();
-                (first_strip ? cut_first : cut_last) = strip;
-            }
+            lq_finish_strip<WARPS, OutT, OUT>(p, split, w, strip, seg_begin == 0 && strip_ends, first_strip, lane, acc,
+                                       block_pieces, block_arrivals);
             acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
             first_strip = false;
             seg_begin = 0;
@@ -263,29 +277,19 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
         else lq_mma_group<BITS, false>(cur, frag, x.frag_step, x.start + 4 * t, count, acc);
         advance(count);
     };
-    if (g < g_end) {
-        while (true) {
-            step(a, b);
-            if (g == g_end) break;
-            step(b, a);
-            if (g == g_end) break;
-        }
+    while (true) {
+        step(a, b);
+        if (g == g_end) return;
+        step(b, a);
+        if (g == g_end) return;
     }
-    if (device_pieces) __threadfence();  // the pieces in the scratch, before the block counts itself
-    __syncthreads();
-    // Each cut strip is added up by the lowest warp of this block that holds a piece of it.
-    auto add_if_lowest = [&](int strip_cut) {
-        if (strip_cut >= 0 && w == max(LqCut(split, strip_cut).w_lo, int(blockIdx.x) * WARPS))
-            lq_add_cut_strip<WARPS, OutT, OUT>(p, split, strip_cut, lane, block_pieces);
-    };
-    add_if_lowest(cut_first);
-    add_if_lowest(cut_last);
 }
 
 // The grid: as many blocks as the GPU holds at once (fewer when the matrix gives a warp fewer
-// than LQ_MIN_GROUPS groups), so the split's ranges all run in one wave.
+// than LQ_MIN_GROUPS groups), so the split's ranges all run in one wave. by_strips: the fewest
+// whole strips per block that keep the blocks within one wave.
 template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
-void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaStream_t stream) {
+void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, bool by_strips, cudaStream_t stream) {
     const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS>;
     const size_t smem = lq_smem_bytes(p.in, p.T, IN);
     if (smem + lq_static_smem_bytes(WARPS) > 48 * 1024) allow_dynamic_smem(kernel, smem, op);
@@ -304,21 +308,33 @@ void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaS
         }
         per_sm = it->second;
     }
-    const int64_t wanted = (groups + LQ_MIN_GROUPS * WARPS - 1) / (LQ_MIN_GROUPS * WARPS);
-    const int blocks = int(std::min<int64_t>({wanted, int64_t(std::max(per_sm, 1)) * sm_count(),
-                                              LQ_SPLIT_MAX_WARPS / WARPS}));
-    p.warps = int(std::min<int64_t>(int64_t(blocks) * WARPS, groups));  // each warp has a group at least
+    const int slots = std::max(per_sm, 1) * sm_count();
+    int blocks = 0;
+    if (by_strips) {
+        const int strips = p.out / LQ_TILE_ROWS, per_block = ceil_div(strips, slots);
+        blocks = ceil_div(strips, per_block);
+        p.block_groups = per_block * int(groups / strips);
+        p.warps = blocks * WARPS;
+    } else {
+        const int64_t wanted = (groups + LQ_MIN_GROUPS * WARPS - 1) / (LQ_MIN_GROUPS * WARPS);
+        blocks = int(std::min<int64_t>({wanted, int64_t(slots), LQ_SPLIT_MAX_WARPS / WARPS}));
+        p.warps = int(std::min<int64_t>(int64_t(blocks) * WARPS, groups));  // each warp has a group at least
+    }
     launch_pdl(op, kernel, blocks, WARPS * 32, smem, stream, p);
 }
 
 template <int BITS, class OutT, LqIn IN, LqOut OUT>
 void launch_gemv_lq(const char* op, const GemvLqParams& p, cudaStream_t stream) {
-    const int64_t groups = int64_t(p.out / LQ_TILE_ROWS) * ceil_div(p.in / LQ_TILE_COLS, LQ_GROUP);
+    const int strips = p.out / LQ_TILE_ROWS, per_strip = ceil_div(p.in / LQ_TILE_COLS, LQ_GROUP);
+    const int64_t groups = int64_t(strips) * per_strip;
+    // By whole strips per block where every warp still gets a group (per_strip >= LQ_WARPS).
+    const bool by_strips = p.in <= LQ_BLOCK_SPLIT_MAX_IN && per_strip >= LQ_WARPS &&
+                           strips <= LQ_BLOCK_SPLIT_MAX_STRIPS_PER_SM * sm_count();
     if constexpr (IN == LqIn::X) {
-        if (groups >= int64_t(LQ_MIN_GROUPS) * LQ_WIDE_WARPS * sm_count())
-            return launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WIDE_WARPS>(op, p, groups, stream);
+        if (!by_strips && groups >= int64_t(LQ_MIN_GROUPS) * LQ_WIDE_WARPS * sm_count())
+            return launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WIDE_WARPS>(op, p, groups, false, stream);
     }
-    launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WARPS>(op, p, groups, stream);
+    launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WARPS>(op, p, groups, by_strips, stream);
 }
 
 // The checks and the launches of every form; p.x / p.y point at token 0 (p.T tokens).
@@ -359,26 +375,26 @@ size_t lq_packed_bytes(int out, int in, int bits) {
 
 template <class OutT>
 void gemv_lq(const uint8_t* W, int bits, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream) {
-    run_gemv_lq<OutT>("gemv_lq", bits, {W, x, y, T, out, in, 0, {}, {}}, stream);
+    run_gemv_lq<OutT>("gemv_lq", bits, {W, x, y, T, out, in, 0, 0, {}, {}}, stream);
 }
 
 void gemv_lq_parts(const uint8_t* W, int bits, const bf16* x, const RowParts& parts, int T, int out, int in,
                    cudaStream_t stream) {
     require(parts.n >= 1 && parts.n <= RowParts::MAX && parts.first[parts.n] <= out, "gemv_lq_parts",
             "needs 1..4 parts within the " + std::to_string(out) + " rows");
-    run_gemv_lq<bf16>("gemv_lq_parts", bits, {W, x, nullptr, T, out, in, 0, {}, parts}, stream);
+    run_gemv_lq<bf16>("gemv_lq_parts", bits, {W, x, nullptr, T, out, in, 0, 0, {}, parts}, stream);
 }
 
 template <class OutT>
 void gemv_lq_normed(const uint8_t* W, int bits, const ResidualNorm& x, OutT* y, int out, int in, cudaStream_t stream) {
     require(x.residual && x.weight, "gemv_lq_normed", "needs the residual row and the norm weight");
-    run_gemv_lq<OutT, LqIn::NormedResidual>("gemv_lq_normed", bits, {W, nullptr, y, 1, out, in, 0, x, {}}, stream);
+    run_gemv_lq<OutT, LqIn::NormedResidual>("gemv_lq_normed", bits, {W, nullptr, y, 1, out, in, 0, 0, x, {}}, stream);
 }
 
 void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int out, int in,
                           cudaStream_t stream) {
     run_gemv_lq<float, LqIn::X, LqOut::AddToResidual>("gemv_lq_add_residual", bits,
-                                                      {W, x, residual, 1, out, in, 0, {}, {}}, stream);
+                                                      {W, x, residual, 1, out, in, 0, 0, {}, {}}, stream);
 }
 
 template void gemv_lq<bf16>(const uint8_t*, int, const bf16*, bf16*, int, int, int, cudaStream_t);
