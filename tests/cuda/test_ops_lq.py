@@ -33,7 +33,6 @@ def random_lq(rng, out: int, inn: int, bits: int) -> tuple[np.ndarray, np.ndarra
     (48, 192, 3),        # three tiles per strip: uneven K slices
     (2048, 2048, 1),     # 35B-A3B o-projection-like
     (8192, 2048, 1),     # 35B-A3B GDN in-projection
-    (8480, 2048, 3),     # whole strips per block, the last block with fewer (132 SMs: 3 per block, 2 in the last)
     (512, 2048, 8),      # a verify window
     (2048, 4096, 5),
     (1024, 5120, 2),     # 27B width

@@ -50,11 +50,6 @@ namespace {
 constexpr int LQ_WARPS = 8;
 constexpr int LQ_WIDE_WARPS = 16;
 constexpr int LQ_MIN_GROUPS = 2;           // groups per warp the split aims for at least
-// The split by whole strips per block (LqSplit) takes x up to this wide and up to this many strips
-// per SM: the small matrices of the 35B-A3B's layers (not its LM head), where it measured faster
-// than one range over the grid (docs/benchmarks.md).
-constexpr int LQ_BLOCK_SPLIT_MAX_IN = 4096;
-constexpr int LQ_BLOCK_SPLIT_MAX_STRIPS_PER_SM = 8;
 constexpr int LQ_SPLIT_MAX_WARPS = 4096;   // the scratch's size: warps of one launch at most
 constexpr int LQ_SPLIT_MAX_STRIPS = 1 << 16;
 
@@ -86,31 +81,17 @@ struct GemvLqParams {
     void* y;            // [T, out] OutT, or the fp32 residual [out] for AddToResidual
     int T, out, in;
     int warps;          // the split's ranges: at most the grid's warps and the number of groups
-    int block_groups;   // > 0: the split by whole strips per block (LqSplit)
     ResidualNorm norm;  // LqIn::NormedResidual
     RowParts parts;     // n > 0: the bf16 rows stored as parts (linear.h), not at y
 };
 
 // The split (header): groups of LQ_GROUP tiles, `per_strip` per strip, `total` in all, warp w <
 // warps <= total taking [first(w), first(w + 1)) (never empty); owner(group): the warp taking it.
-// Over the whole grid (block_groups 0), or by whole strips per block: block b takes groups
-// [b block_groups, (b + 1) block_groups) (the last block fewer) and deals them out to its
-// LQ_WARPS warps, so no strip is cut between blocks (launch_gemv_lq: small matrices).
 struct LqSplit {
     int64_t total;
-    int per_strip, warps, block_groups;
-    __device__ int64_t block_begin(int64_t block) const { return min(total, block * block_groups); }
-    __device__ int64_t first(int w) const {
-        if (block_groups == 0) return total * w / warps;
-        const int64_t begin = block_begin(w / LQ_WARPS), len = min(total - begin, int64_t(block_groups));
-        return begin + len * (w % LQ_WARPS) / LQ_WARPS;
-    }
-    __device__ int owner(int64_t group) const {
-        if (block_groups == 0) return int(((group + 1) * warps - 1) / total);
-        const int64_t block = group / block_groups, begin = block_begin(block);
-        const int64_t len = min(total - begin, int64_t(block_groups));
-        return int(block) * LQ_WARPS + int(((group - begin + 1) * LQ_WARPS - 1) / len);
-    }
+    int per_strip, warps;
+    __device__ int64_t first(int w) const { return total * w / warps; }
+    __device__ int owner(int64_t group) const { return int(((group + 1) * warps - 1) / total); }
 };
 
 // rows g and g + 8 of `strip` for tokens 2 quad, 2 quad + 1 from the lane's C fragment `v`.
@@ -205,7 +186,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = blockIdx.x * WARPS + warp;
     if (threadIdx.x < WARPS) block_arrivals[threadIdx.x] = 0u;  // read after the staging's barrier
     const int tiles = p.in / LQ_TILE_COLS, per_strip = (tiles + LQ_GROUP - 1) / LQ_GROUP;
-    const LqSplit split{int64_t(p.out / LQ_TILE_ROWS) * per_strip, per_strip, p.warps, p.block_groups};
+    const LqSplit split{int64_t(p.out / LQ_TILE_ROWS) * per_strip, per_strip, p.warps};
     const bool idle = w >= p.warps;  // the last block's warps past the split's count
     const int64_t g_end = idle ? 0 : split.first(w + 1);
     int64_t g = idle ? 0 : split.first(w);
@@ -286,10 +267,9 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
 }
 
 // The grid: as many blocks as the GPU holds at once (fewer when the matrix gives a warp fewer
-// than LQ_MIN_GROUPS groups), so the split's ranges all run in one wave. by_strips: the fewest
-// whole strips per block that keep the blocks within one wave.
+// than LQ_MIN_GROUPS groups), so the split's ranges all run in one wave.
 template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
-void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, bool by_strips, cudaStream_t stream) {
+void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaStream_t stream) {
     const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS>;
     const size_t smem = lq_smem_bytes(p.in, p.T, IN);
     if (smem + lq_static_smem_bytes(WARPS) > 48 * 1024) allow_dynamic_smem(kernel, smem, op);
@@ -308,33 +288,21 @@ void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, bool 
         }
         per_sm = it->second;
     }
-    const int slots = std::max(per_sm, 1) * sm_count();
-    int blocks = 0;
-    if (by_strips) {
-        const int strips = p.out / LQ_TILE_ROWS, per_block = ceil_div(strips, slots);
-        blocks = ceil_div(strips, per_block);
-        p.block_groups = per_block * int(groups / strips);
-        p.warps = blocks * WARPS;
-    } else {
-        const int64_t wanted = (groups + LQ_MIN_GROUPS * WARPS - 1) / (LQ_MIN_GROUPS * WARPS);
-        blocks = int(std::min<int64_t>({wanted, int64_t(slots), LQ_SPLIT_MAX_WARPS / WARPS}));
-        p.warps = int(std::min<int64_t>(int64_t(blocks) * WARPS, groups));  // each warp has a group at least
-    }
+    const int64_t wanted = (groups + LQ_MIN_GROUPS * WARPS - 1) / (LQ_MIN_GROUPS * WARPS);
+    const int blocks = int(std::min<int64_t>({wanted, int64_t(std::max(per_sm, 1)) * sm_count(),
+                                              LQ_SPLIT_MAX_WARPS / WARPS}));
+    p.warps = int(std::min<int64_t>(int64_t(blocks) * WARPS, groups));  // each warp has a group at least
     launch_pdl(op, kernel, blocks, WARPS * 32, smem, stream, p);
 }
 
 template <int BITS, class OutT, LqIn IN, LqOut OUT>
 void launch_gemv_lq(const char* op, const GemvLqParams& p, cudaStream_t stream) {
-    const int strips = p.out / LQ_TILE_ROWS, per_strip = ceil_div(p.in / LQ_TILE_COLS, LQ_GROUP);
-    const int64_t groups = int64_t(strips) * per_strip;
-    // By whole strips per block where every warp still gets a group (per_strip >= LQ_WARPS).
-    const bool by_strips = p.in <= LQ_BLOCK_SPLIT_MAX_IN && per_strip >= LQ_WARPS &&
-                           strips <= LQ_BLOCK_SPLIT_MAX_STRIPS_PER_SM * sm_count();
+    const int64_t groups = int64_t(p.out / LQ_TILE_ROWS) * ceil_div(p.in / LQ_TILE_COLS, LQ_GROUP);
     if constexpr (IN == LqIn::X) {
-        if (!by_strips && groups >= int64_t(LQ_MIN_GROUPS) * LQ_WIDE_WARPS * sm_count())
-            return launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WIDE_WARPS>(op, p, groups, false, stream);
+        if (groups >= int64_t(LQ_MIN_GROUPS) * LQ_WIDE_WARPS * sm_count())
+            return launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WIDE_WARPS>(op, p, groups, stream);
     }
-    launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WARPS>(op, p, groups, by_strips, stream);
+    launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WARPS>(op, p, groups, stream);
 }
 
 // The checks and the launches of every form; p.x / p.y point at token 0 (p.T tokens).
@@ -375,26 +343,26 @@ size_t lq_packed_bytes(int out, int in, int bits) {
 
 template <class OutT>
 void gemv_lq(const uint8_t* W, int bits, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream) {
-    run_gemv_lq<OutT>("gemv_lq", bits, {W, x, y, T, out, in, 0, 0, {}, {}}, stream);
+    run_gemv_lq<OutT>("gemv_lq", bits, {W, x, y, T, out, in, 0, {}, {}}, stream);
 }
 
 void gemv_lq_parts(const uint8_t* W, int bits, const bf16* x, const RowParts& parts, int T, int out, int in,
                    cudaStream_t stream) {
     require(parts.n >= 1 && parts.n <= RowParts::MAX && parts.first[parts.n] <= out, "gemv_lq_parts",
             "needs 1..4 parts within the " + std::to_string(out) + " rows");
-    run_gemv_lq<bf16>("gemv_lq_parts", bits, {W, x, nullptr, T, out, in, 0, 0, {}, parts}, stream);
+    run_gemv_lq<bf16>("gemv_lq_parts", bits, {W, x, nullptr, T, out, in, 0, {}, parts}, stream);
 }
 
 template <class OutT>
 void gemv_lq_normed(const uint8_t* W, int bits, const ResidualNorm& x, OutT* y, int out, int in, cudaStream_t stream) {
     require(x.residual && x.weight, "gemv_lq_normed", "needs the residual row and the norm weight");
-    run_gemv_lq<OutT, LqIn::NormedResidual>("gemv_lq_normed", bits, {W, nullptr, y, 1, out, in, 0, 0, x, {}}, stream);
+    run_gemv_lq<OutT, LqIn::NormedResidual>("gemv_lq_normed", bits, {W, nullptr, y, 1, out, in, 0, x, {}}, stream);
 }
 
 void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int out, int in,
                           cudaStream_t stream) {
     run_gemv_lq<float, LqIn::X, LqOut::AddToResidual>("gemv_lq_add_residual", bits,
-                                                      {W, x, residual, 1, out, in, 0, 0, {}, {}}, stream);
+                                                      {W, x, residual, 1, out, in, 0, {}, {}}, stream);
 }
 
 template void gemv_lq<bf16>(const uint8_t*, int, const bf16*, bf16*, int, int, int, cudaStream_t);
