@@ -128,6 +128,12 @@ class SpeculativeDecoder:
         self.uses_mtp = model.has_mtp and (drafter == "mtp"
                                            or (drafter == "auto" and self.policy.mode in ("auto", "mtp")))
         self._undo = None  # (state before the last round's verify, the ids that round fed)
+        self._context_counts: DraftVocab | None = None  # the draft vocabulary's counts of ...
+        self._counted = 0  # ... the first `_counted` ids of the contexts rounds are given
+
+    def forget_context(self) -> None:
+        """Count the next round's context afresh (a new conversation on a reset model)."""
+        self._context_counts = None
 
     def advance(self, ids: Sequence[int]) -> None:
         """Run `ids` (prompt tokens) through the trunk in one call, and the MTP rows they complete;
@@ -216,7 +222,7 @@ class SpeculativeDecoder:
             q = np.zeros((len(drafts), self.model.cfg.vocab_size))  # a deterministic drafter: one-hot
             q[np.arange(len(drafts)), drafts] = 1.0
             return drafts, q
-        vocab = DraftVocab(self.model.cfg.real_vocab_size, context).size
+        vocab = self._draft_vocab(context)
 
         def draft_logits(row: np.ndarray) -> np.ndarray:
             logits = self.model.logits(row)
@@ -236,6 +242,16 @@ class SpeculativeDecoder:
                 self.model.mtp_advance(self.model.mtp_hidden_last[None], [drafts[-1]], position + i)
                 logits = draft_logits(self.model.mtp_hidden_last)
         return drafts, (np.stack(qs) if qs else None)
+
+    def _draft_vocab(self, context: Sequence[int]) -> int:
+        """`DraftVocab(context).size`, counting only the ids added since the last call: a round's
+        context extends the previous one's (its kept drafts and next token, fewer after a rewind);
+        a shorter one, or the first, is counted whole."""
+        if self._context_counts is None or len(context) < self._counted:
+            self._context_counts, self._counted = DraftVocab(self.model.cfg.real_vocab_size), 0
+        self._context_counts.add(context[self._counted:])
+        self._counted = len(context)
+        return self._context_counts.size
 
     def _accept(self, drafts: list[int], q: np.ndarray | None, reply: list[int]) -> tuple[int, int]:
         """(drafts kept, the token after them) from the verify forward's rows (`model.hiddens`, k + 1);
@@ -268,6 +284,7 @@ class SpeculativeReference:
     def generate(self, prompt: Sequence[int], max_tokens: int) -> list[int]:
         prompt = list(prompt)
         self.model.reset()
+        self.decoder.forget_context()
         if len(prompt) > 1:
             self.decoder.advance(prompt[:-1])
         out: list[int] = []

@@ -240,3 +240,43 @@ def test_mtp_drafts_come_from_the_conversations_draft_vocabulary(models, monkeyp
     assert reply[:12] == plain_greedy(model, prompt, 12)
     assert rounds and all(size == vocab for size, _ in rounds)
     assert max(max(d) for _, d in rounds) < vocab
+
+
+def test_the_draft_vocabulary_is_counted_as_the_context_grows(models):
+    """Each round counts only the ids its context added since the last one, and gets the size a
+    count of the whole context gives: through growth into the second prefix, a rewound (shorter)
+    context, and a new conversation after `forget_context`."""
+    model = models["dense"]
+    decoder = SpeculativeDecoder(model, GREEDY, 4, "mtp", np.random.default_rng(0))
+    rng = np.random.default_rng(5)
+    context = [int(i) for i in rng.integers(0, 1000, 400)]
+    for grow in ([200_000] * 3, list(range(100_000, 100_060)), [7] * 50):
+        for i in range(0, len(grow), 7):  # a round's kept drafts and next token at a time
+            context += grow[i:i + 7]
+            assert decoder._draft_vocab(context) == DraftVocab(model.cfg.real_vocab_size, context).size
+    shorter = context[:-30]
+    assert decoder._draft_vocab(shorter) == DraftVocab(model.cfg.real_vocab_size, shorter).size
+    decoder.forget_context()
+    other = [150_000 + i for i in range(600)]
+    assert decoder._draft_vocab(other) == DraftVocab(model.cfg.real_vocab_size, other).size == PREFIXES[1]
+
+
+def test_a_second_generation_forgets_the_first_conversation(models, monkeypatch):
+    """SpeculativeReference.generate starts each call on a reset model and a fresh count: a first
+    conversation of ids above the second prefix (drafts over every id), then a longer one below
+    the first prefix: every round of it counts its own conversation only."""
+    model = models["dense"]
+    ref = SpeculativeReference(model, GREEDY, 3, "mtp")
+    sizes, count = [], ref.decoder._draft_vocab
+
+    def recorded(context):
+        sizes.append((count(context), DraftVocab(model.cfg.real_vocab_size, context).size))
+        return sizes[-1][0]
+
+    monkeypatch.setattr(ref.decoder, "_draft_vocab", recorded)
+    ref.generate([200_000 + i % 97 for i in range(300)], 8)
+    assert sizes and all(got == 0 for got, _ in sizes)
+    sizes.clear()
+    second = [5 + i % 89 for i in range(400)]
+    assert ref.generate(second, 8) == plain_greedy(model, second, 8)
+    assert sizes[0][1] == PREFIXES[0] and all(got == want for got, want in sizes)
