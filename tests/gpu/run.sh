@@ -50,15 +50,19 @@
 #   omit   build (no tests) + the 35B-A3B graphed decode step without each op family in turn
 #          (LAMPO_OMIT_OPS: what each family costs inside the graph)
 #   ab     A/B of build variants on the graphed decode step (depth 1 and 8,192 by random fill) of
-#          the 35B-A3B, or of the model AB_MODEL names (27b): the patches of BASE_PATCH applied
-#          first, the base built (and tested with TESTS=1);
+#          the 35B-A3B, or of the models AB_MODEL names ("27b", "35b-a3b 27b"), in bf16 or in the
+#          LQ recipe AB_WEIGHTS names (q5, q4); AB_SWEEP=1 also runs tests/gpu/gemv_sweep.py with
+#          each build once: the patches of BASE_PATCH applied first, the base built (and tested
+#          with TESTS=1);
 #          each of VARIANTS (patches of native/ only) applied, built into its own modules and taken
 #          back; then AB_REPEAT rounds (default 2), each benching every build in turn with its
 #          modules swapped in, so a drift of the machine hits them alike. tests/gpu/ab_summary.py
 #          gives each build's medians; a variant whose median at 8,192 beats the base's by more than
-#          KEEP_MS (default 0.02 ms) runs VARIANT_TESTS (pytest paths, if set).
-#          A patch name is a file .gpu/NAME.patch (git apply); NAME+NAME applies several. E.g.
+#          KEEP_MS (default 0.02 ms; the first model of AB_MODEL decides) runs VARIANT_TESTS (pytest
+#          paths, if set). A patch name is a file .gpu/NAME.patch (git apply); NAME+NAME applies
+#          several. E.g.
 #          BASE_PATCH=a VARIANTS="b c+d" AB_REPEAT=3 VARIANT_TESTS="tests/cuda/test_engine.py" bash tests/gpu/run.sh ab
+#          AB_MODEL="35b-a3b 27b" AB_WEIGHTS=q5 AB_SWEEP=1 VARIANTS=e bash tests/gpu/run.sh ab
 #   probe  no engine build: tests/gpu/probe_expert_reads.py with its timing half
 #          (probe_expert_reads.cu, built here by nvcc): read bandwidth of the expert weights' access
 #          patterns against a contiguous stream
@@ -228,8 +232,9 @@ bench() {  # bench NAME SECONDS ARGS...   (each bench has its own time limit; th
   timeout "$limit" $PY -m lampo.bench "$@" --json "$OUT/bench/$name.json" >"$OUT/bench/$name.txt" 2>&1
   log "bench $name exit $?"
 }
-step_bench() {  # step_bench NAME SECONDS [MODEL]: MODEL's (default 35b-a3b) graphed decode step at depth 1 and 8,192 (random fill)
-  bench "$1" "$2" --preset "qwen3.6-${3:-35b-a3b}" --random-weights --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0
+step_bench() {  # step_bench NAME SECONDS [MODEL]: MODEL's (default 35b-a3b) graphed decode step at depth 1 and 8,192 (random fill), weights AB_WEIGHTS (default bf16)
+  bench "$1" "$2" --preset "qwen3.6-${3:-35b-a3b}" --random-weights ${AB_WEIGHTS:+--weights "$AB_WEIGHTS"} \
+    --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0
 }
 step_summary() {  # step_summary FILE TXT...: one line per step_bench output, also written to FILE
   local out=$1 f; shift
@@ -424,6 +429,7 @@ timeline)  # block timestamps of the graphed step (a LAMPO_TIMELINE build; tests
 ab)  # each build once into $WORK/so/BUILD/ (both modules), then AB_REPEAT rounds that bench every build in turn
   SO_DIR="$WORK/so"; rm -rf "$SO_DIR"; mkdir -p "$SO_DIR"
   AB_MODEL=${AB_MODEL:-35b-a3b}
+  FIRST_MODEL=${AB_MODEL%% *}
   keep_so() { mkdir -p "$SO_DIR/$1" && cp "$WORK"/build/_native*.so "$SO_DIR/$1/"; }
   use_so() { cp "$SO_DIR/$1"/_native*.so app/lampo/; }
   native_only() {  # a variant is swapped in as a module only, so its patches may change native/ alone
@@ -441,12 +447,20 @@ ab)  # each build once into $WORK/so/BUILD/ (both modules), then AB_REPEAT round
   for r in $(seq 1 "${AB_REPEAT:-2}"); do
     for b in "${BUILDS[@]}"; do
       use_so "$b"
-      (export LAMPO_COMMIT="$LAMPO_COMMIT$([ "$b" = base ] || echo " + $b")"; step_bench "$AB_MODEL-$b-r$r" 60 "$AB_MODEL")
+      for m in $AB_MODEL; do
+        (export LAMPO_COMMIT="$LAMPO_COMMIT$([ "$b" = base ] || echo " + $b")"; step_bench "$m-$b-r$r" 60 "$m")
+      done
+      if [ "$r" = 1 ] && [ "${AB_SWEEP:-}" = 1 ]; then
+        timeout 120 $PY tests/gpu/gemv_sweep.py --json "$OUT/bench/gemv-sweep-$b.json" >"$OUT/bench/gemv-sweep-$b.txt" 2>&1
+        log "gemv sweep ($b) exit $?"
+      fi
     done
   done
-  $PY tests/gpu/ab_summary.py "$OUT/bench" --model "$AB_MODEL" | tee "$OUT/bench/ab-summary.txt"
+  for m in $AB_MODEL; do
+    $PY tests/gpu/ab_summary.py "$OUT/bench" --model "$m" | tee -a "$OUT/bench/ab-summary.txt"
+  done
   if [ -n "${VARIANT_TESTS:-}" ]; then
-    for v in $($PY tests/gpu/ab_summary.py "$OUT/bench" --model "$AB_MODEL" --faster --keep-ms "${KEEP_MS:-0.02}"); do
+    for v in $($PY tests/gpu/ab_summary.py "$OUT/bench" --model "$FIRST_MODEL" --faster --keep-ms "${KEEP_MS:-0.02}"); do
       use_so "$v"
       timeout "${TEST_TIMEOUT:-240}" $PY -m pytest -m cuda $VARIANT_TESTS -q -rs -p no:cacheprovider >"$OUT/pytest-$v.log" 2>&1
       log "pytest ($v) exit $?: $(tail -1 "$OUT/pytest-$v.log")"
