@@ -2,7 +2,7 @@
 
 run.sh ab benches every build (base, then each variant) once per round, AB_REPEAT rounds, into
 BENCH_DIR/<model>-<build>-r<round>.json (`lampo bench ... --depths 0,8192 --fast-depth`; model
-35b-a3b unless run.sh's AB_MODEL names another, e.g. 27b). This
+35b-a3b unless run.sh's AB_MODEL names others, e.g. 27b; run.sh prints one summary per model). This
 prints, per build, the median ms per token at each depth with the spread over the rounds and the
 median's difference from the base's; `--faster` prints only the names of the variants whose median
 at the deepest depth beats the base's by more than --keep-ms (the ones worth testing).
