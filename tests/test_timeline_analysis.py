@@ -21,13 +21,15 @@ def events(tl, marks):
 
 def step_events(tl, base=0):
     # router (grid 7) released at 1000, gate_up (grid 8) resident at 900, released 3000, experts
-    # known 3500/4500; down (grid 9) released 9000; all `base` ns later.
+    # known 3500/4500; down (grid 9) released 9000, x staged 9500/9700, warps done 12000 / 13000 /
+    # 15000; all `base` ns later.
     r, g, d = 7, 8, 9
     marks = [(r, 0, tl.ENTRY, base + 500), (r, 0, tl.RELEASED, base + 1000)]
     marks += [(g, b, tl.ENTRY, base + 900 + b) for b in range(2)]
     marks += [(g, 0, tl.RELEASED, base + 3000), (g, 1, tl.RELEASED, base + 3400)]
     marks += [(g, 0, tl.SELECTED, base + 3500), (g, 1, tl.SELECTED, base + 4500)]
-    marks += [(d, 0, tl.RELEASED, base + 9000)]
+    marks += [(d, 0, tl.RELEASED, base + 9000), (d, 0, tl.STAGED, base + 9500), (d, 1, tl.STAGED, base + 9700)]
+    marks += [(d, b, tl.DONE, base + t) for b, t in ((0, 12000), (0, 13000), (1, 15000))]
     return events(tl, marks[::-1])  # order of the buffer does not matter
 
 
@@ -38,6 +40,9 @@ def test_launches_are_grouped_by_grid_and_ordered_by_release(tl):
     assert (gate_up.blocks, gate_up.resident_ns, gate_up.released_ns, gate_up.released_last_ns) == (2, 900, 3000, 3400)
     assert gate_up.selected_ns == 4000
     assert launches[2].resident_ns == launches[2].released_ns  # no entry mark: resident = released
+    down = launches[2]
+    assert (down.staged_ns, down.done_ns, down.done_last_ns) == (9600, 13000, 15000)
+    assert (gate_up.staged_ns, gate_up.done_ns, gate_up.done_last_ns) == (None, None, None)
 
 
 def test_step_rows_give_each_launch_the_time_to_the_next_release(tl):
@@ -47,6 +52,16 @@ def test_step_rows_give_each_launch_the_time_to_the_next_release(tl):
     assert rows[1]["head_start_us"] == pytest.approx(2.1) and rows[1]["spread_us"] == pytest.approx(0.4)
     assert rows[1]["selected_us"] == pytest.approx(1.0) and rows[0]["selected_us"] is None
     assert [r["name"] for r in tl.step_rows(step, ["only one name"])] == ["launch 0", "launch 1", "launch 2"]
+    down = rows[2]
+    assert (down["staged_us"], down["done_us"], down["last_done_us"]) == (pytest.approx(0.6), 4.0, 6.0)
+    assert down["handover_us"] is None and rows[1]["staged_us"] is None  # the last launch: no next release
+
+
+def test_hand_over_is_the_next_release_after_the_last_warp(tl):
+    ev = step_events(tl)
+    later = events(tl, [(10, 0, tl.RELEASED, 15800)])  # a launch after down
+    rows = tl.step_rows(tl.group_launches(np.concatenate([ev, later])), ["router", "gate_up", "down", "next"])
+    assert rows[2]["handover_us"] == pytest.approx(0.8) and rows[2]["critical_us"] == pytest.approx(6.8)
 
 
 def test_summary_sums_the_critical_path_per_step_and_the_report_lists_it(tl):
@@ -55,8 +70,11 @@ def test_summary_sums_the_critical_path_per_step_and_the_report_lists_it(tl):
     summary = {r["name"]: r for r in tl.by_name(rows)}
     assert summary["gate_up"]["critical_us_per_step"] == pytest.approx(6.0)
     assert summary["gate_up"]["per_step"] == 1 and summary["down"]["critical_us_mean"] is None
+    assert summary["down"]["last_done_us_mean"] == pytest.approx(6.0) and summary["gate_up"]["done_us_mean"] is None
     text = tl.format_report(tl.by_name(rows), rows[0], 8.0, 0.01)
     assert "gate_up" in text and "0.008 ms" in text
+    down_line = next(line for line in text.splitlines() if line.strip().startswith("down"))
+    assert down_line.split()[-5:] == ["-", "0.60", "4.00", "6.00", "-"]
 
 
 def test_layers_are_cut_at_their_first_op_and_end_before_the_lm_head(tl):

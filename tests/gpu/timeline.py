@@ -9,6 +9,9 @@ also records when its experts were known (native/src/diagnostics/timeline.h). Fr
                critical path (its work after the wait, its tail, and the hand-over to the next)
   spread       last block released - first block released (blocks that became resident late)
   selected     (gate_up) median block: experts known - released (the top-k's latency)
+  staged       (LQ GEMV) median block: x staged - released
+  done / last  (LQ GEMV) median / last warp: its last rows written - released
+  hand-over    (LQ GEMV) next launch released - last warp done (the completion's latency)
 
 Run on a machine with an NVIDIA GPU: bash tests/gpu/run.sh timeline (configures the extension's build with
 -DLAMPO_TIMELINE=ON, builds it, then runs this script). The instrumented step is
@@ -30,7 +33,7 @@ import numpy as np
 
 EVENT = np.dtype([("time_ns", "<u8"), ("grid_id", "<u8"), ("block", "<u4"), ("sm", "<u2"), ("stage", "u1"),
                   ("pad", "u1")])
-ENTRY, RELEASED, SELECTED = 0, 1, 2
+ENTRY, RELEASED, SELECTED, STAGED, DONE = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -41,6 +44,9 @@ class Launch:
     released_ns: int        # first block past the wait
     released_last_ns: int
     selected_ns: int | None  # median block's "experts known" mark (gate_up only)
+    staged_ns: int | None    # median block's "x staged" mark (LQ GEMV only)
+    done_ns: int | None      # median warp's "last rows written" mark (LQ GEMV only)
+    done_last_ns: int | None
 
 
 def group_launches(events: np.ndarray) -> list[Launch]:
@@ -48,11 +54,14 @@ def group_launches(events: np.ndarray) -> list[Launch]:
     out = []
     for gid in np.unique(events["grid_id"]):
         ev = events[events["grid_id"] == gid]
-        entry, rel, sel = (ev["time_ns"][ev["stage"] == s] for s in (ENTRY, RELEASED, SELECTED))
+        entry, rel, sel, staged, done = (ev["time_ns"][ev["stage"] == s] for s in (ENTRY, RELEASED, SELECTED, STAGED,
+                                                                                    DONE))
         if rel.size == 0:
             continue
+        median = lambda t: int(np.median(t)) if t.size else None  # noqa: E731
         out.append(Launch(int(gid), int(rel.size), int(entry.min()) if entry.size else int(rel.min()),
-                          int(rel.min()), int(rel.max()), int(np.median(sel)) if sel.size else None))
+                          int(rel.min()), int(rel.max()), median(sel), median(staged), median(done),
+                          int(done.max()) if done.size else None))
     out.sort(key=lambda launch: (launch.released_ns, launch.grid_id))
     return out
 
@@ -64,15 +73,24 @@ def step_rows(step: list[Launch], names: list[str]) -> list[dict]:
     rows = []
     for i, (launch, name) in enumerate(zip(step, names)):
         nxt = step[i + 1].released_ns if i + 1 < len(step) else None
+        since = lambda t: (t - launch.released_ns) / 1e3 if t is not None else None  # noqa: E731
         rows.append({
             "name": name,
             "blocks": launch.blocks,
             "head_start_us": (launch.released_ns - launch.resident_ns) / 1e3,
             "critical_us": (nxt - launch.released_ns) / 1e3 if nxt is not None else None,
             "spread_us": (launch.released_last_ns - launch.released_ns) / 1e3,
-            "selected_us": (launch.selected_ns - launch.released_ns) / 1e3 if launch.selected_ns else None,
+            "selected_us": since(launch.selected_ns),
+            "staged_us": since(launch.staged_ns),
+            "done_us": since(launch.done_ns),
+            "last_done_us": since(launch.done_last_ns),
+            "handover_us": (nxt - launch.done_last_ns) / 1e3 if nxt is not None and launch.done_last_ns else None,
         })
     return rows
+
+
+MARKS = ("selected", "staged", "done", "last_done", "handover")  # measures of the kernels that mark them
+MARK_HEADS = ("select", "staged", "done", "last", "hand")
 
 
 def by_name(steps_rows: list[list[dict]]) -> list[dict]:
@@ -80,13 +98,14 @@ def by_name(steps_rows: list[list[dict]]) -> list[dict]:
     acc: dict[str, dict[str, list[float]]] = {}
     for rows in steps_rows:
         for r in rows:
-            a = acc.setdefault(r["name"], {"critical": [], "head": [], "spread": [], "selected": []})
+            a = acc.setdefault(r["name"], {k: [] for k in ("critical", "head", "spread", *MARKS)})
             if r["critical_us"] is not None:
                 a["critical"].append(r["critical_us"])
             a["head"].append(r["head_start_us"])
             a["spread"].append(r["spread_us"])
-            if r["selected_us"] is not None:
-                a["selected"].append(r["selected_us"])
+            for k in MARKS:
+                if r.get(f"{k}_us") is not None:
+                    a[k].append(r[f"{k}_us"])
     n = len(steps_rows)
     out = []
     for name, a in acc.items():
@@ -94,7 +113,7 @@ def by_name(steps_rows: list[list[dict]]) -> list[dict]:
         out.append({"name": name, "per_step": len(a["head"]) // n,
                     "critical_us_per_step": sum(a["critical"]) / n, "critical_us_mean": mean(a["critical"]),
                     "head_start_us_mean": mean(a["head"]), "spread_us_mean": mean(a["spread"]),
-                    "selected_us_mean": mean(a["selected"])})
+                    **{f"{k}_us_mean": mean(a[k]) for k in MARKS}})
     out.sort(key=lambda r: -r["critical_us_per_step"])
     return out
 
@@ -132,24 +151,26 @@ def by_layer(steps_rows: list[list[dict]]) -> list[dict]:
 def format_report(summary: list[dict], first_rows: list[dict], step_us: float, plain_ms: float,
                   layers: list[dict] | None = None) -> str:
     fmt = lambda v: "      -" if v is None else f"{v:7.2f}"  # noqa: E731
+    heads = " ".join(f"{h:>7s}" for h in MARK_HEADS)
+    marks = lambda r, suffix: " ".join(fmt(r.get(f"{k}_us{suffix}")) for k in MARKS)  # noqa: E731
     lines = [f"instrumented graph step {step_us / 1e3:.3f} ms (first release to last release; the plain "
              f"graph step measured here: {plain_ms:.3f} ms)", "",
              "per launch name (critical path per step, then per-launch means, us):",
-             f"  {'name':58s} {'n':>3s} {'crit/step':>9s} {'crit':>7s} {'head':>7s} {'spread':>7s} {'select':>7s}"]
+             f"  {'name':58s} {'n':>3s} {'crit/step':>9s} {'crit':>7s} {'head':>7s} {'spread':>7s} {heads}"]
     for r in summary:
         lines.append(f"  {r['name'][:58]:58s} {r['per_step']:3d} {r['critical_us_per_step']:9.1f} "
                      f"{fmt(r['critical_us_mean'])} {fmt(r['head_start_us_mean'])} {fmt(r['spread_us_mean'])} "
-                     f"{fmt(r['selected_us_mean'])}")
+                     f"{marks(r, '_mean')}")
     for k in layers or []:
         ops = [name.split(": ")[0] for name in k["parts_us"]]
         label = lambda name: name if ops.count(name.split(": ")[0]) > 1 else name.split(": ")[0]  # noqa: E731
         parts = " + ".join(f"{label(name)} {us:.1f}" for name, us in k["parts_us"].items())
         lines += ["", f"a layer opened by {k['kind']} ({k['per_step']} per step): {k['critical_us_mean']:.1f} us = {parts}"]
     lines += ["", "the first launches of the step (us):",
-              f"  {'#':>3s} {'name':58s} {'blocks':>6s} {'crit':>7s} {'head':>7s} {'spread':>7s} {'select':>7s}"]
+              f"  {'#':>3s} {'name':58s} {'blocks':>6s} {'crit':>7s} {'head':>7s} {'spread':>7s} {heads}"]
     for i, r in enumerate(first_rows):
         lines.append(f"  {i:3d} {r['name'][:58]:58s} {r['blocks']:6d} {fmt(r['critical_us'])} "
-                     f"{fmt(r['head_start_us'])} {fmt(r['spread_us'])} {fmt(r['selected_us'])}")
+                     f"{fmt(r['head_start_us'])} {fmt(r['spread_us'])} {marks(r, '')}")
     return "\n".join(lines)
 
 

@@ -19,7 +19,7 @@
 
 namespace lampo {
 
-enum TimelineStage : uint8_t { TL_ENTRY = 0, TL_RELEASED = 1, TL_SELECTED = 2 };
+enum TimelineStage : uint8_t { TL_ENTRY = 0, TL_RELEASED = 1, TL_SELECTED = 2, TL_STAGED = 3, TL_DONE = 4 };
 
 struct TimelineEvent {
     uint64_t time_ns;

@@ -1,7 +1,7 @@
 // timeline_mark.cuh - the device half of the timeline build (timeline.h; CUDA only, included by
 // common.cuh after its error macros): each translation unit's view of the recording buffer,
-// registered with the host side at load, and timeline_mark, which pdl_begin calls (and gate_up, when
-// its experts are known). Without LAMPO_TIMELINE, timeline_mark is empty.
+// registered with the host side at load, and the marks: timeline_mark (a block's, which pdl_begin
+// calls) and timeline_mark_warp (a warp's). Without LAMPO_TIMELINE they are empty.
 #pragma once
 
 #include "diagnostics/timeline.h"
@@ -16,11 +16,11 @@ const bool tl_registered = timeline_register(&tl_bind);
 }  // namespace
 #endif
 
-// Thread 0 of the block records `stage` on the timeline (timeline.h); nothing unless built with
+// The calling thread records `stage` on the timeline (timeline.h); nothing unless built with
 // LAMPO_TIMELINE and a timeline is recording.
-__device__ __forceinline__ void timeline_mark(TimelineStage stage) {
+__device__ __forceinline__ void timeline_record(TimelineStage stage) {
 #ifdef LAMPO_TIMELINE
-    if (threadIdx.x + threadIdx.y + threadIdx.z != 0 || !tl_buffer.events) return;
+    if (!tl_buffer.events) return;
     uint32_t sm;
     uint64_t t, grid;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
@@ -33,6 +33,16 @@ __device__ __forceinline__ void timeline_mark(TimelineStage stage) {
 #else
     (void)stage;
 #endif
+}
+
+// Thread 0 of the block records `stage` (one mark per block).
+__device__ __forceinline__ void timeline_mark(TimelineStage stage) {
+    if (threadIdx.x + threadIdx.y + threadIdx.z == 0) timeline_record(stage);
+}
+
+// Lane 0 of the calling warp records `stage` (one mark per warp; blocks of x-threads only).
+__device__ __forceinline__ void timeline_mark_warp(TimelineStage stage) {
+    if ((threadIdx.x & 31) == 0) timeline_record(stage);
 }
 
 }  // namespace lampo

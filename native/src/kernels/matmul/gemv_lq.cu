@@ -223,6 +223,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
                                            blockDim.x);
     }
     __syncthreads();
+    timeline_mark(TL_STAGED);
     if (g >= g_end) return;
 
     const LqLaneX x = lq_lane_x(xs, start, tiles, p.T, lane);
@@ -260,10 +261,11 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     };
     while (true) {
         step(a, b);
-        if (g == g_end) return;
+        if (g == g_end) break;
         step(b, a);
-        if (g == g_end) return;
+        if (g == g_end) break;
     }
+    timeline_mark_warp(TL_DONE);
 }
 
 // The grid: as many blocks as the GPU holds at once (fewer when the matrix gives a warp fewer
