@@ -18,6 +18,7 @@ Run on a machine with an NVIDIA GPU: bash tests/gpu/run.sh timeline (configures 
 slower than the plain one (each mark is an atomic and a store); the script prints both.
 
 Usage: python tests/gpu/timeline.py [--preset P] [--weights W] [--layers N] [--depth D] [--steps S] [--json PATH]
+       [--raw PATH.npy [--raw-launches N]]
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 EVENT = np.dtype([("time_ns", "<u8"), ("grid_id", "<u8"), ("block", "<u4"), ("sm", "<u2"), ("stage", "u1"),
-                  ("pad", "u1")])
+                  ("warp", "u1")])
 ENTRY, RELEASED, SELECTED, STAGED, DONE = 0, 1, 2, 3, 4
 
 
@@ -187,6 +188,9 @@ def main() -> int:
     ap.add_argument("--show", type=int, default=24, help="launches listed one by one")
     ap.add_argument("--per-sm", type=int, default=1 << 16, help="event capacity per SM")
     ap.add_argument("--json")
+    ap.add_argument("--raw", help="write the first recorded step's events of its first --raw-launches launches "
+                    "here (.npy, the EVENT records: per-warp marks with their SM, block and warp)")
+    ap.add_argument("--raw-launches", type=int, default=8)
     args = ap.parse_args()
 
     native = load_native()
@@ -215,6 +219,9 @@ def main() -> int:
             raise SystemExit(f"an SM filled its {args.per_sm} event slots (later marks were dropped): raise --per-sm")
         steps.append(group_launches(events))
         n_events += events.size
+        if args.raw and len(steps) == 1:
+            first = {x.grid_id for x in steps[0][:args.raw_launches]}
+            np.save(args.raw, events[np.isin(events["grid_id"], list(first))])
     names = list(native.timeline_launches())
     rows = [step_rows(s, names) for s in steps]
     step_us = statistics.median((s[-1].released_ns - s[0].released_ns) / 1e3 for s in steps)

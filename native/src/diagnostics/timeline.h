@@ -5,7 +5,7 @@
 // Every kernel marks, from thread 0 of each block, when the block started (before pdl_begin's
 // wait) and when its wait returned, i.e. when the kernel before it had completed; a kernel may add
 // marks of its own (the MoE gate_up marks when its experts are known). An event is
-// {globaltimer ns, %gridid, block, SM, stage}; %gridid is one per graph node, the same in every
+// {globaltimer ns, %gridid, block, SM, stage, warp}; %gridid is one per graph node, the same in every
 // replay, so record one step at a time. Events go to per-SM slices of one device buffer, so
 // blocks of different SMs never contend for a counter.
 // The host side also keeps the name of every launch of the last one-token forward pass in order
@@ -27,7 +27,7 @@ struct TimelineEvent {
     uint32_t block;  // blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)
     uint16_t sm;
     uint8_t stage;
-    uint8_t pad;
+    uint8_t warp;  // a warp's mark (timeline_mark_warp): its index in the block; else 0
 };
 static_assert(sizeof(TimelineEvent) == 24, "the Python reader assumes 24-byte events");
 

@@ -16,9 +16,9 @@ const bool tl_registered = timeline_register(&tl_bind);
 }  // namespace
 #endif
 
-// The calling thread records `stage` on the timeline (timeline.h); nothing unless built with
-// LAMPO_TIMELINE and a timeline is recording.
-__device__ __forceinline__ void timeline_record(TimelineStage stage) {
+// The calling thread records `stage` (and `warp`) on the timeline (timeline.h); nothing unless
+// built with LAMPO_TIMELINE and a timeline is recording.
+__device__ __forceinline__ void timeline_record(TimelineStage stage, uint8_t warp) {
 #ifdef LAMPO_TIMELINE
     if (!tl_buffer.events) return;
     uint32_t sm;
@@ -29,20 +29,21 @@ __device__ __forceinline__ void timeline_record(TimelineStage stage) {
     const uint32_t i = atomicAdd(tl_buffer.counts + sm, 1u);
     if (i < tl_buffer.per_sm)
         tl_buffer.events[size_t(sm) * tl_buffer.per_sm + i] = {
-            t, grid, blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), uint16_t(sm), stage, 0};
+            t, grid, blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z), uint16_t(sm), stage, warp};
 #else
     (void)stage;
+    (void)warp;
 #endif
 }
 
 // Thread 0 of the block records `stage` (one mark per block).
 __device__ __forceinline__ void timeline_mark(TimelineStage stage) {
-    if (threadIdx.x + threadIdx.y + threadIdx.z == 0) timeline_record(stage);
+    if (threadIdx.x + threadIdx.y + threadIdx.z == 0) timeline_record(stage, 0);
 }
 
 // Lane 0 of the calling warp records `stage` (one mark per warp; blocks of x-threads only).
 __device__ __forceinline__ void timeline_mark_warp(TimelineStage stage) {
-    if ((threadIdx.x & 31) == 0) timeline_record(stage);
+    if ((threadIdx.x & 31) == 0) timeline_record(stage, uint8_t(threadIdx.x >> 5));
 }
 
 }  // namespace lampo
