@@ -91,3 +91,16 @@ def test_layers_are_cut_at_their_first_op_and_end_before_the_lm_head(tl):
     text = tl.format_report([], [], 1.0, 1.0, tl.by_layer([rows]))
     assert "a layer opened by gdn in projection (2 per step): 17.0 us = gdn in projection 11.0" in text
     assert "attn_decode_int8: split 3.0 + attn_decode_int8: combine 2.0" in text  # one op, two launches
+
+
+def test_warp_balance_compares_the_last_warp_with_the_latest_sm_mean(tl):
+    # one launch released at 1000: SM 0's warps done at 3000 and 7000, SM 1's at 4000 and 5000
+    ev = np.zeros(5, dtype=tl.EVENT)
+    ev[0] = (1000, 3, 0, 0, tl.RELEASED, 0)
+    for i, (sm, t) in enumerate(((0, 3000), (0, 7000), (1, 4000), (1, 5000))):
+        ev[i + 1] = (t, 3, sm, sm, tl.DONE, i % 2)
+    (row,) = tl.warp_balance(ev)
+    assert row["warps"] == 4 and row["done_last_us"] == 6.0 and row["done_median_us"] == 3.5
+    assert row["sm_mean_last_us"] == 4.0  # SM 0: (2 + 6) / 2
+    assert row["sm_spread_median_us"] == 2.5  # spreads 4 and 1
+    assert tl.warp_balance(events(tl, [(7, 0, tl.RELEASED, 10)])) == []  # no warp marks

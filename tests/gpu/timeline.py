@@ -90,6 +90,23 @@ def step_rows(step: list[Launch], names: list[str]) -> list[dict]:
     return rows
 
 
+def warp_balance(events: np.ndarray) -> list[dict]:
+    """Per launch with warp marks (in release order): when its warps finished after the first release
+    (median and last), the latest SM mean (when it would end if each SM's warps shared their work
+    evenly) and the median spread between an SM's first and last warp (us)."""
+    out = []
+    for launch in group_launches(events):
+        ev = events[(events["grid_id"] == launch.grid_id) & (events["stage"] == DONE)]
+        if ev.size == 0:
+            continue
+        t = (ev["time_ns"].astype(np.int64) - launch.released_ns) / 1e3
+        per_sm = [t[ev["sm"] == sm] for sm in np.unique(ev["sm"])]
+        out.append({"grid_id": launch.grid_id, "warps": int(ev.size), "done_median_us": float(np.median(t)),
+                    "done_last_us": float(t.max()), "sm_mean_last_us": float(max(x.mean() for x in per_sm)),
+                    "sm_spread_median_us": float(np.median([x.max() - x.min() for x in per_sm]))})
+    return out
+
+
 MARKS = ("selected", "staged", "done", "last_done", "handover")  # measures of the kernels that mark them
 MARK_HEADS = ("select", "staged", "done", "last", "hand")
 
@@ -210,7 +227,7 @@ def main() -> int:
     t0 = time.perf_counter()
     target.decode(32)
     plain_ms = (time.perf_counter() - t0) / 32 * 1e3
-    steps, n_events = [], 0
+    steps, n_events, balance = [], 0, []
     for _ in range(args.steps):  # one recording per step: a graph node keeps its grid id in every replay
         native.timeline_start(args.per_sm)
         target.decode(1)
@@ -221,18 +238,28 @@ def main() -> int:
         n_events += events.size
         if args.raw and len(steps) == 1:
             first = {x.grid_id for x in steps[0][:args.raw_launches]}
-            np.save(args.raw, events[np.isin(events["grid_id"], list(first))])
+            raw = events[np.isin(events["grid_id"], list(first))]
+            np.save(args.raw, raw)
+            balance = warp_balance(raw)
     names = list(native.timeline_launches())
     rows = [step_rows(s, names) for s in steps]
     step_us = statistics.median((s[-1].released_ns - s[0].released_ns) / 1e3 for s in steps)
     summary, layers = by_name(rows), by_layer(rows)
     print(format_report(summary, rows[0][:args.show], step_us, plain_ms, layers))
+    if args.raw:
+        names_at = {x.grid_id: n for x, n in zip(steps[0], names if len(names) == len(steps[0]) else [])}
+        print("\nwarps of the first launches (us after the release: median / last done, latest SM mean, "
+              "median spread within an SM):")
+        for b in balance:
+            print(f"  {names_at.get(b['grid_id'], b['grid_id'])!s:58.58s} {b['done_median_us']:7.2f} "
+                  f"{b['done_last_us']:7.2f} {b['sm_mean_last_us']:7.2f} {b['sm_spread_median_us']:7.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"preset": args.preset, "num_layers": cfg.num_hidden_layers, "depth": w.depths[0],
                        "steps": args.steps, "events": n_events, "plain_step_ms": plain_ms,
                        "instrumented_step_us": step_us, "summary": summary, "layers": layers, "steps_rows": rows,
-                       "launches": [asdict(x) for x in steps[0]]}, f, indent=1)
+                       "launches": [asdict(x) for x in steps[0]],
+                       "warp_balance": balance}, f, indent=1)
     return 0
 
 
