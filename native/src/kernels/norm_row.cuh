@@ -1,5 +1,4 @@
-// norm_row.cuh - one row of the zero-centred RMSNorm by the first NORM_THREADS threads of a block
-// (the others take no elements but reach the block sum's barriers), shared
+// norm_row.cuh - one row of the zero-centred RMSNorm by one block of NORM_THREADS threads, shared
 // by rmsnorm.cu and the kernels that fold a residual add + norm into their prologue (same thread
 // mapping and reduction order everywhere, so the folded forms are bit-identical to add_rmsnorm).
 //   r = x (+ delta)          x [n] fp32, delta [n] bf16 (may be null), n % 4 == 0
@@ -19,7 +18,7 @@ __device__ __forceinline__ float norm_block_sum(float v) {
     __shared__ float partial[NORM_THREADS / 32];
     __shared__ float total;
     v = warp_sum(v);
-    if ((threadIdx.x & 31) == 0 && threadIdx.x < NORM_THREADS) partial[threadIdx.x >> 5] = v;
+    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
     __syncthreads();
     if (threadIdx.x < 32) {
         float s = threadIdx.x < NORM_THREADS / 32 ? partial[threadIdx.x] : 0.0f;
@@ -55,7 +54,7 @@ constexpr int NORM_LOADS = 2;  // element groups per thread in flight at once (a
 // NORM_THREADS groups costs one round trip; the sum keeps the ascending order.
 __device__ __forceinline__ float norm_row_inv(const float* x, const bf16* delta, float* r_out, int n, float eps) {
     float ss = 0.0f;
-    for (int i0 = threadIdx.x; threadIdx.x < NORM_THREADS && i0 < n / 4; i0 += NORM_LOADS * NORM_THREADS) {
+    for (int i0 = threadIdx.x; i0 < n / 4; i0 += NORM_LOADS * NORM_THREADS) {
         float4 v[NORM_LOADS];
 #pragma unroll
         for (int l = 0; l < NORM_LOADS; ++l) {
@@ -79,7 +78,6 @@ __device__ __forceinline__ float norm_row_inv(const float* x, const bf16* delta,
 // them there), else in global memory (read through L2).
 template <bool STAGED = false>
 __device__ __forceinline__ void norm_row_scale(const float* r, float inv, const bf16* w, bf16* y, int n) {
-    if (threadIdx.x >= NORM_THREADS) return;
     for (int i = threadIdx.x; i < n / 4; i += NORM_THREADS) {
         const float4 v = STAGED ? reinterpret_cast<const float4*>(r)[i] : __ldcg(reinterpret_cast<const float4*>(r) + i);
         const float4 g = STAGED ? load_bf16x4(w + 4 * i) : norm_load_bf16x4(w + 4 * i);
@@ -91,7 +89,6 @@ __device__ __forceinline__ void norm_row_scale(const float* r, float inv, const 
 // The same with r recomputed as x (+ delta) (when r was not written anywhere).
 __device__ __forceinline__ void norm_row_scale_sum(const float* x, const bf16* delta, float inv, const bf16* w,
                                                    bf16* y, int n) {
-    if (threadIdx.x >= NORM_THREADS) return;
     for (int i = threadIdx.x; i < n / 4; i += NORM_THREADS) {
         const float4 v = norm_residual4(x, delta, i);
         const float4 g = norm_load_bf16x4(w + 4 * i);

@@ -1,6 +1,6 @@
 // gemm_wgmma.cuh - thin wrappers over the sm_90a-only instructions of gemm_sm90.cu (include only
 // from code compiled for sm_90a; the callers guard on __CUDA_ARCH_FEAT_SM90_ALL):
-//   mbarrier_arrive_expect_tx: an arrive with transaction bytes (the rest: kernels/mbarrier.cuh).
+//   mbarrier_*: shared-memory transaction barriers (init, arrive, arrive + expect_tx, parity wait).
 //   tma_load_2d: cp.async.bulk.tensor box load (tensor map -> shared), completing on an mbarrier.
 //   wgmma_desc_sw128: the shared-memory matrix descriptor of a K-major bf16 tile whose 128-byte rows
 //     are TMA 128B-swizzled (8-row groups 1,024 bytes apart; tile base 1,024-byte aligned).
@@ -26,9 +26,20 @@
 #include <cudaTypedefs.h>
 
 #include "kernels/common.cuh"
-#include "kernels/mbarrier.cuh"
 
 namespace lampo {
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
+}
+
+__device__ __forceinline__ void mbarrier_init_fence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 
 // A producer / consumer ring's barriers, by the whole block: thread 0 makes each stage's `full`
 // barrier wait for one arrival (the producer's, with its transaction bytes) and its `empty`
@@ -44,9 +55,26 @@ __device__ __forceinline__ void ring_barriers_init(uint64_t* full, uint64_t* emp
     __syncthreads();
 }
 
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
                  : "memory");
+}
+
+// Blocks until the barrier phase with the given parity has completed.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+    asm volatile(
+        "{\n"
+        ".reg .pred done;\n"
+        "WAIT_%=:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT_%=;\n"
+        "}\n" ::"r"(smem_u32(bar)),
+        "r"(parity)
+        : "memory");
 }
 
 // Box at (c0 = inner/K coordinate, c1 = row coordinate); out-of-range elements are zero-filled

@@ -4,34 +4,29 @@
 //   tiles of 16 rows x 64 columns, out % 16 == 0, in % 64 == 0; x, y bf16 (or fp32 y), fp32 sums.
 //
 // Balanced split: a strip (16 rows) is cut into groups of LQ_GROUP tiles (its last group may be
-// short), and the strips' groups, in order, are dealt out in equal contiguous ranges to the blocks
-// of a grid no larger than what the GPU holds at once (one wave). Inside a block the groups are
-// units handed out one at a time: warp w starts with unit w (its tiles requested before the PDL
-// wait), then takes the next unit from a shared counter, so a warp whose loads come back late
-// takes fewer units and the block's warps finish together (a static split per warp left them 5-7
-// us apart on the 27B's matrices, docs/benchmarks.md). A warp's tiles go through registers
-// (LqGroup: the next unit's loads are in flight while the current unit's products run on the
-// tensor cores), each multiplied by lq_tile_mma against x, which every block stages once in
-// fragment order (blocks of LQ_WARPS warps, or LQ_WIDE_WARPS for a large plain-x product).
-// Each unit's sums (its C fragment, the lanes of live tokens) go to a slot of the block's ring;
-// the warp that completes a strip's units in the block adds the slots in unit order (the sums do
-// not depend on which warp ran which unit) and writes the rows, or, for a strip cut between
-// blocks, its block's piece to a device scratch (fenced device-wide; slot 0 for the block's first
-// strip, 1 for its last), where the block that arrives last at the strip's counter adds the pieces
-// in block order and writes the rows, then resets the counter (zero between launches). A slot is
-// written again only after its strip was added up (the ring holds a strip's units and two per
-// warp more, so the oldest unit in flight never waits). Every weight byte is read once and serves
-// all T tokens. Launched with PDL: the first unit's tiles are requested before the wait (weights
-// are immutable); the scratch and counters are touched only after it, so consecutive launches
-// never share them.
+// short), and the strips' groups, in order, are dealt out in equal contiguous ranges to every warp
+// of a grid no larger than what the GPU holds at once, so each warp streams about the same number
+// of bytes and no second wave idles most SMs. A warp's tiles go through registers (LqGroup: the
+// next group's loads are in flight while the current group's products run on the tensor cores,
+// across strip boundaries too), each multiplied by lq_tile_mma against x, which every block stages
+// once in fragment order (blocks of LQ_WARPS warps, or LQ_WIDE_WARPS for a large plain-x product).
+// A strip that lies wholly in one warp's range is written by that warp; a
+// strip cut between warps gets one partial sum per warp (its C fragment, in a slot: 0 for the
+// warp's first strip, 1 for its last), and the warp that arrives last at the strip's counter adds
+// the pieces in warp order (deterministic) and writes the rows, then resets the counter. The slots
+// and counters are the block's shared memory when the strip's warps are all in one block (small
+// matrices), else a device scratch (fenced device-wide; its counters stay zero between launches).
+// Every weight byte is read once and serves all T tokens. Launched with PDL: the first group is
+// requested before the wait (weights are immutable); the scratch and counters are touched only
+// after it, so consecutive launches never share them.
 //
 // The decode step's two folded forms (T = 1; linear.h), as gemv.cu's for BF16 weights:
 // - LqIn::NormedResidual (gemv_lq_normed): every block builds x = bf16(rmsnorm(residual) * (1 + w))
 //   itself (norm_row.cuh: add_rmsnorm's thread mapping and order, so the values are rmsnorm's bits)
 //   in shared memory and stages it from there (lq_stage.cuh); block 0 may also write it out. The
 //   norm weight is copied in before the wait; the residual row is kept in the x staging area
-//   between the norm's two passes. The block size, the split and the sums are those of gemv_lq:
-//   the result is bit for bit rmsnorm followed by gemv_lq.
+//   between the norm's two passes. The split and the sums are those of gemv_lq in LQ_WARPS blocks:
+//   the result is bit for bit rmsnorm followed by gemv_lq wherever gemv_lq takes those blocks.
 // - LqOut::AddToResidual (gemv_lq_add_residual): residual[row] += float(bf16(y[row])), the rounding
 //   of a bf16 output added by add_rmsnorm.
 // gemv_lq_parts stores the bf16 rows as RowParts (linear.h) instead of one [T, out] matrix.
@@ -44,25 +39,23 @@
 #include "kernels/launch_utils.cuh"
 #include "kernels/lq_stage.cuh"
 #include "kernels/matmul.cuh"
-#include "kernels/mbarrier.cuh"
 #include "kernels/norm_row.cuh"
 
 namespace lampo {
 namespace {
 
-// Warps per block: 8 (two blocks per SM), or 16 (one per SM) for a GEMV that fills every SM with
-// them: each block stages all of x, so half the blocks stage it half as often (at T = 5 the 27B's
-// down projection takes 16% less time), and an SM's warps share one block's units. The folded norm
-// runs on the block's first NORM_THREADS threads.
+// Warps per block: 8 (two blocks per SM), or 16 (one per SM) for a plain-x GEMV that fills every SM
+// with them: each block stages all of x, so half the blocks stage it half as often (at T = 5 the
+// 27B's down projection takes 16% less time). The folded-norm form keeps NORM_THREADS.
 constexpr int LQ_WARPS = 8;
 constexpr int LQ_WIDE_WARPS = 16;
-constexpr int LQ_MIN_GROUPS = 2;            // groups per warp the split aims for at least
-constexpr int LQ_SPLIT_MAX_BLOCKS = 1024;  // the scratch's size: blocks of one launch at most
+constexpr int LQ_MIN_GROUPS = 2;           // groups per warp the split aims for at least
+constexpr int LQ_SPLIT_MAX_WARPS = 4096;   // the scratch's size: warps of one launch at most
 constexpr int LQ_SPLIT_MAX_STRIPS = 1 << 16;
 
-// Pieces of strips cut between blocks: [block][slot][lane] C fragments; per strip, the count of
-// pieces arrived (zero between launches).
-__device__ float4 lq_split_pieces[LQ_SPLIT_MAX_BLOCKS * 2 * 32];
+// Partial sums of strips cut between warps: [warp][slot][lane] C fragments; per strip, the count
+// of pieces arrived (zero between launches).
+__device__ float4 lq_split_pieces[LQ_SPLIT_MAX_WARPS * 2 * 32];
 __device__ unsigned lq_split_arrivals[LQ_SPLIT_MAX_STRIPS];
 
 enum class LqIn { X, NormedResidual };
@@ -75,55 +68,11 @@ __host__ __device__ size_t lq_x_area_bytes(int in, int tokens, LqIn input) {
     return input == LqIn::NormedResidual && sizeof(float) * in > staged ? sizeof(float) * in : staged;
 }
 
-// The block's ring of unit sums (gemv_lq_kernel): `units` slots of the C fragments of the lanes
-// whose tokens exist (quad < ceil(T / 2)), per slot a `full` and an `empty` barrier (mbarrier.cuh:
-// no memory fences, which would wait for the warp's tile loads in flight) and a count, and the
-// block's next unit to hand out. Slot s serves units s, s + units, ... in rounds: a unit waits
-// until its slot's previous unit was added up (`empty`), writes its sums (a strip of several
-// units in the block) and arrives on `full`; the count in the slot of a strip's first unit is its
-// units done, and the warp that completes it waits on their `full`, adds them up and arrives on
-// their `empty`. A unit alone in its strip only passes its slot on. Every arrival is the whole
-// warp's (barrier counts of 32). The ring holds a whole strip and two units per warp more.
-__host__ __device__ int lq_ring_units(int in, int warps) {
-    return (in / LQ_TILE_COLS + LQ_GROUP - 1) / LQ_GROUP + 2 * warps;
-}
-__host__ __device__ int lq_live_quads(int tokens) { return (tokens + 1) / 2; }
-__host__ __device__ size_t lq_ring_bytes(int in, int tokens, int warps) {
-    const size_t per_slot = 8 * lq_live_quads(tokens) * sizeof(float4) + 2 * sizeof(uint64_t) + sizeof(uint32_t);
-    return size_t(lq_ring_units(in, warps)) * per_slot + 16;
-}
-
-struct LqRing {
-    float4* slot;     // [units][8 * quads]: lane 4 g + q (q < quads) at 8 q + g
-    uint64_t* full;   // [units]
-    uint64_t* empty;  // [units]
-    uint32_t* count;  // [units]
-    int* next;        // the next unit to hand out
-    int units, quads;
-    // Unit u's slot, once the unit before it there was added up.
-    __device__ int acquire(int u) const {
-        if (u >= units) mbarrier_wait(empty + u % units, uint32_t(u / units - 1) & 1u);
-        return u % units;
-    }
-};
-
-__device__ __forceinline__ LqRing lq_ring_at(void* at, int in, int tokens, int warps) {
-    LqRing r;
-    r.units = lq_ring_units(in, warps);
-    r.quads = lq_live_quads(tokens);
-    r.slot = static_cast<float4*>(at);
-    r.full = reinterpret_cast<uint64_t*>(r.slot + size_t(r.units) * 8 * r.quads);
-    r.empty = r.full + r.units;
-    r.count = reinterpret_cast<uint32_t*>(r.empty + r.units);
-    r.next = reinterpret_cast<int*>(r.count + r.units);
-    return r;
-}
-
 // Dynamic shared memory of a launch: the tiles' start values, the x area; NormedResidual: the norm
-// weight / normed row after it; the ring.
-size_t lq_smem_bytes(int in, int tokens, LqIn input, int warps) {
+// weight / normed row after it.
+size_t lq_smem_bytes(int in, int tokens, LqIn input) {
     return lq_start_bytes(in) + lq_x_area_bytes(in, tokens, input) +
-           (input == LqIn::NormedResidual ? lq_x_bytes(in) : 0) + lq_ring_bytes(in, tokens, warps);
+           (input == LqIn::NormedResidual ? lq_x_bytes(in) : 0);
 }
 
 struct GemvLqParams {
@@ -131,18 +80,18 @@ struct GemvLqParams {
     const bf16* x;      // LqIn::X: [T, in]
     void* y;            // [T, out] OutT, or the fp32 residual [out] for AddToResidual
     int T, out, in;
+    int warps;          // the split's ranges: at most the grid's warps and the number of groups
     ResidualNorm norm;  // LqIn::NormedResidual
     RowParts parts;     // n > 0: the bf16 rows stored as parts (linear.h), not at y
 };
 
-// The split over blocks (header): groups of LQ_GROUP tiles, `per_strip` per strip, `total` in all,
-// block b < blocks <= total taking [first(b), first(b + 1)) (never empty); owner(group): the block
-// taking it.
+// The split (header): groups of LQ_GROUP tiles, `per_strip` per strip, `total` in all, warp w <
+// warps <= total taking [first(w), first(w + 1)) (never empty); owner(group): the warp taking it.
 struct LqSplit {
     int64_t total;
-    int per_strip, blocks;
-    __device__ int64_t first(int b) const { return total * b / blocks; }
-    __device__ int owner(int64_t group) const { return int(((group + 1) * blocks - 1) / total); }
+    int per_strip, warps;
+    __device__ int64_t first(int w) const { return total * w / warps; }
+    __device__ int owner(int64_t group) const { return int(((group + 1) * warps - 1) / total); }
 };
 
 // rows g and g + 8 of `strip` for tokens 2 quad, 2 quad + 1 from the lane's C fragment `v`.
@@ -161,27 +110,41 @@ __device__ __forceinline__ void lq_store_rows(const GemvLqParams& p, int strip, 
     }
 }
 
-// The kernel's static shared memory: 256 bytes for the folded norm's block sums (norm_row.cuh).
-constexpr size_t LQ_STATIC_SMEM_BYTES = 256;
+// The kernel's static shared memory at most: the block's pieces and counters (lq_finish_strip) and
+// 256 bytes for the folded norm's block sums (norm_row.cuh).
+constexpr size_t lq_static_smem_bytes(int warps) {
+    return sizeof(float4) * warps * 2 * 32 + sizeof(unsigned) * warps + 256;
+}
 
-// Adds block b's piece of a strip cut between blocks (slot 0: the block's first strip, else 1) to
-// the device scratch; true for the block that arrives last, which then holds the sum of all
-// pieces in block order in `sum`. b_lo / b_hi: the strip's first and last blocks.
-__device__ __forceinline__ bool lq_meet(const LqSplit& split, int b, int strip, int b_lo, int b_hi, bool first_strip,
-                                        int lane, const float (&piece)[4], float (&sum)[4]) {
-    lq_split_pieces[(b * 2 + (first_strip ? 0 : 1)) * 32 + lane] = make_float4(piece[0], piece[1], piece[2], piece[3]);
-    __threadfence();
+// Where the pieces of strips cut between warps meet: the device scratch and counters, or, for a
+// strip whose warps all belong to one block, that block's shared memory (no device-wide fence).
+struct LqPieces {
+    float4* piece;       // [warp][slot][lane]
+    unsigned* arrivals;  // the strip's counter
+    int first_warp;      // warp index of piece[0]
+};
+
+// Adds this warp's piece (slot 0: its first strip, else 1) to the strip's; true for the warp that
+// arrives last, which then holds the sum of all pieces in warp order in `sum`.
+template <bool SHARED>
+__device__ __forceinline__ bool lq_meet(const LqPieces& at, const LqSplit& split, int w, int strip, int w_lo, int w_hi,
+                                        bool first_strip, int lane, const float (&acc)[4], float (&sum)[4]) {
+    at.piece[((w - at.first_warp) * 2 + (first_strip ? 0 : 1)) * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    if constexpr (SHARED) __threadfence_block();
+    else __threadfence();
     __syncwarp();
     unsigned arrived = 0;
-    if (lane == 0) arrived = atomicAdd(lq_split_arrivals + strip, 1u);
+    if (lane == 0) arrived = atomicAdd(at.arrivals, 1u);
     arrived = __shfl_sync(0xffffffffu, arrived, 0);
-    if (arrived != unsigned(b_hi - b_lo)) return false;
-    if (lane == 0) lq_split_arrivals[strip] = 0u;  // ready for the next use
-    __threadfence();
+    if (arrived != unsigned(w_hi - w_lo)) return false;
+    if (lane == 0) *at.arrivals = 0u;  // ready for the next use
+    if constexpr (SHARED) __threadfence_block();
+    else __threadfence();
     sum[0] = sum[1] = sum[2] = sum[3] = 0.0f;
-    for (int v = b_lo; v <= b_hi; ++v) {  // the lowest block's piece is its last strip unless it began here
-        const int slot = v == b_lo && split.first(v) != int64_t(strip) * split.per_strip ? 1 : 0;
-        const float4 value = __ldcg(lq_split_pieces + (v * 2 + slot) * 32 + lane);
+    for (int v = w_lo; v <= w_hi; ++v) {  // the lowest warp's piece is its last strip unless it began here
+        const int slot = v == w_lo && split.first(v) != int64_t(strip) * split.per_strip ? 1 : 0;
+        const float4* piece = at.piece + ((v - at.first_warp) * 2 + slot) * 32 + lane;
+        const float4 value = SHARED ? *piece : __ldcg(piece);
         sum[0] += value.x;
         sum[1] += value.y;
         sum[2] += value.z;
@@ -190,99 +153,59 @@ __device__ __forceinline__ bool lq_meet(const LqSplit& split, int b, int strip, 
     return true;
 }
 
-// The end of unit u (block-local; the block's groups begin at b0, `units` of them), a group of
-// `strip`, with its sums in acc: alone in the block, the strip's sums are acc (its slot is passed
-// on unused); else acc goes to its ring slot and the warp that completes the strip's count adds
-// the slots in unit order. Then the rows, or the block's piece of a strip cut between blocks.
-template <class OutT, LqOut OUT>
-__device__ __forceinline__ void lq_finish_unit(const GemvLqParams& p, const LqSplit& split, const LqRing& ring,
-                                               int64_t b0, int units, int u, int strip, int lane,
-                                               const float (&acc)[4]) {
-    const int64_t s0 = int64_t(strip) * split.per_strip, s1 = s0 + split.per_strip;
-    const int ua = int(max(s0, b0) - b0), ub = int(min(s1, b0 + units) - b0) - 1;  // the strip's units here
-    const int g = lane >> 2, q = lane & 3, s = ring.acquire(u);
-    float sum[4] = {acc[0], acc[1], acc[2], acc[3]};
-    if (ua != ub && q < ring.quads) ring.slot[(s * ring.quads + q) * 8 + g] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-    mbarrier_arrive(ring.full + s);
-    if (ua == ub) {
-        mbarrier_arrive(ring.empty + s);
-    } else {
-        const int first = ring.acquire(ua);  // the count's slot is the strip's
-        uint32_t arrived = 0;
-        if (lane == 0) arrived = atomicAdd(ring.count + first, 1u);
-        arrived = __shfl_sync(0xffffffffu, arrived, 0);
-        if (arrived != uint32_t(ub - ua)) return;
-        if (lane == 0) ring.count[first] = 0u;
-        sum[0] = sum[1] = sum[2] = sum[3] = 0.0f;
-        for (int v = ua; v <= ub; ++v) {
-            const int at = v % ring.units;
-            mbarrier_wait(ring.full + at, uint32_t(v / ring.units) & 1u);
-            if (q < ring.quads) {
-                const float4 value = ring.slot[(at * ring.quads + q) * 8 + g];
-                sum[0] += value.x;
-                sum[1] += value.y;
-                sum[2] += value.z;
-                sum[3] += value.w;
-            }
-        }
-        for (int v = ua; v <= ub; ++v) mbarrier_arrive(ring.empty + v % ring.units);
-    }
-    if (s0 >= b0 && s1 <= b0 + units) {
-        lq_store_rows<OutT, OUT>(p, strip, lane, sum);
+// The end of warp w's part of `strip` (acc its sums): the rows, if the warp holds the whole strip;
+// else its piece, and the rows from all pieces if it is the last to arrive. block_pieces /
+// block_arrivals: the block's shared memory for strips within it (counter: the lowest warp's).
+template <int WARPS, class OutT, LqOut OUT>
+__device__ __forceinline__ void lq_finish_strip(const GemvLqParams& p, const LqSplit& split, int w, int strip,
+                                                bool whole, bool first_strip, int lane, const float (&acc)[4],
+                                                float4* block_pieces, unsigned* block_arrivals) {
+    if (whole) {
+        lq_store_rows<OutT, OUT>(p, strip, lane, acc);
         return;
     }
-    float total[4];
-    if (lq_meet(split, blockIdx.x, strip, split.owner(s0), split.owner(s1 - 1), strip == int(b0 / split.per_strip),
-                lane, sum, total))
-        lq_store_rows<OutT, OUT>(p, strip, lane, total);
-}
-
-// The block's next unit for the calling warp (one counter increment by lane 0).
-__device__ __forceinline__ int lq_take_unit(const LqRing& ring, int lane) {
-    int u = 0;
-    if (lane == 0) u = atomicAdd(ring.next, 1);
-    return __shfl_sync(0xffffffffu, u, 0);
+    const int w_lo = split.owner(int64_t(strip) * split.per_strip);
+    const int w_hi = split.owner(int64_t(strip + 1) * split.per_strip - 1);
+    float sum[4];
+    const bool last = w_lo / WARPS == w_hi / WARPS
+        ? lq_meet<true>({block_pieces, block_arrivals + w_lo % WARPS, w_lo - w_lo % WARPS}, split, w, strip,
+                        w_lo, w_hi, first_strip, lane, acc, sum)
+        : lq_meet<false>({lq_split_pieces, lq_split_arrivals + strip, 0}, split, w, strip, w_lo, w_hi, first_strip,
+                         lane, acc, sum);
+    if (last) lq_store_rows<OutT, OUT>(p, strip, lane, sum);
 }
 
 template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const GemvLqParams p) {
-    static_assert(IN == LqIn::X || WARPS * 32 >= NORM_THREADS, "the folded norm runs on the GEMV block");
+    static_assert(IN == LqIn::X || WARPS * 32 == NORM_THREADS, "the folded norm runs on the GEMV block");
     static_assert(OUT == LqOut::Store || std::is_same_v<OutT, float>, "residual add: an fp32 row");
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
     extern __shared__ uint4 lq_smem[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __shared__ float4 block_pieces[WARPS * 2 * 32];  // within lq_static_smem_bytes(WARPS)
+    __shared__ unsigned block_arrivals[WARPS];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = blockIdx.x * WARPS + warp;
+    if (threadIdx.x < WARPS) block_arrivals[threadIdx.x] = 0u;  // read after the staging's barrier
     const int tiles = p.in / LQ_TILE_COLS, per_strip = (tiles + LQ_GROUP - 1) / LQ_GROUP;
-    const LqSplit split{int64_t(p.out / LQ_TILE_ROWS) * per_strip, per_strip, int(gridDim.x)};
-    const int64_t b0 = split.first(blockIdx.x);
-    const int units = int(split.first(blockIdx.x + 1) - b0);
+    const LqSplit split{int64_t(p.out / LQ_TILE_ROWS) * per_strip, per_strip, p.warps};
+    const bool idle = w >= p.warps;  // the last block's warps past the split's count
+    const int64_t g_end = idle ? 0 : split.first(w + 1);
+    int64_t g = idle ? 0 : split.first(w);
     float* start = reinterpret_cast<float*>(lq_smem);
     uint4* xs = reinterpret_cast<uint4*>(start + 8 * tiles);
     // NormedResidual (T = 1): the norm weight, overwritten in place by the normed row, after the x
-    // area; the fp32 residual row (in * 4 bytes) lives in the x area until x is staged. The ring last.
-    bf16* row = reinterpret_cast<bf16*>(xs + lq_x_area_bytes(p.in, p.T, IN) / 16);
-    const LqRing ring = lq_ring_at(row + (IN == LqIn::NormedResidual ? p.in : 0), p.in, p.T, WARPS);
-    for (int i = threadIdx.x; i < ring.units; i += blockDim.x) {  // used after the staging's barrier
-        mbarrier_init(ring.full + i, 32);
-        mbarrier_init(ring.empty + i, 32);
-        ring.count[i] = 0u;
-    }
-    if (threadIdx.x == 0) *ring.next = WARPS;
+    // area; the fp32 residual row (in * 4 bytes) lives in the x area until x is staged.
+    bf16* row = reinterpret_cast<bf16*>(xs + lq_x_area_bytes(p.in, 1, IN) / 16);
     if constexpr (IN == LqIn::NormedResidual) {
         for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x) cp_async_16(row + 8 * i, p.norm.weight + 8 * i, true);
         cp_async_commit();
     }
 
-    // Unit u of the block: tile t of `strip` (a strip's tiles follow the previous strip's).
-    int u = warp, strip = 0, t = 0;
-    auto place = [&](int unit, int& at_strip, int& at_tile) {
-        const int64_t group = b0 + unit;
-        at_strip = int(group / per_strip);
-        at_tile = int(group - int64_t(at_strip) * per_strip) * LQ_GROUP;
-    };
-    auto tile_at = [&](int at_strip, int at_tile) { return p.W + (size_t(at_strip) * tiles + at_tile) * TILE_BYTES; };
-    place(u, strip, t);
+    // The warp's position: group g = tile t of `strip`, at src (a strip's tiles follow the previous
+    // strip's).
+    int strip = int(g / per_strip), t = int(g - int64_t(strip) * per_strip) * LQ_GROUP;
+    const uint8_t* src = p.W + (size_t(strip) * tiles + t) * TILE_BYTES;
     LqGroup<BITS> a, b;
-    lq_load_group(a, tile_at(strip, t), u < units ? min(LQ_GROUP, tiles - t) : 0, lane);  // before the wait
+    lq_load_group(a, src, g < g_end ? min(LQ_GROUP, tiles - t) : 0, lane);  // before the wait
     pdl_begin();
     if constexpr (IN == LqIn::NormedResidual) {
         // The norm weight, visible to every thread after norm_row_inv's block sum.
@@ -301,44 +224,57 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     }
     __syncthreads();
     timeline_mark(TL_STAGED);
-    if (u >= units) return;  // the counter starts past every warp's first unit
+    if (g >= g_end) return;
 
     const LqLaneX x = lq_lane_x(xs, start, tiles, p.T, lane);
-    int next = lq_take_unit(ring, lane);
-    // One register group: request the next unit's tiles and take the one after it (its index is
-    // needed one unit later), multiply this one, finish it.
-    auto step = [&](LqGroup<BITS>& cur, LqGroup<BITS>& following) {
-        const int count = min(LQ_GROUP, tiles - t);
-        int next_strip = 0, next_t = 0, after = units;
-        if (next < units) {
-            place(next, next_strip, next_t);
-            const int next_count = min(LQ_GROUP, tiles - next_t);
-            if (next_count == LQ_GROUP) lq_load_group<BITS, true>(following, tile_at(next_strip, next_t), LQ_GROUP, lane);
-            else lq_load_group(following, tile_at(next_strip, next_t), next_count, lane);
-            after = lq_take_unit(ring, lane);
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    bool first_strip = true;
+    int seg_begin = t;  // where the warp's part of the current strip began
+    // After a group's products: finish the strip where it ends, and move to the next group.
+    auto advance = [&](int count) {
+        const bool strip_ends = t + count == tiles;
+        ++g;
+        if (strip_ends || g == g_end) {
+            lq_finish_strip<WARPS, OutT, OUT>(p, split, w, strip, seg_begin == 0 && strip_ends, first_strip, lane, acc,
+                                       block_pieces, block_arrivals);
+            acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+            first_strip = false;
+            seg_begin = 0;
         }
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        strip += strip_ends;
+        t = strip_ends ? 0 : t + LQ_GROUP;
+    };
+    // One register group: request the next one (the following tiles of this strip, or the next
+    // strip's first), multiply this one. The full-group forms are the ones real shapes take (in a
+    // multiple of 256).
+    auto step = [&](LqGroup<BITS>& cur, LqGroup<BITS>& next) {
+        const int count = min(LQ_GROUP, tiles - t);
+        const int next_t = t + count == tiles ? 0 : t + LQ_GROUP;
+        const int next_count = g + 1 < g_end ? min(LQ_GROUP, tiles - next_t) : 0;
+        src += count * TILE_BYTES;
+        if (next_count == LQ_GROUP) lq_load_group<BITS, true>(next, src, LQ_GROUP, lane);
+        else lq_load_group(next, src, next_count, lane);
         const uint4* frag = x.frag + t * x.frag_step;
         if (count == LQ_GROUP) lq_mma_group<BITS, true>(cur, frag, x.frag_step, x.start + 4 * t, LQ_GROUP, acc);
         else lq_mma_group<BITS, false>(cur, frag, x.frag_step, x.start + 4 * t, count, acc);
-        lq_finish_unit<OutT, OUT>(p, split, ring, b0, units, u, strip, lane, acc);
-        u = next;
-        strip = next_strip;
-        t = next_t;
-        next = after;
-        return u < units;
+        advance(count);
     };
-    while (step(a, b) && step(b, a)) {}
+    while (true) {
+        step(a, b);
+        if (g == g_end) break;
+        step(b, a);
+        if (g == g_end) break;
+    }
     timeline_mark_warp(TL_DONE);
 }
 
 // The grid: as many blocks as the GPU holds at once (fewer when the matrix gives a warp fewer
 // than LQ_MIN_GROUPS groups), so the split's ranges all run in one wave.
 template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
-void launch_gemv_lq_blocks(const char* op, const GemvLqParams& p, int64_t groups, cudaStream_t stream) {
+void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaStream_t stream) {
     const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS>;
-    const size_t smem = lq_smem_bytes(p.in, p.T, IN, WARPS);
-    if (smem + LQ_STATIC_SMEM_BYTES > 48 * 1024) allow_dynamic_smem(kernel, smem, op);
+    const size_t smem = lq_smem_bytes(p.in, p.T, IN);
+    if (smem + lq_static_smem_bytes(WARPS) > 48 * 1024) allow_dynamic_smem(kernel, smem, op);
     // Blocks per SM by device and shared memory size, asked of the runtime once each (eager
     // few-token forwards, e.g. verify windows, launch this kernel hundreds of times per call).
     static std::mutex lock;
@@ -355,15 +291,19 @@ void launch_gemv_lq_blocks(const char* op, const GemvLqParams& p, int64_t groups
         per_sm = it->second;
     }
     const int64_t wanted = (groups + LQ_MIN_GROUPS * WARPS - 1) / (LQ_MIN_GROUPS * WARPS);
-    const int blocks = int(std::min<int64_t>({wanted, int64_t(std::max(per_sm, 1)) * sm_count(), LQ_SPLIT_MAX_BLOCKS}));
+    const int blocks = int(std::min<int64_t>({wanted, int64_t(std::max(per_sm, 1)) * sm_count(),
+                                              LQ_SPLIT_MAX_WARPS / WARPS}));
+    p.warps = int(std::min<int64_t>(int64_t(blocks) * WARPS, groups));  // each warp has a group at least
     launch_pdl(op, kernel, blocks, WARPS * 32, smem, stream, p);
 }
 
 template <int BITS, class OutT, LqIn IN, LqOut OUT>
 void launch_gemv_lq(const char* op, const GemvLqParams& p, cudaStream_t stream) {
     const int64_t groups = int64_t(p.out / LQ_TILE_ROWS) * ceil_div(p.in / LQ_TILE_COLS, LQ_GROUP);
-    if (groups >= int64_t(LQ_MIN_GROUPS) * LQ_WIDE_WARPS * sm_count())
-        return launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WIDE_WARPS>(op, p, groups, stream);
+    if constexpr (IN == LqIn::X) {
+        if (groups >= int64_t(LQ_MIN_GROUPS) * LQ_WIDE_WARPS * sm_count())
+            return launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WIDE_WARPS>(op, p, groups, stream);
+    }
     launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WARPS>(op, p, groups, stream);
 }
 
@@ -379,10 +319,10 @@ void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t s
     require(p.T >= 1 && p.T <= GEMV_MAX_T, op, "T must be 1..8, got " + std::to_string(p.T));
     // x lives in shared memory: tokens go in groups that fit (one group unless T * in is large,
     // e.g. the 27B down-projection with more than 6 tokens).
-    const size_t room = smem_optin_bytes() - LQ_STATIC_SMEM_BYTES;
-    require(lq_smem_bytes(p.in, 1, IN, LQ_WIDE_WARPS) <= room, op, "in = " + std::to_string(p.in) + " is too wide");
+    const size_t room = smem_optin_bytes() - lq_static_smem_bytes(LQ_WIDE_WARPS);
+    require(lq_smem_bytes(p.in, 1, IN) <= room, op, "in = " + std::to_string(p.in) + " is too wide");
     int group = p.T;
-    while (lq_smem_bytes(p.in, group, IN, LQ_WIDE_WARPS) > room) --group;
+    while (lq_smem_bytes(p.in, group, IN) > room) --group;
     for (int t0 = 0; t0 < p.T; t0 += group) {
         GemvLqParams q = p;
         q.x = p.x ? p.x + size_t(t0) * p.in : nullptr;
@@ -405,26 +345,26 @@ size_t lq_packed_bytes(int out, int in, int bits) {
 
 template <class OutT>
 void gemv_lq(const uint8_t* W, int bits, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream) {
-    run_gemv_lq<OutT>("gemv_lq", bits, {W, x, y, T, out, in, {}, {}}, stream);
+    run_gemv_lq<OutT>("gemv_lq", bits, {W, x, y, T, out, in, 0, {}, {}}, stream);
 }
 
 void gemv_lq_parts(const uint8_t* W, int bits, const bf16* x, const RowParts& parts, int T, int out, int in,
                    cudaStream_t stream) {
     require(parts.n >= 1 && parts.n <= RowParts::MAX && parts.first[parts.n] <= out, "gemv_lq_parts",
             "needs 1..4 parts within the " + std::to_string(out) + " rows");
-    run_gemv_lq<bf16>("gemv_lq_parts", bits, {W, x, nullptr, T, out, in, {}, parts}, stream);
+    run_gemv_lq<bf16>("gemv_lq_parts", bits, {W, x, nullptr, T, out, in, 0, {}, parts}, stream);
 }
 
 template <class OutT>
 void gemv_lq_normed(const uint8_t* W, int bits, const ResidualNorm& x, OutT* y, int out, int in, cudaStream_t stream) {
     require(x.residual && x.weight, "gemv_lq_normed", "needs the residual row and the norm weight");
-    run_gemv_lq<OutT, LqIn::NormedResidual>("gemv_lq_normed", bits, {W, nullptr, y, 1, out, in, x, {}}, stream);
+    run_gemv_lq<OutT, LqIn::NormedResidual>("gemv_lq_normed", bits, {W, nullptr, y, 1, out, in, 0, x, {}}, stream);
 }
 
 void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int out, int in,
                           cudaStream_t stream) {
     run_gemv_lq<float, LqIn::X, LqOut::AddToResidual>("gemv_lq_add_residual", bits,
-                                                      {W, x, residual, 1, out, in, {}, {}}, stream);
+                                                      {W, x, residual, 1, out, in, 0, {}, {}}, stream);
 }
 
 template void gemv_lq<bf16>(const uint8_t*, int, const bf16*, bf16*, int, int, int, cudaStream_t);
