@@ -70,6 +70,9 @@
 #          here by nvcc): a persistent weight stream through the decode step's dependency points
 #   handover  no engine build: tests/gpu/probe_handover.cu (a standalone program): what one
 #          dependency point costs alone (a PDL kernel boundary, a grid-wide counter, a posted flag)
+#   ordering  no engine build: tests/gpu/probe_ordering.cu (a standalone program): what a CTA fence,
+#          an mbarrier arrive or a shared atomic costs a warp that streams weights with loads in
+#          flight, against the same operations with no loads
 #   timeline  build with -DLAMPO_TIMELINE=ON (no tests unless TESTS=1) + tests/gpu/timeline.py: block
 #          timestamps of the graphed decode step of the 35B-A3B (TIMELINE_MODEL: "35b-a3b 27b" for
 #          both; TIMELINE_WEIGHTS q5 / q4 for the LQ format, default bf16), each launch's share of the
@@ -98,7 +101,7 @@
 # on a bare machine may be placed in .gpu/pylib (added to PYTHONPATH).
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|check|lq|trained|kernel|gemv|files|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline|spec) ;; *) echo "usage: $0 quick|check|lq|trained|kernel|gemv|files|full|final|profile|omit|fusions|ab|probe|stream|handover|timeline|spec" >&2; exit 2 ;; esac
+case "$MODE" in quick|check|lq|trained|kernel|gemv|files|full|final|profile|omit|fusions|ab|probe|stream|handover|ordering|timeline|spec) ;; *) echo "usage: $0 quick|check|lq|trained|kernel|gemv|files|full|final|profile|omit|fusions|ab|probe|stream|handover|ordering|timeline|spec" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -127,11 +130,11 @@ log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
 
 log "mode $MODE, commit $LAMPO_COMMIT, engine sources $ENGINE_SOURCES, $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
 
-if [ "$MODE" = handover ]; then  # a standalone program: built here, prints one JSON object
-  nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o "$WORK/probe_handover" tests/gpu/probe_handover.cu \
-    2>&1 | tee "$OUT/probe_handover-build.log"
-  timeout 120 "$WORK/probe_handover" > "$OUT/bench/probe-handover.json" 2> "$OUT/bench/probe-handover.err"
-  log "handover exit $?: $(cat "$OUT/bench/probe-handover.json")"
+if [ "$MODE" = handover ] || [ "$MODE" = ordering ]; then  # a standalone program: built here, prints one JSON object
+  nvcc -O3 -gencode arch=compute_90a,code=sm_90a -o "$WORK/probe_$MODE" "tests/gpu/probe_$MODE.cu" \
+    2>&1 | tee "$OUT/probe_$MODE-build.log"
+  timeout 120 "$WORK/probe_$MODE" > "$OUT/bench/probe-$MODE.json" 2> "$OUT/bench/probe-$MODE.err"
+  log "$MODE exit $?: $(cat "$OUT/bench/probe-$MODE.json")"
   exit 0
 fi
 
