@@ -85,7 +85,7 @@ def step_rows(step: list[Launch], names: list[str]) -> list[dict]:
             "staged_us": since(launch.staged_ns),
             "done_us": since(launch.done_ns),
             "last_done_us": since(launch.done_last_ns),
-            "handover_us": (nxt - launch.done_last_ns) / 1e3 if nxt is not None and launch.done_last_ns is not None else None,
+            "handover_us": None if nxt is None or launch.done_last_ns is None else (nxt - launch.done_last_ns) / 1e3,
         })
     return rows
 
