@@ -146,6 +146,15 @@ __device__ __forceinline__ void lq_tile_mma(const LqTileRegs<BITS>& tile, const 
     acc[3] = fmaf(scale_hi, sums[3], acc[3]);
 }
 
+// A lane's share of a tile that lies in shared memory (the LQ GEMV's ring, matmul/gemv_lq.cu).
+template <int BITS>
+__device__ __forceinline__ void lq_read_tile(LqTileRegs<BITS>& r, const uint8_t* tile, int lane) {
+    r.codes = lq_lane_codes<BITS>(tile, lane);
+    const uint16_t* scales = reinterpret_cast<const uint16_t*>(tile + lq_tile_bytes(BITS) - 2 * LQ_TILE_ROWS);
+    r.scale_lo = scales[lane >> 2];
+    r.scale_hi = scales[(lane >> 2) + 8];
+}
+
 // LQ_GROUP consecutive tiles in a lane's registers.
 template <int BITS>
 struct LqGroup {
@@ -160,6 +169,14 @@ __device__ __forceinline__ void lq_load_group(LqGroup<BITS>& group, const uint8_
 #pragma unroll
     for (int u = 0; u < LQ_GROUP; ++u)
         if (FULL || u < count) lq_load_tile<BITS>(group.tile[u], first + u * lq_tile_bytes(BITS), lane);
+}
+
+// The first min(count, LQ_GROUP) tiles at `first` in shared memory into the lane's registers.
+template <int BITS, bool FULL = false>
+__device__ __forceinline__ void lq_read_group(LqGroup<BITS>& group, const uint8_t* first, int count, int lane) {
+#pragma unroll
+    for (int u = 0; u < LQ_GROUP; ++u)
+        if (FULL || u < count) lq_read_tile<BITS>(group.tile[u], first + u * lq_tile_bytes(BITS), lane);
 }
 
 // x as lq_stage_x_from (lq_stage.cuh) staged it, seen from one lane: its B fragments of tile 0

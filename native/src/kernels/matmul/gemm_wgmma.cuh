@@ -1,6 +1,6 @@
 // gemm_wgmma.cuh - thin wrappers over the sm_90a-only instructions of gemm_sm90.cu (include only
 // from code compiled for sm_90a; the callers guard on __CUDA_ARCH_FEAT_SM90_ALL):
-//   mbarrier_*: shared-memory transaction barriers (init, arrive, arrive + expect_tx, parity wait).
+//   ring_barriers_init: a producer / consumer ring's full / empty barriers (kernels/mbarrier.cuh).
 //   tma_load_2d: cp.async.bulk.tensor box load (tensor map -> shared), completing on an mbarrier.
 //   wgmma_desc_sw128: the shared-memory matrix descriptor of a K-major bf16 tile whose 128-byte rows
 //     are TMA 128B-swizzled (8-row groups 1,024 bytes apart; tile base 1,024-byte aligned).
@@ -12,8 +12,7 @@
 //     holds rows 16w..16w+15 as the mma.sync m16n8k16 A fragment (a0: row g, k 2q..2q+1; a1: row
 //     g+8; a2: row g, k 2q+8..; a3: row g+8, k 2q+8..; g = lane / 4, q = lane % 4). The registers
 //     must stay unchanged until the wgmma that reads them has retired (wgmma_wait).
-//   bulk_load: cp.async.bulk 1-D copy (global -> shared, 16-byte aligned, size % 16 == 0),
-//     completing on an mbarrier. named_barrier_sync: bar.sync over `threads` threads (id > 0).
+//   named_barrier_sync: bar.sync over `threads` threads (id > 0).
 //   tensor_map_encoder / tensor_map (host): the driver's cuTensorMapEncodeTiled and the map of a
 //     row-major [rows, cols] bf16 matrix read in 128-byte swizzled boxes of box_rows x 64.
 #pragma once
@@ -26,20 +25,9 @@
 #include <cudaTypedefs.h>
 
 #include "kernels/common.cuh"
+#include "kernels/mbarrier.cuh"
 
 namespace lampo {
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(count));
-}
-
-__device__ __forceinline__ void mbarrier_init_fence() {
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
 
 // A producer / consumer ring's barriers, by the whole block: thread 0 makes each stage's `full`
 // barrier wait for one arrival (the producer's, with its transaction bytes) and its `empty`
@@ -55,28 +43,6 @@ __device__ __forceinline__ void ring_barriers_init(uint64_t* full, uint64_t* emp
     __syncthreads();
 }
 
-__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_u32(bar)) : "memory");
-}
-
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(bytes)
-                 : "memory");
-}
-
-// Blocks until the barrier phase with the given parity has completed.
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-    asm volatile(
-        "{\n"
-        ".reg .pred done;\n"
-        "WAIT_%=:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT_%=;\n"
-        "}\n" ::"r"(smem_u32(bar)),
-        "r"(parity)
-        : "memory");
-}
-
 // Box at (c0 = inner/K coordinate, c1 = row coordinate); out-of-range elements are zero-filled
 // and still counted in the transaction bytes.
 __device__ __forceinline__ void tma_load_2d(void* dst, const void* tensor_map, uint64_t* bar, int c0, int c1) {
@@ -85,15 +51,6 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const void* tensor_map, u
             "r"(smem_u32(dst)),
         "l"(reinterpret_cast<uint64_t>(tensor_map)), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
         : "memory");
-}
-
-// 1-D bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned), counted in the
-// barrier's transaction bytes.
-__device__ __forceinline__ void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     smem_u32(dst)),
-                 "l"(src), "r"(bytes), "r"(smem_u32(bar))
-                 : "memory");
 }
 
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {

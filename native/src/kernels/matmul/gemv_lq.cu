@@ -10,9 +10,11 @@
 // next group's loads are in flight while the current group's products run on the tensor cores,
 // across strip boundaries too), each multiplied by lq_tile_mma against x, which every block stages
 // once in fragment order (blocks of LQ_WARPS warps, or LQ_WIDE_WARPS for a large plain-x product).
-// A strip that lies wholly in one warp's range is written by that warp; a
-// strip cut between warps gets one partial sum per warp (its C fragment, in a slot: 0 for the
-// warp's first strip, 1 for its last), and the warp that arrives last at the strip's counter adds
+// On sm_90+ a GEMV with x of at most LQ_RING_MAX_IN columns brings each warp's groups into shared
+// memory by bulk copies instead (the ring form, gemv_lq_kernel): the same tiles in the same order,
+// the same sums. A strip that lies wholly in one warp's range is written by that warp; a strip cut
+// between warps gets one partial sum per warp (its C fragment, in a slot: 0 for the warp's first
+// strip, 1 for its last), and the warp that arrives last at the strip's counter adds
 // the pieces in warp order (deterministic) and writes the rows, then resets the counter. The slots
 // and counters are the block's shared memory when the strip's warps are all in one block (small
 // matrices), else a device scratch (fenced device-wide; its counters stay zero between launches).
@@ -39,6 +41,7 @@
 #include "kernels/launch_utils.cuh"
 #include "kernels/lq_stage.cuh"
 #include "kernels/matmul.cuh"
+#include "kernels/mbarrier.cuh"
 #include "kernels/norm_row.cuh"
 
 namespace lampo {
@@ -52,6 +55,21 @@ constexpr int LQ_WIDE_WARPS = 16;
 constexpr int LQ_MIN_GROUPS = 2;           // groups per warp the split aims for at least
 constexpr int LQ_SPLIT_MAX_WARPS = 4096;   // the scratch's size: warps of one launch at most
 constexpr int LQ_SPLIT_MAX_STRIPS = 1 << 16;
+// The ring form (sm_90+, below): slots per warp at most, groups a warp requests before the PDL
+// wait, and the widest x it takes. Measured in the decode step (q5, docs/benchmarks.md): 4 slots
+// or 4 groups before the wait were slower than 2 and 1 on both models, and rings for the 27B's
+// wider matrices made its step slower although each of those GEMVs alone ran faster.
+constexpr int LQ_RING_MAX = 2;
+constexpr int LQ_RING_PRE_WAIT = 1;
+constexpr int LQ_RING_MAX_IN = 4096;
+
+// The ring's instructions (mbarrier transactions, bulk copies) exist from sm_90 on; on older GPUs
+// the launcher never picks the ring form and its body is not compiled.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool LQ_RING_ARCH = false;
+#else
+constexpr bool LQ_RING_ARCH = true;
+#endif
 
 // Partial sums of strips cut between warps: [warp][slot][lane] C fragments; per strip, the count
 // of pieces arrived (zero between launches).
@@ -70,7 +88,7 @@ __host__ __device__ size_t lq_x_area_bytes(int in, int tokens, LqIn input) {
 
 // Dynamic shared memory of a launch: the tiles' start values, the x area; NormedResidual: the norm
 // weight / normed row after it.
-size_t lq_smem_bytes(int in, int tokens, LqIn input) {
+__host__ __device__ size_t lq_smem_bytes(int in, int tokens, LqIn input) {
     return lq_start_bytes(in) + lq_x_area_bytes(in, tokens, input) +
            (input == LqIn::NormedResidual ? lq_x_bytes(in) : 0);
 }
@@ -81,6 +99,7 @@ struct GemvLqParams {
     void* y;            // [T, out] OutT, or the fp32 residual [out] for AddToResidual
     int T, out, in;
     int warps;          // the split's ranges: at most the grid's warps and the number of groups
+    int slots;          // the ring form: groups per warp's ring (after lq_smem_bytes)
     ResidualNorm norm;  // LqIn::NormedResidual
     RowParts parts;     // n > 0: the bf16 rows stored as parts (linear.h), not at y
 };
@@ -110,10 +129,10 @@ __device__ __forceinline__ void lq_store_rows(const GemvLqParams& p, int strip, 
     }
 }
 
-// The kernel's static shared memory at most: the block's pieces and counters (lq_finish_strip) and
-// 256 bytes for the folded norm's block sums (norm_row.cuh).
+// The kernel's static shared memory at most: the block's pieces and counters (lq_finish_strip), the
+// ring form's barriers and 256 bytes for the folded norm's block sums (norm_row.cuh).
 constexpr size_t lq_static_smem_bytes(int warps) {
-    return sizeof(float4) * warps * 2 * 32 + sizeof(unsigned) * warps + 256;
+    return sizeof(float4) * warps * 2 * 32 + sizeof(unsigned) * warps + sizeof(uint64_t) * warps * LQ_RING_MAX + 256;
 }
 
 // Where the pieces of strips cut between warps meet: the device scratch and counters, or, for a
@@ -175,7 +194,13 @@ __device__ __forceinline__ void lq_finish_strip(const GemvLqParams& p, const LqS
     if (last) lq_store_rows<OutT, OUT>(p, strip, lane, sum);
 }
 
-template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
+// RING (sm_90+): each warp's groups come through a ring of p.slots groups in shared memory, each
+// slot filled by one bulk copy that lane 0 issues and completes on the slot's mbarrier; the warp
+// requests up to LQ_RING_PRE_WAIT groups before the wait and refills a slot as soon as its
+// products are done, so p.slots - 1 groups stay in flight while it computes, and no warp holds a
+// weight load in flight when it hands sums on. Otherwise each warp's groups go through registers
+// (LqGroup, two in turn). Both read the same tiles in the same order: the same sums, bit for bit.
+template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS, bool RING>
 __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const GemvLqParams p) {
     static_assert(IN == LqIn::X || WARPS * 32 == NORM_THREADS, "the folded norm runs on the GEMV block");
     static_assert(OUT == LqOut::Store || std::is_same_v<OutT, float>, "residual add: an fp32 row");
@@ -183,6 +208,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     extern __shared__ uint4 lq_smem[];
     __shared__ float4 block_pieces[WARPS * 2 * 32];  // within lq_static_smem_bytes(WARPS)
     __shared__ unsigned block_arrivals[WARPS];
+    __shared__ uint64_t ring_full[RING ? WARPS * LQ_RING_MAX : 1];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = blockIdx.x * WARPS + warp;
     if (threadIdx.x < WARPS) block_arrivals[threadIdx.x] = 0u;  // read after the staging's barrier
     const int tiles = p.in / LQ_TILE_COLS, per_strip = (tiles + LQ_GROUP - 1) / LQ_GROUP;
@@ -205,7 +231,33 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     int strip = int(g / per_strip), t = int(g - int64_t(strip) * per_strip) * LQ_GROUP;
     const uint8_t* src = p.W + (size_t(strip) * tiles + t) * TILE_BYTES;
     LqGroup<BITS> a, b;
-    lq_load_group(a, src, g < g_end ? min(LQ_GROUP, tiles - t) : 0, lane);  // before the wait
+    // The ring form: the warp's slots, and where its next request goes (lane 0's).
+    constexpr int GROUP_BYTES = LQ_GROUP * TILE_BYTES;
+    uint8_t* ring = reinterpret_cast<uint8_t*>(lq_smem) + lq_smem_bytes(p.in, p.T, IN) + warp * p.slots * GROUP_BYTES;
+    uint64_t* full = ring_full + (RING ? warp * LQ_RING_MAX : 0);
+    const int groups = int(g_end - g);
+    int issued = 0, issue_t = t;
+    const uint8_t* issue_src = src;
+    auto request = [&] {  // the warp's next group into its slot (lane 0)
+        if constexpr (RING && LQ_RING_ARCH) {
+            const int count = min(LQ_GROUP, tiles - issue_t), slot = issued % p.slots;
+            mbarrier_arrive_expect_tx(&full[slot], count * TILE_BYTES);
+            bulk_load(ring + slot * GROUP_BYTES, issue_src, count * TILE_BYTES, &full[slot]);
+            issue_src += count * TILE_BYTES;
+            issue_t = issue_t + count == tiles ? 0 : issue_t + count;
+            ++issued;
+        }
+    };
+    if constexpr (RING && LQ_RING_ARCH) {  // before the wait: weights only
+        if (lane == 0 && groups > 0) {
+            for (int s = 0; s < p.slots; ++s) mbarrier_init(&full[s], 1);
+            mbarrier_init_fence();
+            while (issued < min(min(p.slots, LQ_RING_PRE_WAIT), groups)) request();
+        }
+        __syncwarp();
+    } else {
+        lq_load_group(a, src, g < g_end ? min(LQ_GROUP, tiles - t) : 0, lane);  // before the wait
+    }
     pdl_begin();
     if constexpr (IN == LqIn::NormedResidual) {
         // The norm weight, visible to every thread after norm_row_inv's block sum.
@@ -225,6 +277,8 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     __syncthreads();
     timeline_mark(TL_STAGED);
     if (g >= g_end) return;
+    if constexpr (RING && LQ_RING_ARCH)
+        if (lane == 0) while (issued < min(p.slots, groups)) request();  // the ring's remaining slots
 
     const LqLaneX x = lq_lane_x(xs, start, tiles, p.T, lane);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -259,21 +313,61 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
         else lq_mma_group<BITS, false>(cur, frag, x.frag_step, x.start + 4 * t, count, acc);
         advance(count);
     };
-    while (true) {
-        step(a, b);
-        if (g == g_end) break;
-        step(b, a);
-        if (g == g_end) break;
+    if constexpr (RING && LQ_RING_ARCH) {
+        int slot = 0;
+        uint32_t parity = 0;
+        while (true) {
+            const int count = min(LQ_GROUP, tiles - t);
+            mbarrier_wait(&full[slot], parity);
+            const uint8_t* tiles_at = ring + slot * GROUP_BYTES;
+            const uint4* frag = x.frag + t * x.frag_step;
+            if (count == LQ_GROUP) {
+                lq_read_group<BITS, true>(a, tiles_at, LQ_GROUP, lane);
+                lq_mma_group<BITS, true>(a, frag, x.frag_step, x.start + 4 * t, LQ_GROUP, acc);
+            } else {
+                lq_read_group<BITS, false>(a, tiles_at, count, lane);
+                lq_mma_group<BITS, false>(a, frag, x.frag_step, x.start + 4 * t, count, acc);
+            }
+            __syncwarp();  // every lane has read the slot: refill it
+            if (lane == 0 && issued < groups) request();
+            if (++slot == p.slots) slot = 0, parity ^= 1u;
+            advance(count);
+            if (g == g_end) break;
+        }
+    } else {
+        while (true) {
+            step(a, b);
+            if (g == g_end) break;
+            step(b, a);
+            if (g == g_end) break;
+        }
     }
     timeline_mark_warp(TL_DONE);
 }
 
+// Ring slots per warp for a launch of `warps`-warp blocks, 16 warps per SM: as many as fit beside
+// the launch's other shared memory (at most LQ_RING_MAX); 0 (the register form) where fewer than
+// two fit, for x wider than LQ_RING_MAX_IN, before sm_90, or for weights not 16-byte aligned (bulk
+// copies need it).
+int lq_ring_slots(const GemvLqParams& p, int bits, int warps, LqIn input) {
+    if (!sm90_or_newer() || p.in > LQ_RING_MAX_IN || reinterpret_cast<uintptr_t>(p.W) % 16 != 0) return 0;
+    static const size_t per_sm = size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor));
+    static const size_t reserved = size_t(device_attribute(cudaDevAttrReservedSharedMemoryPerBlock));
+    const size_t per_block = std::min(per_sm / (16 / warps) - reserved, smem_optin_bytes());
+    const size_t fixed = lq_smem_bytes(p.in, p.T, input) + lq_static_smem_bytes(warps);
+    const size_t slot = size_t(warps) * LQ_GROUP * lq_tile_bytes(bits);
+    const size_t slots = per_block > fixed ? (per_block - fixed) / slot : 0;
+    return slots < 2 ? 0 : int(std::min<size_t>(slots, LQ_RING_MAX));
+}
+
 // The grid: as many blocks as the GPU holds at once (fewer when the matrix gives a warp fewer
-// than LQ_MIN_GROUPS groups), so the split's ranges all run in one wave.
-template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
+// than LQ_MIN_GROUPS groups), so the split's ranges all run in one wave; the ring form keeps to
+// 16 warps per SM, as the register form's registers do.
+template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS, bool RING>
 void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaStream_t stream) {
-    const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS>;
-    const size_t smem = lq_smem_bytes(p.in, p.T, IN);
+    const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS, RING>;
+    const size_t smem =
+        lq_smem_bytes(p.in, p.T, IN) + (RING ? size_t(p.slots) * WARPS * LQ_GROUP * lq_tile_bytes(BITS) : 0);
     if (smem + lq_static_smem_bytes(WARPS) > 48 * 1024) allow_dynamic_smem(kernel, smem, op);
     // Blocks per SM by device and shared memory size, asked of the runtime once each (eager
     // few-token forwards, e.g. verify windows, launch this kernel hundreds of times per call).
@@ -288,7 +382,7 @@ void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaS
             LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, WARPS * 32, smem));
             it = resident.emplace(std::make_pair(device, smem), per_sm).first;
         }
-        per_sm = it->second;
+        per_sm = RING ? std::min(it->second, 16 / WARPS) : it->second;
     }
     const int64_t wanted = (groups + LQ_MIN_GROUPS * WARPS - 1) / (LQ_MIN_GROUPS * WARPS);
     const int blocks = int(std::min<int64_t>({wanted, int64_t(std::max(per_sm, 1)) * sm_count(),
@@ -297,14 +391,21 @@ void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaS
     launch_pdl(op, kernel, blocks, WARPS * 32, smem, stream, p);
 }
 
+template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
+void launch_gemv_lq_form(const char* op, GemvLqParams p, int64_t groups, cudaStream_t stream) {
+    p.slots = lq_ring_slots(p, BITS, WARPS, IN);
+    if (p.slots) launch_gemv_lq_blocks<BITS, OutT, IN, OUT, WARPS, true>(op, p, groups, stream);
+    else launch_gemv_lq_blocks<BITS, OutT, IN, OUT, WARPS, false>(op, p, groups, stream);
+}
+
 template <int BITS, class OutT, LqIn IN, LqOut OUT>
 void launch_gemv_lq(const char* op, const GemvLqParams& p, cudaStream_t stream) {
     const int64_t groups = int64_t(p.out / LQ_TILE_ROWS) * ceil_div(p.in / LQ_TILE_COLS, LQ_GROUP);
     if constexpr (IN == LqIn::X) {
         if (groups >= int64_t(LQ_MIN_GROUPS) * LQ_WIDE_WARPS * sm_count())
-            return launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WIDE_WARPS>(op, p, groups, stream);
+            return launch_gemv_lq_form<BITS, OutT, IN, OUT, LQ_WIDE_WARPS>(op, p, groups, stream);
     }
-    launch_gemv_lq_blocks<BITS, OutT, IN, OUT, LQ_WARPS>(op, p, groups, stream);
+    launch_gemv_lq_form<BITS, OutT, IN, OUT, LQ_WARPS>(op, p, groups, stream);
 }
 
 // The checks and the launches of every form; p.x / p.y point at token 0 (p.T tokens).
@@ -345,26 +446,26 @@ size_t lq_packed_bytes(int out, int in, int bits) {
 
 template <class OutT>
 void gemv_lq(const uint8_t* W, int bits, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream) {
-    run_gemv_lq<OutT>("gemv_lq", bits, {W, x, y, T, out, in, 0, {}, {}}, stream);
+    run_gemv_lq<OutT>("gemv_lq", bits, {W, x, y, T, out, in, 0, 0, {}, {}}, stream);
 }
 
 void gemv_lq_parts(const uint8_t* W, int bits, const bf16* x, const RowParts& parts, int T, int out, int in,
                    cudaStream_t stream) {
     require(parts.n >= 1 && parts.n <= RowParts::MAX && parts.first[parts.n] <= out, "gemv_lq_parts",
             "needs 1..4 parts within the " + std::to_string(out) + " rows");
-    run_gemv_lq<bf16>("gemv_lq_parts", bits, {W, x, nullptr, T, out, in, 0, {}, parts}, stream);
+    run_gemv_lq<bf16>("gemv_lq_parts", bits, {W, x, nullptr, T, out, in, 0, 0, {}, parts}, stream);
 }
 
 template <class OutT>
 void gemv_lq_normed(const uint8_t* W, int bits, const ResidualNorm& x, OutT* y, int out, int in, cudaStream_t stream) {
     require(x.residual && x.weight, "gemv_lq_normed", "needs the residual row and the norm weight");
-    run_gemv_lq<OutT, LqIn::NormedResidual>("gemv_lq_normed", bits, {W, nullptr, y, 1, out, in, 0, x, {}}, stream);
+    run_gemv_lq<OutT, LqIn::NormedResidual>("gemv_lq_normed", bits, {W, nullptr, y, 1, out, in, 0, 0, x, {}}, stream);
 }
 
 void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int out, int in,
                           cudaStream_t stream) {
     run_gemv_lq<float, LqIn::X, LqOut::AddToResidual>("gemv_lq_add_residual", bits,
-                                                      {W, x, residual, 1, out, in, 0, {}, {}}, stream);
+                                                      {W, x, residual, 1, out, in, 0, 0, {}, {}}, stream);
 }
 
 template void gemv_lq<bf16>(const uint8_t*, int, const bf16*, bf16*, int, int, int, cudaStream_t);

@@ -20,6 +20,7 @@
 #include <cuda_bf16.h>
 
 #include "kernels/common.cuh"
+#include "kernels/mbarrier.cuh"
 
 namespace lampo {
 namespace moe_gemm {
@@ -43,10 +44,6 @@ struct Problem {
     const int32_t* num_tiles;     // device scalar, or null (dense)
     int rows;                     // dense row count
 };
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
