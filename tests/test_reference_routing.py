@@ -41,8 +41,11 @@ def test_a_replayed_choice_changes_that_token_and_what_follows_only(model):
     unused = next(e for e in range(model.cfg.num_experts) if e not in replay[layer, token])
     replay[layer, token, 0] = unused
     changed = run(model, Routing(replay))
-    np.testing.assert_array_equal(changed[:token], plain[:token])
-    assert not np.array_equal(changed[token], plain[token])
+    # The earlier tokens keep their values up to BLAS rounding: an expert's tokens go through one
+    # matmul, and its row count may change how the library sums a row (seen with OpenBLAS 0.3.31).
+    np.testing.assert_allclose(changed[:token], plain[:token], rtol=1e-5, atol=1e-5)
+    finite = np.isfinite(plain[token])
+    assert np.abs(changed[token][finite] - plain[token][finite]).max() > 1e-2
 
 
 def test_decode_records_one_row_per_layer(model):
