@@ -59,8 +59,8 @@
 #          modules swapped in, so a drift of the machine hits them alike. tests/gpu/ab_summary.py
 #          gives each build's medians; a variant whose median at 8,192 beats the base's by more than
 #          KEEP_MS (default 0.02 ms; the first model of AB_MODEL decides) runs VARIANT_TESTS (pytest
-#          paths, if set). A patch name is a file .gpu/NAME.patch (git apply); NAME+NAME applies
-#          several. E.g.
+#          paths, if set; KEEP_MS=-1000 tests every variant). A patch name is a file
+#          .gpu/NAME.patch (git apply); NAME+NAME applies several. E.g.
 #          BASE_PATCH=a VARIANTS="b c+d" AB_REPEAT=3 VARIANT_TESTS="tests/cuda/test_engine.py" bash tests/gpu/run.sh ab
 #          AB_MODEL="35b-a3b 27b" AB_WEIGHTS=q5 AB_SWEEP=1 VARIANTS=e bash tests/gpu/run.sh ab
 #   probe  no engine build: tests/gpu/probe_expert_reads.py with its timing half
