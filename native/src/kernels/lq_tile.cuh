@@ -162,21 +162,16 @@ struct LqGroup {
 };
 
 // Requests the first min(count, LQ_GROUP) tiles at `first` (none when count <= 0; FULL: count ==
-// LQ_GROUP, no checks). Weights are immutable: a kernel may request its first group before the
-// PDL wait.
-template <int BITS, bool FULL = false>
+// LQ_GROUP, no checks), from global memory, or SHARED: from shared memory (lq_read_tile). Weights
+// are immutable: a kernel may request its first group before the PDL wait.
+template <int BITS, bool FULL = false, bool SHARED = false>
 __device__ __forceinline__ void lq_load_group(LqGroup<BITS>& group, const uint8_t* first, int count, int lane) {
 #pragma unroll
-    for (int u = 0; u < LQ_GROUP; ++u)
-        if (FULL || u < count) lq_load_tile<BITS>(group.tile[u], first + u * lq_tile_bytes(BITS), lane);
-}
-
-// The first min(count, LQ_GROUP) tiles at `first` in shared memory into the lane's registers.
-template <int BITS, bool FULL = false>
-__device__ __forceinline__ void lq_read_group(LqGroup<BITS>& group, const uint8_t* first, int count, int lane) {
-#pragma unroll
-    for (int u = 0; u < LQ_GROUP; ++u)
-        if (FULL || u < count) lq_read_tile<BITS>(group.tile[u], first + u * lq_tile_bytes(BITS), lane);
+    for (int u = 0; u < LQ_GROUP; ++u) {
+        if (!(FULL || u < count)) continue;
+        if constexpr (SHARED) lq_read_tile<BITS>(group.tile[u], first + u * lq_tile_bytes(BITS), lane);
+        else lq_load_tile<BITS>(group.tile[u], first + u * lq_tile_bytes(BITS), lane);
+    }
 }
 
 // x as lq_stage_x_from (lq_stage.cuh) staged it, seen from one lane: its B fragments of tile 0

@@ -322,10 +322,10 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
             const uint8_t* tiles_at = ring + slot * GROUP_BYTES;
             const uint4* frag = x.frag + t * x.frag_step;
             if (count == LQ_GROUP) {
-                lq_read_group<BITS, true>(a, tiles_at, LQ_GROUP, lane);
+                lq_load_group<BITS, true, true>(a, tiles_at, LQ_GROUP, lane);
                 lq_mma_group<BITS, true>(a, frag, x.frag_step, x.start + 4 * t, LQ_GROUP, acc);
             } else {
-                lq_read_group<BITS, false>(a, tiles_at, count, lane);
+                lq_load_group<BITS, false, true>(a, tiles_at, count, lane);
                 lq_mma_group<BITS, false>(a, frag, x.frag_step, x.start + 4 * t, count, acc);
             }
             __syncwarp();  // every lane has read the slot: refill it
@@ -345,6 +345,9 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     timeline_mark_warp(TL_DONE);
 }
 
+// Shared memory of one ring slot per warp of a `warps`-warp block: a group of tiles each.
+constexpr size_t lq_ring_slot_bytes(int bits, int warps) { return size_t(warps) * LQ_GROUP * lq_tile_bytes(bits); }
+
 // Ring slots per warp for a launch of `warps`-warp blocks, 16 warps per SM: as many as fit beside
 // the launch's other shared memory (at most LQ_RING_MAX); 0 (the register form) where fewer than
 // two fit, for x wider than LQ_RING_MAX_IN, before sm_90, or for weights not 16-byte aligned (bulk
@@ -355,7 +358,7 @@ int lq_ring_slots(const GemvLqParams& p, int bits, int warps, LqIn input) {
     static const size_t reserved = size_t(device_attribute(cudaDevAttrReservedSharedMemoryPerBlock));
     const size_t per_block = std::min(per_sm / (16 / warps) - reserved, smem_optin_bytes());
     const size_t fixed = lq_smem_bytes(p.in, p.T, input) + lq_static_smem_bytes(warps);
-    const size_t slot = size_t(warps) * LQ_GROUP * lq_tile_bytes(bits);
+    const size_t slot = lq_ring_slot_bytes(bits, warps);
     const size_t slots = per_block > fixed ? (per_block - fixed) / slot : 0;
     return slots < 2 ? 0 : int(std::min<size_t>(slots, LQ_RING_MAX));
 }
@@ -367,7 +370,7 @@ template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS, bool RING>
 void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaStream_t stream) {
     const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS, RING>;
     const size_t smem =
-        lq_smem_bytes(p.in, p.T, IN) + (RING ? size_t(p.slots) * WARPS * LQ_GROUP * lq_tile_bytes(BITS) : 0);
+        lq_smem_bytes(p.in, p.T, IN) + (RING ? size_t(p.slots) * lq_ring_slot_bytes(BITS, WARPS) : 0);
     if (smem + lq_static_smem_bytes(WARPS) > 48 * 1024) allow_dynamic_smem(kernel, smem, op);
     // Blocks per SM by device and shared memory size, asked of the runtime once each (eager
     // few-token forwards, e.g. verify windows, launch this kernel hundreds of times per call).
