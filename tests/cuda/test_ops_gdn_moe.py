@@ -116,22 +116,22 @@ def gdn_reference(qkv, a, b, A_log, dt_bias, state, Hk: int):
 
 
 @pytest.mark.parametrize("T,Hk,Hv", [(1, 2, 4), (3, 1, 3), (8, 2, 4), (2, 16, 32)])
-def test_gdn_recurrent_matches_reference_with_snapshots(ops, T, Hk, Hv):
+def test_gdn_recurrent_matches_reference_with_rows(ops, T, Hk, Hv):
     rng = np.random.default_rng(100 + T + Hv)
     qkv, a, b, A_log, dt_bias, state = gdn_inputs(rng, T, Hk, Hv)
-    o, new_state, snaps = ops.gated_delta_rule_recurrent(qkv, a, b, A_log, dt_bias, state, Hk, snapshots=True)
+    o, new_state, snaps = ops.gated_delta_rule_recurrent(qkv, a, b, A_log, dt_bias, state, Hk, rows=True)
     want_o, want_state = gdn_reference(qkv, a, b, A_log, dt_bias, state, Hk)
     assert_bf16_close(o, want_o, f"recurrent o T={T}")
     assert_state_close(new_state, want_state, f"recurrent state T={T}")
     assert snaps.shape == (T, Hv, D, D)
     np.testing.assert_array_equal(snaps[-1], new_state)
     s = state
-    for t in range(T):  # snapshot t == state after tokens 0..t
+    for t in range(T):  # row t == state after tokens 0..t
         _, s = gdn_reference(qkv[t : t + 1], a[t : t + 1], b[t : t + 1], A_log, dt_bias, s, Hk)
-        assert_state_close(snaps[t], s, f"snapshot {t}")
+        assert_state_close(snaps[t], s, f"row {t}")
 
 
-def test_gdn_recurrent_without_snapshots_returns_none(ops):
+def test_gdn_recurrent_without_rows_returns_none(ops):
     rng = np.random.default_rng(5)
     qkv, a, b, A_log, dt_bias, state = gdn_inputs(rng, 2, 1, 2)
     _, _, snaps = ops.gated_delta_rule_recurrent(qkv, a, b, A_log, dt_bias, state, 1)
@@ -150,7 +150,7 @@ def test_gdn_decode_fused_matches_three_launches_and_reference(ops, Hk, Hv, K, T
     y, cs_new, st_new, conv_rows, st_rows = ops.gdn_decode_fused(x, cw, cs, a, b, A_log, dt_bias, state, z, nw, Hk,
                                                                  rows=True)
     qkv, cs3, conv_rows3 = ops.causal_conv1d_silu(x, cw, cs, rows=True)
-    o3, st3, st_rows3 = ops.gated_delta_rule_recurrent(qkv, a, b, A_log, dt_bias, state, Hk, snapshots=True)
+    o3, st3, st_rows3 = ops.gated_delta_rule_recurrent(qkv, a, b, A_log, dt_bias, state, Hk, rows=True)
     y3 = ops.gated_rmsnorm(o3, z, nw)
     np.testing.assert_array_equal(cs_new, cs3)
     np.testing.assert_array_equal(st_new, st3)
@@ -168,6 +168,69 @@ def test_gdn_decode_fused_matches_three_launches_and_reference(ops, Hk, Hv, K, T
     assert_bf16_close(y, want, "fused step y vs reference")
     # numpy's silu may round a conv output to the neighbouring bf16: 1e-3 here (exactness is checked above)
     assert_state_close(st_new, st_ref, "fused step state vs reference", rel=1e-3)
+
+
+# ---- the states' ring of slots (ops.h, GdnStates) ----------------------------------------------
+# A call at position pos reads slot pos % slots and writes the state after its last token (with rows,
+# after each token t) to slot (pos + 1 + t) % slots: the same numbers as one slot updated in place,
+# and (checked inside the bindings) no other slot touched. The positions below make the rows wrap
+# around the ring's end, and land the last token on the slot read (T a multiple of slots).
+RING_CASES = [(3, 5, 4, True), (5, 6, 11, True), (1, 2, 1, False), (4, 4, 2, False), (2, 3, 7, False)]
+
+
+@pytest.mark.parametrize("T,slots,pos,rows", RING_CASES)
+def test_gdn_ring_slots_give_the_single_slot_numbers(ops, T, slots, pos, rows):
+    rng = np.random.default_rng(300 + 10 * T + slots)
+    Hk, Hv, K = 2, 4, 4
+    x, a, b, A_log, dt_bias, state = gdn_inputs(rng, T, Hk, Hv)
+    C = x.shape[1]
+    cw, cs = bf16_normal(rng, (C, K), 0.5), bf16_normal(rng, (C, K - 1))
+    z, nw = bf16_normal(rng, (T, Hv * D)), to_bf16(rng.uniform(0.5, 1.5, D).astype(np.float32))
+    ring = dict(slots=slots, pos=pos)
+
+    def same(op, *args, **kw):  # the op on the ring == the op on one slot
+        for got, want in zip(op(*args, **kw, **ring), op(*args, **kw), strict=True):
+            assert (got is None) == (want is None)
+            if want is not None:
+                np.testing.assert_array_equal(got, want)
+
+    same(ops.gdn_decode_fused, x, cw, cs, a, b, A_log, dt_bias, state, z, nw, Hk, rows=rows)
+    same(ops.causal_conv1d_silu, x, cw, cs, rows=rows)
+    qkv = ops.causal_conv1d_silu(x, cw, cs)[0]
+    same(ops.gated_delta_rule_recurrent, qkv, a, b, A_log, dt_bias, state, Hk, rows=rows)
+    if not rows:
+        same(ops.gated_delta_rule_chunked, qkv, a, b, A_log, dt_bias, state, Hk)
+
+
+def test_gdn_ring_prefill_tiles_write_the_slot_after_the_chunk(ops):
+    """150 tokens: the conv's split-time path (its state written by a second launch) and the chunked
+    rule, from slot 2 of 3 to slot (2 + 150) % 3 = 2 (in place) and from pos 4 to slot 1."""
+    rng = np.random.default_rng(9)
+    T, Hk, Hv, K = 150, 1, 2, 4
+    x, a, b, A_log, dt_bias, state = gdn_inputs(rng, T, Hk, Hv)
+    cw, cs = bf16_normal(rng, (x.shape[1], K), 0.5), bf16_normal(rng, (x.shape[1], K - 1))
+    y1, cs1 = ops.causal_conv1d_silu(x, cw, cs)
+    o1, st1 = ops.gated_delta_rule_chunked(y1, a, b, A_log, dt_bias, state, Hk)
+    for pos in (2, 4):
+        y, cs_new = ops.causal_conv1d_silu(x, cw, cs, slots=3, pos=pos)
+        np.testing.assert_array_equal(y, y1)
+        np.testing.assert_array_equal(cs_new, cs1)
+        o, st = ops.gated_delta_rule_chunked(y1, a, b, A_log, dt_bias, state, Hk, slots=3, pos=pos)
+        np.testing.assert_array_equal(o, o1)
+        np.testing.assert_array_equal(st, st1)
+
+
+def test_gdn_rows_need_more_slots_than_tokens(ops):
+    rng = np.random.default_rng(6)
+    x, a, b, A_log, dt_bias, state = gdn_inputs(rng, 3, 1, 2)
+    C = x.shape[1]
+    cw, cs, z, nw = bf16_normal(rng, (C, 4)), bf16_normal(rng, (C, 3)), bf16_normal(rng, (3, 2 * D)), bf16_normal(rng, (D,))
+    with pytest.raises(ValueError, match="need more than 3 slots, got 3"):
+        ops.gdn_decode_fused(x, cw, cs, a, b, A_log, dt_bias, state, z, nw, 1, rows=True, slots=3)
+    with pytest.raises(ValueError, match="need more than 3 slots"):
+        ops.causal_conv1d_silu(x, cw, cs, rows=True, slots=2)
+    with pytest.raises(ValueError, match="need more than 3 slots"):
+        ops.gated_delta_rule_recurrent(x, a, b, A_log, dt_bias, state, 1, rows=True, slots=3)
 
 
 def test_gdn_decode_fused_rejects_bad_shapes(ops):

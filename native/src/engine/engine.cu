@@ -44,23 +44,27 @@ Engine::Engine(const ModelDims& dims, const TensorNames& names, const TensorBits
         state_.kv[l] = kv_layer_at(kv_mem_.back().as<char>());
     }
 
-    // Gated DeltaNet states of all layers in one block (one copy per snapshot).
-    const size_t rec_bytes = size_t(dims_.gdn_v_heads) * dims_.gdn_k_dim * dims_.gdn_v_dim * 4;
-    const size_t conv_bytes = align256(size_t(dims_.conv_channels()) * (dims_.conv_kernel - 1) * 2);
-    gdn_rec_bytes_ = rec_bytes;
-    gdn_conv_bytes_ = conv_bytes;
-    gdn_state_bytes_ = size_t(dims_.count(MixerKind::GatedDeltaNet)) * (rec_bytes + conv_bytes);
-    gdn_mem_ = DeviceMemory(gdn_state_bytes_, "Gated DeltaNet states");
+    // Gated DeltaNet states of all layers in one block: per layer a ring of verify_rows + 1 slots of
+    // the recurrent state, then of the conv state (ops.h, GdnStates: slot pos % slots is the live
+    // one; a verify window leaves the state after each of its tokens in the next slots).
+    const int slots = opt_.verify_rows + 1;
+    const size_t gdn_layers = size_t(dims_.count(MixerKind::GatedDeltaNet));
+    gdn_rec_bytes_ = size_t(dims_.gdn_v_heads) * dims_.gdn_k_dim * dims_.gdn_v_dim * 4;
+    gdn_conv_bytes_ = size_t(dims_.conv_channels()) * (dims_.conv_kernel - 1) * 2;
+    gdn_layer_pitch_ = slots * gdn_rec_bytes_ + align256(slots * gdn_conv_bytes_);
+    gdn_mem_ = DeviceMemory(gdn_layers * gdn_layer_pitch_,
+                            "Gated DeltaNet states (" + std::to_string(slots) + " slots per layer)");
+    state_.gdn_slots = slots;
     {
         char* p = gdn_mem_.as<char>();
         for (int l = 0; l < L; ++l) {
             if (dims_.mixers[l] != MixerKind::GatedDeltaNet) continue;
             state_.gdn[l] = GdnStateLayer{reinterpret_cast<float*>(p),
-                                          reinterpret_cast<bf16*>(p + rec_bytes)};
-            p += rec_bytes + conv_bytes;
+                                          reinterpret_cast<bf16*>(p + slots * gdn_rec_bytes_)};
+            p += gdn_layer_pitch_;
         }
     }
-    snapshot_mem_ = DeviceMemory(gdn_state_bytes_ * opt_.snapshot_slots,
+    snapshot_mem_ = DeviceMemory(gdn_layers * (gdn_rec_bytes_ + gdn_conv_bytes_) * opt_.snapshot_slots,
                                  std::to_string(opt_.snapshot_slots) + " state snapshot slots");
     slot_pos_.assign(opt_.snapshot_slots, -1);
     if (opt_.verify_rows) allocate_verify_rows();
@@ -156,12 +160,33 @@ void Engine::check_slot(int slot) const {
     }
 }
 
+// A snapshot holds per GDN layer [recurrent | conv] of the ring slot live at its position: two
+// strided copies (the layers' rings are gdn_layer_pitch_ apart) each way.
+void Engine::copy_gdn_states(int slot, int position, bool into_ring) {
+    const size_t layers = size_t(dims_.count(MixerKind::GatedDeltaNet));
+    if (layers == 0) return;
+    const size_t ring_slot = size_t(position % state_.gdn_slots), snap_pitch = gdn_rec_bytes_ + gdn_conv_bytes_;
+    char* snap = snapshot_mem_.as<char>() + size_t(slot) * layers * snap_pitch;
+    char* ring = gdn_mem_.as<char>();
+    char* rec = ring + ring_slot * gdn_rec_bytes_;
+    char* conv = ring + state_.gdn_slots * gdn_rec_bytes_ + ring_slot * gdn_conv_bytes_;
+    auto copy = [&](char* ring_part, char* snap_part, size_t width) {
+        if (into_ring) {
+            LAMPO_CUDA_CHECK(cudaMemcpy2DAsync(ring_part, gdn_layer_pitch_, snap_part, snap_pitch, width, layers,
+                                               cudaMemcpyDeviceToDevice, stream_));
+        } else {
+            LAMPO_CUDA_CHECK(cudaMemcpy2DAsync(snap_part, snap_pitch, ring_part, gdn_layer_pitch_, width, layers,
+                                               cudaMemcpyDeviceToDevice, stream_));
+        }
+    };
+    copy(rec, snap, gdn_rec_bytes_);
+    copy(conv, snap + gdn_rec_bytes_, gdn_conv_bytes_);
+}
+
 void Engine::snapshot(int slot) {
     require_idle("snapshot");
     check_slot(slot);
-    LAMPO_CUDA_CHECK(cudaMemcpyAsync(snapshot_mem_.as<char>() + size_t(slot) * gdn_state_bytes_,
-                                     gdn_mem_.get(), gdn_state_bytes_, cudaMemcpyDeviceToDevice,
-                                     stream_));
+    copy_gdn_states(slot, pos_, false);
     slot_pos_[slot] = pos_;
     mtp_snapshot(slot);
 }
@@ -170,10 +195,8 @@ void Engine::restore(int slot) {
     require_idle("restore");
     check_slot(slot);
     if (slot_pos_[slot] < 0) throw std::invalid_argument("snapshot slot " + std::to_string(slot) + " is empty");
-    LAMPO_CUDA_CHECK(cudaMemcpyAsync(gdn_mem_.get(),
-                                     snapshot_mem_.as<char>() + size_t(slot) * gdn_state_bytes_,
-                                     gdn_state_bytes_, cudaMemcpyDeviceToDevice, stream_));
     pos_ = slot_pos_[slot];
+    copy_gdn_states(slot, pos_, true);
     verified_ = 0;
     mtp_restore(slot);
     write_position();
@@ -501,12 +524,10 @@ void Engine::fill_state_random(int depth, uint64_t seed) {
         fill_uniform_f16(kv.v_scale, kv_elems / KV_GROUP, 0.002f, 0.02f, ++s, stream_);
         LAMPO_CHECK_LAUNCH("fill_state_random (KV cache)");
     }
-    const size_t rec = size_t(dims_.gdn_v_heads) * dims_.gdn_k_dim * dims_.gdn_v_dim;
-    const size_t conv = size_t(dims_.conv_channels()) * (dims_.conv_kernel - 1);
-    for (const GdnStateLayer& g : state_.gdn) {
+    for (const GdnStateLayer& g : state_.gdn) {  // every slot of the rings
         if (!g.recurrent) continue;
-        fill_uniform_f32(g.recurrent, rec, -0.02f, 0.02f, ++s, stream_);
-        fill_uniform_bf16(g.conv, conv, -0.5f, 0.5f, ++s, stream_);
+        fill_uniform_f32(g.recurrent, state_.gdn_slots * gdn_rec_bytes_ / 4, -0.02f, 0.02f, ++s, stream_);
+        fill_uniform_bf16(g.conv, state_.gdn_slots * gdn_conv_bytes_ / 2, -0.5f, 0.5f, ++s, stream_);
         LAMPO_CHECK_LAUNCH("fill_state_random (GDN state)");
     }
     pos_ = depth;

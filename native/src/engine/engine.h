@@ -1,7 +1,8 @@
 // engine.h - one model resident in VRAM plus one conversation's state.
 //
 // The Engine owns the weights (WeightStore), the INT8 KV cache of every attention layer, the
-// Gated DeltaNet recurrent (fp32) and conv (bf16) states of every GDN layer, a fixed number of
+// Gated DeltaNet recurrent (fp32) and conv (bf16) states of every GDN layer (a ring of slots by
+// position, so a verify window keeps the state after each of its tokens), a fixed number of
 // snapshot slots for those states, the activation workspace for one prefill chunk, and the
 // device-side inputs of a step (token ids, position, sampled token, presence-penalty set, RNG
 // step). Everything is allocated in the constructor; an allocation that fails throws CudaError
@@ -42,7 +43,7 @@ struct EngineOptions {
     int snapshot_slots = 4;
     size_t vram_limit = 0;  // bytes the process may hold in cudaMalloc'ed blocks (0: no cap; weights.h)
     int verify_rows = 0;    // most tokens of a verify window (0: none; else 2..GEMV_MAX_T): the GDN
-                            // states kept per row and the logits rows of speculative verify
+                            // states' ring holds verify_rows + 1 slots; the logits rows of speculative verify
     bool speculative_graphs = true;  // each verify window size and MTP draft count captured once as a CUDA
                                      // graph (false: eager launches)
 };
@@ -161,8 +162,8 @@ private:
     std::vector<DeviceMemory> kv_mem_;
     DeviceMemory gdn_mem_, snapshot_mem_, workspace_mem_, io_mem_, routing_mem_, verify_mem_;
     std::vector<int32_t> routing_;
-    size_t gdn_state_bytes_ = 0;
-    size_t gdn_rec_bytes_ = 0, gdn_conv_bytes_ = 0;  // one GDN layer's recurrent / conv state (conv padded to 256)
+    size_t gdn_rec_bytes_ = 0, gdn_conv_bytes_ = 0;  // one slot of a GDN layer's recurrent / conv state
+    size_t gdn_layer_pitch_ = 0;                      // one GDN layer's rings (both, the conv ring padded to 256)
     ModelState state_;
     Workspace ws_;
     // device step inputs/outputs (inside io_mem_)
@@ -178,7 +179,6 @@ private:
     int pos_ = 0;       // the position once every queued decode step has run
     int verify_start_ = 0;  // the position where the last verify window began
     int verified_ = 0;      // rows of the last verify still held (0 after any other forward)
-    int live_row_ = 0;      // the row of the last verify whose GDN states the live ones are
     int32_t* d_verify_out_ = nullptr;  // [verify_rows] the rows' sampled tokens (inside verify_mem_)
     int queued_ = 0;    // decode steps submitted and not yet collected
     int oldest_ = 0;    // the out slot of the oldest queued step
@@ -219,7 +219,9 @@ private:
     int read_token();                     // the last sample, copied through slot 0 and waited for
     void require_idle(const char* op) const;  // no decode step queued
     void feed_token(int token);  // token >= 0: the next step's input (else the last sampled id)
-    void allocate_verify_rows();  // verify_mem_ and the layers' *_rows pointers
+    void allocate_verify_rows();  // verify_mem_: the rows' tokens and the presence set's copy
+    // The GDN states of ring slot position % slots <-> snapshot `slot` (into_ring: restore).
+    void copy_gdn_states(int slot, int position, bool into_ring);
     // verify; with `timer`, un-graphed, its ops timed and the window's GPU time added to *body_ms.
     std::vector<int32_t> run_verify(const int32_t* ids, int n, bool mtp_drafts, OpTimer* timer = nullptr,
                                     double* body_ms = nullptr);

@@ -1,14 +1,13 @@
 // engine_verify.cu - Engine: the speculative verify window (engine.h). verify runs the window
 // through model_forward with ForwardStep::rows, so each GDN layer leaves the state after every row
-// in verify_mem_ (and its live state at the last row) and the LM head fills one logits row per
-// token; the sampler draws each row's token, row after row, and the MTP pass runs the window's MTP
-// rows: one CUDA graph per window size. accept copies the kept row's GDN states into the live ones
-// (two strided copies over all GDN layers; none when every row is kept); the KV rows past the kept
-// position are simply rewritten by later steps, and so are the MTP rows that the window ran for
-// its rejected drafts.
+// in the next slots of its ring (ops.h, GdnStates: slot pos % slots is the state before position
+// pos), and the LM head fills one logits row per token; the sampler draws each row's token, row
+// after row, and the MTP pass runs the window's MTP rows: one CUDA graph per window size. accept
+// only moves the position: the kept row's states are already the live slot's. The KV rows past the
+// kept position are simply rewritten by later steps, and so are the MTP rows that the window ran
+// for its rejected drafts.
 //
-// verify_mem_, per GDN layer in layer order: [R, Hv, dk, dv] fp32 recurrent rows, then
-// [R, C, K-1] bf16 conv rows (R = verify_rows); then the R row tokens and the presence set's copy.
+// verify_mem_: the R row tokens (R = verify_rows) and the presence set's copy.
 #include "engine/engine.h"
 
 #include <stdexcept>
@@ -19,29 +18,11 @@
 
 namespace lampo {
 
-namespace {
-size_t conv_row_bytes(const ModelDims& d) { return size_t(d.conv_channels()) * (d.conv_kernel - 1) * 2; }
-size_t verify_layer_bytes(const ModelDims& d, size_t rec_bytes, int rows) {
-    return size_t(rows) * (rec_bytes + conv_row_bytes(d));
-}
-}  // namespace
-
 void Engine::allocate_verify_rows() {
-    const int R = opt_.verify_rows, L = dims_.n_layers();
-    const size_t layer = verify_layer_bytes(dims_, gdn_rec_bytes_, R);
-    const size_t gdn_layers = size_t(dims_.count(MixerKind::GatedDeltaNet));
-    const size_t out_bytes = align256(size_t(R) * 4);
-    verify_mem_ = DeviceMemory(gdn_layers * layer + out_bytes + size_t(dims_.vocab),
-                               "verify window rows (" + std::to_string(R) + " x the GDN states)");
-    char* p = verify_mem_.as<char>();
-    for (int l = 0; l < L; ++l) {
-        if (dims_.mixers[l] != MixerKind::GatedDeltaNet) continue;
-        state_.gdn[l].recurrent_rows = reinterpret_cast<float*>(p);
-        state_.gdn[l].conv_rows = reinterpret_cast<bf16*>(p + size_t(R) * gdn_rec_bytes_);
-        p += layer;
-    }
-    d_verify_out_ = reinterpret_cast<int32_t*>(p);
-    seen_backup_ = reinterpret_cast<uint8_t*>(p + out_bytes);
+    const size_t out_bytes = align256(size_t(opt_.verify_rows) * 4);
+    verify_mem_ = DeviceMemory(out_bytes + size_t(dims_.vocab), "verify window tokens and presence set");
+    d_verify_out_ = verify_mem_.as<int32_t>();
+    seen_backup_ = reinterpret_cast<uint8_t*>(verify_mem_.as<char>() + out_bytes);
 }
 
 std::vector<int32_t> Engine::verify(const int32_t* ids, int n, bool mtp_drafts) {
@@ -115,7 +96,6 @@ std::vector<int32_t> Engine::run_verify(const int32_t* ids, int n, bool mtp_draf
     LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
     std::vector<int32_t> tokens(h_io_, h_io_ + n);
     verify_tokens_ = tokens;
-    live_row_ = n - 1;
     verify_penalised_ = penalised;
     verify_start_ = pos_;
     verified_ = n;
@@ -131,27 +111,11 @@ void Engine::accept(int keep) {
                                     std::to_string(verified_) + " rows" +
                                     (verified_ ? std::string() : std::string(" (none held: a forward ran since)")));
     }
-    const size_t R = size_t(opt_.verify_rows), gdn_layers = size_t(dims_.count(MixerKind::GatedDeltaNet));
-    if (gdn_layers > 0 && keep - 1 != live_row_) {  // the window leaves the live state at its last row
-        // Row keep - 1 of every layer into its live state: one strided copy for the recurrent
-        // states and one for the conv states (live layers are rec + padded conv apart, rows a
-        // whole verify layer apart).
-        const size_t live_pitch = gdn_rec_bytes_ + gdn_conv_bytes_;
-        const size_t rows_pitch = verify_layer_bytes(dims_, gdn_rec_bytes_, int(R)), row = size_t(keep - 1);
-        const char* rows = verify_mem_.as<char>();
-        char* live = gdn_mem_.as<char>();
-        LAMPO_CUDA_CHECK(cudaMemcpy2DAsync(live, live_pitch, rows + row * gdn_rec_bytes_, rows_pitch, gdn_rec_bytes_,
-                                           gdn_layers, cudaMemcpyDeviceToDevice, stream_));
-        const size_t conv = conv_row_bytes(dims_);
-        LAMPO_CUDA_CHECK(cudaMemcpy2DAsync(live + gdn_rec_bytes_, live_pitch, rows + R * gdn_rec_bytes_ + row * conv,
-                                           rows_pitch, conv, gdn_layers, cudaMemcpyDeviceToDevice, stream_));
-    }
     if (verify_penalised_ && keep < verified_) {  // the presence set without the dropped rows' tokens
         LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_seen_, seen_backup_, dims_.vocab, cudaMemcpyDeviceToDevice, stream_));
         for (int i = 0; i < keep; ++i) LAMPO_CUDA_CHECK(cudaMemsetAsync(d_seen_ + verify_tokens_[i], 1, 1, stream_));
     }
-    live_row_ = keep - 1;
-    pos_ = verify_start_ + keep;
+    pos_ = verify_start_ + keep;  // the GDN states after row keep - 1 are in slot pos_ % slots
     if (mtp_hidden_) held_row_ = keep;  // hidden row keep - 1 of the window
     write_position();
 }

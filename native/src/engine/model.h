@@ -127,17 +127,14 @@ struct KvCacheLayer {        // [nkv, context_max, D] int8 + [nkv, context_max, 
     half* v_scale = nullptr;
 };
 
-struct GdnStateLayer {
-    float* recurrent = nullptr;  // [Hv, dk, dv] fp32
-    bf16* conv = nullptr;        // [conv_channels, K-1] bf16
-    // A verify window's rows (ForwardStep::rows; null when the engine keeps none): the states
-    // after each of its tokens, [rows, Hv, dk, dv] and [rows, conv_channels, K-1].
-    float* recurrent_rows = nullptr;
-    bf16* conv_rows = nullptr;
+struct GdnStateLayer {  // ModelState::gdn_slots slots (ops.h, GdnStates: slot pos % slots is the live one)
+    float* recurrent = nullptr;  // [slots, Hv, dk, dv] fp32
+    bf16* conv = nullptr;        // [slots, conv_channels, K-1] bf16
 };
 
 struct ModelState {
     int context_max = 0;
+    int gdn_slots = 1;               // 1, or a verify window's most tokens + 1 (ForwardStep::rows)
     std::vector<KvCacheLayer> kv;    // per layer; null entries for GDN layers
     std::vector<GdnStateLayer> gdn;  // per layer; null entries for attention layers
 };
@@ -221,8 +218,8 @@ struct ForwardStep {
     const int32_t* d_pos = nullptr;   // [1] position of the first token (device)
     int pos0 = 0;                     // same position on the host (prefill attention only)
     bool logits = false;              // final norm + LM head on the last row -> ws.logits
-    // A verify window (T <= GEMV_MAX_T): each GDN layer also keeps the state after every token in
-    // its *_rows, and the LM head runs on every row -> ws.logits [T, V] (with `logits`).
+    // A verify window (T < ModelState::gdn_slots): each GDN layer also keeps the state after every
+    // token in its slot, and the LM head runs on every row -> ws.logits [T, V] (with `logits`).
     bool rows = false;
     int32_t* routing_out = nullptr;   // optional [layers, T, k] (device): each MoE layer's expert ids
     // Optional [T, H] (device): the final-normed rows are written here instead of ws.normed (the

@@ -316,38 +316,36 @@ void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCache
 // Gated DeltaNet: fused qkv|z|b|a projection, causal conv + SiLU on qkv, the gated delta rule
 // (recurrent for few tokens, chunked WY form for prefill), gated RMSNorm with z, out proj. A
 // decode step or verify window (T <= GEMV_MAX_T) on sm_90+ runs the first three as one
-// gdn_decode_fused launch (LAMPO_DECODE_FUSION without gdn: three launches).
-void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStateLayer& s, const bf16* norm_w) {
+// gdn_decode_fused launch (LAMPO_DECODE_FUSION without gdn: three launches). The states move
+// through the layer's ring of slots by position (ops.h, GdnStates).
+void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStates& s, const bf16* norm_w) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
     const int T = c.step.T, C = d.conv_channels(), Hv = d.gdn_v_heads;
+    const bool rows = c.step.rows;
     const auto parts = project_parts<4>(c, w.in_proj, {C, d.gdn_value_width(), Hv, Hv},
                                         norm_w, "gdn in projection");
     const bf16 *qkv = parts[0], *z = parts[1], *b = parts[2], *a = parts[3];
     if (c.small() && decode_fusion_enabled(DecodeFusion::Gdn) && gdn_decode_fused_available()) {
         c.op(OpFamily::GdnRule, "gdn_decode_fused", [&] {  // conv + rule + gated norm in one launch
-            const GdnRows rows = c.step.rows ? GdnRows{s.conv_rows, s.recurrent_rows} : GdnRows{};
-            gdn_decode_fused(qkv, w.conv, s.conv, a, b, w.A_log, w.dt_bias, s.recurrent, z, w.norm, ws.mixed,
-                             ws.gdn_counters, rows, T, d.gdn_k_heads, Hv, d.gdn_k_dim, d.gdn_v_dim, d.conv_kernel,
-                             d.eps, c.st);
+            gdn_decode_fused(qkv, w.conv, a, b, w.A_log, w.dt_bias, s, z, w.norm, ws.mixed, ws.gdn_counters, rows, T,
+                             d.gdn_k_heads, Hv, d.gdn_k_dim, d.gdn_v_dim, d.conv_kernel, d.eps, c.st);
         });
         output_projection(c, w.out, ws.mixed, "gdn out_proj");
         return;
     }
     c.op(OpFamily::GdnConv, "causal_conv1d_silu",
          [&] {
-             causal_conv1d_silu(qkv, w.conv, s.conv, ws.conv_out, T, C, d.conv_kernel, c.st,
-                                c.step.rows ? s.conv_rows : nullptr);
+             causal_conv1d_silu(qkv, w.conv, s, ws.conv_out, T, C, d.conv_kernel, c.st, rows);
          });
     if (c.small()) {
         c.op(OpFamily::GdnRule, "gated_delta_rule_recurrent", [&] {
-            gated_delta_rule_recurrent(ws.conv_out, a, b, w.A_log, w.dt_bias, s.recurrent, ws.gdn_o,
-                                       c.step.rows ? s.recurrent_rows : nullptr, T, d.gdn_k_heads, Hv,
-                                       d.gdn_k_dim, d.gdn_v_dim, c.st);
+            gated_delta_rule_recurrent(ws.conv_out, a, b, w.A_log, w.dt_bias, s, ws.gdn_o, rows, T,
+                                       d.gdn_k_heads, Hv, d.gdn_k_dim, d.gdn_v_dim, c.st);
         });
     } else {
         c.op(OpFamily::GdnRule, "gated_delta_rule_chunked", [&] {
-            gated_delta_rule_chunked(ws.conv_out, a, b, w.A_log, w.dt_bias, s.recurrent, ws.gdn_o,
+            gated_delta_rule_chunked(ws.conv_out, a, b, w.A_log, w.dt_bias, s, ws.gdn_o,
                                      ws.gdn_chunked, T, d.gdn_k_heads, Hv, d.gdn_k_dim,
                                      d.gdn_v_dim, c.st);
         });
@@ -596,7 +594,8 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
         if (d.mixers[l] == MixerKind::GatedAttention) {
             gated_attention(c, lw.attn, s.kv[l], s.context_max, lw.input_norm);
         } else {
-            gated_deltanet(c, lw.gdn, s.gdn[l], lw.input_norm);
+            gated_deltanet(c, lw.gdn, GdnStates{s.gdn[l].recurrent, s.gdn[l].conv, s.gdn_slots, step.d_pos},
+                           lw.input_norm);
         }
         if (!folded) add_norm(c, lw.post_norm, ws.normed);
         ffn(c, lw);

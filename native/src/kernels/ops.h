@@ -99,49 +99,57 @@ void attn_prefill_int8(const bf16* q, const bf16* gate, const int8_t* k_cache,
                        const int8_t* v_cache, const half* k_scale, const half* v_scale, int pos0,
                        bf16* out, int T, int nq, int nkv, int D, int context_max, cudaStream_t stream);
 
+// ---- Gated DeltaNet states ----------------------------------------------------------------
+// A GDN layer's recurrent and conv states as a ring of `slots` slots: the state before the token at
+// position p is slot p % slots. A call over T tokens at position pos (read from the device) reads
+// slot pos % slots and writes the state after its last token to slot (pos + T) % slots; with rows
+// (a speculative verify window) it writes the state after every token t to slot (pos + 1 + t) %
+// slots, so T must be below `slots`, and keeping the window's first n tokens is just the position
+// pos + n: no copy. slots = 1 is a single state updated in place (pos is then never read).
+struct GdnStates {
+    float* recurrent = nullptr;   // [slots, Hv, 128, 128] fp32, S[j][i][m]
+    bf16* conv = nullptr;         // [slots, C, K-1] bf16, oldest column first
+    int slots = 1;
+    const int32_t* pos = nullptr;  // [1] device: position of the call's first token
+};
+
 // ---- conv1d.cu -----------------------------------------------------------------------------
-// Causal depthwise conv (kernel K, no bias) + SiLU over T tokens, continuing from `state`:
-//   x [T, C] bf16 pre-conv ; w [C, K] bf16 ; state [C, K-1] bf16 (oldest column first)
+// Causal depthwise conv (kernel K, no bias) + SiLU over T tokens, continuing from the conv state:
+//   x [T, C] bf16 pre-conv ; w [C, K] bf16 ; state [C, K-1] bf16 (states.conv, GdnStates' slots)
 //   y[t, c] = silu(sum_j w[c, j] * xin[c, t - (K-1) + j]),  xin = state || x
 //   afterwards state = last K-1 columns of xin. T = 1 is the decode step.
-//   row_states (optional, T <= 64: a verify window): [T, C, K-1], the state after each token.
-void causal_conv1d_silu(const bf16* x, const bf16* w, bf16* state, bf16* y, int T, int C, int K,
-                        cudaStream_t stream, bf16* row_states = nullptr);
+//   rows (T <= 64, T < slots: a verify window): the state after each token in its slot.
+void causal_conv1d_silu(const bf16* x, const bf16* w, const GdnStates& states, bf16* y, int T, int C, int K,
+                        cudaStream_t stream, bool rows = false);
 
 // ---- gated_delta_rule_recurrent.cu, gated_delta_rule_chunked.cu -----------------------------
-// Gated DeltaNet core over T tokens, continuing from `state` [Hv, dk, dv] fp32 (S[j][i][m]).
+// Gated DeltaNet core over T tokens, continuing from the state [Hv, dk, dv] fp32 (S[j][i][m],
+// states.recurrent, GdnStates' slots).
 //   qkv [T, 2*Hk*dk + Hv*dv] bf16 (post-conv: q | k | v) ; a, b [T, Hv] bf16 ;
 //   A_log, dt_bias [Hv] fp32.  Per token t and V head j (QK head j / (Hv/Hk)):
 //   g = -exp(A_log) * softplus(a + dt_bias); beta = sigmoid(b)     (fp32)
 //   q = l2norm(q) / sqrt(dk); k = l2norm(k)                        (eps 1e-6 inside rsqrt)
 //   S = exp(g) S; e = v - S^T k; S += k (beta e)^T; o = S^T q       -> o [T, Hv, dv] bf16
-// recurrent: the token loop (decode, T small). If `snapshots` is non-null, the state after
-//   token t is also written to snapshots + t * Hv*dk*dv (speculative verify).
+// recurrent: the token loop (decode, T small); with rows the state after every token in its slot.
 // chunked: the WY form with chunk 64 (prefill), numerically the same function.
 void gated_delta_rule_recurrent(const bf16* qkv, const bf16* a, const bf16* b, const float* A_log,
-                                const float* dt_bias, float* state, bf16* o, float* snapshots,
+                                const float* dt_bias, const GdnStates& states, bf16* o, bool rows,
                                 int T, int Hk, int Hv, int dk, int dv, cudaStream_t stream);
 // A Gated DeltaNet layer's few-token step in one launch (decode, verify windows): causal conv + SiLU
-// of the pre-conv rows qkv [T, 2*Hk*128 + Hv*128] (conv_w [C, K], conv_state [C, K-1] updated), the
-// gated delta rule (state [Hv, 128, 128] updated), and the gated RMSNorm with z [T, Hv*128],
-// norm_w [128] -> y [T, Hv*128]; with rows, also the states after each token: rows.conv [T, C, K-1]
-// and rows.recurrent [T, Hv, 128, 128] (as causal_conv1d_silu's row states and
-// gated_delta_rule_recurrent's snapshots). The same numbers as causal_conv1d_silu,
+// of the pre-conv rows qkv [T, 2*Hk*128 + Hv*128] (conv_w [C, K]), the gated delta rule, and the
+// gated RMSNorm with z [T, Hv*128], norm_w [128] -> y [T, Hv*128]; both states continue from and go
+// to `states` as above, with rows too. The same numbers as causal_conv1d_silu,
 // gated_delta_rule_recurrent and gated_rmsnorm in sequence. counters: Hk unsigned, 0 before the
 // call and 0 again after it. K in {2, 3, 4}; dk = dv = 128. Needs thread block clusters:
 // gdn_decode_fused_available() (sm_90+).
-struct GdnRows {
-    bf16* conv = nullptr;       // [T, C, K-1] or null
-    float* recurrent = nullptr;  // [T, Hv, 128, 128] or null
-};
 bool gdn_decode_fused_available();
-void gdn_decode_fused(const bf16* qkv, const bf16* conv_w, bf16* conv_state, const bf16* a, const bf16* b,
-                      const float* A_log, const float* dt_bias, float* state, const bf16* z, const bf16* norm_w,
-                      bf16* y, unsigned* counters, const GdnRows& rows, int T, int Hk, int Hv, int dk, int dv,
-                      int K, float eps, cudaStream_t stream);
+void gdn_decode_fused(const bf16* qkv, const bf16* conv_w, const bf16* a, const bf16* b, const float* A_log,
+                      const float* dt_bias, const GdnStates& states, const bf16* z, const bf16* norm_w, bf16* y,
+                      unsigned* counters, bool rows, int T, int Hk, int Hv, int dk, int dv, int K, float eps,
+                      cudaStream_t stream);
 size_t gdn_chunked_workspace_bytes(int T, int Hv, int dk, int dv);
 void gated_delta_rule_chunked(const bf16* qkv, const bf16* a, const bf16* b, const float* A_log,
-                              const float* dt_bias, float* state, bf16* o, void* workspace, int T,
+                              const float* dt_bias, const GdnStates& states, bf16* o, void* workspace, int T,
                               int Hk, int Hv, int dk, int dv, cudaStream_t stream);
 
 // ---- gated_rmsnorm.cu ----------------------------------------------------------------------

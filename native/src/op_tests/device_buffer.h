@@ -55,15 +55,16 @@ DeviceBuffer upload(const py::array_t<T, py::array::c_style | py::array::forceca
     return buf;
 }
 
-// Copy a device buffer back into a new numpy array of the given shape.
+// Copy a device buffer (from element `offset` on) back into a new numpy array of the given shape.
 template <class T>
-py::array_t<T> download(const DeviceBuffer& buf, const std::vector<py::ssize_t>& shape) {
+py::array_t<T> download(const DeviceBuffer& buf, const std::vector<py::ssize_t>& shape, size_t offset = 0) {
     py::array_t<T> out(shape);
     size_t n = 1;
     for (auto s : shape) n *= size_t(s);
-    if (n * sizeof(T) > buf.bytes()) throw std::runtime_error("download: shape larger than the buffer");
+    if ((offset + n) * sizeof(T) > buf.bytes()) throw std::runtime_error("download: shape larger than the buffer");
     LAMPO_CUDA_CHECK(cudaDeviceSynchronize());
-    if (n) LAMPO_CUDA_CHECK(cudaMemcpy(out.mutable_data(), buf.get(), n * sizeof(T), cudaMemcpyDeviceToHost));
+    if (n)
+        LAMPO_CUDA_CHECK(cudaMemcpy(out.mutable_data(), buf.as<T>() + offset, n * sizeof(T), cudaMemcpyDeviceToHost));
     return out;
 }
 

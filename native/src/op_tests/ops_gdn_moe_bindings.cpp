@@ -22,32 +22,90 @@
 namespace lampo {
 namespace {
 
+// A GDN state ring for one op call (ops.h, GdnStates): `slots` slots of the given state's size, all
+// poisoned but slot pos % slots, which holds the state, and the device position pos. slots = 0
+// takes the fewest the call allows (T + 1 with rows, else 1).
+template <class E>
+struct StateRing {
+    int slots, pos;
+    size_t slot_elems;
+    std::vector<py::ssize_t> shape;
+    std::vector<E> input;
+    DeviceBuffer buf, d_pos;
+
+    StateRing(const char* op, const Arr<E>& state, int slots_in, int pos_in, int T, bool rows)
+        : slots(slots_in ? slots_in : (rows ? T + 1 : 1)), pos(pos_in), slot_elems(size_t(state.size())),
+          shape(state.shape(), state.shape() + state.ndim()), input(state.data(), state.data() + state.size()),
+          buf(poisoned(size_t(slots) * slot_elems * sizeof(E))), d_pos(device_int(pos_in)) {
+        require(slots >= 1 && pos >= 0, op, "slots must be >= 1 and pos >= 0");
+        LAMPO_CUDA_CHECK(cudaMemcpy(buf.as<E>() + offset(pos), input.data(), slot_elems * sizeof(E),
+                                    cudaMemcpyHostToDevice));
+    }
+    size_t offset(int position) const { return size_t(position % slots) * slot_elems; }
+    py::array_t<E> at(int position) const { return download<E>(buf, shape, offset(position)); }
+    // [T, state...]: the states after each of the call's T tokens (its rows).
+    py::array_t<E> rows(int T) const {
+        std::vector<py::ssize_t> rows_shape{T};
+        rows_shape.insert(rows_shape.end(), shape.begin(), shape.end());
+        py::array_t<E> out(rows_shape);
+        LAMPO_CUDA_CHECK(cudaDeviceSynchronize());
+        for (int t = 0; t < T; ++t)
+            LAMPO_CUDA_CHECK(cudaMemcpy(out.mutable_data() + t * slot_elems, buf.as<E>() + offset(pos + 1 + t),
+                                        slot_elems * sizeof(E), cudaMemcpyDeviceToHost));
+        return out;
+    }
+    // Throws unless the slots the call must not write are as they were: the slot read (when no
+    // token's state goes there) still holds the input, every other one is still poisoned.
+    void check_untouched(const char* op, int T, bool with_rows) const {
+        std::vector<bool> written(slots, false);
+        for (int t = with_rows ? 0 : T - 1; t < T; ++t) written[(pos + 1 + t) % slots] = true;
+        std::vector<E> host(size_t(slots) * slot_elems);
+        LAMPO_CUDA_CHECK(cudaMemcpy(host.data(), buf.get(), host.size() * sizeof(E), cudaMemcpyDeviceToHost));
+        for (int slot = 0; slot < slots; ++slot) {
+            if (written[slot]) continue;
+            const unsigned char* got = reinterpret_cast<const unsigned char*>(host.data() + slot * slot_elems);
+            const bool read_slot = slot == pos % slots;
+            const unsigned char* want = reinterpret_cast<const unsigned char*>(input.data());
+            for (size_t i = 0; i < slot_elems * sizeof(E); ++i) {
+                if (got[i] != (read_slot ? want[i] : 0xFF))
+                    throw std::runtime_error(std::string(op) + ": state slot " + std::to_string(slot) +
+                                             " was written, and no token's state belongs there");
+            }
+        }
+    }
+};
+
+GdnStates conv_ring(const StateRing<uint16_t>& conv) {
+    return GdnStates{nullptr, conv.buf.as<bf16>(), conv.slots, conv.d_pos.as<int32_t>()};
+}
+GdnStates rec_ring(const StateRing<float>& rec) {
+    return GdnStates{rec.buf.as<float>(), nullptr, rec.slots, rec.d_pos.as<int32_t>()};
+}
+
 // (y, new state[, the state after each token]); rows: ask for the row states (T <= 64).
 py::tuple conv1d_op(const Arr<uint16_t>& x, const Arr<uint16_t>& w, const Arr<uint16_t>& state, bool rows,
-                    int repeat) {
+                    int slots, int pos, int repeat) {
     const char* op = "causal_conv1d_silu";
     check_ndim(op, "x", x, 2);
     check_ndim(op, "w", w, 2);
     const int T = int(x.shape(0)), C = int(x.shape(1)), K = int(w.shape(1));
     check_shape(op, "w", w, {C, K});
     check_shape(op, "state", state, {C, K - 1});
-    DeviceBuffer dx = upload(x), dw = upload(w), ds = upload(state), dy = poisoned(size_t(T) * C * 2);
-    DeviceBuffer dr = poisoned(rows ? size_t(T) * C * (K - 1) * 2 : 2);
+    DeviceBuffer dx = upload(x), dw = upload(w), dy = poisoned(size_t(T) * C * 2);
+    const StateRing<uint16_t> ring(op, state, slots, pos, T, rows);
     return run_op(op, repeat,
-                  [&] {
-                      causal_conv1d_silu(dx.as<bf16>(), dw.as<bf16>(), ds.as<bf16>(), dy.as<bf16>(), T, C, K, 0,
-                                         rows ? dr.as<bf16>() : nullptr);
-                  },
+                  [&] { causal_conv1d_silu(dx.as<bf16>(), dw.as<bf16>(), conv_ring(ring), dy.as<bf16>(), T, C, K, 0, rows); },
                   [&](py::list& out) {
+                      ring.check_untouched(op, T, rows);
                       out.append(download<uint16_t>(dy, {T, C}));
-                      out.append(download<uint16_t>(ds, {C, K - 1}));
-                      if (rows) out.append(download<uint16_t>(dr, {T, C, K - 1}));
+                      out.append(ring.at(pos + T));
+                      if (rows) out.append(ring.rows(T));
                   });
 }
 
 struct GdnInputs {
     int T, Hk, Hv;
-    DeviceBuffer qkv, a, b, A_log, dt_bias, state, o;
+    DeviceBuffer qkv, a, b, A_log, dt_bias, o;
 };
 
 GdnInputs gdn_inputs(const char* op, const Arr<uint16_t>& qkv, const Arr<uint16_t>& a,
@@ -64,29 +122,27 @@ GdnInputs gdn_inputs(const char* op, const Arr<uint16_t>& qkv, const Arr<uint16_
     check_shape(op, "dt_bias", dt_bias, {Hv});
     check_shape(op, "state", state, {Hv, D, D});
     return GdnInputs{T, Hk, Hv, upload(qkv), upload(a), upload(b), upload(A_log), upload(dt_bias),
-                     upload(state), poisoned(size_t(T) * Hv * D * 2)};
+                     poisoned(size_t(T) * Hv * D * 2)};
 }
 
 py::tuple gdn_recurrent_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& a, const Arr<uint16_t>& b,
                            const Arr<float>& A_log, const Arr<float>& dt_bias, const Arr<float>& state,
-                           int Hk, bool snapshots, int repeat) {
+                           int Hk, bool rows, int slots, int pos, int repeat) {
     const char* op = "gated_delta_rule_recurrent";
     GdnInputs g = gdn_inputs(op, qkv, a, b, A_log, dt_bias, state, Hk);
-    const size_t head = size_t(128) * 128;
-    DeviceBuffer snaps = poisoned(snapshots ? size_t(g.T) * g.Hv * head * sizeof(float) : 0);
+    const StateRing<float> ring(op, state, slots, pos, g.T, rows);
     return run_op(op, repeat,
                   [&] {
                       gated_delta_rule_recurrent(g.qkv.as<bf16>(), g.a.as<bf16>(), g.b.as<bf16>(),
-                                                 g.A_log.as<float>(), g.dt_bias.as<float>(),
-                                                 g.state.as<float>(), g.o.as<bf16>(),
-                                                 snapshots ? snaps.as<float>() : nullptr, g.T, g.Hk,
-                                                 g.Hv, 128, 128, 0);
+                                                 g.A_log.as<float>(), g.dt_bias.as<float>(), rec_ring(ring),
+                                                 g.o.as<bf16>(), rows, g.T, g.Hk, g.Hv, 128, 128, 0);
                   },
                   [&](py::list& out) {
+                      ring.check_untouched(op, g.T, rows);
                       out.append(download<uint16_t>(g.o, {g.T, g.Hv, 128}));
-                      out.append(download<float>(g.state, {g.Hv, 128, 128}));
-                      if (snapshots)
-                          out.append(download<float>(snaps, {g.T, g.Hv, 128, 128}));
+                      out.append(ring.at(pos + g.T));
+                      if (rows)
+                          out.append(ring.rows(g.T));
                       else
                           out.append(py::none());
                   });
@@ -96,7 +152,7 @@ py::tuple gdn_decode_fused_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& con
                               const Arr<uint16_t>& conv_state, const Arr<uint16_t>& a, const Arr<uint16_t>& b,
                               const Arr<float>& A_log, const Arr<float>& dt_bias, const Arr<float>& state,
                               const Arr<uint16_t>& z, const Arr<uint16_t>& norm_w, int Hk, bool rows, float eps,
-                              int repeat) {
+                              int slots, int pos, int repeat) {
     const char* op = "gdn_decode_fused";
     GdnInputs g = gdn_inputs(op, qkv, a, b, A_log, dt_bias, state, Hk);
     check_ndim(op, "conv_w", conv_w, 2);
@@ -105,17 +161,18 @@ py::tuple gdn_decode_fused_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& con
     check_shape(op, "conv_state", conv_state, {C, K - 1});
     check_shape(op, "z", z, {T, g.Hv * D});
     check_shape(op, "norm_w", norm_w, {D});
-    DeviceBuffer d_cw = upload(conv_w), d_cs = upload(conv_state), d_z = upload(z), d_nw = upload(norm_w);
+    DeviceBuffer d_cw = upload(conv_w), d_z = upload(z), d_nw = upload(norm_w);
     DeviceBuffer d_y = poisoned(size_t(T) * g.Hv * D * 2), counters = filled(size_t(Hk) * 4, 0);
-    DeviceBuffer conv_rows = poisoned(rows ? size_t(T) * C * (K - 1) * 2 : 2);
-    DeviceBuffer rec_rows = poisoned(rows ? size_t(T) * g.Hv * D * D * sizeof(float) : 4);
-    const GdnRows dev_rows = rows ? GdnRows{conv_rows.as<bf16>(), rec_rows.as<float>()} : GdnRows{};
+    const StateRing<uint16_t> conv(op, conv_state, slots, pos, T, rows);
+    const StateRing<float> rec(op, state, slots, pos, T, rows);
     return run_op(op, repeat,
                   [&] {
-                      gdn_decode_fused(g.qkv.as<bf16>(), d_cw.as<bf16>(), d_cs.as<bf16>(), g.a.as<bf16>(),
-                                       g.b.as<bf16>(), g.A_log.as<float>(), g.dt_bias.as<float>(),
-                                       g.state.as<float>(), d_z.as<bf16>(), d_nw.as<bf16>(), d_y.as<bf16>(),
-                                       counters.as<unsigned>(), dev_rows, T, Hk, g.Hv, D, D, K, eps, 0);
+                      const GdnStates states{rec.buf.as<float>(), conv.buf.as<bf16>(), rec.slots,
+                                             rec.d_pos.as<int32_t>()};
+                      gdn_decode_fused(g.qkv.as<bf16>(), d_cw.as<bf16>(), g.a.as<bf16>(), g.b.as<bf16>(),
+                                       g.A_log.as<float>(), g.dt_bias.as<float>(), states, d_z.as<bf16>(),
+                                       d_nw.as<bf16>(), d_y.as<bf16>(), counters.as<unsigned>(), rows, T, Hk, g.Hv,
+                                       D, D, K, eps, 0);
                   },
                   [&](py::list& out) {
                       std::vector<unsigned> left(static_cast<size_t>(Hk));
@@ -124,32 +181,35 @@ py::tuple gdn_decode_fused_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& con
                           if (v != 0)
                               throw std::runtime_error(std::string(op) + ": a block counter was left at " +
                                                        std::to_string(v) + " (must return to 0)");
+                      conv.check_untouched(op, T, rows);
+                      rec.check_untouched(op, T, rows);
                       out.append(download<uint16_t>(d_y, {T, g.Hv * D}));
-                      out.append(download<uint16_t>(d_cs, {C, K - 1}));
-                      out.append(download<float>(g.state, {g.Hv, D, D}));
+                      out.append(conv.at(pos + T));
+                      out.append(rec.at(pos + T));
                       if (rows) {
-                          out.append(download<uint16_t>(conv_rows, {T, C, K - 1}));
-                          out.append(download<float>(rec_rows, {T, g.Hv, D, D}));
+                          out.append(conv.rows(T));
+                          out.append(rec.rows(T));
                       }
                   });
 }
 
 py::tuple gdn_chunked_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& a, const Arr<uint16_t>& b,
                          const Arr<float>& A_log, const Arr<float>& dt_bias, const Arr<float>& state,
-                         int Hk, int repeat) {
+                         int Hk, int slots, int pos, int repeat) {
     const char* op = "gated_delta_rule_chunked";
     GdnInputs g = gdn_inputs(op, qkv, a, b, A_log, dt_bias, state, Hk);
+    const StateRing<float> ring(op, state, slots, pos, g.T, false);
     DeviceBuffer ws = poisoned(gdn_chunked_workspace_bytes(g.T, g.Hv, 128, 128));
     return run_op(op, repeat,
                   [&] {
                       gated_delta_rule_chunked(g.qkv.as<bf16>(), g.a.as<bf16>(), g.b.as<bf16>(),
-                                               g.A_log.as<float>(), g.dt_bias.as<float>(),
-                                               g.state.as<float>(), g.o.as<bf16>(), ws.get(), g.T,
-                                               g.Hk, g.Hv, 128, 128, 0);
+                                               g.A_log.as<float>(), g.dt_bias.as<float>(), rec_ring(ring),
+                                               g.o.as<bf16>(), ws.get(), g.T, g.Hk, g.Hv, 128, 128, 0);
                   },
                   [&](py::list& out) {
+                      ring.check_untouched(op, g.T, false);
                       out.append(download<uint16_t>(g.o, {g.T, g.Hv, 128}));
-                      out.append(download<float>(g.state, {g.Hv, 128, 128}));
+                      out.append(ring.at(pos + g.T));
                   });
 }
 
@@ -378,25 +438,29 @@ py::object shared_combine_op(const Arr<uint16_t>& routed, const Arr<uint16_t>& s
 
 void register_gdn_moe_ops(py::module_& ops) {
     using py::arg;
+    const char* ring_doc = "; the states live in a ring of `slots` slots (0: the fewest allowed, T + 1 with rows, "
+                           "else 1) read at slot pos % slots and written at the slots after it (ops.h, GdnStates)";
     ops.def("causal_conv1d_silu", &conv1d_op, arg("x"), arg("w"), arg("state"), arg("rows") = false,
-            arg("repeat") = 0,
-            "x [T,C], w [C,K], state [C,K-1] (bf16 bits) -> (y [T,C], new_state [C,K-1]"
-            "[, rows [T,C,K-1]: the state after each token, with rows=True])");
+            arg("slots") = 0, arg("pos") = 0, arg("repeat") = 0,
+            (std::string("x [T,C], w [C,K], state [C,K-1] (bf16 bits) -> (y [T,C], new_state [C,K-1]"
+                         "[, rows [T,C,K-1]: the state after each token, with rows=True])") + ring_doc).c_str());
     ops.def("gated_delta_rule_recurrent", &gdn_recurrent_op, arg("qkv"), arg("a"), arg("b"),
-            arg("A_log"), arg("dt_bias"), arg("state"), arg("Hk"), arg("snapshots") = false,
-            arg("repeat") = 0,
-            "qkv [T, 2*Hk*128 + Hv*128], a, b [T,Hv] (bf16 bits), A_log, dt_bias [Hv], state "
-            "[Hv,128,128] f32 -> (o [T,Hv,128] bf16 bits, new_state, snapshots [T,Hv,128,128] or None)");
+            arg("A_log"), arg("dt_bias"), arg("state"), arg("Hk"), arg("rows") = false, arg("slots") = 0,
+            arg("pos") = 0, arg("repeat") = 0,
+            (std::string("qkv [T, 2*Hk*128 + Hv*128], a, b [T,Hv] (bf16 bits), A_log, dt_bias [Hv], state "
+                         "[Hv,128,128] f32 -> (o [T,Hv,128] bf16 bits, new_state, rows [T,Hv,128,128] or None)") +
+             ring_doc).c_str());
     ops.def("gated_delta_rule_chunked", &gdn_chunked_op, arg("qkv"), arg("a"), arg("b"), arg("A_log"),
-            arg("dt_bias"), arg("state"), arg("Hk"), arg("repeat") = 0,
-            "same inputs as gated_delta_rule_recurrent -> (o, new_state)");
+            arg("dt_bias"), arg("state"), arg("Hk"), arg("slots") = 0, arg("pos") = 0, arg("repeat") = 0,
+            (std::string("same inputs as gated_delta_rule_recurrent -> (o, new_state)") + ring_doc).c_str());
     ops.def("gdn_decode_fused", &gdn_decode_fused_op, arg("qkv"), arg("conv_w"), arg("conv_state"), arg("a"),
             arg("b"), arg("A_log"), arg("dt_bias"), arg("state"), arg("z"), arg("norm_w"), arg("Hk"),
-            arg("rows") = false, arg("eps") = 1e-6f, arg("repeat") = 0,
-            "a GDN layer's few-token step: pre-conv qkv [T, 2*Hk*128 + Hv*128], conv_w [C,K], conv_state "
-            "[C,K-1], a, b [T,Hv], z [T,Hv*128], norm_w [128] (bf16 bits), A_log, dt_bias [Hv], state "
-            "[Hv,128,128] f32 -> (y [T,Hv*128] = gated_rmsnorm(rule(conv(qkv)), z), new conv_state, new state"
-            "[, conv rows [T,C,K-1], state rows [T,Hv,128,128] with rows=True])");
+            arg("rows") = false, arg("eps") = 1e-6f, arg("slots") = 0, arg("pos") = 0, arg("repeat") = 0,
+            (std::string("a GDN layer's few-token step: pre-conv qkv [T, 2*Hk*128 + Hv*128], conv_w [C,K], "
+                         "conv_state [C,K-1], a, b [T,Hv], z [T,Hv*128], norm_w [128] (bf16 bits), A_log, dt_bias "
+                         "[Hv], state [Hv,128,128] f32 -> (y [T,Hv*128] = gated_rmsnorm(rule(conv(qkv)), z), new "
+                         "conv_state, new state[, conv rows [T,C,K-1], state rows [T,Hv,128,128] with rows=True])") +
+             ring_doc).c_str());
     ops.def("gated_rmsnorm", &gated_rmsnorm_op, arg("o"), arg("z"), arg("w"), arg("eps") = 1e-6f,
             arg("repeat") = 0, "o [T,Hv,dv], z [T,Hv*dv], w [dv] (bf16 bits) -> y [T,Hv*dv]");
     ops.def("moe_router_topk", &router_op, arg("h"), arg("w_router"), arg("k"), arg("repeat") = 0,

@@ -6,13 +6,15 @@
 //   y[t, c] = bf16(silu(sum_j w[c, j] * xin[c, t + j]))     j = 0..K-1, fp32 math
 //   afterwards state = last K-1 columns of xin
 //
-// One thread owns 8 consecutive channels (16-byte accesses of x and y) and a run of tokens,
-// keeping the K-1 previous inputs in registers. When one run covers all T tokens (decode, short
-// verify windows) the same thread also writes the new state: one launch; and, given row_states
-// [T, C, K-1], the state after each token (a verify window's rows, to keep any prefix of them).
-// Longer sequences split time into tiles across blocks; the state is then rewritten by a second
-// tiny launch, after every tile has read the old one.
+// The state is read from and written to GdnStates' ring of slots (ops.h). One thread owns 8
+// consecutive channels (16-byte accesses of x and y) and a run of tokens, keeping the K-1 previous
+// inputs in registers. When one run covers all T tokens (decode, short verify windows) the same
+// thread also writes the new state: one launch; and, with rows, the state after each token (a
+// verify window's rows, to keep any prefix of them). Longer sequences split time into tiles across
+// blocks; the state is then written by a second tiny launch, after every tile has read the old one
+// (the slots may be the same one).
 #include "kernels/common.cuh"
+#include "kernels/gdn/gdn_common.cuh"
 #include "kernels/launch_utils.cuh"
 #include "kernels/gdn_moe_vec.cuh"
 #include "kernels/ops.h"
@@ -42,11 +44,14 @@ __device__ __forceinline__ void store_conv_state(bf16* state, int c0, const floa
 
 template <int K>
 __global__ void __launch_bounds__(CONV_THREADS)
-conv1d_silu_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* state,
-                   bf16* __restrict__ y, int T, int C, int tile_t, bool write_state, bf16* __restrict__ row_states) {
+conv1d_silu_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, GdnStates states,
+                   bf16* __restrict__ y, int T, int C, int tile_t, bool write_state, bool rows) {
     pdl_begin();
     const int c0 = (blockIdx.x * CONV_THREADS + threadIdx.x) * CONV_VEC;
     if (c0 >= C) return;
+    const size_t slot_elems = size_t(C) * (K - 1);
+    const int p = gdn_first_position(states);
+    const bf16* state = states.conv + gdn_slot_offset(states, p, slot_elems);
     const int t0 = blockIdx.y * tile_t;
     const int t1 = min(T, t0 + tile_t);
 
@@ -97,53 +102,53 @@ conv1d_silu_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16*
             for (int v = 0; v < CONV_VEC; ++v) hist[j][v] = hist[j + 1][v];
 #pragma unroll
         for (int v = 0; v < CONV_VEC; ++v) hist[K - 2][v] = cur[v];
-        if (row_states) store_conv_state<K>(row_states + size_t(t) * C * (K - 1), c0, hist);  // after token t
+        if (rows || (write_state && t == T - 1))  // the state after token t
+            store_conv_state<K>(states.conv + gdn_slot_offset(states, p + 1 + t, slot_elems), c0, hist);
     }
-
-    if (write_state) store_conv_state<K>(state, c0, hist);  // hist now holds xin columns T .. T+K-2
 }
 
 // state[c, j] = x[T - (K-1) + j, c]   (T >= K-1: the new state comes from x alone)
 template <int K>
-__global__ void conv1d_state_from_x_kernel(const bf16* __restrict__ x, bf16* __restrict__ state,
-                                           int T, int C) {
+__global__ void conv1d_state_from_x_kernel(const bf16* __restrict__ x, GdnStates states, int T, int C) {
     pdl_begin();
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
+    bf16* state = states.conv + gdn_slot_offset(states, gdn_first_position(states) + T, size_t(C) * (K - 1));
 #pragma unroll
     for (int j = 0; j < K - 1; ++j) state[size_t(c) * (K - 1) + j] = x[size_t(T - (K - 1) + j) * C + c];
 }
 
 template <int K>
-void launch_conv1d(const bf16* x, const bf16* w, bf16* state, bf16* y, int T, int C, bf16* row_states,
+void launch_conv1d(const bf16* x, const bf16* w, const GdnStates& states, bf16* y, int T, int C, bool rows,
                    cudaStream_t stream) {
     const int blocks_c = ceil_div(C / CONV_VEC, CONV_THREADS);
     if (T <= CONV_TILE_T) {
         launch_pdl("conv1d_silu_kernel", conv1d_silu_kernel<K>, dim3(blocks_c, 1), CONV_THREADS, 0, stream,
-                   x, w, state, y, T, C, T, true, row_states);
+                   x, w, states, y, T, C, T, true, rows);
         return;
     }
-    if (row_states)
+    if (rows)
         throw std::invalid_argument("causal_conv1d_silu: row states need T <= " + std::to_string(CONV_TILE_T) +
                                     ", got " + std::to_string(T));
     launch_pdl("conv1d_silu_kernel", conv1d_silu_kernel<K>, dim3(blocks_c, ceil_div(T, CONV_TILE_T)),
-               CONV_THREADS, 0, stream, x, w, state, y, T, C, CONV_TILE_T, false, static_cast<bf16*>(nullptr));
+               CONV_THREADS, 0, stream, x, w, states, y, T, C, CONV_TILE_T, false, false);
     launch_pdl("conv1d_state_from_x_kernel", conv1d_state_from_x_kernel<K>, ceil_div(C, 256), 256, 0,
-               stream, x, state, T, C);
+               stream, x, states, T, C);
 }
 
 }  // namespace
 
-void causal_conv1d_silu(const bf16* x, const bf16* w, bf16* state, bf16* y, int T, int C, int K,
-                        cudaStream_t stream, bf16* row_states) {
+void causal_conv1d_silu(const bf16* x, const bf16* w, const GdnStates& states, bf16* y, int T, int C, int K,
+                        cudaStream_t stream, bool rows) {
     if (T < 1) throw std::invalid_argument("causal_conv1d_silu: T must be >= 1, got " + std::to_string(T));
+    gdn_check_states("causal_conv1d_silu", states, T, rows);
     if (C < CONV_VEC || C % CONV_VEC != 0)
         throw std::invalid_argument("causal_conv1d_silu: C must be a positive multiple of 8, got " +
                                     std::to_string(C));
     switch (K) {
-        case 2: launch_conv1d<2>(x, w, state, y, T, C, row_states, stream); break;
-        case 3: launch_conv1d<3>(x, w, state, y, T, C, row_states, stream); break;
-        case 4: launch_conv1d<4>(x, w, state, y, T, C, row_states, stream); break;
+        case 2: launch_conv1d<2>(x, w, states, y, T, C, rows, stream); break;
+        case 3: launch_conv1d<3>(x, w, states, y, T, C, rows, stream); break;
+        case 4: launch_conv1d<4>(x, w, states, y, T, C, rows, stream); break;
         default:
             throw std::invalid_argument("causal_conv1d_silu: kernel size K must be 2, 3 or 4, got " +
                                         std::to_string(K));

@@ -249,7 +249,7 @@ __device__ __forceinline__ void fma4(float4& acc, float s, float4 v) {
 }
 
 __global__ void __launch_bounds__(SCAN_THREADS)
-gdn_chunk_scan(const bf16* __restrict__ qkv, const float* __restrict__ ws, float* __restrict__ state,
+gdn_chunk_scan(const bf16* __restrict__ qkv, const float* __restrict__ ws, GdnStates states,
                bf16* __restrict__ o, int T, int Hk, int Hv) {
     __shared__ __align__(16) float S_s[GDN_D * SCAN_COLS];  // S[:, slice]
     __shared__ __align__(16) float Vp[CH * SCAN_COLS];      // V'[:, slice]
@@ -262,7 +262,10 @@ gdn_chunk_scan(const bf16* __restrict__ qkv, const float* __restrict__ ws, float
     const int cg = tid & 3, rp = tid >> 2;  // column group of 4; row pair (rp, rp + 32) / row quad
     const int width = gdn_qkv_width(Hk, Hv);
     const int nchunks = (T + CH - 1) / CH;
-    float* Sg = state + size_t(j) * GDN_D * GDN_D;
+    // The block's slice of the state before the chunk (slot p) and after it (slot p + T: GdnStates)
+    const size_t head_elems = size_t(GDN_D) * GDN_D, slot_elems = size_t(Hv) * head_elems;
+    const int p = gdn_first_position(states);
+    const float* Sg = states.recurrent + gdn_slot_offset(states, p, slot_elems) + j * head_elems;
 
     for (int idx = tid; idx < GDN_D * SCAN_COLS / 4; idx += SCAN_THREADS) {
         const int i = idx / (SCAN_COLS / 4), c4 = (idx % (SCAN_COLS / 4)) * 4;
@@ -366,9 +369,10 @@ gdn_chunk_scan(const bf16* __restrict__ qkv, const float* __restrict__ ws, float
     }
     __syncthreads();
 
+    float* S_out = states.recurrent + gdn_slot_offset(states, p + T, slot_elems) + j * head_elems;
     for (int idx = tid; idx < GDN_D * SCAN_COLS / 4; idx += SCAN_THREADS) {
         const int i = idx / (SCAN_COLS / 4), c4 = (idx % (SCAN_COLS / 4)) * 4;
-        *reinterpret_cast<float4*>(Sg + size_t(i) * GDN_D + m0 + c4) =
+        *reinterpret_cast<float4*>(S_out + size_t(i) * GDN_D + m0 + c4) =
             *reinterpret_cast<const float4*>(S_s + i * SCAN_COLS + c4);
     }
 }
@@ -382,9 +386,10 @@ size_t gdn_chunked_workspace_bytes(int T, int Hv, int dk, int dv) {
 }
 
 void gated_delta_rule_chunked(const bf16* qkv, const bf16* a, const bf16* b, const float* A_log,
-                              const float* dt_bias, float* state, bf16* o, void* workspace, int T,
+                              const float* dt_bias, const GdnStates& states, bf16* o, void* workspace, int T,
                               int Hk, int Hv, int dk, int dv, cudaStream_t stream) {
     gdn_check_dims("gated_delta_rule_chunked", T, Hk, Hv, dk, dv);
+    gdn_check_states("gated_delta_rule_chunked", states, T, false);
     static const bool smem_configured = [] {
         LAMPO_CUDA_CHECK(cudaFuncSetAttribute(gdn_chunk_prepare,
                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -395,7 +400,7 @@ void gated_delta_rule_chunked(const bf16* qkv, const bf16* a, const bf16* b, con
     float* ws = static_cast<float*>(workspace);
     gdn_chunk_prepare<<<dim3(ceil_div(T, CH), Hv), PREP_THREADS, PREP_SMEM, stream>>>(
         qkv, a, b, A_log, dt_bias, ws, T, Hk, Hv);
-    gdn_chunk_scan<<<dim3(GDN_D / SCAN_COLS, Hv), SCAN_THREADS, 0, stream>>>(qkv, ws, state, o, T,
+    gdn_chunk_scan<<<dim3(GDN_D / SCAN_COLS, Hv), SCAN_THREADS, 0, stream>>>(qkv, ws, states, o, T,
                                                                             Hk, Hv);
 }
 

@@ -6,7 +6,8 @@
 //     g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b)
 //     q = l2norm(q) / sqrt(128), k = l2norm(k)
 //     S = exp(g) S ; e = v - S^T k ; S += k (beta e)^T ; o = S^T q      -> o [T, Hv, 128] bf16
-//   snapshots (optional): the state after token t at snapshots + t * Hv*128*128.
+//   The state continues from and goes to GdnStates' ring of slots (ops.h); with rows, the state
+//   after every token t goes to its slot.
 //
 // The state is pure bandwidth (64 KiB per head read and written once per call), and its columns
 // m evolve independently, so each block owns a 128 x 16 column slice of one head (Hv*8 blocks)
@@ -131,18 +132,19 @@ __device__ __forceinline__ void store_slice(const float4 (&S)[REC_ROWS], float* 
 __global__ void __launch_bounds__(REC_THREADS)
 gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
                      const bf16* __restrict__ b, const float* __restrict__ A_log,
-                     const float* __restrict__ dt_bias, float* __restrict__ state,
-                     bf16* __restrict__ o, float* __restrict__ snapshots, int T, int Hk, int Hv) {
+                     const float* __restrict__ dt_bias, GdnStates states,
+                     bf16* __restrict__ o, bool rows, int T, int Hk, int Hv) {
     pdl_begin();
     const int tid = threadIdx.x;
     const int cg = tid & 3, rg = tid >> 2;
     const int j = blockIdx.y, hk = j / (Hv / Hk);
     const int m0 = blockIdx.x * REC_COLS + cg * 4;
     const int width = gdn_qkv_width(Hk, Hv);
-    const size_t head_elems = size_t(GDN_D) * GDN_D;
+    const size_t head_elems = size_t(GDN_D) * GDN_D, slot_elems = size_t(Hv) * head_elems;
+    const int p = gdn_first_position(states);
 
     float4 S[REC_ROWS];
-    load_slice(S, state + j * head_elems, rg, m0);
+    load_slice(S, states.recurrent + gdn_slot_offset(states, p, slot_elems) + j * head_elems, rg, m0);
     const float a_log = A_log[j], dtb = dt_bias[j];
     for (int t = 0; t < T; ++t) {
         const bf16* row = qkv + size_t(t) * width;
@@ -152,26 +154,29 @@ gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
         const float4 out = rec_token(S, qv, kv, v, __bfloat162float(a[size_t(t) * Hv + j]),
                                      __bfloat162float(b[size_t(t) * Hv + j]), a_log, dtb);
         if (rg == 0) store_bf16x4(o + (size_t(t) * Hv + j) * GDN_D + m0, out);
-        if (snapshots) store_slice(S, snapshots + size_t(t) * Hv * head_elems + j * head_elems, rg, m0);
+        if (rows || t == T - 1)
+            store_slice(S, states.recurrent + gdn_slot_offset(states, p + 1 + t, slot_elems) + j * head_elems, rg, m0);
     }
-    store_slice(S, state + j * head_elems, rg, m0);
 }
 
 // A Gated DeltaNet layer's few-token step (decode: T = 1; a verify window: T <= 8) in one launch,
-// grid (8, Hv) as above, the 8 blocks of V head j one thread block cluster (sm_90+):
+// grid (8, Hv) as above, the 8 blocks of V head j one thread block cluster (sm_90+); both states
+// come from and go to GdnStates' ring of slots (ops.h):
 // 1. before the wait, the constants: conv weights of the block's channels (thread tid: q and k
 //    channel tid of K head hk; threads 0..15 also the block's 16 v channels), A_log, dt_bias, and
 //    in rank 0's first warp the norm weight; and the states, which only this kernel writes in a
-//    forward pass (the rule in common.cuh): the state slice and the conv states of those channels.
+//    forward pass (the rule in common.cuh): the ring position, the state slice and the conv states
+//    of those channels.
 // 2. per token t: conv + SiLU of row t (the channels' last K-1 inputs kept in registers), the
 //    delta rule step of gdn_recurrent_kernel (rec_token), each block's bf16 o slice into rank 0's
 //    shared memory (two buffers, so one cluster barrier per token), and there rank 0's first warp
-//    runs the gated RMSNorm of head j with z -> y row t. With rows, the recurrent slice after token
-//    t goes to rec_rows row t and the v channels' conv state to conv_rows row t; the q/k channels'
-//    state after token t (the same in every block of the K group) by the group's first block.
-// 3. the block's v channels' conv state, read only by this block, is written at the end; the q/k
-//    conv state is shared by the 8 * Hv/Hk blocks of the K group: each takes a ticket on
-//    counters[hk] after reading it, and the last one writes the new q/k state.
+//    runs the gated RMSNorm of head j with z -> y row t. The states after token t go to their slot
+//    with rows, and after the last token always: the recurrent slice and the v channels' conv state
+//    by each block, the q/k channels' conv state (the same in every block of the K group) by the
+//    group's first block.
+// 3. only when the last token's slot is the slot read (one slot, or T a multiple of the slots) is
+//    the q/k conv state written where the other blocks of the K group may still read it: then each
+//    block takes a ticket on counters[hk] after reading it, and the last one writes it.
 // Numbers identical to causal_conv1d_silu -> gated_delta_rule_recurrent -> gated_rmsnorm, rows
 // included.
 constexpr int FUSED_CLUSTER = GDN_D / REC_COLS;
@@ -203,13 +208,11 @@ __device__ __forceinline__ void store_hist(bf16* conv_state, int c, const float 
 
 template <int K>
 __global__ void __launch_bounds__(REC_THREADS)
-gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ conv_w, bf16* conv_state,
+gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ conv_w,
                         const bf16* __restrict__ a, const bf16* __restrict__ b,
-                        const float* __restrict__ A_log, const float* __restrict__ dt_bias,
-                        float* __restrict__ state, const bf16* __restrict__ z,
-                        const bf16* __restrict__ norm_w, bf16* __restrict__ y, unsigned* counters,
-                        bf16* __restrict__ conv_rows, float* __restrict__ rec_rows, int T, int Hk, int Hv,
-                        float eps) {
+                        const float* __restrict__ A_log, const float* __restrict__ dt_bias, GdnStates states,
+                        const bf16* __restrict__ z, const bf16* __restrict__ norm_w, bf16* __restrict__ y,
+                        unsigned* counters, bool rows, int T, int Hk, int Hv, float eps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ float v_s[REC_COLS];
     __shared__ __align__(8) bf16 o_row[2][GDN_D];  // rank 0: head j's o of token t in buffer t % 2
@@ -219,12 +222,13 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
     const int j = blockIdx.y, hk = j / (Hv / Hk);
     const int m0 = blockIdx.x * REC_COLS + cg * 4;
     const bool norm_lane = blockIdx.x == 0 && tid < 32;  // rank 0's first warp: channels 4 tid .. 4 tid + 3
-    const size_t head_elems = size_t(GDN_D) * GDN_D;
+    const size_t head_elems = size_t(GDN_D) * GDN_D, rec_slot = size_t(Hv) * head_elems;
     const int C = gdn_qkv_width(Hk, Hv);
-    const size_t conv_row = size_t(C) * (K - 1);
+    const size_t conv_slot = size_t(C) * (K - 1);
     const int cq = hk * GDN_D + tid, ck = (Hk + hk) * GDN_D + tid;
     const int cv = 2 * Hk * GDN_D + j * GDN_D + blockIdx.x * REC_COLS + tid;  // tid < REC_COLS
-    const bool qk_rows = conv_rows && blockIdx.x == 0 && j % (Hv / Hk) == 0;  // the K group's first block
+    const bool group_first = blockIdx.x == 0 && j % (Hv / Hk) == 0;  // the K group's first block
+    const bool in_place = T % states.slots == 0;                     // the last token's slot is the one read
 
     // 1. constants and states.
     float wq[K], wk[K], wv[K];
@@ -233,18 +237,22 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
     if (tid < REC_COLS) load_conv_w<K>(conv_w, cv, wv);
     const float a_log = A_log[j], dtb = dt_bias[j];
     const float4 nw = norm_lane ? load_bf16x4(norm_w + tid * 4) : float4{};
+    const int p = gdn_first_position(states);
     float4 S[REC_ROWS];
-    load_slice(S, state + j * head_elems, rg, m0);
+    load_slice(S, states.recurrent + gdn_slot_offset(states, p, rec_slot) + j * head_elems, rg, m0);
+    const bf16* conv_in = states.conv + gdn_slot_offset(states, p, conv_slot);
     float hq[K - 1], hkk[K - 1], hv[K - 1];
-    load_hist<K>(conv_state, cq, hq);
-    load_hist<K>(conv_state, ck, hkk);
-    if (tid < REC_COLS) load_hist<K>(conv_state, cv, hv);
+    load_hist<K>(conv_in, cq, hq);
+    load_hist<K>(conv_in, ck, hkk);
+    if (tid < REC_COLS) load_hist<K>(conv_in, cv, hv);
     pdl_begin();
 
     // 2. the tokens.
     cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
     unsigned ticket = 0;
     for (int t = 0; t < T; ++t) {
+        const bool keep = rows || t == T - 1;  // the states after token t go to slot p + 1 + t
+        bf16* conv_out = states.conv + gdn_slot_offset(states, p + 1 + t, conv_slot);
         const bf16* xt = x + size_t(t) * C;
         const float xq = __bfloat162float(xt[cq]), xk = __bfloat162float(xt[ck]);
         const float av = __bfloat162float(a[size_t(t) * Hv + j]), bv = __bfloat162float(b[size_t(t) * Hv + j]);
@@ -254,24 +262,24 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
         const float kv = round_to_bf16(conv_silu_step<K>(wk, hkk, xk));
         shift_in<K>(hq, xq);
         shift_in<K>(hkk, xk);
-        if (qk_rows) {
-            store_hist<K>(conv_rows + t * conv_row, cq, hq);
-            store_hist<K>(conv_rows + t * conv_row, ck, hkk);
+        if (keep && group_first && !in_place) {
+            store_hist<K>(conv_out, cq, hq);
+            store_hist<K>(conv_out, ck, hkk);
         }
         if (tid < REC_COLS) {
             const float xv = __bfloat162float(xt[cv]);
             v_s[tid] = round_to_bf16(conv_silu_step<K>(wv, hv, xv));
             shift_in<K>(hv, xv);
-            if (conv_rows) store_hist<K>(conv_rows + t * conv_row, cv, hv);
+            if (keep) store_hist<K>(conv_out, cv, hv);  // read by this block only
         }
         __syncthreads();  // v_s is complete (and, at t = 0, every q/k conv state read of this block is done)
-        if (t == 0 && tid == 0) {
+        if (in_place && t == 0 && tid == 0) {
             __threadfence();
             ticket = atomicAdd(counters + hk, 1u);
         }
         const float4 v = make_float4(v_s[cg * 4], v_s[cg * 4 + 1], v_s[cg * 4 + 2], v_s[cg * 4 + 3]);
         const float4 out = rec_token(S, qv, kv, v, av, bv, a_log, dtb);  // its barriers order v_s's reuse
-        if (rec_rows) store_slice(S, rec_rows + size_t(t) * Hv * head_elems + j * head_elems, rg, m0);
+        if (keep) store_slice(S, states.recurrent + gdn_slot_offset(states, p + 1 + t, rec_slot) + j * head_elems, rg, m0);
         if (rg == 0) store_bf16x4(cluster.map_shared_rank(o_row[t & 1], 0) + m0, out);
         cluster.sync();
         if (norm_lane) {
@@ -280,16 +288,17 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
             store_bf16x4(y + (size_t(t) * Hv + j) * GDN_D + tid * 4, gated_norm4(o4, r, zv, nw));
         }
     }
-    store_slice(S, state + j * head_elems, rg, m0);
 
-    // 3. the conv states: the block's v channels; the q/k channels by the K group's last block.
-    if (tid < REC_COLS) store_hist<K>(conv_state, cv, hv);
-    if (tid == 0) last = ticket == gridDim.x * (Hv / Hk) - 1;
-    __syncthreads();
-    if (last) {
-        store_hist<K>(conv_state, cq, hq);
-        store_hist<K>(conv_state, ck, hkk);
-        if (tid == 0) counters[hk] = 0;
+    // 3. the q/k conv state in place: by the K group's last block.
+    if (in_place) {
+        if (tid == 0) last = ticket == gridDim.x * (Hv / Hk) - 1;
+        __syncthreads();
+        if (last) {
+            bf16* conv_out = states.conv + gdn_slot_offset(states, p, conv_slot);
+            store_hist<K>(conv_out, cq, hq);
+            store_hist<K>(conv_out, ck, hkk);
+            if (tid == 0) counters[hk] = 0;
+        }
     }
 #else
     __trap();  // gdn_decode_fused launches it on sm_90+ only
@@ -299,29 +308,30 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
 }  // namespace
 
 void gated_delta_rule_recurrent(const bf16* qkv, const bf16* a, const bf16* b, const float* A_log,
-                                const float* dt_bias, float* state, bf16* o, float* snapshots,
+                                const float* dt_bias, const GdnStates& states, bf16* o, bool rows,
                                 int T, int Hk, int Hv, int dk, int dv, cudaStream_t stream) {
     gdn_check_dims("gated_delta_rule_recurrent", T, Hk, Hv, dk, dv);
+    gdn_check_states("gated_delta_rule_recurrent", states, T, rows);
     launch_pdl("gdn_recurrent_kernel", gdn_recurrent_kernel, dim3(GDN_D / REC_COLS, Hv), REC_THREADS, 0,
-               stream, qkv, a, b, A_log, dt_bias, state, o, snapshots, T, Hk, Hv);
+               stream, qkv, a, b, A_log, dt_bias, states, o, rows, T, Hk, Hv);
 }
 
 bool gdn_decode_fused_available() { return sm90_or_newer(); }
 
-void gdn_decode_fused(const bf16* qkv, const bf16* conv_w, bf16* conv_state, const bf16* a, const bf16* b,
-                      const float* A_log, const float* dt_bias, float* state, const bf16* z, const bf16* norm_w,
-                      bf16* y, unsigned* counters, const GdnRows& rows, int T, int Hk, int Hv, int dk, int dv,
-                      int K, float eps, cudaStream_t stream) {
+void gdn_decode_fused(const bf16* qkv, const bf16* conv_w, const bf16* a, const bf16* b, const float* A_log,
+                      const float* dt_bias, const GdnStates& states, const bf16* z, const bf16* norm_w, bf16* y,
+                      unsigned* counters, bool rows, int T, int Hk, int Hv, int dk, int dv, int K, float eps,
+                      cudaStream_t stream) {
     const char* op = "gdn_decode_fused";
     gdn_check_dims(op, T, Hk, Hv, dk, dv);
+    gdn_check_states(op, states, T, rows);
     if (!counters) throw std::invalid_argument(std::string(op) + ": needs Hk zeroed counters");
     if (!gdn_decode_fused_available())
         throw std::invalid_argument(std::string(op) + ": needs thread block clusters (sm_90 or newer)");
     const dim3 grid(FUSED_CLUSTER, Hv);
     auto launch = [&](auto kernel) {
-        launch_pdl_clusters(op, FUSED_CLUSTER, kernel, grid, REC_THREADS, 0, stream, qkv, conv_w, conv_state, a,
-                            b, A_log, dt_bias, state, z, norm_w, y, counters, rows.conv, rows.recurrent, T, Hk, Hv,
-                            eps);
+        launch_pdl_clusters(op, FUSED_CLUSTER, kernel, grid, REC_THREADS, 0, stream, qkv, conv_w, a, b, A_log,
+                            dt_bias, states, z, norm_w, y, counters, rows, T, Hk, Hv, eps);
     };
     switch (K) {
         case 2: launch(gdn_decode_fused_kernel<2>); break;

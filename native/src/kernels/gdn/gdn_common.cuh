@@ -7,6 +7,7 @@
 
 #include "kernels/common.cuh"
 #include "kernels/gdn_moe_vec.cuh"
+#include "kernels/ops.h"
 
 namespace lampo {
 
@@ -24,6 +25,24 @@ inline void gdn_check_dims(const char* op, int T, int Hk, int Hv, int dk, int dv
     if (Hk < 1 || Hv < Hk || Hv % Hk != 0)
         throw std::invalid_argument(std::string(op) + ": Hv must be a positive multiple of Hk, got Hk=" +
                                     std::to_string(Hk) + " Hv=" + std::to_string(Hv));
+}
+
+inline void gdn_check_states(const char* op, const GdnStates& s, int T, bool rows) {
+    if (s.slots < 1 || (s.slots > 1 && !s.pos))
+        throw std::invalid_argument(std::string(op) + ": a state ring needs slots >= 1 and, with more than one, "
+                                    "the device position; got slots=" + std::to_string(s.slots));
+    if (rows && T >= s.slots)
+        throw std::invalid_argument(std::string(op) + ": the states after each of " + std::to_string(T) +
+                                    " tokens need more than " + std::to_string(T) + " slots, got " +
+                                    std::to_string(s.slots));
+}
+
+// The call's first position in the ring (ops.h, GdnStates): 0 when there is one slot, else read
+// through L2 (the fused step reads it before its PDL wait; d_pos is written between passes only).
+__device__ __forceinline__ int gdn_first_position(const GdnStates& s) { return s.slots == 1 ? 0 : __ldcg(s.pos); }
+// The slot holding the state before the token at position p, as an element offset of `slot_elems`.
+__device__ __forceinline__ size_t gdn_slot_offset(const GdnStates& s, int p, size_t slot_elems) {
+    return size_t(p % s.slots) * slot_elems;
 }
 
 // Per token and V head: g = -exp(A_log) * softplus(a + dt_bias) (<= 0), beta = sigmoid(b).
