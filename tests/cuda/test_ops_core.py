@@ -84,6 +84,11 @@ def test_add_rmsnorm_and_residual_add(ops, rows, n):
     np.testing.assert_array_equal(new_residual, summed)
     check_bf16(y, norms.rmsnorm1p(summed, from_bf16(w)), what="add_rmsnorm")
     np.testing.assert_array_equal(ops.residual_add(residual, delta), summed)
+    # set: whatever the residual held (NaN here), the bits of add_rmsnorm on a zeroed residual
+    zeros, nans = np.zeros_like(residual), np.full_like(residual, np.nan)
+    want = ops.add_rmsnorm(zeros, delta, w, 1e-6)
+    for got, expected in zip(ops.add_rmsnorm(nans, delta, w, 1e-6, set=True), want, strict=True):
+        np.testing.assert_array_equal(got, expected)
 
 
 @pytest.mark.parametrize("T,I", [(1, 512), (9, 1024), (3, 8)])
@@ -272,6 +277,8 @@ def test_gemv_add_residual_is_gemv_then_add(ops, out, inn):
     residual = (rng.standard_normal((1, out)) * 3).astype(np.float32)
     got = ops.gemv_add_residual(w, x, residual)
     np.testing.assert_array_equal(got, residual + from_bf16(ops.gemv(w, x, False)))
+    got_set = ops.gemv_add_residual(w, x, np.full_like(residual, np.nan), set=True)
+    np.testing.assert_array_equal(got_set, ops.gemv_add_residual(w, x, np.zeros_like(residual)))
 
 
 @pytest.mark.parametrize(

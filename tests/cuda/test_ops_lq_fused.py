@@ -71,6 +71,9 @@ def test_gemv_lq_add_residual_is_gemv_lq_then_add(ops, bits, out, inn):
     y = ops.gemv_lq(packed, bits, out, inn, x, False)
     np.testing.assert_array_equal(got, residual + from_bf16(y))
     check_bf16(y, from_bf16(x).astype(np.float64) @ w.astype(np.float64).T, what=f"gemv_lq bits={bits}")
+    # set: whatever the residual held (NaN here), the bits of the add on a zeroed residual
+    got_set = ops.gemv_lq_add_residual(packed, bits, out, inn, x, np.full_like(residual, np.nan), set=True)
+    np.testing.assert_array_equal(got_set, ops.gemv_lq_add_residual(packed, bits, out, inn, x, np.zeros_like(residual)))
 
 
 def test_gemv_lq_folded_refuse_bad_arguments(ops):

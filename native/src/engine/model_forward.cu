@@ -500,10 +500,10 @@ void embed_rows(const Ctx& c) {
     });
 }
 
-// residual += ws.delta, then y = rmsnorm1p(residual, norm_w).
-void add_norm(const Ctx& c, const bf16* norm_w, bf16* y) {
-    c.op(OpFamily::Norms, "add_rmsnorm", [&] {
-        add_rmsnorm(c.ws.residual, c.ws.delta, norm_w, y, c.step.T, c.d.hidden, c.d.eps, c.st);
+// residual += ws.delta (set: residual = 0 + ws.delta), then y = rmsnorm1p(residual, norm_w).
+void add_norm(const Ctx& c, const bf16* norm_w, bf16* y, bool set = false) {
+    c.op(OpFamily::Norms, set ? "set_rmsnorm" : "add_rmsnorm", [&] {
+        add_rmsnorm(c.ws.residual, c.ws.delta, norm_w, y, c.step.T, c.d.hidden, c.d.eps, c.st, 0, set);
     });
 }
 
@@ -637,22 +637,20 @@ void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& 
     const Ctx c{d, w, ws, step, stream, timer, folded};
     const MtpWeights& mw = w.mtp;
     const int T = m.T, H = d.hidden;
-    const size_t rows_bytes = size_t(T) * H * 4;
-    // The fc input [T, 2H]: the normed embedding, then the normed hidden, each norm writing its half.
+    // The fc input [T, 2H]: the normed embedding, then the normed hidden, each norm writing its half;
+    // the residual takes the hidden (0 + hidden, as if added to zeros), then u: each set over what it held.
     embed_rows(c);
     c.op(OpFamily::Norms, "rmsnorm",
          [&] { rmsnorm(ws.residual, mw.pre_fc_norm_embedding, ws.mtp_in, T, H, d.eps, stream, 2 * H); });
-    LAMPO_CUDA_CHECK(cudaMemsetAsync(ws.residual, 0, rows_bytes, stream));  // 0 + hidden: its fp32 value
-    c.op(OpFamily::Norms, "add_rmsnorm", [&] {
-        add_rmsnorm(ws.residual, m.hiddens, mw.pre_fc_norm_hidden, ws.mtp_in + H, T, H, d.eps, stream, 2 * H);
+    c.op(OpFamily::Norms, "set_rmsnorm", [&] {
+        add_rmsnorm(ws.residual, m.hiddens, mw.pre_fc_norm_hidden, ws.mtp_in + H, T, H, d.eps, stream, 2 * H, true);
     });
-    LAMPO_CUDA_CHECK(cudaMemsetAsync(ws.residual, 0, rows_bytes, stream));  // the residual stream starts at u
-    if (folded) {  // u added into the zero residual as add_rmsnorm would add it; the next block norms it
+    if (folded) {  // u set into the residual as rounded bf16 rows; the next block norms it
         c.op(OpFamily::Projections, "mtp fc",
-             [&] { linear_forward_add_residual(mw.fc, ws.mtp_in, ws.residual, stream); });
+             [&] { linear_forward_add_residual(mw.fc, ws.mtp_in, ws.residual, stream, true); });
     } else {
         c.op(OpFamily::Projections, "mtp fc", [&] { linear_forward(mw.fc, ws.mtp_in, ws.delta, T, stream); });
-        add_norm(c, mw.layer.input_norm, ws.normed);
+        add_norm(c, mw.layer.input_norm, ws.normed, true);
     }
     gated_attention(c, mw.layer.attn, kv, context_max, mw.layer.input_norm);
     if (!folded) add_norm(c, mw.layer.post_norm, ws.normed);

@@ -64,7 +64,8 @@ void linear_forward_parts(const Linear& W, const __nv_bfloat16* x, const RowPart
 // an add_rmsnorm launch between them:
 // - a block's input projection reads x = bf16(rmsnorm(residual) * (1 + weight)), built by the
 //   projection kernel itself (the same values add_rmsnorm / rmsnorm would write);
-// - a block's output projection adds its rounded output to the residual: residual += float(bf16(y)).
+// - a block's output projection adds its rounded output to the residual: residual += float(bf16(y))
+//   (set: residual = 0 + float(bf16(y)), whatever it held: the MTP pass's fc starts the stream).
 struct ResidualNorm {
     const float* residual = nullptr;         // [W.in] fp32: the residual stream of the token
     const __nv_bfloat16* weight = nullptr;   // [W.in] the zero-centred norm weight
@@ -73,6 +74,7 @@ struct ResidualNorm {
 };
 void linear_forward_normed(const Linear& W, const ResidualNorm& x, __nv_bfloat16* y, cudaStream_t stream);
 void linear_forward_normed_f32(const Linear& W, const ResidualNorm& x, float* y, cudaStream_t stream);
-void linear_forward_add_residual(const Linear& W, const __nv_bfloat16* x, float* residual, cudaStream_t stream);
+void linear_forward_add_residual(const Linear& W, const __nv_bfloat16* x, float* residual, cudaStream_t stream,
+                                 bool set = false);
 
 }  // namespace lampo

@@ -18,7 +18,8 @@ void gemv_bf16(const bf16* W, const bf16* x, OutT* y, int T, int out, int in, cu
 // The decode step's folded forms (T = 1; contract in linear.h).
 template <class OutT>
 void gemv_bf16_normed(const bf16* W, const ResidualNorm& x, OutT* y, int out, int in, cudaStream_t stream);
-void gemv_bf16_add_residual(const bf16* W, const bf16* x, float* residual, int out, int in, cudaStream_t stream);
+void gemv_bf16_add_residual(const bf16* W, const bf16* x, float* residual, int out, int in, cudaStream_t stream,
+                            bool set = false);
 // The bf16 product of gemv_bf16 stored as row parts (linear.h RowParts).
 void gemv_bf16_parts(const bf16* W, const bf16* x, const RowParts& parts, int T, int out, int in, cudaStream_t stream);
 
@@ -39,7 +40,7 @@ void gemv_lq_parts(const uint8_t* W, int bits, const bf16* x, const RowParts& pa
 template <class OutT>
 void gemv_lq_normed(const uint8_t* W, int bits, const ResidualNorm& x, OutT* y, int out, int in, cudaStream_t stream);
 void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int out, int in,
-                          cudaStream_t stream);
+                          cudaStream_t stream, bool set = false);
 constexpr int LQ_TILE_ROWS = 16;  // an LQ tile: 16 rows x 64 columns (one fp16 scale per row)
 constexpr int LQ_TILE_COLS = 64;
 

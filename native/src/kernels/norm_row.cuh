@@ -1,7 +1,8 @@
 // norm_row.cuh - one row of the zero-centred RMSNorm by one block of NORM_THREADS threads, shared
 // by rmsnorm.cu and the kernels that fold a residual add + norm into their prologue (same thread
 // mapping and reduction order everywhere, so the folded forms are bit-identical to add_rmsnorm).
-//   r = x (+ delta)          x [n] fp32, delta [n] bf16 (may be null), n % 4 == 0
+//   r = x (+ delta)          x [n] fp32, delta [n] bf16 (may be null), n % 4 == 0; ZERO_X: x is
+//                            taken as zeros (r = 0 + delta, not read)
 //   inv = rsqrt(mean(r^2) + eps)
 //   y = bf16(r * inv * (1 + w))
 #pragma once
@@ -37,8 +38,9 @@ __device__ __forceinline__ float4 norm_load_bf16x4(const bf16* p) {
 
 // Element group i (4 values) of r = x (+ delta), read through L2 (ld.global.cg): kernels that
 // fold the norm in may read a row that another block of the same launch wrote.
+template <bool ZERO_X = false>
 __device__ __forceinline__ float4 norm_residual4(const float* x, const bf16* delta, int i) {
-    float4 v = __ldcg(reinterpret_cast<const float4*>(x) + i);
+    float4 v = ZERO_X ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : __ldcg(reinterpret_cast<const float4*>(x) + i);
     if (delta) {
         const float4 d = norm_load_bf16x4(delta + 4 * i);
         v.x += d.x; v.y += d.y; v.z += d.z; v.w += d.w;
@@ -52,6 +54,7 @@ constexpr int NORM_LOADS = 2;  // element groups per thread in flight at once (a
 // (r_out may alias x: each element is read before it is written, by the same thread). A thread's
 // groups are loaded NORM_LOADS at a time before any is used, so a row of up to NORM_LOADS *
 // NORM_THREADS groups costs one round trip; the sum keeps the ascending order.
+template <bool ZERO_X = false>
 __device__ __forceinline__ float norm_row_inv(const float* x, const bf16* delta, float* r_out, int n, float eps) {
     float ss = 0.0f;
     for (int i0 = threadIdx.x; i0 < n / 4; i0 += NORM_LOADS * NORM_THREADS) {
@@ -59,7 +62,7 @@ __device__ __forceinline__ float norm_row_inv(const float* x, const bf16* delta,
 #pragma unroll
         for (int l = 0; l < NORM_LOADS; ++l) {
             const int i = i0 + l * NORM_THREADS;
-            if (i < n / 4) v[l] = norm_residual4(x, delta, i);
+            if (i < n / 4) v[l] = norm_residual4<ZERO_X>(x, delta, i);
         }
 #pragma unroll
         for (int l = 0; l < NORM_LOADS; ++l) {

@@ -45,9 +45,10 @@ void embedding_gather_lq(const uint8_t* table, int bits, const int32_t* d_ids, f
 // of 4).  Used for layer norms (n = H) and per-head q/k norms are done inside attn_prep.
 void rmsnorm(const float* x, const bf16* w, bf16* y, int rows, int n, float eps, cudaStream_t stream, int ldy = 0);
 // residual[t] += delta[t] (fp32 add of a bf16 delta), then y[t] = rmsnorm(residual[t]) as above.
-// Fuses the residual add of one sub-block with the pre-norm of the next.
+// Fuses the residual add of one sub-block with the pre-norm of the next. set: residual[t] = 0 +
+// delta[t] instead, whatever it held (the same bits as on a zeroed residual, without zeroing it).
 void add_rmsnorm(float* residual, const bf16* delta, const bf16* w, bf16* y, int rows, int n,
-                 float eps, cudaStream_t stream, int ldy = 0);
+                 float eps, cudaStream_t stream, int ldy = 0, bool set = false);
 // residual[t] += delta[t] without a norm (used for the last add before the final norm).
 void residual_add(float* residual, const bf16* delta, int rows, int n, cudaStream_t stream);
 

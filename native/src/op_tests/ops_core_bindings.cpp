@@ -54,8 +54,8 @@ py::array_t<uint16_t> py_rmsnorm(Arr<float> x, Arr<uint16_t> w, float eps) {
     return download<uint16_t>(d_y, {rows, n});
 }
 
-py::tuple py_add_rmsnorm(Arr<float> residual, Arr<uint16_t> delta, Arr<uint16_t> w, float eps) {
-    const char* op = "add_rmsnorm";
+py::tuple py_add_rmsnorm(Arr<float> residual, Arr<uint16_t> delta, Arr<uint16_t> w, float eps, bool set) {
+    const char* op = set ? "set_rmsnorm" : "add_rmsnorm";
     check_ndim(op, "residual", residual, 2);
     const int rows = int(residual.shape(0)), n = int(residual.shape(1));
     check_dim(op, "delta", delta.size(), py::ssize_t(rows) * n, "size");
@@ -65,7 +65,7 @@ py::tuple py_add_rmsnorm(Arr<float> residual, Arr<uint16_t> delta, Arr<uint16_t>
     auto d_w = upload(w);
     auto d_y = poisoned(size_t(rows) * n * 2);
     OpStream st;
-    add_rmsnorm(d_r.as<float>(), as_bf16(d_d), as_bf16(d_w), as_bf16(d_y), rows, n, eps, st.s);
+    add_rmsnorm(d_r.as<float>(), as_bf16(d_d), as_bf16(d_w), as_bf16(d_y), rows, n, eps, st.s, 0, set);
     st.finish(op);
     return py::make_tuple(download<float>(d_r, {rows, n}), download<uint16_t>(d_y, {rows, n}));
 }
@@ -274,9 +274,9 @@ py::tuple py_gemv_normed(Arr<uint16_t> w, Arr<float> residual, Arr<uint16_t> nor
     return py::make_tuple(y, download<uint16_t>(d_normed, {1, in}));
 }
 
-// gemv_add_residual -> residual + float(bf16(x @ W^T)), x [1, in].
-py::array_t<float> py_gemv_add_residual(Arr<uint16_t> w, Arr<uint16_t> x, Arr<float> residual) {
-    const char* op = "gemv_add_residual";
+// gemv_add_residual -> residual + float(bf16(x @ W^T)) (set: 0 + float(...)), x [1, in].
+py::array_t<float> py_gemv_add_residual(Arr<uint16_t> w, Arr<uint16_t> x, Arr<float> residual, bool set) {
+    const char* op = set ? "gemv_set_residual" : "gemv_add_residual";
     check_ndim(op, "w", w, 2);
     const int out = int(w.shape(0)), in = int(w.shape(1));
     check_dim(op, "x", x.size(), in, "length");
@@ -285,7 +285,8 @@ py::array_t<float> py_gemv_add_residual(Arr<uint16_t> w, Arr<uint16_t> x, Arr<fl
     auto d_x = upload(x);
     auto d_r = upload(residual);
     OpStream st;
-    linear_forward_add_residual(Linear{WeightFormat::BF16, d_w.get(), out, in}, as_bf16(d_x), d_r.as<float>(), st.s);
+    linear_forward_add_residual(Linear{WeightFormat::BF16, d_w.get(), out, in}, as_bf16(d_x), d_r.as<float>(), st.s,
+                                set);
     st.finish(op);
     return download<float>(d_r, {1, out});
 }
@@ -473,8 +474,8 @@ void register_core_ops(py::module_& ops) {
     ops.def("embedding_gather", &py_embedding_gather, "table"_a, "ids"_a,
             "out[t] = float32(table[ids[t]]); table [V, H] bf16 bits (uint16), ids [T] int32");
     ops.def("rmsnorm", &py_rmsnorm, "x"_a, "w"_a, "eps"_a = 1e-6f, "zero-centred RMSNorm: fp32 x -> bf16 bits");
-    ops.def("add_rmsnorm", &py_add_rmsnorm, "residual"_a, "delta"_a, "w"_a, "eps"_a = 1e-6f,
-            "(residual + delta, rmsnorm(residual + delta))");
+    ops.def("add_rmsnorm", &py_add_rmsnorm, "residual"_a, "delta"_a, "w"_a, "eps"_a = 1e-6f, "set"_a = false,
+            "(residual + delta, rmsnorm(residual + delta)); set: residual taken as zeros (0 + delta)");
     ops.def("residual_add", &py_residual_add, "residual"_a, "delta"_a, "residual + float(delta)");
     ops.def("silu_mul", &py_silu_mul, "gu"_a, "gu [T, 2I] -> silu(gate) * up [T, I] (bf16 bits)");
     ops.def("sigmoid_gate_mul", &py_sigmoid_gate_mul, "x"_a, "gate"_a, "x * sigmoid(gate) (bf16 bits)");
@@ -500,8 +501,8 @@ void register_core_ops(py::module_& ops) {
             "w"_a, "x"_a, "f32_out"_a = false, "linear_forward: x @ w.T (GEMV for T <= 8, else GEMM)");
     ops.def("gemv_normed", &py_gemv_normed, "w"_a, "residual"_a, "norm_w"_a, "eps"_a = 1e-6f, "f32_out"_a = false,
             "decode-step input projection: (W @ rmsnorm1p(residual), the normed row) (bf16 bits / f32)");
-    ops.def("gemv_add_residual", &py_gemv_add_residual, "w"_a, "x"_a, "residual"_a,
-            "decode-step output projection: residual + float(bf16(x @ W.T))");
+    ops.def("gemv_add_residual", &py_gemv_add_residual, "w"_a, "x"_a, "residual"_a, "set"_a = false,
+            "decode-step output projection: residual + float(bf16(x @ W.T)); set: residual taken as zeros");
     ops.def("gemv", [](Arr<uint16_t> w, Arr<uint16_t> x, bool f32) { return py_matmul(Path::Gemv, w, x, f32); },
             "w"_a, "x"_a, "f32_out"_a = false, "the GEMV kernel (T <= 8)");
     ops.def("gemm", [](Arr<uint16_t> w, Arr<uint16_t> x, bool f32) { return py_matmul(Path::Gemm, w, x, f32); },

@@ -3,8 +3,8 @@
 // models/quant/layout.py `pack` writes them; helpers: op_helpers.h):
 //   gemv_lq_normed(packed, bits, out, in_, residual f32 [1, in], norm_w [in], eps, f32_out)
 //     -> (y [1, out] = W @ bf16(rmsnorm(residual) * (1 + norm_w)), the normed row [1, in] it wrote)
-//   gemv_lq_add_residual(packed, bits, out, in_, x [1, in], residual f32 [1, out])
-//     -> residual + float(bf16(x @ W^T))
+//   gemv_lq_add_residual(packed, bits, out, in_, x [1, in], residual f32 [1, out], set)
+//     -> residual + float(bf16(x @ W^T)) (set: 0 + float(...), the residual's values unused)
 //   moe_lq_decode_shared(h [T, H], gate_up [E, bytes], bits_gu, down [E, bytes], bits_dn, ids [T, k],
 //     weights [T, k], I, <shared>) -> (act [T, k, I], act_s [T, Is], out [T, H], gate [T]):
 //     moe_experts_lq_gate_up + moe_experts_lq_down with the shared slot
@@ -56,8 +56,8 @@ py::tuple py_gemv_lq_normed(Arr<uint8_t> packed, int bits, int out, int in, Arr<
 }
 
 py::array_t<float> py_gemv_lq_add_residual(Arr<uint8_t> packed, int bits, int out, int in, Arr<uint16_t> x,
-                                           Arr<float> residual) {
-    const char* op = "gemv_lq_add_residual";
+                                           Arr<float> residual, bool set) {
+    const char* op = set ? "gemv_lq_set_residual" : "gemv_lq_add_residual";
     check_lq_matrix(op, "packed", packed.size(), bits, out, in);
     check_dim(op, "x", x.size(), in, "length");
     check_dim(op, "residual", residual.size(), out, "length");
@@ -65,7 +65,7 @@ py::array_t<float> py_gemv_lq_add_residual(Arr<uint8_t> packed, int bits, int ou
     auto d_x = upload(x);
     auto d_r = upload(residual);
     OpStream st;
-    gemv_lq_add_residual(d_w.as<uint8_t>(), bits, d_x.as<bf16>(), d_r.as<float>(), out, in, st.s);
+    gemv_lq_add_residual(d_w.as<uint8_t>(), bits, d_x.as<bf16>(), d_r.as<float>(), out, in, st.s, set);
     st.finish(op);
     return download<float>(d_r, {1, out});
 }
@@ -187,7 +187,8 @@ void register_lq_fused_ops(py::module_& ops) {
             "eps"_a = 1e-6f, "f32_out"_a = false,
             "decode-step input projection, LQ W: (W @ rmsnorm1p(residual), the normed row) (bf16 bits / f32)");
     ops.def("gemv_lq_add_residual", &py_gemv_lq_add_residual, "packed"_a, "bits"_a, "out"_a, "in_"_a, "x"_a,
-            "residual"_a, "decode-step output projection, LQ W: residual + float(bf16(x @ W^T))");
+            "residual"_a, "set"_a = false,
+            "decode-step output projection, LQ W: residual + float(bf16(x @ W^T)); set: residual taken as zeros");
     ops.def("moe_lq_decode_shared", &py_moe_lq_decode_shared, "h"_a, "gate_up"_a, "bits_gu"_a, "down"_a, "bits_dn"_a,
             "ids"_a, "weights"_a, "I"_a, "shared_gate_up"_a, "shared_gate_up_bits"_a, "shared_down"_a,
             "shared_down_bits"_a, "w_gate"_a, "Is"_a, "repeat"_a = 0,

@@ -2,6 +2,7 @@
 //   rmsnorm:      y = bf16(x * rsqrt(mean(x^2) + eps) * (1 + w))      x [rows, n] fp32, w [n] bf16,
 //                 y's rows ldy apart (the MTP fc input: two halves of one [rows, 2n] row)
 //   add_rmsnorm:  residual += float(delta); y = rmsnorm(residual)     delta [rows, n] bf16
+//   set_rmsnorm:  residual = 0 + float(delta); y = rmsnorm(residual)  (add_rmsnorm on a zeroed residual)
 //   residual_add: residual += float(delta)
 // One block per row (256 threads, float4 / 4 x bf16 vectors, n % 4 == 0); statistics in fp32.
 // The first pass accumulates the sum of squares (and writes the updated residual), the second
@@ -15,14 +16,19 @@
 namespace lampo {
 namespace {
 
-// ADD: residual += delta first (and the row is written back). y's rows are ldy apart.
-template <bool ADD>
+// Add: residual += delta first, Set: residual = 0 + delta (the row is written back either way). y's
+// rows are ldy apart.
+enum class NormInput { Residual, Add, Set };
+
+template <NormInput IN>
 __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(float* __restrict__ x, const bf16* __restrict__ delta,
                                                                const bf16* __restrict__ w, bf16* __restrict__ y,
                                                                int n, int ldy, float eps) {
     pdl_begin();
+    constexpr bool with_delta = IN != NormInput::Residual;
     float* row = x + size_t(blockIdx.x) * n;
-    const float inv = norm_row_inv(row, ADD ? delta + size_t(blockIdx.x) * n : nullptr, ADD ? row : nullptr, n, eps);
+    const float inv = norm_row_inv<IN == NormInput::Set>(row, with_delta ? delta + size_t(blockIdx.x) * n : nullptr,
+                                                         with_delta ? row : nullptr, n, eps);
     norm_row_scale(row, inv, w, y + size_t(blockIdx.x) * ldy, n);
 }
 
@@ -53,17 +59,18 @@ void rmsnorm(const float* x, const bf16* w, bf16* y, int rows, int n, float eps,
     check_width("rmsnorm", n);
     ldy = row_stride("rmsnorm", n, ldy);
     if (rows <= 0) return;
-    launch_pdl("rmsnorm_kernel", rmsnorm_kernel<false>, rows, NORM_THREADS, 0, stream,
+    launch_pdl("rmsnorm_kernel", rmsnorm_kernel<NormInput::Residual>, rows, NORM_THREADS, 0, stream,
                const_cast<float*>(x), nullptr, w, y, n, ldy, eps);
 }
 
 void add_rmsnorm(float* residual, const bf16* delta, const bf16* w, bf16* y, int rows, int n, float eps,
-                 cudaStream_t stream, int ldy) {
-    check_width("add_rmsnorm", n);
-    ldy = row_stride("add_rmsnorm", n, ldy);
+                 cudaStream_t stream, int ldy, bool set) {
+    const char* op = set ? "set_rmsnorm" : "add_rmsnorm";
+    check_width(op, n);
+    ldy = row_stride(op, n, ldy);
     if (rows <= 0) return;
-    launch_pdl("rmsnorm_kernel", rmsnorm_kernel<true>, rows, NORM_THREADS, 0, stream, residual, delta, w,
-               y, n, ldy, eps);
+    launch_pdl("rmsnorm_kernel", set ? rmsnorm_kernel<NormInput::Set> : rmsnorm_kernel<NormInput::Add>, rows,
+               NORM_THREADS, 0, stream, residual, delta, w, y, n, ldy, eps);
 }
 
 void residual_add(float* residual, const bf16* delta, int rows, int n, cudaStream_t stream) {

@@ -20,7 +20,8 @@
 //   pass reads no global memory.
 // - GemvOut::AddToResidual: residual[row] += float(bf16(y[row])), the rounding the separate
 //   bf16 output + add_rmsnorm would apply; the row's residual value is read right after the wait,
-//   so the kernel's tail is a store, not a read-modify-write.
+//   so the kernel's tail is a store, not a read-modify-write. GemvOut::SetResidual: residual[row] =
+//   0 + float(bf16(y[row])), the same on a zeroed residual without zeroing it (the MTP pass's fc).
 // gemv_bf16_parts stores the bf16 rows as RowParts (linear.h) instead of one [T, out] matrix.
 #include <type_traits>
 
@@ -39,12 +40,12 @@ constexpr int GEMV_UNROLL = 2;  // 16-byte vectors per row in flight
 static_assert(GEMV_WARPS * 32 == NORM_THREADS, "the folded norm runs on the GEMV block");
 
 enum class GemvIn { X, NormedResidual };
-enum class GemvOut { Store, AddToResidual };
+enum class GemvOut { Store, AddToResidual, SetResidual };
 
 struct GemvParams {
     const bf16* W;
     const bf16* x;       // GemvIn::X: [T, in]
-    void* y;             // [T, out] OutT, or the fp32 residual [out] for AddToResidual
+    void* y;             // [T, out] OutT, or the fp32 residual [out] for Add/SetResidual
     int out, in, ks_count;
     ResidualNorm norm;   // GemvIn::NormedResidual
     RowParts parts;      // n > 0: the bf16 rows stored as parts (linear.h), not at y
@@ -133,7 +134,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
         return (blockIdx.x * groups_per_block + item / (T * R)) * R + item % R;
     };
     auto item_live = [&] { return item < groups_per_block * T * R && item_row() < p.out; };
-    float residual_in = 0.0f;  // AddToResidual: the row's residual, read now, off the kernel's tail
+    float residual_in = 0.0f;  // AddToResidual: the row's residual, read now, off the kernel's tail (Set: 0)
     if constexpr (OUT == GemvOut::AddToResidual)
         if (item_live()) residual_in = __ldcg(static_cast<const float*>(p.y) + item_row());
 
@@ -184,7 +185,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, T == 1 ? 4 : 1) gemv_kernel(c
         for (int k = 0; k < p.ks_count; ++k) sum += partial[g * p.ks_count + k][idx];
         const int row = item_row(), t = idx / R;
         OutT* y = static_cast<OutT*>(p.y);
-        if constexpr (OUT == GemvOut::AddToResidual) y[row] = residual_in + __bfloat162float(__float2bfloat16(sum));
+        if constexpr (OUT != GemvOut::Store) y[row] = residual_in + __bfloat162float(__float2bfloat16(sum));
         else if constexpr (std::is_same_v<OutT, float>) y[size_t(t) * p.out + row] = sum;
         else if (bf16* at = p.parts.n ? p.parts.at(t, row) : y + size_t(t) * p.out + row) *at = __float2bfloat16(sum);
     }
@@ -263,10 +264,13 @@ void gemv_bf16_normed(const bf16* W, const ResidualNorm& norm, OutT* y, int out,
     launch_gemv<1, OutT, GemvIn::NormedResidual>({W, nullptr, y, out, in, 1, norm, {}}, stream);
 }
 
-void gemv_bf16_add_residual(const bf16* W, const bf16* x, float* residual, int out, int in, cudaStream_t stream) {
+void gemv_bf16_add_residual(const bf16* W, const bf16* x, float* residual, int out, int in, cudaStream_t stream,
+                            bool set) {
     check_gemv(out, in);
     if (out == 0) return;
-    launch_gemv<1, float, GemvIn::X, GemvOut::AddToResidual>({W, x, residual, out, in, 1, {}, {}}, stream);
+    const GemvParams p{W, x, residual, out, in, 1, {}, {}};
+    if (set) launch_gemv<1, float, GemvIn::X, GemvOut::SetResidual>(p, stream);
+    else launch_gemv<1, float, GemvIn::X, GemvOut::AddToResidual>(p, stream);
 }
 
 template void gemv_bf16<bf16>(const bf16*, const bf16*, bf16*, int, int, int, cudaStream_t);

@@ -10,9 +10,10 @@
 // next group's loads are in flight while the current group's products run on the tensor cores,
 // across strip boundaries too), each multiplied by lq_tile_mma against x, which every block stages
 // once in fragment order (blocks of LQ_WARPS warps, or LQ_WIDE_WARPS for a large plain-x product).
-// On sm_90+ a GEMV with x of at most LQ_RING_MAX_IN columns brings each warp's groups into shared
-// memory by bulk copies instead (the ring form, gemv_lq_kernel): the same tiles in the same order,
-// the same sums. A strip that lies wholly in one warp's range is written by that warp; a strip cut
+// On sm_90+ a GEMV brings each warp's groups into shared memory by bulk copies instead (the ring
+// form, gemv_lq_kernel: the same tiles in the same order, the same sums) unless its x is a folded
+// norm wider than LQ_RING_MAX_NORMED_IN or it gives a warp more than LQ_RING_MAX_GROUPS groups (an
+// LM head; lq_ring_slots). A strip that lies wholly in one warp's range is written by that warp; a strip cut
 // between warps gets one partial sum per warp (its C fragment, in a slot: 0 for the warp's first
 // strip, 1 for its last), and the warp that arrives last at the strip's counter adds
 // the pieces in warp order (deterministic) and writes the rows, then resets the counter. The slots
@@ -30,7 +31,8 @@
 //   between the norm's two passes. The split and the sums are those of gemv_lq in LQ_WARPS blocks:
 //   the result is bit for bit rmsnorm followed by gemv_lq wherever gemv_lq takes those blocks.
 // - LqOut::AddToResidual (gemv_lq_add_residual): residual[row] += float(bf16(y[row])), the rounding
-//   of a bf16 output added by add_rmsnorm.
+//   of a bf16 output added by add_rmsnorm; LqOut::SetResidual: residual[row] = 0 + float(bf16(y[row]))
+//   (the same on a zeroed residual, without zeroing it: the MTP pass's fc).
 // gemv_lq_parts stores the bf16 rows as RowParts (linear.h) instead of one [T, out] matrix.
 #include <algorithm>
 #include <map>
@@ -61,7 +63,8 @@ constexpr int LQ_SPLIT_MAX_STRIPS = 1 << 16;
 // wider matrices made its step slower although each of those GEMVs alone ran faster.
 constexpr int LQ_RING_MAX = 2;
 constexpr int LQ_RING_PRE_WAIT = 1;
-constexpr int LQ_RING_MAX_IN = 4096;
+constexpr int LQ_RING_MAX_NORMED_IN = 4096;
+constexpr int64_t LQ_RING_MAX_GROUPS = 32;  // per warp of a full wave (16 warps per SM)
 
 // The ring's instructions (mbarrier transactions, bulk copies) exist from sm_90 on; on older GPUs
 // the launcher never picks the ring form and its body is not compiled.
@@ -77,7 +80,7 @@ __device__ float4 lq_split_pieces[LQ_SPLIT_MAX_WARPS * 2 * 32];
 __device__ unsigned lq_split_arrivals[LQ_SPLIT_MAX_STRIPS];
 
 enum class LqIn { X, NormedResidual };
-enum class LqOut { Store, AddToResidual };
+enum class LqOut { Store, AddToResidual, SetResidual };
 
 // Shared memory for x: `tokens` staged tokens and the zero fragment; NormedResidual (one token):
 // room for the fp32 residual row that the norm keeps there before x is staged.
@@ -96,7 +99,7 @@ __host__ __device__ size_t lq_smem_bytes(int in, int tokens, LqIn input) {
 struct GemvLqParams {
     const uint8_t* W;
     const bf16* x;      // LqIn::X: [T, in]
-    void* y;            // [T, out] OutT, or the fp32 residual [out] for AddToResidual
+    void* y;            // [T, out] OutT, or the fp32 residual [out] for Add/SetResidual
     int T, out, in;
     int warps;          // the split's ranges: at most the grid's warps and the number of groups
     int slots;          // the ring form: groups per warp's ring (after lq_smem_bytes)
@@ -123,6 +126,7 @@ __device__ __forceinline__ void lq_store_rows(const GemvLqParams& p, int strip, 
         const int token = 2 * quad + (i & 1), row = strip * LQ_TILE_ROWS + g + 8 * (i >> 1);
         if (token >= p.T) continue;
         if constexpr (OUT == LqOut::AddToResidual) y[row] = __ldcg(y + row) + __bfloat162float(__float2bfloat16(v[i]));
+        else if constexpr (OUT == LqOut::SetResidual) y[row] = 0.0f + __bfloat162float(__float2bfloat16(v[i]));
         else if constexpr (std::is_same_v<OutT, float>) y[size_t(token) * p.out + row] = v[i];
         else if (bf16* at = p.parts.n ? p.parts.at(token, row) : y + size_t(token) * p.out + row)
             *at = __float2bfloat16(v[i]);
@@ -350,10 +354,15 @@ constexpr size_t lq_ring_slot_bytes(int bits, int warps) { return size_t(warps) 
 
 // Ring slots per warp for a launch of `warps`-warp blocks, 16 warps per SM: as many as fit beside
 // the launch's other shared memory (at most LQ_RING_MAX); 0 (the register form) where fewer than
-// two fit, for x wider than LQ_RING_MAX_IN, before sm_90, or for weights not 16-byte aligned (bulk
-// copies need it).
-int lq_ring_slots(const GemvLqParams& p, int bits, int warps, LqIn input) {
-    if (!sm90_or_newer() || p.in > LQ_RING_MAX_IN || reinterpret_cast<uintptr_t>(p.W) % 16 != 0) return 0;
+// two fit, before sm_90, for weights not 16-byte aligned (bulk copies need it), and where the
+// register form measured faster in the decode step (H200, q5): a folded norm wider than
+// LQ_RING_MAX_NORMED_IN (the 27B's input projections: +0.62 ms a step in rings) and more than
+// LQ_RING_MAX_GROUPS groups per warp (the LM heads: 4-17 us slower alone in rings).
+int lq_ring_slots(const GemvLqParams& p, int bits, int warps, LqIn input, int64_t groups) {
+    if (!sm90_or_newer() || reinterpret_cast<uintptr_t>(p.W) % 16 != 0) return 0;
+    if ((input == LqIn::NormedResidual && p.in > LQ_RING_MAX_NORMED_IN) ||
+        groups > LQ_RING_MAX_GROUPS * 16 * sm_count())
+        return 0;
     static const size_t per_sm = size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor));
     static const size_t reserved = size_t(device_attribute(cudaDevAttrReservedSharedMemoryPerBlock));
     const size_t per_block = std::min(per_sm / (16 / warps) - reserved, smem_optin_bytes());
@@ -396,7 +405,7 @@ void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaS
 
 template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
 void launch_gemv_lq_form(const char* op, GemvLqParams p, int64_t groups, cudaStream_t stream) {
-    p.slots = lq_ring_slots(p, BITS, WARPS, IN);
+    p.slots = lq_ring_slots(p, BITS, WARPS, IN, groups);
     if (p.slots) launch_gemv_lq_blocks<BITS, OutT, IN, OUT, WARPS, true>(op, p, groups, stream);
     else launch_gemv_lq_blocks<BITS, OutT, IN, OUT, WARPS, false>(op, p, groups, stream);
 }
@@ -466,9 +475,10 @@ void gemv_lq_normed(const uint8_t* W, int bits, const ResidualNorm& x, OutT* y, 
 }
 
 void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int out, int in,
-                          cudaStream_t stream) {
-    run_gemv_lq<float, LqIn::X, LqOut::AddToResidual>("gemv_lq_add_residual", bits,
-                                                      {W, x, residual, 1, out, in, 0, 0, {}, {}}, stream);
+                          cudaStream_t stream, bool set) {
+    const GemvLqParams p{W, x, residual, 1, out, in, 0, 0, {}, {}};
+    if (set) run_gemv_lq<float, LqIn::X, LqOut::SetResidual>("gemv_lq_set_residual", bits, p, stream);
+    else run_gemv_lq<float, LqIn::X, LqOut::AddToResidual>("gemv_lq_add_residual", bits, p, stream);
 }
 
 template void gemv_lq<bf16>(const uint8_t*, int, const bf16*, bf16*, int, int, int, cudaStream_t);

@@ -73,12 +73,12 @@ void linear_forward_normed_f32(const Linear& W, const ResidualNorm& x, float* y,
     normed_dispatch(W, x, y, stream);
 }
 
-void linear_forward_add_residual(const Linear& W, const bf16* x, float* residual, cudaStream_t stream) {
+void linear_forward_add_residual(const Linear& W, const bf16* x, float* residual, cudaStream_t stream, bool set) {
     check_weight(W);
     if (W.format == WeightFormat::LQ) {
-        gemv_lq_add_residual(static_cast<const uint8_t*>(W.data), W.bits, x, residual, W.out, W.in, stream);
+        gemv_lq_add_residual(static_cast<const uint8_t*>(W.data), W.bits, x, residual, W.out, W.in, stream, set);
     } else {
-        gemv_bf16_add_residual(static_cast<const bf16*>(W.data), x, residual, W.out, W.in, stream);
+        gemv_bf16_add_residual(static_cast<const bf16*>(W.data), x, residual, W.out, W.in, stream, set);
     }
 }
 
