@@ -220,11 +220,18 @@ def test_gdn_ring_prefill_tiles_write_the_slot_after_the_chunk(ops):
         np.testing.assert_array_equal(st, st1)
 
 
-def test_gdn_rows_need_more_slots_than_tokens(ops):
-    rng = np.random.default_rng(6)
-    x, a, b, A_log, dt_bias, state = gdn_inputs(rng, 3, 1, 2)
+def small_fused_step(seed: int, T: int):
+    """Inputs of gdn_decode_fused for T tokens of one K head and two V heads (K = 4):
+    (x, a, b, A_log, dt_bias, state, conv_w, conv_state, z, norm_w)."""
+    rng = np.random.default_rng(seed)
+    x, a, b, A_log, dt_bias, state = gdn_inputs(rng, T, 1, 2)
     C = x.shape[1]
-    cw, cs, z, nw = bf16_normal(rng, (C, 4)), bf16_normal(rng, (C, 3)), bf16_normal(rng, (3, 2 * D)), bf16_normal(rng, (D,))
+    return (x, a, b, A_log, dt_bias, state, bf16_normal(rng, (C, 4)), bf16_normal(rng, (C, 3)),
+            bf16_normal(rng, (T, 2 * D)), bf16_normal(rng, (D,)))
+
+
+def test_gdn_rows_need_more_slots_than_tokens(ops):
+    x, a, b, A_log, dt_bias, state, cw, cs, z, nw = small_fused_step(6, 3)
     with pytest.raises(ValueError, match="need more than 3 slots, got 3"):
         ops.gdn_decode_fused(x, cw, cs, a, b, A_log, dt_bias, state, z, nw, 1, rows=True, slots=3)
     with pytest.raises(ValueError, match="need more than 3 slots"):
@@ -234,10 +241,9 @@ def test_gdn_rows_need_more_slots_than_tokens(ops):
 
 
 def test_gdn_decode_fused_rejects_bad_shapes(ops):
-    rng = np.random.default_rng(5)
-    x, a, b, A_log, dt_bias, state = gdn_inputs(rng, 2, 1, 2)
+    x, a, b, A_log, dt_bias, state, cw, cs, z, nw = small_fused_step(5, 2)
     C = x.shape[1]
-    cw, cs, z, nw = bf16_normal(rng, (C, 4)), bf16_normal(rng, (C, 3)), bf16_normal(rng, (2, 2 * D)), bf16_normal(rng, (D,))
+    rng = np.random.default_rng(5)
     with pytest.raises(ValueError, match="z"):
         ops.gdn_decode_fused(x, cw, cs, a, b, A_log, dt_bias, state, z[:1], nw, 1)
     with pytest.raises(ValueError, match="K must be 2, 3 or 4"):
