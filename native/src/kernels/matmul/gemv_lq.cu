@@ -13,9 +13,9 @@
 // On sm_90+ a GEMV brings each warp's groups into shared memory by bulk copies instead (the ring
 // form, gemv_lq_kernel: the same tiles in the same order, the same sums) unless its x is a folded
 // norm wider than LQ_RING_MAX_NORMED_IN or it gives a warp more than LQ_RING_MAX_GROUPS groups (an
-// LM head; lq_ring_slots). A strip that lies wholly in one warp's range is written by that warp; a strip cut
-// between warps gets one partial sum per warp (its C fragment, in a slot: 0 for the warp's first
-// strip, 1 for its last), and the warp that arrives last at the strip's counter adds
+// LM head; lq_ring_slots). A strip that lies wholly in one warp's range is written by that warp;
+// a strip cut between warps gets one partial sum per warp (its C fragment, in a slot: 0 for the
+// warp's first strip, 1 for its last), and the warp that arrives last at the strip's counter adds
 // the pieces in warp order (deterministic) and writes the rows, then resets the counter. The slots
 // and counters are the block's shared memory when the strip's warps are all in one block (small
 // matrices), else a device scratch (fenced device-wide; its counters stay zero between launches).
@@ -58,9 +58,10 @@ constexpr int LQ_MIN_GROUPS = 2;           // groups per warp the split aims for
 constexpr int LQ_SPLIT_MAX_WARPS = 4096;   // the scratch's size: warps of one launch at most
 constexpr int LQ_SPLIT_MAX_STRIPS = 1 << 16;
 // The ring form (sm_90+, below): slots per warp at most, groups a warp requests before the PDL
-// wait, and the widest x it takes. Measured in the decode step (q5, docs/benchmarks.md): 4 slots
-// or 4 groups before the wait were slower than 2 and 1 on both models, and rings for the 27B's
-// wider matrices made its step slower although each of those GEMVs alone ran faster.
+// wait, the widest folded-norm x and the most groups per warp it takes. Measured in the decode step
+// (q5, docs/benchmarks.md): 4 slots or 4 groups before the wait were slower than 2 and 1 on both
+// models; rings for the 27B's 5,120-column folded norms made its step slower although each of
+// those GEMVs alone ran faster, and the LM heads run slower alone in rings.
 constexpr int LQ_RING_MAX = 2;
 constexpr int LQ_RING_PRE_WAIT = 1;
 constexpr int LQ_RING_MAX_NORMED_IN = 4096;
