@@ -350,6 +350,152 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     timeline_mark_warp(TL_DONE);
 }
 
+// The block ring (sm_90+; lq_block_ring_slots decides where): the matrix as rows of WARPS
+// consecutive tiles of one strip (a strip of P tiles is P / WARPS rows; P % WARPS == 0), warp w
+// taking tile w of every row, i.e. the strip's columns c = w (mod WARPS). The grid's blocks take
+// equal contiguous ranges of rows (LqSplit with the blocks as its ranges), which are contiguous
+// bytes; a block's rows come through one ring of p.slots slots in shared memory, one bulk copy
+// per row, and every warp multiplies its tile of every row, so all warps of a block wait on the
+// same copies and end together (the warp-range forms let an SM's warps end 4-7 us apart). Each
+// warp arrives on the slot's `empty` barrier once it has read its tile, and warp (row mod WARPS)
+// refills the slot with the row p.slots further on once all have (no fence in the main loop: the
+// arrivals and waits are mbarrier operations). Each warp sums its tiles of a strip in column order;
+// at the strip's end the warps' sums meet in one of LQ_BRING_STRIPS strip buffers, and warp
+// (strip mod WARPS) adds them in warp order once all have arrived: the block's sum of the strip,
+// stored (a strip within the block) or met with the other blocks' pieces as lq_meet does for
+// warps. The sums are fixed by the shape, WARPS and the grid, not by timing; they are not the
+// warp-range forms' sums.
+constexpr int LQ_BRING_STRIPS = 4;    // strip buffers: slots <= (LQ_BRING_STRIPS - 1) * rows per strip
+constexpr int LQ_BRING_MAX = 8;       // ring slots at most
+constexpr int LQ_BRING_PRE_WAIT = 2;  // rows requested before the PDL wait
+constexpr bool LQ_BRING_NORMED_RULE = false;  // folded norms wider than LQ_RING_MAX_NORMED_IN in registers
+
+// Shared memory of the block ring's strip buffers: [LQ_BRING_STRIPS][warps][16 rows][tokens] fp32.
+__host__ __device__ constexpr size_t lq_bring_strip_bytes(int warps, int tokens) {
+    return sizeof(float) * LQ_BRING_STRIPS * warps * LQ_TILE_ROWS * tokens;
+}
+
+// The block ring kernel's static shared memory: its barriers and counts, the folded norm's block sums.
+constexpr size_t lq_bring_static_bytes() {
+    return sizeof(uint64_t) * (2 * LQ_BRING_MAX + LQ_BRING_STRIPS) + 256;
+}
+
+template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_bring_kernel(const GemvLqParams p) {
+    static_assert(IN == LqIn::X || WARPS * 32 == NORM_THREADS, "the folded norm runs on the GEMV block");
+    constexpr int TILE_BYTES = lq_tile_bytes(BITS), ROW_BYTES = WARPS * TILE_BYTES;
+    extern __shared__ uint4 lq_smem[];
+    // full: a row has landed in the slot; empty: every warp has read it; summed: every warp has put
+    // its sums of a strip into the strip buffer.
+    __shared__ uint64_t full[LQ_BRING_MAX], empty[LQ_BRING_MAX], summed[LQ_BRING_STRIPS];
+    if constexpr (LQ_RING_ARCH) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tiles = p.in / LQ_TILE_COLS;
+        const int per_strip = tiles / WARPS;
+        const LqSplit split{int64_t(p.out / LQ_TILE_ROWS) * per_strip, per_strip, p.warps};
+        const int64_t r_begin = split.first(blockIdx.x), r_end = split.first(blockIdx.x + 1);
+        const int rows = int(r_end - r_begin);
+        float* start = reinterpret_cast<float*>(lq_smem);
+        uint4* xs = reinterpret_cast<uint4*>(start + 8 * tiles);
+        bf16* norm = reinterpret_cast<bf16*>(xs + lq_x_area_bytes(p.in, 1, IN) / 16);
+        float* strip_sums = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(lq_smem) + lq_smem_bytes(p.in, p.T, IN));
+        uint8_t* ring = reinterpret_cast<uint8_t*>(strip_sums) + lq_bring_strip_bytes(WARPS, p.T);
+        auto request = [&](int j) {  // row j of the block into slot j % slots
+            const int slot = j % p.slots;
+            mbarrier_arrive_expect_tx(&full[slot], ROW_BYTES);
+            bulk_load(ring + slot * ROW_BYTES, p.W + size_t(r_begin + j) * ROW_BYTES, ROW_BYTES, &full[slot]);
+        };
+        if constexpr (IN == LqIn::NormedResidual) {
+            for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x) cp_async_16(norm + 8 * i, p.norm.weight + 8 * i, true);
+            cp_async_commit();
+        }
+        if (threadIdx.x == 0) {  // before the wait: weights only
+            for (int s = 0; s < p.slots; ++s) mbarrier_init(&full[s], 1), mbarrier_init(&empty[s], WARPS);
+            for (int s = 0; s < LQ_BRING_STRIPS; ++s) mbarrier_init(&summed[s], WARPS);
+            mbarrier_init_fence();
+            for (int j = 0; j < min(LQ_BRING_PRE_WAIT, min(p.slots, rows)); ++j) request(j);
+        }
+        pdl_begin();
+        if constexpr (IN == LqIn::NormedResidual) {
+            cp_async_wait<0>();
+            float* r_row = reinterpret_cast<float*>(xs);
+            const float inv = norm_row_inv(p.norm.residual, nullptr, r_row, p.in, p.norm.eps);
+            norm_row_scale<true>(r_row, inv, norm, norm, p.in);
+            __syncthreads();
+            if (p.norm.normed_out && blockIdx.x == 0)
+                for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x)
+                    reinterpret_cast<uint4*>(p.norm.normed_out)[i] = reinterpret_cast<const uint4*>(norm)[i];
+            lq_stage_x_from<LqXSource::Shared>(xs, start, norm, 1, p.in, lq_code_centre<BITS>(), threadIdx.x,
+                                               blockDim.x);
+        } else {
+            lq_stage_x_from<LqXSource::Global>(xs, start, p.x, p.T, p.in, lq_code_centre<BITS>(), threadIdx.x,
+                                               blockDim.x);
+        }
+        __syncthreads();
+        timeline_mark(TL_STAGED);
+        if (threadIdx.x == 0)
+            for (int j = LQ_BRING_PRE_WAIT; j < min(p.slots, rows); ++j) request(j);
+
+        const LqLaneX x = lq_lane_x(xs, start, tiles, p.T, lane);
+        const int g = lane >> 2, quad = lane & 3;
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int strip = int(r_begin / per_strip), q = int(r_begin - int64_t(strip) * per_strip);
+        const int first_strip = strip;
+        uint32_t parity = 0;
+        for (int j = 0, slot = 0; j < rows; ++j) {
+            mbarrier_wait(&full[slot], parity);
+            LqTileRegs<BITS> tile;
+            lq_read_tile<BITS>(tile, ring + slot * ROW_BYTES + warp * TILE_BYTES, lane);
+            const int c = q * WARPS + warp;
+            lq_tile_mma<BITS>(tile, x.frag + c * x.frag_step, x.start[4 * c], acc);
+            __syncwarp();  // every lane has read the slot
+            if (lane == 0) {
+                mbarrier_arrive(&empty[slot]);
+                if (j % WARPS == warp && j + p.slots < rows) {  // this warp refills the slot once all have read it
+                    mbarrier_wait(&empty[slot], parity);
+                    request(j + p.slots);
+                }
+            }
+            if (++slot == p.slots) slot = 0, parity ^= 1u;
+            if (++q < per_strip && j + 1 < rows) continue;
+            // The strip ends here for this block: the warps' sums meet in its strip buffer, and warp
+            // (strip mod WARPS) adds them once all have arrived.
+            const int local = strip - first_strip, buffer = local % LQ_BRING_STRIPS;
+            float* sums = strip_sums + size_t(buffer * WARPS) * LQ_TILE_ROWS * p.T;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int token = 2 * quad + (i & 1), row = g + 8 * (i >> 1);
+                if (token < p.T) sums[(warp * LQ_TILE_ROWS + row) * p.T + token] = acc[i];
+            }
+            __syncwarp();
+            if (lane == 0) mbarrier_arrive(&summed[buffer]);
+            if (strip % WARPS == warp) {
+                mbarrier_wait(&summed[buffer], (local / LQ_BRING_STRIPS) & 1);
+                float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int token = 2 * quad + (i & 1), row = g + 8 * (i >> 1);
+                    if (token >= p.T) continue;
+                    for (int v = 0; v < WARPS; ++v) sum[i] += sums[(v * LQ_TILE_ROWS + row) * p.T + token];
+                }
+                const int64_t s_begin = int64_t(strip) * per_strip, s_end = s_begin + per_strip;
+                if (s_begin >= r_begin && s_end <= r_end) {
+                    lq_store_rows<OutT, OUT>(p, strip, lane, sum);
+                } else {
+                    float total[4];
+                    if (lq_meet<false>({lq_split_pieces, lq_split_arrivals + strip, 0}, split, blockIdx.x, strip,
+                                       split.owner(s_begin), split.owner(s_end - 1), strip == first_strip, lane,
+                                       sum, total))
+                        lq_store_rows<OutT, OUT>(p, strip, lane, total);
+                }
+            }
+            acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
+            ++strip;
+            q = 0;
+        }
+        timeline_mark_warp(TL_DONE);
+    }
+}
+
 // Shared memory of one ring slot per warp of a `warps`-warp block: a group of tiles each.
 constexpr size_t lq_ring_slot_bytes(int bits, int warps) { return size_t(warps) * LQ_GROUP * lq_tile_bytes(bits); }
 
@@ -404,8 +550,41 @@ void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaS
     launch_pdl(op, kernel, blocks, WARPS * 32, smem, stream, p);
 }
 
+// Ring slots of the block ring for a launch of `warps`-warp blocks (0: another form): sm_90+,
+// 16-byte aligned weights, strips of whole rows (tiles per strip a multiple of `warps`), not an LM
+// head (as lq_ring_slots), and at least two slots beside the launch's other shared memory (at most
+// LQ_BRING_MAX, and (LQ_BRING_STRIPS - 1) rows per strip, so a strip buffer is free again when a warp
+// reaches it).
+int lq_bring_slots(const GemvLqParams& p, int bits, int warps, LqIn input, int64_t groups) {
+    const int tiles = p.in / LQ_TILE_COLS;
+    if (!sm90_or_newer() || reinterpret_cast<uintptr_t>(p.W) % 16 != 0 || tiles % warps != 0) return 0;
+    if (LQ_BRING_NORMED_RULE && input == LqIn::NormedResidual && p.in > LQ_RING_MAX_NORMED_IN) return 0;
+    if (groups > LQ_RING_MAX_GROUPS * 16 * sm_count()) return 0;
+    static const size_t per_sm = size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor));
+    static const size_t reserved = size_t(device_attribute(cudaDevAttrReservedSharedMemoryPerBlock));
+    const size_t per_block = std::min(per_sm / (16 / warps) - reserved, smem_optin_bytes());
+    const size_t fixed = lq_smem_bytes(p.in, p.T, input) + lq_bring_strip_bytes(warps, p.T) + lq_bring_static_bytes();
+    const size_t row = size_t(warps) * lq_tile_bytes(bits);
+    const size_t slots = std::min<size_t>({per_block > fixed ? (per_block - fixed) / row : 0, LQ_BRING_MAX,
+                                           size_t(LQ_BRING_STRIPS - 1) * (tiles / warps)});
+    return slots < 2 ? 0 : int(slots);
+}
+
+template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
+void launch_gemv_lq_bring(const char* op, GemvLqParams p, cudaStream_t stream) {
+    const auto kernel = gemv_lq_bring_kernel<BITS, OutT, IN, OUT, WARPS>;
+    const size_t smem = lq_smem_bytes(p.in, p.T, IN) + lq_bring_strip_bytes(WARPS, p.T) +
+                        size_t(p.slots) * WARPS * lq_tile_bytes(BITS);
+    if (smem + lq_bring_static_bytes() > 48 * 1024) allow_dynamic_smem(kernel, smem, op);
+    const int64_t rows = int64_t(p.out / LQ_TILE_ROWS) * (p.in / LQ_TILE_COLS / WARPS);
+    p.warps = int(std::min<int64_t>({rows, int64_t(16 / WARPS) * sm_count(), LQ_SPLIT_MAX_WARPS}));
+    launch_pdl(op, kernel, p.warps, WARPS * 32, smem, stream, p);
+}
+
 template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
 void launch_gemv_lq_form(const char* op, GemvLqParams p, int64_t groups, cudaStream_t stream) {
+    p.slots = lq_bring_slots(p, BITS, WARPS, IN, groups);
+    if (p.slots) return launch_gemv_lq_bring<BITS, OutT, IN, OUT, WARPS>(op, p, stream);
     p.slots = lq_ring_slots(p, BITS, WARPS, IN, groups);
     if (p.slots) launch_gemv_lq_blocks<BITS, OutT, IN, OUT, WARPS, true>(op, p, groups, stream);
     else launch_gemv_lq_blocks<BITS, OutT, IN, OUT, WARPS, false>(op, p, groups, stream);
