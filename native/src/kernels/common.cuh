@@ -50,8 +50,9 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // Programmatic dependent launch (PDL, sm_90+; no-ops elsewhere and in kernels launched without
 // the attribute, see launch_pdl in launch_utils.cuh). Every kernel of the decode step begins with
-// pdl_begin() BEFORE its first access to memory that an earlier kernel of its forward pass may write
-// or read. It first lets the next kernel of the stream start launching, then waits until the
+// pdl_begin() (or a form below) BEFORE its first access to memory that an earlier kernel of its
+// forward pass may write or read. It first lets the next kernel of the stream start launching, then
+// waits until the
 // previous kernel has completed and its writes are visible. Triggering first lets a chain of
 // kernels be resident at once (as far as registers and shared memory allow), each loading its first
 // weights while the kernels ahead of it run; every one still waits for its predecessor, which waited
@@ -65,22 +66,41 @@ __device__ __forceinline__ float warp_max(float v) {
 //   of the pass starts before everything queued ahead of the pass has completed. Such reads go
 //   through L2 (__ldcg, cp.async.cg): an L1 line filled in an earlier pass could be stale.
 //
-// The PDL entry of a kernel: trigger then wait (pdl_begin), or wait then trigger (pdl_begin_pass).
-template <bool WAIT_FIRST>
+// Lets the next kernel of the stream launch once every block of this grid has called it (the
+// block's first call counts) or exited.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// Waits until the previous kernel has completed and its writes are visible.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// The PDL entry of a kernel: trigger then wait (pdl_begin), wait then trigger (pdl_begin_pass), or
+// wait alone (pdl_begin_untriggered: the kernel calls pdl_trigger() itself later).
+enum class PdlEntry { TriggerFirst, WaitFirst, WaitOnly };
+template <PdlEntry ENTRY>
 __device__ __forceinline__ void pdl_enter() {
     timeline_mark(TL_ENTRY);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (WAIT_FIRST) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-    if constexpr (!WAIT_FIRST) asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
+    if constexpr (ENTRY != PdlEntry::TriggerFirst) pdl_wait();
+    if constexpr (ENTRY != PdlEntry::WaitOnly) pdl_trigger();
+    if constexpr (ENTRY == PdlEntry::TriggerFirst) pdl_wait();
     timeline_mark(TL_RELEASED);
 }
 
-__device__ __forceinline__ void pdl_begin() { pdl_enter<false>(); }
+__device__ __forceinline__ void pdl_begin() { pdl_enter<PdlEntry::TriggerFirst>(); }
 
 // pdl_begin for the first kernel of a forward pass: wait, then trigger (see the rule above).
-__device__ __forceinline__ void pdl_begin_pass() { pdl_enter<true>(); }
+__device__ __forceinline__ void pdl_begin_pass() { pdl_enter<PdlEntry::WaitFirst>(); }
+
+// pdl_begin for a kernel whose successors should not become resident beside it while it streams
+// (the LQ GEMV's ring form): wait only; the kernel triggers when its blocks are nearly done.
+__device__ __forceinline__ void pdl_begin_untriggered() { pdl_enter<PdlEntry::WaitOnly>(); }
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + __expf(-x)); }
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + __expf(-x)); }
