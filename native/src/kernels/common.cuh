@@ -52,12 +52,11 @@ __device__ __forceinline__ float warp_max(float v) {
 // the attribute, see launch_pdl in launch_utils.cuh). Every kernel of the decode step begins with
 // pdl_begin() (or a form below) BEFORE its first access to memory that an earlier kernel of its
 // forward pass may write or read. It first lets the next kernel of the stream start launching, then
-// waits until the
-// previous kernel has completed and its writes are visible. Triggering first lets a chain of
-// kernels be resident at once (as far as registers and shared memory allow), each loading its first
-// weights while the kernels ahead of it run; every one still waits for its predecessor, which waited
-// for its own, so completion stays in stream order. Hence the rule: before pdl_begin() a kernel
-// reads only
+// waits until the previous kernel has completed and its writes are visible. Triggering first lets
+// a chain of kernels be resident at once (as far as registers and shared memory allow), each
+// loading its first weights while the kernels ahead of it run; every one still waits for its
+// predecessor, which waited for its own, so completion stays in stream order. Hence the rule:
+// before pdl_begin() a kernel reads only
 // - immutable data (weights; the GEMV loads its first weight vectors into registers there), and
 // - data that no kernel of the current forward pass writes before it: the position d_pos, the KV
 //   cache rows below d_pos[0], the GDN recurrent and conv states (each written in a pass only by
