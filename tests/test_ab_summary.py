@@ -64,6 +64,18 @@ def test_model_picks_its_own_runs(ab, tmp_path, capsys):
         ab.load_builds(tmp_path / "missing", "27b")
 
 
+def test_verify_windows_get_their_own_medians(ab, tmp_path):
+    for build, rnd, window in [("base", 1, 9.2), ("base", 2, 9.4), ("v", 1, 8.9), ("v", 2, 9.0)]:
+        report = {"decode": [{"depth": 8192, "ms_per_token": 7.3}],
+                  "speculative": [{"depth": 8192, "draft_counts": [{"k": 3, "verify_ms": window}]}]}
+        (tmp_path / f"27b-{build}-r{rnd}.json").write_text(json.dumps(report))
+    builds = ab.load_builds(tmp_path, "27b")
+    assert builds["v"].windows == {(8192, 3): [8.9, 9.0]}
+    text = ab.table(builds)
+    assert "4-token window at 8,192: 9.300 ms (9.200-9.400)" in text
+    assert "4-token window at 8,192: 8.950 ms (8.900-9.000) -0.350" in text
+
+
 def test_no_base_is_a_clear_error(ab, tmp_path):
     write_round(tmp_path, "v", 1, 2.40, 2.30)
     with pytest.raises(SystemExit, match="no base runs"):

@@ -4,7 +4,8 @@ run.sh ab benches every build (base, then each variant) once per round, AB_REPEA
 BENCH_DIR/<model>-<build>-r<round>.json (`lampo bench ... --depths 0,8192 --fast-depth`; model
 35b-a3b unless run.sh's AB_MODEL names others, e.g. 27b; run.sh prints one summary per model). This
 prints, per build, the median ms per token at each depth with the spread over the rounds and the
-median's difference from the base's; `--faster` prints only the names of the variants whose median
+median's difference from the base's, and the same for the verify windows of k + 1 tokens where
+the runs measured them (run.sh's AB_SPEC_K); `--faster` prints only the names of the variants whose median
 at the deepest depth beats the base's by more than --keep-ms (the ones worth testing).
 
     python tests/gpu/ab_summary.py BENCH_DIR [--model 35b-a3b] [--keep-ms 0.02] [--faster]
@@ -17,7 +18,7 @@ import json
 import re
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -25,6 +26,7 @@ from pathlib import Path
 class Build:
     name: str
     ms: dict[int, list[float]]  # depth -> ms per token, one per round (depths in the bench's order)
+    windows: dict[tuple[int, int], list[float]] = field(default_factory=dict)  # (depth, k) -> verify ms
 
     @property
     def depths(self) -> list[int]:
@@ -47,10 +49,14 @@ def load_builds(bench_dir: Path, model: str = "35b-a3b") -> dict[str, Build]:
     builds = {}
     for name in ["base"] + sorted(n for n in runs if n != "base"):
         ms: dict[int, list[float]] = {}
+        windows: dict[tuple[int, int], list[float]] = {}
         for _, report in sorted(runs[name], key=lambda r: r[0]):
             for d in report["decode"]:
                 ms.setdefault(d["depth"], []).append(d["ms_per_token"])
-        builds[name] = Build(name, ms)
+            for row in report.get("speculative") or []:
+                for w in row["draft_counts"]:
+                    windows.setdefault((row["depth"], w["k"]), []).append(w["verify_ms"])
+        builds[name] = Build(name, ms, windows)
     return builds
 
 
@@ -64,14 +70,17 @@ def faster(builds: dict[str, Build], keep_ms: float) -> list[str]:
 def table(builds: dict[str, Build]) -> str:
     base = builds["base"]
     lines = []
+    def cell(label: str, runs: list[float], base_runs: list[float] | None) -> str:
+        text = f"{label}: {statistics.median(runs):.3f} ms ({min(runs):.3f}-{max(runs):.3f})"
+        if base_runs:
+            text += f" {statistics.median(runs) - statistics.median(base_runs):+.3f}"
+        return text
+
     for b in builds.values():
-        cells = []
-        for depth in b.depths:
-            runs = b.ms[depth]
-            cell = f"depth {depth:,}: {b.median(depth):.3f} ms ({min(runs):.3f}-{max(runs):.3f})"
-            if b.name != "base" and depth in base.ms:
-                cell += f" {b.median(depth) - base.median(depth):+.3f}"
-            cells.append(cell)
+        other = b.name != "base"
+        cells = [cell(f"depth {depth:,}", b.ms[depth], base.ms.get(depth) if other else None) for depth in b.depths]
+        cells += [cell(f"{k + 1}-token window at {depth:,}", runs, base.windows.get((depth, k)) if other else None)
+                  for (depth, k), runs in b.windows.items()]
         lines.append(f"{b.name} (median of {len(b.ms[b.depths[0]])}): " + "; ".join(cells))
     return "\n".join(lines)
 

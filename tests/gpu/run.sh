@@ -63,6 +63,8 @@
 #          .gpu/NAME.patch (git apply); NAME+NAME applies several. E.g.
 #          BASE_PATCH=a VARIANTS="b c+d" AB_REPEAT=3 VARIANT_TESTS="tests/cuda/test_engine.py" bash tests/gpu/run.sh ab
 #          AB_MODEL="35b-a3b 27b" AB_WEIGHTS=q5 AB_SWEEP=1 VARIANTS=e bash tests/gpu/run.sh ab
+#          AB_DEPTHS (default 0,8192) and AB_SPEC_K (verify windows of k + 1 tokens, e.g. 3) widen
+#          what each round measures (step_bench)
 #   probe  no engine build: tests/gpu/probe_expert_reads.py with its timing half
 #          (probe_expert_reads.cu, built here by nvcc): read bandwidth of the expert weights' access
 #          patterns against a contiguous stream
@@ -236,9 +238,10 @@ bench() {  # bench NAME SECONDS ARGS...   (each bench has its own time limit; th
   timeout "$limit" $PY -m lampo.bench "$@" --json "$OUT/bench/$name.json" >"$OUT/bench/$name.txt" 2>&1
   log "bench $name exit $?"
 }
-step_bench() {  # step_bench NAME SECONDS [MODEL]: MODEL's (default 35b-a3b) graphed decode step at depth 1 and 8,192 (random fill), weights AB_WEIGHTS (default bf16)
+step_bench() {  # step_bench NAME SECONDS [MODEL]: MODEL's (default 35b-a3b) graphed decode step at AB_DEPTHS (default depth 1 and 8,192; random fill), weights AB_WEIGHTS (default bf16); AB_SPEC_K: also the verify windows of k + 1 tokens (k in AB_SPEC_K, e.g. 3 or 1,3) and rounds at a = 0.8
   bench "$1" "$2" --preset "qwen3.6-${3:-35b-a3b}" --random-weights ${AB_WEIGHTS:+--weights "$AB_WEIGHTS"} \
-    --prompt 512 --depths 0,8192 --fast-depth --profile-steps 0
+    --prompt 512 --depths "${AB_DEPTHS:-0,8192}" --fast-depth --profile-steps 0 \
+    ${AB_SPEC_K:+--speculate-accept 0.8 --draft-k "$AB_SPEC_K"}
 }
 step_summary() {  # step_summary FILE TXT...: one line per step_bench output, also written to FILE
   local out=$1 f; shift
