@@ -5,9 +5,6 @@
 // lq_stage_x_from<SRC> takes the rows' loads from global memory (SRC = Global: __ldg) or shared
 // memory (SRC = Shared): the same fragment order and the same fp32 sums in the same order, so a
 // row staged from shared memory gives the same bits as the same row staged from global memory.
-// From shared memory x may be xs itself (the rows copied there as they are, [tokens, in]): a tile's
-// 128 bytes are both where its row data lies and where its fragments go, and the four lanes that
-// stage it read all of it before any of them writes.
 //
 // x staged in shared memory for the mma B operand: for token n, tile t and quad q, 16 bf16 = the
 // b0, b1 pairs of k16 steps 0..3 (b0: columns 16j + 2q, +1; b1: 16j + 2q + 8, +9), 32 bytes, so a
@@ -51,7 +48,6 @@ __device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const b
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if constexpr (SRC == LqXSource::Shared) __syncwarp();  // x may be xs itself: the tile is read
         if (i < items) {
             xs[2 * i] = make_uint4(v[0], v[1], v[2], v[3]);
             xs[2 * i + 1] = make_uint4(v[4], v[5], v[6], v[7]);

@@ -110,7 +110,6 @@ struct GemvLqParams {
     int slots;          // the ring form: groups per warp's ring (after lq_smem_bytes)
     ResidualNorm norm;  // LqIn::NormedResidual
     RowParts parts;     // n > 0: the bf16 rows stored as parts (linear.h), not at y
-    bool bulk_x;        // LqIn::X on sm_90+: x copied into shared memory by bulk copies (lq_bulk_x)
 };
 
 // The split (header): groups of LQ_GROUP tiles, `per_strip` per strip, `total` in all, warp w <
@@ -140,11 +139,9 @@ __device__ __forceinline__ void lq_store_rows(const GemvLqParams& p, int strip, 
 }
 
 // The kernel's static shared memory at most: the block's pieces and counters (lq_finish_strip), the
-// ring form's barriers, the bulk-copied x's barrier and 256 bytes for the folded norm's block sums
-// (norm_row.cuh).
+// ring form's barriers and 256 bytes for the folded norm's block sums (norm_row.cuh).
 constexpr size_t lq_static_smem_bytes(int warps) {
-    return sizeof(float4) * warps * 2 * 32 + sizeof(unsigned) * warps + sizeof(uint64_t) * (warps * LQ_RING_MAX + 1) +
-           256;
+    return sizeof(float4) * warps * 2 * 32 + sizeof(unsigned) * warps + sizeof(uint64_t) * warps * LQ_RING_MAX + 256;
 }
 
 // Where the pieces of strips cut between warps meet: the device scratch and counters, or, for a
@@ -221,7 +218,6 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     __shared__ float4 block_pieces[WARPS * 2 * 32];  // within lq_static_smem_bytes(WARPS)
     __shared__ unsigned block_arrivals[WARPS];
     __shared__ uint64_t ring_full[RING ? WARPS * LQ_RING_MAX : 1];
-    __shared__ uint64_t x_full;  // p.bulk_x: the copies of x's rows have landed
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = blockIdx.x * WARPS + warp;
     if (threadIdx.x < WARPS) block_arrivals[threadIdx.x] = 0u;  // read after the staging's barrier
     const int tiles = p.in / LQ_TILE_COLS, per_strip = (tiles + LQ_GROUP - 1) / LQ_GROUP;
@@ -271,29 +267,8 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     } else {
         lq_load_group(a, src, g < g_end ? min(LQ_GROUP, tiles - t) : 0, lane);  // before the wait
     }
-    const bool bulk_x = IN == LqIn::X && LQ_RING_ARCH && p.bulk_x;
-    if constexpr (IN == LqIn::X && LQ_RING_ARCH) {
-        if (bulk_x) {
-            if (threadIdx.x == 0) {
-                mbarrier_init(&x_full, 1);
-                mbarrier_init_fence();
-            }
-            __syncthreads();  // the barrier initialised before any thread waits on it
-        }
-    }
     if constexpr (RING) pdl_begin_untriggered();
     else pdl_begin();
-    if constexpr (IN == LqIn::X && LQ_RING_ARCH) {
-        if (bulk_x) {  // one bulk copy per token row into the x area, then the fragments in place
-            if (threadIdx.x == 0) {
-                mbarrier_arrive_expect_tx(&x_full, uint32_t(p.T) * lq_x_bytes(p.in));
-                for (int n = 0; n < p.T; ++n)
-                    bulk_load(reinterpret_cast<uint8_t*>(xs) + size_t(n) * lq_x_bytes(p.in), p.x + size_t(n) * p.in,
-                              lq_x_bytes(p.in), &x_full);
-            }
-            mbarrier_wait(&x_full, 0);
-        }
-    }
     if constexpr (IN == LqIn::NormedResidual) {
         // The norm weight, visible to every thread after norm_row_inv's block sum.
         cp_async_wait<0>();
@@ -305,9 +280,6 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
             for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x)
                 reinterpret_cast<uint4*>(p.norm.normed_out)[i] = reinterpret_cast<const uint4*>(row)[i];
         lq_stage_x_from<LqXSource::Shared>(xs, start, row, 1, p.in, lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
-    } else if (bulk_x) {
-        lq_stage_x_from<LqXSource::Shared>(xs, start, reinterpret_cast<const bf16*>(xs), p.T, p.in,
-                                           lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
     } else {
         lq_stage_x_from<LqXSource::Global>(xs, start, p.x, p.T, p.in, lq_code_centre<BITS>(), threadIdx.x,
                                            blockDim.x);
@@ -407,17 +379,6 @@ int lq_ring_slots(const GemvLqParams& p, int bits, int warps, LqIn input, int64_
     return slots < 2 ? 0 : int(std::min<size_t>(slots, LQ_RING_MAX));
 }
 
-// Whether a launch copies x into shared memory by bulk copies (one per token row, sm_90+, 16-byte
-// aligned rows) and stages its fragments there in place, instead of each thread loading its
-// items' words from global memory: where the block's threads take x in more than one round of
-// items (T tokens of a wide x: verify windows, the 27B's 17,408-column down projection), each
-// round a dependent trip to L2 after the wait.
-bool lq_bulk_x(const GemvLqParams& p, LqIn input, int warps) {
-    const int64_t items = int64_t(4) * (p.in / LQ_TILE_COLS) * p.T;
-    return input == LqIn::X && sm90_or_newer() && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
-           items > int64_t(warps) * 32;
-}
-
 // The grid: as many blocks as the GPU holds at once (fewer when the matrix gives a warp fewer
 // than LQ_MIN_GROUPS groups), so the split's ranges all run in one wave; the ring form keeps to
 // 16 warps per SM, as the register form's registers do.
@@ -442,7 +403,6 @@ void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaS
         }
         per_sm = RING ? std::min(it->second, 16 / WARPS) : it->second;
     }
-    p.bulk_x = lq_bulk_x(p, IN, WARPS);
     const int64_t wanted = (groups + LQ_MIN_GROUPS * WARPS - 1) / (LQ_MIN_GROUPS * WARPS);
     const int blocks = int(std::min<int64_t>({wanted, int64_t(std::max(per_sm, 1)) * sm_count(),
                                               LQ_SPLIT_MAX_WARPS / WARPS}));
