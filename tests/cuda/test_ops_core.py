@@ -199,8 +199,10 @@ def run_decode(ops, nq, nkv, Tq, live, context_max, seed_key):
         (16, 2, 3, 500, 512),     # 24 rows: 2 M-tiles
         (24, 4, 8, 300, 320),     # 48 rows: 3 M-tiles
         (16, 2, 8, 1000, 1024),   # 64 rows: 4 M-tiles
-        (16, 2, 4, 8448, 8512),   # context_max >= 132 * 64: 132 splits (H200) of 64 keys exactly
+        (16, 2, 4, 8448, 8512),   # 2 KV heads, context_max >= 132 * 64: 132 splits (H200) of 64 keys exactly
         (16, 2, 1, 8449, 8512),   # one past: chunks of 128
+        (24, 4, 1, 4224, 4288),   # 4 KV heads: 66 splits (H200) of 64 keys exactly
+        (24, 4, 1, 4225, 4288),   # one past: chunks of 128
         (24, 4, 2, 20_000, 20_032),
     ],
 )

@@ -100,7 +100,7 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int context
                                                           d.gdn_v_dim) : 0},
         {"moe_prefill", d.moe ? moe_prefill_workspace_bytes(max_tokens, d.top_k, d.hidden,
                                                             d.expert_inter, d.n_experts) : 0},
-        {"attn_partial", attn ? attn_decode_partial_floats(GEMV_MAX_T, d.n_q_heads, d.head_dim,
+        {"attn_partial", attn ? attn_decode_partial_floats(GEMV_MAX_T, d.n_q_heads, d.n_kv_heads, d.head_dim,
                                                            context_max) * 4 : 0},
         {"logits", size_t(std::max(logit_rows, 1)) * d.vocab * 4},
         {"sampling_scratch", sampling_scratch_bytes(d.vocab)},

@@ -86,7 +86,7 @@ void attn_prep(const bf16* qg, const bf16* k_raw, const bf16* q_norm_w, const bf
 // already be appended). q [Tq, nq, D] bf16 -> out [Tq, nq*D] bf16, multiplied by sigmoid(gate)
 // (gate [Tq, nq*D] bf16). Scale 1/sqrt(D), softmax in fp32. Query head h reads kv head h/(nq/nkv).
 // The sequence is split across SMs; `partial` is scratch of attn_decode_partial_floats() floats.
-size_t attn_decode_partial_floats(int Tq, int nq, int D, int context_max);
+size_t attn_decode_partial_floats(int Tq, int nq, int nkv, int D, int context_max);
 void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, const int8_t* v_cache,
                       const half* k_scale, const half* v_scale, const int32_t* d_pos, bf16* out,
                       float* partial, int Tq, int nq, int nkv, int D, int context_max,

@@ -207,7 +207,7 @@ py::array_t<uint16_t> py_attn_int8(bool decode, Arr<uint16_t> q, Arr<uint16_t> g
     OpStream st;
     if (decode) {
         auto d_pos = device_int(pos0);
-        auto d_part = poisoned(attn_decode_partial_floats(T, nq, c.D, c.context_max) * 4);
+        auto d_part = poisoned(attn_decode_partial_floats(T, nq, c.nkv, c.D, c.context_max) * 4);
         attn_decode_int8(as_bf16(d_q), as_bf16(d_g), d_kc.as<int8_t>(), d_vc.as<int8_t>(), d_ks.as<half>(),
                          d_vs.as<half>(), d_pos.as<int32_t>(), as_bf16(d_out), d_part.as<float>(), T, nq, c.nkv, c.D,
                          c.context_max, st.s);
@@ -419,7 +419,7 @@ py::dict py_bench_attn_decode(int nq, int nkv, int length, int Tq, int iters) {
     auto q = filled(size_t(Tq) * nq * D * 2, 0x3c), gate = filled(size_t(Tq) * nq * D * 2, 0x3c);
     auto out = filled(size_t(Tq) * nq * D * 2, 0);
     auto pos = device_int(length - Tq);
-    DeviceBuffer part(attn_decode_partial_floats(Tq, nq, D, context_max) * 4);
+    DeviceBuffer part(attn_decode_partial_floats(Tq, nq, nkv, D, context_max) * 4);
     const double us = time_graph(iters, [&](int, cudaStream_t s) {
         attn_decode_int8(as_bf16(q), as_bf16(gate), kc.as<int8_t>(), vc.as<int8_t>(), ks.as<half>(), vs.as<half>(),
                          pos.as<int32_t>(), as_bf16(out), part.as<float>(), Tq, nq, nkv, D, context_max, s);

@@ -1,10 +1,10 @@
 // attention_decode.cu - flash-decoding over the INT8 KV cache for Tq <= 8 query rows (decode and
 // speculative verify); contract in ops.h (attn_decode_int8).
 //
-// The grid is fixed (nsplit x nkv blocks, nsplit = min(#SMs, context_max / 64, 256)) so the call can
-// be graph-captured; each block reads the live length L = d_pos[0] + Tq from device memory and takes
-// keys [s * chunk, (s + 1) * chunk), chunk = max(64, ceil(L / nsplit) rounded up to 64); blocks past
-// L exit at once. A block runs the shared tensor-core core (attention_int8.cuh) for all Tq x group
+// The grid is fixed (nsplit x nkv blocks, one wave: decode_splits) so the call can be graph-captured;
+// each block reads the live length L = d_pos[0] + Tq from device memory and takes keys
+// [s * chunk, (s + 1) * chunk), chunk = max(64, ceil(L / nsplit) rounded up to 64); blocks past L
+// exit at once. A block runs the shared tensor-core core (attention_int8.cuh) for all Tq x group
 // query rows of its KV head, writing the unnormalised output, max and sum of its split. The combine
 // kernel (one block per (token, query head) and 32 dims, 16 warps sharing the splits) merges the
 // live splits and applies the sigmoid output gate. Needs head dim 256 and Tq * (nq / nkv) <= 64.
@@ -20,8 +20,27 @@ constexpr int COMBINE_WARPS = 16;     // each warp sums every 16th split for 32 
 constexpr int COMBINE_PER_WARP = 16;  // splits per warp, their outputs held in registers
 constexpr int COMBINE_MAX_SPLITS = COMBINE_WARPS * COMBINE_PER_WARP;  // <= the block's threads
 
-int decode_splits(int context_max) {
-    return std::max(1, std::min({sm_count(), ceil_div(context_max, attn::KEYS), COMBINE_MAX_SPLITS}));
+// Blocks of the one-token form (the decode step's) resident on one SM by registers and shared
+// memory (two on an H200, one where an SM has about 100 KiB of shared memory), asked of the
+// runtime once.
+int decode_blocks_per_sm() {
+    static const int blocks = [] {
+        auto kernel = attn::attn_int8_kernel<1, 4, false>;
+        const size_t smem = attn::smem_bytes(1, 4);
+        allow_dynamic_smem(kernel, smem, "attn_decode_int8");
+        int per_sm = 0;
+        LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 4 * 32, smem));
+        return std::max(per_sm, 1);
+    }();
+    return blocks;
+}
+
+// Splits per KV head: as many as make one wave of blocks on every SM, at most one per 64 keys and
+// COMBINE_MAX_SPLITS. A second wave of blocks as long as the first only queues (the 27B's four KV
+// heads in 132 splits each: step 7.311 against 7.242 ms at 8,192 in one wave, H200 q5).
+int decode_splits(int context_max, int nkv) {
+    return std::max(1, std::min({ceil_div(decode_blocks_per_sm() * sm_count(), nkv),
+                                 ceil_div(context_max, attn::KEYS), COMBINE_MAX_SPLITS}));
 }
 
 // Block (row = t * nq + query head, 32 dims): the live length is known before the PDL wait (d_pos
@@ -107,8 +126,8 @@ void launch_decode(const attn::Params& p, cudaStream_t stream) {
 
 }  // namespace
 
-size_t attn_decode_partial_floats(int Tq, int nq, int D, int context_max) {
-    return size_t(decode_splits(context_max)) * Tq * nq * (D + 2);
+size_t attn_decode_partial_floats(int Tq, int nq, int nkv, int D, int context_max) {
+    return size_t(decode_splits(context_max, nkv)) * Tq * nq * (D + 2);
 }
 
 void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, const int8_t* v_cache,
@@ -124,7 +143,7 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
     p.q = q; p.gate = gate; p.k_cache = k_cache; p.v_cache = v_cache; p.k_scale = k_scale; p.v_scale = v_scale;
     p.nq = nq; p.nkv = nkv; p.group = nq / nkv; p.context_max = context_max; p.T = Tq;
     p.d_pos = d_pos;
-    p.nsplit = decode_splits(context_max);
+    p.nsplit = decode_splits(context_max, nkv);
     p.part_o = partial;
     p.part_ml = partial + size_t(p.nsplit) * Tq * nq * D;
     const int mt = ceil_div(Tq * p.group, 16);
