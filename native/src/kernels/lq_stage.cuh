@@ -22,47 +22,36 @@ namespace lampo {
 
 enum class LqXSource { Global, Shared };
 
-// x [tokens, in] bf16 in SRC. BATCH rounds of items per thread have their loads in flight together
-// (each round after the wait is otherwise a dependent trip to L2); every item's values and sum are
-// the same for any BATCH.
-template <LqXSource SRC, int BATCH = 1>
+// x [tokens, in] bf16 in SRC.
+template <LqXSource SRC>
 __device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const bf16* x, int tokens, int in,
                                                 float centre, int thread, int threads) {
     const int tiles = in / LQ_TILE_COLS, items = 4 * tiles * tokens;
-    for (int base = 0; base < items; base += BATCH * threads) {  // every lane of a warp takes part in the shuffles
-        uint32_t v[BATCH][8];
+    for (int base = 0; base < items; base += threads) {  // every lane of a warp takes part in the shuffles
+        const int i = base + thread, q = i & 3, t = (i >> 2) % tiles, n = (i >> 2) / tiles;
+        uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        float sum = 0.0f;
+        if (i < items) {
+            const uint32_t* row = reinterpret_cast<const uint32_t*>(x + size_t(n) * in + t * LQ_TILE_COLS) + q;
 #pragma unroll
-        for (int r = 0; r < BATCH; ++r) {
-            const int i = base + r * threads + thread, q = i & 3, t = (i >> 2) % tiles, n = (i >> 2) / tiles;
-#pragma unroll
-            for (int k = 0; k < 8; ++k) v[r][k] = 0u;
-            if (i < items) {
-                const uint32_t* row = reinterpret_cast<const uint32_t*>(x + size_t(n) * in + t * LQ_TILE_COLS) + q;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    if constexpr (SRC == LqXSource::Global) {
-                        v[r][2 * j] = __ldg(row + 8 * j);
-                        v[r][2 * j + 1] = __ldg(row + 8 * j + 4);
-                    } else {
-                        v[r][2 * j] = row[8 * j];
-                        v[r][2 * j + 1] = row[8 * j + 4];
-                    }
+            for (int j = 0; j < 4; ++j) {
+                if constexpr (SRC == LqXSource::Global) {
+                    v[2 * j] = __ldg(row + 8 * j);
+                    v[2 * j + 1] = __ldg(row + 8 * j + 4);
+                } else {
+                    v[2 * j] = row[8 * j];
+                    v[2 * j + 1] = row[8 * j + 4];
                 }
             }
+#pragma unroll
+            for (int k = 0; k < 8; ++k) sum += __uint_as_float(v[k] << 16) + __uint_as_float(v[k] & 0xffff0000u);
         }
-#pragma unroll
-        for (int r = 0; r < BATCH; ++r) {
-            const int i = base + r * threads + thread, q = i & 3, t = (i >> 2) % tiles, n = (i >> 2) / tiles;
-            float sum = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 8; ++k) sum += __uint_as_float(v[r][k] << 16) + __uint_as_float(v[r][k] & 0xffff0000u);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            if (i < items) {
-                xs[2 * i] = make_uint4(v[r][0], v[r][1], v[r][2], v[r][3]);
-                xs[2 * i + 1] = make_uint4(v[r][4], v[r][5], v[r][6], v[r][7]);
-                if (q == 0) start[t * 8 + n] = -centre * sum;
-            }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (i < items) {
+            xs[2 * i] = make_uint4(v[0], v[1], v[2], v[3]);
+            xs[2 * i + 1] = make_uint4(v[4], v[5], v[6], v[7]);
+            if (q == 0) start[t * 8 + n] = -centre * sum;
         }
     }
     for (int i = thread; i < tiles * 8; i += threads)  // tokens past the staged ones

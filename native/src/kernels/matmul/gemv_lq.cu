@@ -70,7 +70,6 @@ constexpr int LQ_RING_MAX = 2;
 constexpr int LQ_RING_PRE_WAIT = 1;
 constexpr int LQ_RING_MAX_NORMED_IN = 4096;
 constexpr int64_t LQ_RING_MAX_GROUPS = 32;  // per warp of a full wave (16 warps per SM)
-constexpr int LQ_RING_X_BATCH = 4;  // rounds of x's items per thread whose loads go out together
 
 // The ring's instructions (mbarrier transactions, bulk copies) exist from sm_90 on; on older GPUs
 // the launcher never picks the ring form and its body is not compiled.
@@ -282,9 +281,8 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
                 reinterpret_cast<uint4*>(p.norm.normed_out)[i] = reinterpret_cast<const uint4*>(row)[i];
         lq_stage_x_from<LqXSource::Shared>(xs, start, row, 1, p.in, lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
     } else {
-        // The ring form holds no weights in registers here: LQ_RING_X_BATCH rounds of x's loads at once.
-        lq_stage_x_from<LqXSource::Global, RING ? LQ_RING_X_BATCH : 1>(xs, start, p.x, p.T, p.in,
-                                                                       lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
+        lq_stage_x_from<LqXSource::Global>(xs, start, p.x, p.T, p.in, lq_code_centre<BITS>(), threadIdx.x,
+                                           blockDim.x);
     }
     __syncthreads();
     timeline_mark(TL_STAGED);
