@@ -62,7 +62,12 @@ class Transcript(VerticalScroll):
 
     @property
     def following(self) -> bool:
-        return self._last == len(self.records) and self.scroll_y >= self.max_scroll_y - 1
+        """Every message up to the newest mounted, and the view at the bottom or anchored there.
+        The compositor keeps an anchored view at the bottom as content grows, so right after a
+        mount, before the next layout pass has moved it, the view still follows; a scroll by the
+        user releases the anchor (textual's `_anchor_released`: the version is pinned)."""
+        anchored = self.is_anchored and not self._anchor_released
+        return self._last == len(self.records) and (anchored or self.scroll_y >= self.max_scroll_y - 1)
 
     def _refresh_labels(self) -> None:
         earlier, later = self.query_one("#load-earlier", Static), self.query_one("#load-later", Static)
