@@ -67,15 +67,17 @@ def faster(builds: dict[str, Build], keep_ms: float) -> list[str]:
             if b.name != "base" and b.median(deepest) < base.median(deepest) - keep_ms]
 
 
+def cell(label: str, runs: list[float], base_runs: list[float] | None) -> str:
+    """One measurement's median over the rounds, its spread, and its difference from the base's."""
+    text = f"{label}: {statistics.median(runs):.3f} ms ({min(runs):.3f}-{max(runs):.3f})"
+    if base_runs:
+        text += f" {statistics.median(runs) - statistics.median(base_runs):+.3f}"
+    return text
+
+
 def table(builds: dict[str, Build]) -> str:
     base = builds["base"]
     lines = []
-    def cell(label: str, runs: list[float], base_runs: list[float] | None) -> str:
-        text = f"{label}: {statistics.median(runs):.3f} ms ({min(runs):.3f}-{max(runs):.3f})"
-        if base_runs:
-            text += f" {statistics.median(runs) - statistics.median(base_runs):+.3f}"
-        return text
-
     for b in builds.values():
         other = b.name != "base"
         cells = [cell(f"depth {depth:,}", b.ms[depth], base.ms.get(depth) if other else None) for depth in b.depths]
