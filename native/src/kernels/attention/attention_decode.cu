@@ -25,8 +25,8 @@ constexpr int COMBINE_MAX_SPLITS = COMBINE_WARPS * COMBINE_PER_WARP;  // <= the 
 // runtime once.
 int decode_blocks_per_sm() {
     static const int blocks = [] {
-        auto kernel = attn::attn_int8_kernel<1, 4, false, attn::DECODE_STAGES>;
-        const size_t smem = attn::smem_bytes(1, 4, attn::DECODE_STAGES);
+        auto kernel = attn::attn_int8_kernel<1, 4, false>;
+        const size_t smem = attn::smem_bytes(1, 4);
         allow_dynamic_smem(kernel, smem, "attn_decode_int8");
         int per_sm = 0;
         LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 4 * 32, smem));
@@ -118,9 +118,8 @@ attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __rest
 
 template <int MT, int KG>
 void launch_decode(const attn::Params& p, cudaStream_t stream) {
-    constexpr int STAGES = MT == 1 ? attn::DECODE_STAGES : attn::PREFILL_STAGES;
-    auto kernel = attn::attn_int8_kernel<MT, KG, false, STAGES>;
-    const size_t smem = attn::smem_bytes(MT, KG, STAGES);
+    auto kernel = attn::attn_int8_kernel<MT, KG, false>;
+    const size_t smem = attn::smem_bytes(MT, KG);
     allow_dynamic_smem(kernel, smem, "attn_decode_int8");
     launch_pdl("attn_int8_kernel", kernel, dim3(p.nsplit, p.nkv), MT * KG * 32, smem, stream, p);
 }

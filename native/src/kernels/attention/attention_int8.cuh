@@ -38,12 +38,11 @@ constexpr int KEYS = 64;               // keys per pipeline stage
 constexpr int MAX_ROWS = 64;           // query rows per block
 constexpr int GROUPS = D / KV_GROUP;   // scale groups per row (4)
 constexpr int STAGE_BYTES = 2 * KEYS * D + 2 * KEYS * GROUPS * 2;
-// Pipeline stages (the kernels' STAGES): a block computes one tile while the others stream in.
-// Prefill and the verify windows take two (two prefill blocks per SM; a window's blocks stay in
-// one wave); the one-token decode form takes three (107 KiB a block, still two per SM), so that a
-// split at long context has two tiles in flight instead of one.
-constexpr int PREFILL_STAGES = 2;
-constexpr int DECODE_STAGES = 3;
+// Pipeline stages. Two keep a decode block at 75.5 KiB: with three (107 KiB) the kernels queued
+// behind it in the decode step found no room beside its blocks (35B-A3B step 2.371 vs 2.326 ms at
+// 8,192; docs/design/kernels-core.md), and prefill fits two blocks per SM.
+constexpr int STAGES = 2;
+static_assert(STAGES == 2, "the loop waits for every copy in flight (cp_async_wait<0>) and the prologue commits once");
 constexpr int QFRAG_BYTES = 16 * D * 2;  // one M-tile of fp16 Q fragments
 constexpr int MERGE_STRIDE = 268;        // floats per merged row: D + D/32 skew, bank-conflict free
 constexpr float SCALE_LOG2 = 0.0625f * 1.4426950408889634f;  // 1/sqrt(D) * log2(e)
@@ -80,8 +79,8 @@ __host__ __device__ constexpr int merge_bytes(int mt, int kg) {
     return kg * mt * 16 * (MERGE_STRIDE + 2) * 4;
 }
 
-__host__ inline size_t smem_bytes(int mt, int kg, int stages) {
-    const int pipeline = stages * STAGE_BYTES;
+__host__ inline size_t smem_bytes(int mt, int kg) {
+    const int pipeline = STAGES * STAGE_BYTES;
     const int merge = merge_bytes(mt, kg);
     return size_t(mt) * QFRAG_BYTES + size_t(pipeline > merge ? pipeline : merge);
 }
@@ -224,9 +223,8 @@ __device__ __forceinline__ void attend16(WarpState& s, const Stage& st, const ui
     }
 }
 
-template <int MT, int KG, bool PREFILL, int STAGES>
+template <int MT, int KG, bool PREFILL>
 __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p) {
-    static_assert(STAGES >= 2, "one tile computed while the next streams in");
     constexpr int NT = MT * KG * 32;
     extern __shared__ __align__(16) uint8_t smem[];
     uint4* qfrag = reinterpret_cast<uint4*>(smem);
@@ -304,16 +302,12 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
 
     // The prologue tiles first (they do not need Q), then Q: every thread's Q loads of a group go
     // out before any is converted (compiled as written, the loop waited for each load in turn).
-    // One commit group per tile (the early rows join tile 0's), so that the loop's
-    // cp_async_wait<STAGES - 2> leaves exactly the newer tiles in flight.
     const int prologue = max(STAGES - 1, early);  // tiles in flight before the loop
-    for (int s = 0; s < prologue; ++s) {
-        if (s < ntiles) {
-            if (s >= early) load_kv(s, s);
-            load_scales(s, s);
-        }
-        cp_async_commit();
+    for (int s = 0; s < prologue && s < ntiles; ++s) {
+        if (s >= early) load_kv(s, s);
+        load_scales(s, s);
     }
+    cp_async_commit();
 
     // ---- Q -> fp16 fragments: entry (((mt * 4 + i) * 2 + hh) * 2 + part) * 32 + ln holds
     //      8 dims 64 i + 16 (ln % 4) + 8 part of row mt * 16 + hh * 8 + ln / 4

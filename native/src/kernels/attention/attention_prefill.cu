@@ -29,8 +29,8 @@ void attn_prefill_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, c
     p.pos0 = pos0;
     p.tile_tokens = attn::MAX_ROWS / p.group;
     p.out = out;
-    auto kernel = attn::attn_int8_kernel<4, 1, true, attn::PREFILL_STAGES>;
-    const size_t smem = attn::smem_bytes(4, 1, attn::PREFILL_STAGES);
+    auto kernel = attn::attn_int8_kernel<4, 1, true>;
+    const size_t smem = attn::smem_bytes(4, 1);
     allow_dynamic_smem(kernel, smem, op);
     kernel<<<dim3(ceil_div(T, p.tile_tokens), nkv), 4 * 32, smem, stream>>>(p);
     LAMPO_CHECK_LAUNCH(op);
