@@ -1,6 +1,8 @@
-// norm_row.cuh - one row of the zero-centred RMSNorm by one block of NORM_THREADS threads, shared
+// norm_row.cuh - one row of the zero-centred RMSNorm by a block's first NORM_THREADS threads, shared
 // by rmsnorm.cu and the kernels that fold a residual add + norm into their prologue (same thread
 // mapping and reduction order everywhere, so the folded forms are bit-identical to add_rmsnorm).
+// A larger block (the LQ GEMV's 16 warps) runs the same sums: its other threads take no elements
+// of them but join the block's barriers, and the element-wise scaling strides over every thread.
 //   r = x (+ delta)          x [n] fp32, delta [n] bf16 (may be null), n % 4 == 0; ZERO_X: x is
 //                            taken as zeros (r = 0 + delta, not read)
 //   inv = rsqrt(mean(r^2) + eps)
@@ -19,7 +21,7 @@ __device__ __forceinline__ float norm_block_sum(float v) {
     __shared__ float partial[NORM_THREADS / 32];
     __shared__ float total;
     v = warp_sum(v);
-    if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+    if ((threadIdx.x & 31) == 0 && threadIdx.x < NORM_THREADS) partial[threadIdx.x >> 5] = v;
     __syncthreads();
     if (threadIdx.x < 32) {
         float s = threadIdx.x < NORM_THREADS / 32 ? partial[threadIdx.x] : 0.0f;
@@ -57,7 +59,7 @@ constexpr int NORM_LOADS = 2;  // element groups per thread in flight at once (a
 template <bool ZERO_X = false>
 __device__ __forceinline__ float norm_row_inv(const float* x, const bf16* delta, float* r_out, int n, float eps) {
     float ss = 0.0f;
-    for (int i0 = threadIdx.x; i0 < n / 4; i0 += NORM_LOADS * NORM_THREADS) {
+    for (int i0 = threadIdx.x < NORM_THREADS ? int(threadIdx.x) : n / 4; i0 < n / 4; i0 += NORM_LOADS * NORM_THREADS) {
         float4 v[NORM_LOADS];
 #pragma unroll
         for (int l = 0; l < NORM_LOADS; ++l) {
@@ -81,7 +83,7 @@ __device__ __forceinline__ float norm_row_inv(const float* x, const bf16* delta,
 // them there), else in global memory (read through L2).
 template <bool STAGED = false>
 __device__ __forceinline__ void norm_row_scale(const float* r, float inv, const bf16* w, bf16* y, int n) {
-    for (int i = threadIdx.x; i < n / 4; i += NORM_THREADS) {
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
         const float4 v = STAGED ? reinterpret_cast<const float4*>(r)[i] : __ldcg(reinterpret_cast<const float4*>(r) + i);
         const float4 g = STAGED ? load_bf16x4(w + 4 * i) : norm_load_bf16x4(w + 4 * i);
         store_bf16x4(y + 4 * i, make_float4(v.x * inv * (1.0f + g.x), v.y * inv * (1.0f + g.y),
@@ -92,7 +94,7 @@ __device__ __forceinline__ void norm_row_scale(const float* r, float inv, const 
 // The same with r recomputed as x (+ delta) (when r was not written anywhere).
 __device__ __forceinline__ void norm_row_scale_sum(const float* x, const bf16* delta, float inv, const bf16* w,
                                                    bf16* y, int n) {
-    for (int i = threadIdx.x; i < n / 4; i += NORM_THREADS) {
+    for (int i = threadIdx.x; i < n / 4; i += blockDim.x) {
         const float4 v = norm_residual4(x, delta, i);
         const float4 g = norm_load_bf16x4(w + 4 * i);
         store_bf16x4(y + 4 * i, make_float4(v.x * inv * (1.0f + g.x), v.y * inv * (1.0f + g.y),

@@ -9,7 +9,7 @@
 // of bytes and no second wave idles most SMs. A warp's tiles go through registers (LqGroup: the
 // next group's loads are in flight while the current group's products run on the tensor cores,
 // across strip boundaries too), each multiplied by lq_tile_mma against x, which every block stages
-// once in fragment order (blocks of LQ_WARPS warps, or LQ_WIDE_WARPS for a large plain-x product).
+// once in fragment order (blocks of LQ_WARPS warps, or LQ_WIDE_WARPS for a large product).
 // On sm_90+ a GEMV brings each warp's groups into shared memory by bulk copies instead (the ring
 // form, gemv_lq_kernel: the same tiles in the same order, the same sums) unless its x is a folded
 // norm wider than LQ_RING_MAX_NORMED_IN or it gives a warp more than LQ_RING_MAX_GROUPS groups (an
@@ -32,8 +32,8 @@
 //   itself (norm_row.cuh: add_rmsnorm's thread mapping and order, so the values are rmsnorm's bits)
 //   in shared memory and stages it from there (lq_stage.cuh); block 0 may also write it out. The
 //   norm weight is copied in before the wait; the residual row is kept in the x staging area
-//   between the norm's two passes. The split and the sums are those of gemv_lq in LQ_WARPS blocks:
-//   the result is bit for bit rmsnorm followed by gemv_lq wherever gemv_lq takes those blocks.
+//   between the norm's two passes (run by the block's first NORM_THREADS threads). The blocks, the
+//   split and the sums are those of gemv_lq: the result is bit for bit rmsnorm followed by gemv_lq.
 // - LqOut::AddToResidual (gemv_lq_add_residual): residual[row] += float(bf16(y[row])), the rounding
 //   of a bf16 output added by add_rmsnorm; LqOut::SetResidual: residual[row] = 0 + float(bf16(y[row]))
 //   (the same on a zeroed residual, without zeroing it: the MTP pass's fc).
@@ -53,9 +53,9 @@
 namespace lampo {
 namespace {
 
-// Warps per block: 8 (two blocks per SM), or 16 (one per SM) for a plain-x GEMV that fills every SM
-// with them: each block stages all of x, so half the blocks stage it half as often (at T = 5 the
-// 27B's down projection takes 16% less time). The folded-norm form keeps NORM_THREADS.
+// Warps per block: 8 (two blocks per SM), or 16 (one per SM) for a GEMV that fills every SM with
+// them: each block stages all of x (the folded norm: builds it), so half the blocks stage it half
+// as often (at T = 5 the 27B's down projection takes 16% less time).
 constexpr int LQ_WARPS = 8;
 constexpr int LQ_WIDE_WARPS = 16;
 constexpr int LQ_MIN_GROUPS = 2;           // groups per warp the split aims for at least
@@ -211,7 +211,7 @@ __device__ __forceinline__ void lq_finish_strip(const GemvLqParams& p, const LqS
 // (LqGroup, two in turn). Both read the same tiles in the same order: the same sums, bit for bit.
 template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS, bool RING>
 __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const GemvLqParams p) {
-    static_assert(IN == LqIn::X || WARPS * 32 == NORM_THREADS, "the folded norm runs on the GEMV block");
+    static_assert(IN == LqIn::X || WARPS * 32 >= NORM_THREADS, "the folded norm runs on the GEMV block");
     static_assert(OUT == LqOut::Store || std::is_same_v<OutT, float>, "residual add: an fp32 row");
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
     extern __shared__ uint4 lq_smem[];
@@ -420,10 +420,8 @@ void launch_gemv_lq_form(const char* op, GemvLqParams p, int64_t groups, cudaStr
 template <int BITS, class OutT, LqIn IN, LqOut OUT>
 void launch_gemv_lq(const char* op, const GemvLqParams& p, cudaStream_t stream) {
     const int64_t groups = int64_t(p.out / LQ_TILE_ROWS) * ceil_div(p.in / LQ_TILE_COLS, LQ_GROUP);
-    if constexpr (IN == LqIn::X) {
-        if (groups >= int64_t(LQ_MIN_GROUPS) * LQ_WIDE_WARPS * sm_count())
-            return launch_gemv_lq_form<BITS, OutT, IN, OUT, LQ_WIDE_WARPS>(op, p, groups, stream);
-    }
+    if (groups >= int64_t(LQ_MIN_GROUPS) * LQ_WIDE_WARPS * sm_count())
+        return launch_gemv_lq_form<BITS, OutT, IN, OUT, LQ_WIDE_WARPS>(op, p, groups, stream);
     launch_gemv_lq_form<BITS, OutT, IN, OUT, LQ_WARPS>(op, p, groups, stream);
 }
 
