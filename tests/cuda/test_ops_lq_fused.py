@@ -40,6 +40,8 @@ WIDTH_SETS = [(4, 6, 6, 6), (4, 4, 5, 5), (6, 5, 4, 4)]
     (8192, 2048, False),  # 35B-A3B GDN in-projection
     (256, 2048, True),    # fp32 output
     (1024, 5120, False),  # 27B width
+    (4096, 5120, True),   # enough groups for 16-warp blocks: the norm on the first 256 threads
+    (12352, 2048, False),  # 35B-A3B GDN in-projection: 16-warp blocks in rings
 ])
 def test_gemv_lq_normed_is_rmsnorm_then_gemv_lq(ops, bits, out, inn, f32):
     """The input projection builds the normed row itself: the bits of the rmsnorm launch followed
