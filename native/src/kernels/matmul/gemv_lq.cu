@@ -11,9 +11,8 @@
 // across strip boundaries too), each multiplied by lq_tile_mma against x, which every block stages
 // once in fragment order (blocks of LQ_WARPS warps, or LQ_WIDE_WARPS for a large product).
 // On sm_90+ a GEMV brings each warp's groups into shared memory by bulk copies instead (the ring
-// form, gemv_lq_kernel: the same tiles in the same order, the same sums) unless its x is a folded
-// norm wider than LQ_RING_MAX_NORMED_IN or it gives a warp more than LQ_RING_MAX_GROUPS groups (an
-// LM head; lq_ring_slots). A strip that lies wholly in one warp's range is written by that warp;
+// form, gemv_lq_kernel: the same tiles in the same order, the same sums) unless it gives a warp
+// more than LQ_RING_MAX_GROUPS groups (an LM head; lq_ring_slots). A strip that lies wholly in one warp's range is written by that warp;
 // a strip cut between warps gets one partial sum per warp (its C fragment, in a slot: 0 for the
 // warp's first strip, 1 for its last), and the warp that arrives last at the strip's counter adds
 // the pieces in warp order (deterministic) and writes the rows, then resets the counter. The slots
@@ -55,20 +54,24 @@ namespace {
 
 // Warps per block: 8 (two blocks per SM), or 16 (one per SM) for a GEMV that fills every SM with
 // them: each block stages all of x (the folded norm: builds it), so half the blocks stage it half
-// as often (at T = 5 the 27B's down projection takes 16% less time).
+// as often (at T = 5 the 27B's down projection takes 16% less time). The split aims for at least
+// LQ_MIN_GROUPS groups per warp, but a product that gives one group to each warp of nearly a whole
+// 16-warp wave (LQ_WIDE_FILL of it) takes that wave with one group each rather than 8-warp blocks
+// with two (the 35B-A3B's 2,048-group out-projections: its step 1.905 against 1.923 ms, q5).
 constexpr int LQ_WARPS = 8;
 constexpr int LQ_WIDE_WARPS = 16;
-constexpr int LQ_MIN_GROUPS = 2;           // groups per warp the split aims for at least
+constexpr int LQ_MIN_GROUPS = 2;
+constexpr double LQ_WIDE_FILL = 0.9;
 constexpr int LQ_SPLIT_MAX_WARPS = 4096;   // the scratch's size: warps of one launch at most
 constexpr int LQ_SPLIT_MAX_STRIPS = 1 << 16;
 // The ring form (sm_90+, below): slots per warp at most, groups a warp requests before the PDL
-// wait, the widest folded-norm x and the most groups per warp it takes. Measured in the decode step
-// (q5, docs/benchmarks.md): 4 slots or 4 groups before the wait were slower than 2 and 1 on both
-// models; rings for the 27B's 5,120-column folded norms made its step slower although each of
-// those GEMVs alone ran faster, and the LM heads run slower alone in rings.
+// wait and the most groups per warp it takes. Measured in the decode step (q5, docs/benchmarks.md):
+// 4 slots or 4 groups before the wait were slower than 2 and 1 on both models (2 before the wait
+// again slower with the later trigger: 27B 7.069 against 7.000 ms), and the LM heads run slower
+// alone in rings. The 27B's 5,120-column folded norms lost in rings while they took 8-warp blocks
+// (+0.62 ms a step) and gain since they take 16-warp ones (6.734 against 7.000 ms).
 constexpr int LQ_RING_MAX = 2;
 constexpr int LQ_RING_PRE_WAIT = 1;
-constexpr int LQ_RING_MAX_NORMED_IN = 4096;
 constexpr int64_t LQ_RING_MAX_GROUPS = 32;  // per warp of a full wave (16 warps per SM)
 
 // The ring's instructions (mbarrier transactions, bulk copies) exist from sm_90 on; on older GPUs
@@ -362,14 +365,11 @@ constexpr size_t lq_ring_slot_bytes(int bits, int warps) { return size_t(warps) 
 // Ring slots per warp for a launch of `warps`-warp blocks, 16 warps per SM: as many as fit beside
 // the launch's other shared memory (at most LQ_RING_MAX); 0 (the register form) where fewer than
 // two fit, before sm_90, for weights not 16-byte aligned (bulk copies need it), and where the
-// register form measured faster in the decode step (H200, q5): a folded norm wider than
-// LQ_RING_MAX_NORMED_IN (the 27B's input projections: +0.62 ms a step in rings) and more than
-// LQ_RING_MAX_GROUPS groups per warp (the LM heads: 4-17 us slower alone in rings).
+// register form measured faster in the decode step (H200, q5): more than LQ_RING_MAX_GROUPS groups
+// per warp (the LM heads: 4-17 us slower alone in rings).
 int lq_ring_slots(const GemvLqParams& p, int bits, int warps, LqIn input, int64_t groups) {
     if (!sm90_or_newer() || reinterpret_cast<uintptr_t>(p.W) % 16 != 0) return 0;
-    if ((input == LqIn::NormedResidual && p.in > LQ_RING_MAX_NORMED_IN) ||
-        groups > LQ_RING_MAX_GROUPS * 16 * sm_count())
-        return 0;
+    if (groups > LQ_RING_MAX_GROUPS * 16 * sm_count()) return 0;
     static const size_t per_sm = size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor));
     static const size_t reserved = size_t(device_attribute(cudaDevAttrReservedSharedMemoryPerBlock));
     const size_t per_block = std::min(per_sm / (16 / warps) - reserved, smem_optin_bytes());
@@ -380,10 +380,10 @@ int lq_ring_slots(const GemvLqParams& p, int bits, int warps, LqIn input, int64_
 }
 
 // The grid: as many blocks as the GPU holds at once (fewer when the matrix gives a warp fewer
-// than LQ_MIN_GROUPS groups), so the split's ranges all run in one wave; the ring form keeps to
+// than min_groups groups), so the split's ranges all run in one wave; the ring form keeps to
 // 16 warps per SM, as the register form's registers do.
 template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS, bool RING>
-void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaStream_t stream) {
+void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, int min_groups, cudaStream_t stream) {
     const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS, RING>;
     const size_t smem =
         lq_smem_bytes(p.in, p.T, IN) + (RING ? size_t(p.slots) * lq_ring_slot_bytes(BITS, WARPS) : 0);
@@ -403,7 +403,7 @@ void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaS
         }
         per_sm = RING ? std::min(it->second, 16 / WARPS) : it->second;
     }
-    const int64_t wanted = (groups + LQ_MIN_GROUPS * WARPS - 1) / (LQ_MIN_GROUPS * WARPS);
+    const int64_t wanted = (groups + min_groups * WARPS - 1) / (min_groups * WARPS);
     const int blocks = int(std::min<int64_t>({wanted, int64_t(std::max(per_sm, 1)) * sm_count(),
                                               LQ_SPLIT_MAX_WARPS / WARPS}));
     p.warps = int(std::min<int64_t>(int64_t(blocks) * WARPS, groups));  // each warp has a group at least
@@ -411,18 +411,21 @@ void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, cudaS
 }
 
 template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
-void launch_gemv_lq_form(const char* op, GemvLqParams p, int64_t groups, cudaStream_t stream) {
+void launch_gemv_lq_form(const char* op, GemvLqParams p, int64_t groups, int min_groups, cudaStream_t stream) {
     p.slots = lq_ring_slots(p, BITS, WARPS, IN, groups);
-    if (p.slots) launch_gemv_lq_blocks<BITS, OutT, IN, OUT, WARPS, true>(op, p, groups, stream);
-    else launch_gemv_lq_blocks<BITS, OutT, IN, OUT, WARPS, false>(op, p, groups, stream);
+    if (p.slots) launch_gemv_lq_blocks<BITS, OutT, IN, OUT, WARPS, true>(op, p, groups, min_groups, stream);
+    else launch_gemv_lq_blocks<BITS, OutT, IN, OUT, WARPS, false>(op, p, groups, min_groups, stream);
 }
 
 template <int BITS, class OutT, LqIn IN, LqOut OUT>
 void launch_gemv_lq(const char* op, const GemvLqParams& p, cudaStream_t stream) {
     const int64_t groups = int64_t(p.out / LQ_TILE_ROWS) * ceil_div(p.in / LQ_TILE_COLS, LQ_GROUP);
-    if (groups >= int64_t(LQ_MIN_GROUPS) * LQ_WIDE_WARPS * sm_count())
-        return launch_gemv_lq_form<BITS, OutT, IN, OUT, LQ_WIDE_WARPS>(op, p, groups, stream);
-    launch_gemv_lq_form<BITS, OutT, IN, OUT, LQ_WARPS>(op, p, groups, stream);
+    const int64_t wide_wave = int64_t(LQ_WIDE_WARPS) * sm_count();
+    if (groups >= LQ_MIN_GROUPS * wide_wave)
+        return launch_gemv_lq_form<BITS, OutT, IN, OUT, LQ_WIDE_WARPS>(op, p, groups, LQ_MIN_GROUPS, stream);
+    if (groups >= LQ_WIDE_FILL * double(wide_wave))
+        return launch_gemv_lq_form<BITS, OutT, IN, OUT, LQ_WIDE_WARPS>(op, p, groups, 1, stream);
+    launch_gemv_lq_form<BITS, OutT, IN, OUT, LQ_WARPS>(op, p, groups, LQ_MIN_GROUPS, stream);
 }
 
 // The checks and the launches of every form; p.x / p.y point at token 0 (p.T tokens).
