@@ -80,8 +80,9 @@
 #          timestamps of the graphed decode step of the 35B-A3B (TIMELINE_MODEL: "35b-a3b 27b" for
 #          both; TIMELINE_WEIGHTS q5 / q4 for the LQ format, default bf16), each launch's share of the
 #          critical path
-#          (TIMELINE_DEPTHS, default 8192; TIMELINE_RAW=N also keeps the events of the first N
-#          launches of one step, timeline-MODEL-DEPTH-raw.npy)
+#          (TIMELINE_DEPTHS, default 8192; TIMELINE_WINDOWS, default 1: the tokens of the recorded
+#          pass, e.g. "1 4" for the step and a 4-token verify window; TIMELINE_RAW=N also keeps the
+#          events of the first N launches of one pass, timeline-MODEL-DEPTH[-windowT]-raw.npy)
 #   files  build (no tests unless TESTS=1) + full-size checkpoints loaded from FILES, each written into
 #          $WORK/files by the synthetic generator (one process per CPU, no MTP), benched, deleted:
 #          the 35B-A3B at q5 in the packed LQ format (21.6 GB; prefill 8,192 and decode at 8,192,
@@ -429,11 +430,14 @@ PYEOF
 timeline)  # block timestamps of the graphed step (a LAMPO_TIMELINE build; tests/gpu/timeline.py)
   for m in ${TIMELINE_MODEL:-35b-a3b}; do
     for depth in ${TIMELINE_DEPTHS:-8192}; do
-      timeout 180 $PY tests/gpu/timeline.py --preset "qwen3.6-$m" --depth "$depth" --weights "${TIMELINE_WEIGHTS:-bf16}" \
-        --json "$OUT/bench/timeline-$m-$depth.json" \
-        ${TIMELINE_RAW:+--raw "$OUT/bench/timeline-$m-$depth-raw.npy" --raw-launches "$TIMELINE_RAW"} \
-        >"$OUT/bench/timeline-$m-$depth.txt" 2>&1
-      log "timeline $m depth $depth exit $?"
+      for win in ${TIMELINE_WINDOWS:-1}; do
+        name="timeline-$m-$depth$([ "$win" = 1 ] || echo "-window$win")"
+        timeout 180 $PY tests/gpu/timeline.py --preset "qwen3.6-$m" --depth "$depth" --weights "${TIMELINE_WEIGHTS:-bf16}" \
+          --window "$win" --json "$OUT/bench/$name.json" \
+          ${TIMELINE_RAW:+--raw "$OUT/bench/$name-raw.npy" --raw-launches "$TIMELINE_RAW"} \
+          >"$OUT/bench/$name.txt" 2>&1
+        log "timeline $m depth $depth window $win exit $?"
+      done
     done
   done ;;
 ab)  # each build once into $WORK/so/BUILD/ (both modules), then AB_REPEAT rounds that bench every build in turn

@@ -17,8 +17,11 @@ Run on a machine with an NVIDIA GPU: bash tests/gpu/run.sh timeline (configures 
 -DLAMPO_TIMELINE=ON, builds it, then runs this script). The instrumented step is
 slower than the plain one (each mark is an atomic and a store); the script prints both.
 
-Usage: python tests/gpu/timeline.py [--preset P] [--weights W] [--layers N] [--depth D] [--steps S] [--json PATH]
-       [--raw PATH.npy [--raw-launches N]]
+With --window T (T > 1) the recorded pass is a graphed verify window of T tokens (the token to feed and
+T - 1 random drafts, one row kept after each) instead of the decode step.
+
+Usage: python tests/gpu/timeline.py [--preset P] [--weights W] [--layers N] [--depth D] [--steps S] [--window T]
+       [--json PATH] [--raw PATH.npy [--raw-launches N]]
 """
 
 from __future__ import annotations
@@ -202,6 +205,8 @@ def main() -> int:
     ap.add_argument("--depth", type=int, default=8192, help="context depth (random fill)")
     ap.add_argument("--weights", default="bf16", help="weight format of the random fill (bf16, q5, q4)")
     ap.add_argument("--steps", type=int, default=4, help="recorded graph steps")
+    ap.add_argument("--window", type=int, default=1, help="tokens of the recorded pass: 1 the decode step, more "
+                    "a verify window")
     ap.add_argument("--show", type=int, default=24, help="launches listed one by one")
     ap.add_argument("--per-sm", type=int, default=1 << 16, help="event capacity per SM")
     ap.add_argument("--json")
@@ -216,22 +221,37 @@ def main() -> int:
         return 2
     bench_args = ["--preset", args.preset, "--random-weights", "--prompt", "512", "--depths", str(args.depth),
                   "--fast-depth", "--profile-steps", "0", "--weights", args.weights] + (
-                      ["--layers", str(args.layers)] if args.layers else [])
+                      ["--layers", str(args.layers)] if args.layers else []) + (
+                      ["--speculate-accept", "0.8", "--draft-k", str(args.window - 1)] if args.window > 1 else [])
     parsed = bench.build_parser().parse_args(bench_args)
     cfg, _ = bench.resolve_model(parsed)
     w = bench.plan_workload(parsed, cfg, cuda=True)
     target = bench.CudaTarget(native, cfg, w, None, parsed.seed)
     rng = np.random.default_rng(0)
     bench.reach_depth(target, w.depths[0], w, rng, parsed.seed)
-    target.decode(8)  # captures the graph, warms up
+
+    def one_pass(record: bool = False) -> bytes | None:
+        """The decode step or a verify window; record: stop the recording after it (a window keeps one
+        row after that, outside the recording) and return its events."""
+        if args.window == 1:
+            target.decode(1)
+            return native.timeline_stop() if record else None
+        own = target.verify([target.next_token] + [int(t) for t in rng.integers(0, cfg.vocab_size, args.window - 1)])
+        events = native.timeline_stop() if record else None
+        target.accept(1, own[0])
+        return events
+
+    for _ in range(8):  # captures the graph, warms up
+        one_pass()
     t0 = time.perf_counter()
-    target.decode(32)
+    for _ in range(32):
+        one_pass()
     plain_ms = (time.perf_counter() - t0) / 32 * 1e3
     steps, n_events, balance = [], 0, []
-    for _ in range(args.steps):  # one recording per step: a graph node keeps its grid id in every replay
+    for _ in range(args.steps):  # one recording per pass: a graph node keeps its grid id in every replay
         native.timeline_start(args.per_sm)
-        target.decode(1)
-        events = np.frombuffer(native.timeline_stop(), dtype=EVENT)
+        raw_events = one_pass(record=True)
+        events = np.frombuffer(raw_events, dtype=EVENT)
         if events.size and np.bincount(events["sm"]).max() >= args.per_sm:
             raise SystemExit(f"an SM filled its {args.per_sm} event slots (later marks were dropped): raise --per-sm")
         steps.append(group_launches(events))
@@ -241,7 +261,7 @@ def main() -> int:
             raw = events[np.isin(events["grid_id"], list(first))]
             np.save(args.raw, raw)
             balance = warp_balance(raw)
-    names = list(native.timeline_launches())
+    names = list(native.timeline_launches(args.window))
     rows = [step_rows(s, names) for s in steps]
     step_us = statistics.median((s[-1].released_ns - s[0].released_ns) / 1e3 for s in steps)
     summary, layers = by_name(rows), by_layer(rows)

@@ -30,8 +30,8 @@ PYBIND11_MODULE(_native, m) {
         const std::vector<lampo::TimelineEvent> ev = lampo::timeline_stop();
         return py::bytes(reinterpret_cast<const char*>(ev.data()), ev.size() * sizeof(lampo::TimelineEvent));
     }, "Stop recording; the events as bytes of 24-byte records (time_ns u64, grid_id u64, block u32, sm u16, stage u8, pad u8).");
-    m.def("timeline_launches", &lampo::timeline_launches,
-          "Launch names ('<model op>: <launcher>') of the last one-token forward pass and the sampler, in order.");
+    m.def("timeline_launches", &lampo::timeline_launches, py::arg("tokens") = 1,
+          "Launch names ('<model op>: <launcher>') of the last forward pass of `tokens` tokens and the sampler, in order.");
 
     if (lampo::register_engine) lampo::register_engine(m);
 }

@@ -1,8 +1,9 @@
 // timeline.cpp - host side of timeline.h: the registry of per-unit buffer setters, the recording
-// buffer, and the launch names of the last one-token forward pass.
+// buffer, and the launch names of the last forward pass of each token count.
 #include "diagnostics/timeline.h"
 
 #include <algorithm>
+#include <map>
 #include <stdexcept>
 
 #include "kernels/launch_utils.cuh"
@@ -23,9 +24,9 @@ struct Recording {
 Recording g_rec;
 
 struct LaunchNames {
-    bool recording = false;
     std::string op = "engine";
-    std::vector<std::string> names;
+    std::map<int, std::vector<std::string>> by_tokens;
+    std::vector<std::string>* current = nullptr;  // the pass being launched (none before the first)
 };
 LaunchNames g_names;
 
@@ -76,17 +77,20 @@ std::vector<TimelineEvent> timeline_stop() {
 }
 
 void timeline_forward_begin(int tokens) {
-    g_names.recording = tokens == 1;
     g_names.op = "engine";
-    if (g_names.recording) g_names.names.clear();
+    g_names.current = &g_names.by_tokens[tokens];
+    g_names.current->clear();
 }
 
 void timeline_note_op(const char* name) { g_names.op = name; }
 
 void timeline_note_launch(const char* launcher) {
-    if (g_names.recording) g_names.names.push_back(g_names.op + ": " + launcher);
+    if (g_names.current) g_names.current->push_back(g_names.op + ": " + launcher);
 }
 
-std::vector<std::string> timeline_launches() { return g_names.names; }
+std::vector<std::string> timeline_launches(int tokens) {
+    const auto it = g_names.by_tokens.find(tokens);
+    return it == g_names.by_tokens.end() ? std::vector<std::string>{} : it->second;
+}
 
 }  // namespace lampo

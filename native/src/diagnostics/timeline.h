@@ -54,11 +54,12 @@ bool timeline_register(TimelineBind bind);
 void timeline_start(uint32_t per_sm);
 std::vector<TimelineEvent> timeline_stop();
 
-// Launch names of the last one-token forward pass and the launches after it (the sampler), in
-// launch order: "<model op>: <launcher>" (launch_pdl notes every decode-step launch).
+// Launch names of the last forward pass of `tokens` tokens (a decode step: 1, a verify window:
+// its rows) and the launches after it (the sampler), in launch order: "<model op>: <launcher>"
+// (launch_pdl notes every decode-step launch).
 void timeline_forward_begin(int tokens);
 void timeline_note_op(const char* name);
 void timeline_note_launch(const char* launcher);
-std::vector<std::string> timeline_launches();
+std::vector<std::string> timeline_launches(int tokens);
 
 }  // namespace lampo
