@@ -151,6 +151,31 @@ def test_greedy_generation_follows_the_reference(bf16_dir, tmp_path):
         want = ref.decode(token_in, routing=routing(engine, ck.config))[:vocab]
 
 
+def test_verify_window_rows_match_the_reference(tmp_path):
+    """A verify window with LQ weights (on a dense model the norms between blocks carried in halves,
+    as in its decode step: linear.h Prenorm) against the reference on the same tokens, row by row."""
+    d = write_checkpoint(tmp_path / "tiny-dense", get_preset("tiny-dense"), seed=1, with_mtp=False)
+    ck = Checkpoint.open(d, include_mtp=False)
+    bits = recipe_tensor_bits(ck.config, "q5")
+    engine = lq_engine(ck, bits, verify_rows=5)
+    ref = quantized_reference(ck, bits)
+    vocab = ck.config.real_vocab_size
+    ids = prompt_ids(60, seed=6, vocab=vocab)
+    ref.reset()
+    first = engine.prefill(ids, True)
+    ref.prefill(ids, last_only=True)
+    for seed in (7, 8):  # two windows, the first keeping two rows
+        window = [first, *map(int, prompt_ids(4, seed=seed, vocab=vocab))]
+        engine.verify(np.asarray(window, np.int32))
+        want = ref.prefill(np.asarray(window, np.int32))
+        assert_rows_match_reference(list(zip(engine.verify_logits(), want)), f"verify window {seed}", moe=False)
+        engine.accept(2)
+        ref.reset()
+        ids = np.concatenate([ids, window[:2]]).astype(np.int32)
+        ref.prefill(ids, last_only=True)
+        first = window[2]
+
+
 @pytest.mark.parametrize("preset", ["qwen3.6-35b-a3b", "qwen3.6-27b"])
 def test_full_width_four_layer_packed_checkpoints(preset, tmp_path_factory):
     full_width = _full_width_module()

@@ -1,6 +1,7 @@
 """The decode step's folded forms for LQ weights (lampo._native_ops, ops_lq_fused_bindings.cpp:
-gemv_lq_normed / gemv_lq_add_residual in native/src/kernels/matmul/gemv_lq.cu, the LQ MoE launches'
-shared slot, selection and residual add in native/src/kernels/moe/moe_experts_lq.cu).
+gemv_lq_normed / gemv_lq_add_residual and the two halves of a norm carried between blocks,
+gemv_lq_add_residual_prenorm / gemv_lq_prenormed, in native/src/kernels/matmul/gemv_lq.cu, the LQ
+MoE launches' shared slot, selection and residual add in native/src/kernels/moe/moe_experts_lq.cu).
 
 Each fused form is checked bit for bit against the unfused GPU launches it replaces where their
 roundings are the same (rmsnorm + gemv_lq; gemv_lq + the residual add; moe_router_topk's ids and
@@ -78,6 +79,71 @@ def test_gemv_lq_add_residual_is_gemv_lq_then_add(ops, bits, out, inn):
     np.testing.assert_array_equal(got_set, ops.gemv_lq_add_residual(packed, bits, out, inn, x, np.zeros_like(residual)))
 
 
+PRENORM_EPS = 1e-6
+
+
+@pytest.mark.parametrize("bits", layout.WIDTHS)
+@pytest.mark.parametrize("out, inn, T", [
+    (16, 64, 1),
+    (2048, 4096, 5),     # 35B-A3B width: a 16-warp wave of one group per warp
+    (5120, 6144, 4),     # 27B o / GDN out projection
+    (5120, 17_408, 8),   # 27B down: eight tokens of x take two launches
+])
+def test_prenorm_output_is_the_residual_add_and_the_next_norms_first_half(ops, bits, out, inn, T):
+    """The output projection carrying a norm's first half: the residual add of gemv_lq's rounded
+    rows, the prenormed rows bf16(r * (1 + w)) bit for bit, each strip's sum of squares; each
+    token's values as if it ran alone."""
+    rng = rng_for("gemv_lq_prenorm", bits, out, inn, T)
+    packed, _ = random_lq(rng, out, inn, bits)
+    x = bf16_randn(rng, (T, inn))
+    residual = (rng.standard_normal((T, out)) * 3).astype(np.float32)
+    norm_w = bf16_randn(rng, out, 0.2)
+    got_r, rows, squares = ops.gemv_lq_add_residual_prenorm(packed, bits, out, inn, x, residual, norm_w)
+    want_r = residual + from_bf16(ops.gemv_lq(packed, bits, out, inn, x, False))
+    np.testing.assert_array_equal(got_r, want_r)
+    np.testing.assert_array_equal(rows, to_bf16(want_r * (np.float32(1) + from_bf16(norm_w))))
+    want_sq = (want_r.astype(np.float64) ** 2).reshape(T, out // 16, 16).sum(axis=2)
+    np.testing.assert_allclose(squares, want_sq, rtol=1e-5)
+    for t in sorted({0, T - 1}):
+        alone = ops.gemv_lq_add_residual_prenorm(packed, bits, out, inn, x[t:t + 1], residual[t:t + 1], norm_w)
+        for a, b in zip(alone, (got_r, rows, squares)):
+            np.testing.assert_array_equal(a[0], b[t])
+
+
+@pytest.mark.parametrize("bits", layout.WIDTHS)
+@pytest.mark.parametrize("out, inn, T, widths", [
+    (16, 64, 1, ()),
+    (1024, 2048, 4, ()),
+    (4096, 5120, 2, ()),                        # 27B width: 16-warp blocks in rings
+    (16_480, 5120, 5, (8192, 6144, 48, 48)),    # 27B GDN in-projection's parts (a verify window)
+])
+def test_prenormed_input_is_the_norm_then_the_product(ops, bits, out, inn, T, widths):
+    """The input projection on prenormed rows: each token's product scaled by its rsqrt(mean of
+    squares + eps) before rounding, from the strip sums; the row parts are the plain rows split;
+    each token as if it ran alone."""
+    rng = rng_for("gemv_lq_prenormed", bits, out, inn, T)
+    packed, w = random_lq(rng, out, inn, bits)
+    r = (rng.standard_normal((T, inn)) * 3).astype(np.float32)
+    norm_w = bf16_randn(rng, inn, 0.2)
+    rows = to_bf16(r * (np.float32(1) + from_bf16(norm_w)))
+    squares = (r.astype(np.float64) ** 2).reshape(T, inn // 16, 16).sum(axis=2).astype(np.float32)
+    y = ops.gemv_lq_prenormed(packed, bits, out, inn, rows, squares, PRENORM_EPS)
+    inv = 1.0 / np.sqrt(squares.astype(np.float64).sum(axis=1, keepdims=True) / inn + PRENORM_EPS)
+    check_bf16(y, inv * (from_bf16(rows).astype(np.float64) @ w.astype(np.float64).T),
+               what=f"gemv_lq_prenormed bits={bits}")
+    # against the norm applied before the product: only x's rounding differs
+    normed = to_bf16(norms.rmsnorm1p(r, from_bf16(norm_w)))
+    check_bf16(y, from_bf16(normed).astype(np.float64) @ w.astype(np.float64).T, 2e-2, "prenormed vs rmsnorm1p")
+    for t in sorted({0, T - 1}):
+        np.testing.assert_array_equal(
+            ops.gemv_lq_prenormed(packed, bits, out, inn, rows[t:t + 1], squares[t:t + 1], PRENORM_EPS)[0], y[t])
+    if widths:
+        edges = np.cumsum((0, *widths))
+        want = np.concatenate([y[:, a:b].ravel() for a, b in zip(edges[:-1], edges[1:])])
+        got = ops.gemv_lq_prenormed(packed, bits, out, inn, rows, squares, PRENORM_EPS, list(widths))
+        np.testing.assert_array_equal(got, want)
+
+
 def test_gemv_lq_folded_refuse_bad_arguments(ops):
     packed = np.zeros(layout.packed_bytes(16, 64, 4), np.uint8)
     with pytest.raises(ValueError, match="bits 4..6"):
@@ -85,6 +151,11 @@ def test_gemv_lq_folded_refuse_bad_arguments(ops):
                            np.zeros((1, 64), np.float32), np.zeros(64, np.uint16))
     with pytest.raises(ValueError, match="residual: length"):
         ops.gemv_lq_add_residual(packed, 4, 16, 64, np.zeros((1, 64), np.uint16), np.zeros((1, 32), np.float32))
+    with pytest.raises(ValueError, match="strip_squares: size"):
+        ops.gemv_lq_prenormed(packed, 4, 16, 64, np.zeros((2, 64), np.uint16), np.zeros((1, 4), np.float32))
+    with pytest.raises(ValueError, match="norm_w: length"):
+        ops.gemv_lq_add_residual_prenorm(packed, 4, 16, 64, np.zeros((1, 64), np.uint16),
+                                         np.zeros((1, 16), np.float32), np.zeros(8, np.uint16))
 
 
 # ---- the MoE launches -----------------------------------------------------------------------------

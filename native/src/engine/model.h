@@ -117,6 +117,9 @@ struct ModelWeights {
     // must share one format (a dense model always folds).
     bool decode_foldable = true;
     bool mtp_foldable = true;  // the same for the MTP layer's one-row passes
+    // Decode steps and verify windows carry the norms between blocks in halves (linear.h Prenorm):
+    // a dense model whose layers' projections are all in the LQ format.
+    bool decode_prenormable = false;
 };
 
 // ---- conversation state (device pointers; owned by the Engine) ---------------------------------
@@ -144,7 +147,9 @@ struct Workspace {
     int max_tokens = 0;
     int logit_rows = 1;
     float* residual = nullptr;   // [T, H] fp32 residual stream
-    bf16* normed = nullptr;      // [T, H] pre-norm output, input of every mixer / FFN
+    bf16* normed = nullptr;      // [T, H] pre-norm output, input of every mixer / FFN (prenormed
+                                 // rows where the norms are carried in halves: linear.h Prenorm)
+    float* norm_squares = nullptr;  // [T, H / 16] their strip sums of squares (Prenorm)
     bf16* fused = nullptr;       // [T, padded rows] product of a fused projection (T > 1)
     bf16* proj = nullptr;        // its parts, each [T, width] (see project_parts); FFN gate|up
     bf16* q = nullptr;           // [T, nq, D]

@@ -6,7 +6,10 @@
 // The residual stream is fp32 [T, H]; `add_rmsnorm` fuses each residual add with the norm that
 // follows it, except in the decode step (T = 1, DecodeFusion::Norms), where each block's input
 // projection builds its normed row from the residual itself and each output projection adds into
-// the residual: no norm launches between the blocks (input_projection / output_projection).
+// the residual: no norm launches between the blocks (input_projection / output_projection). A
+// dense model in the LQ format carries those norms in halves instead, in decode steps and verify
+// windows alike (linear.h Prenorm): the output projection leaves the next block's prenormed rows
+// and strip sums of squares, the input projection scales its sums by the norm's factor.
 // T <= GEMV_MAX_T (decode, verify windows) takes the GEMV / recurrent / flash-decoding
 // paths that read positions from device memory (graph-capturable); larger T (prefill chunks) takes
 // the GEMM / chunked GDN / flash prefill / grouped-MoE paths. Every launch is checked with its op
@@ -80,6 +83,7 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int context
     l.buffers = {
         {"residual", T * H * 4},
         {"normed", T * H * b16},
+        {"norm_squares", T * (H / 16) * 4},
         {"fused", T > 1 ? T * fused_w * b16 : 0},
         {"proj", T * proj_w * b16},
         {"q", T * d.attn_width() * b16},
@@ -124,6 +128,7 @@ Workspace carve_workspace(const ModelDims& d, int max_tokens, int context_max, i
     size_t i = 0;
     ws.residual = static_cast<float*>(ptr[i++]);
     ws.normed = static_cast<bf16*>(ptr[i++]);
+    ws.norm_squares = static_cast<float*>(ptr[i++]);
     ws.fused = static_cast<bf16*>(ptr[i++]);
     ws.proj = static_cast<bf16*>(ptr[i++]);
     ws.q = static_cast<bf16*>(ptr[i++]);
@@ -200,7 +205,8 @@ struct Ctx {
     const ForwardStep& step;
     cudaStream_t st;
     OpTimer* timer;
-    bool fold;  // the decode step with its norms and residual adds folded into the projections
+    bool fold;     // the decode step with its norms and residual adds folded into the projections
+    bool prenorm;  // the norms between blocks carried in halves (linear.h Prenorm; T <= GEMV_MAX_T)
 
     // Runs one op (any launcher call), times it under `family` and checks its launch.
     template <class F>
@@ -217,21 +223,40 @@ struct Ctx {
     bool folded() const { return fold; }
 };
 
+// The norms around one block: of its input (`in`; `in_prenormed`: that input is the prenormed rows
+// in ws.normed) and, carrying norms in halves, the next block's (`next`), which its output
+// projection prepares.
+struct BlockNorms {
+    const bf16* in = nullptr;
+    bool in_prenormed = false;
+    const bf16* next = nullptr;
+};
+
+PrenormedRows prenormed_rows(const Ctx& c) { return {c.ws.normed, c.ws.norm_squares, c.d.eps}; }
+
 // A block's input projection y = W @ normed input: reads ws.normed, or, folded, builds the normed
-// row from the residual stream itself.
-void input_projection(const Ctx& c, const Linear& W, const bf16* norm_w, bf16* y, const char* name) {
-    if (c.folded()) {
+// row from the residual stream itself, or scales the product of the prenormed rows.
+void input_projection(const Ctx& c, const Linear& W, const BlockNorms& norms, bf16* y, const char* name) {
+    if (norms.in_prenormed) {
         c.op(OpFamily::Projections, name,
-             [&] { linear_forward_normed(W, {c.ws.residual, norm_w, c.d.eps}, y, c.st); });
+             [&] { linear_forward_prenormed(W, prenormed_rows(c), y, {}, c.step.T, c.st); });
+    } else if (c.folded()) {
+        c.op(OpFamily::Projections, name,
+             [&] { linear_forward_normed(W, {c.ws.residual, norms.in, c.d.eps}, y, c.st); });
     } else {
         c.op(OpFamily::Projections, name, [&] { linear_forward(W, c.ws.normed, y, c.step.T, c.st); });
     }
 }
 
 // A block's output projection: into ws.delta (the next add_rmsnorm adds it), or, folded, straight
-// into the residual stream.
-void output_projection(const Ctx& c, const Linear& W, const bf16* x, const char* name) {
-    if (c.folded()) {
+// into the residual stream, or into it with the next block's prenormed rows.
+void output_projection(const Ctx& c, const Linear& W, const bf16* x, const BlockNorms& norms, const char* name) {
+    if (c.prenorm) {
+        c.op(OpFamily::Projections, name, [&] {
+            linear_forward_add_residual_prenorm(W, x, c.ws.residual, {norms.next, c.ws.normed, c.ws.norm_squares},
+                                                c.step.T, c.st);
+        });
+    } else if (c.folded()) {
         c.op(OpFamily::Projections, name, [&] { linear_forward_add_residual(W, x, c.ws.residual, c.st); });
     } else {
         c.op(OpFamily::Projections, name, [&] { linear_forward(W, x, c.ws.delta, c.step.T, c.st); });
@@ -243,10 +268,10 @@ void output_projection(const Ctx& c, const Linear& W, const bf16* x, const char*
 // before it). With T == 1 that is exactly one row of the fused product, so one GEMV over the fused
 // matrix writes every part in place; a verify window (T <= GEMV_MAX_T) has the GEMV store each
 // part where it goes (RowParts); a prefill chunk's product writes ws.fused [T, padded rows] and a
-// strided copy per part gathers its columns. The input is the block's normed input (norm_w).
+// strided copy per part gathers its columns. The input is the block's normed input (norms).
 template <size_t N>
 std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std::array<int, N>& widths,
-                                   const bf16* norm_w, const char* name) {
+                                   const BlockNorms& norms, const char* name) {
     std::array<bf16*, N> out{};
     const int T = c.step.T;
     int row = 0;
@@ -256,7 +281,7 @@ std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std:
     }
     if (row > fused.out) throw std::logic_error(std::string(name) + ": parts exceed the fused rows");
     if (T == 1) {
-        input_projection(c, fused, norm_w, c.ws.proj, name);
+        input_projection(c, fused, norms, c.ws.proj, name);
         return out;
     }
     if (c.small()) {
@@ -267,7 +292,10 @@ std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std:
             split.dst[i] = out[i];
             split.first[i + 1] = split.first[i] + widths[i];
         }
-        c.op(OpFamily::Projections, name, [&] { linear_forward_parts(fused, c.ws.normed, split, T, c.st); });
+        c.op(OpFamily::Projections, name, [&] {
+            if (norms.in_prenormed) linear_forward_prenormed(fused, prenormed_rows(c), nullptr, split, T, c.st);
+            else linear_forward_parts(fused, c.ws.normed, split, T, c.st);
+        });
         return out;
     }
     c.op(OpFamily::Projections, name, [&] { linear_forward(fused, c.ws.normed, c.ws.fused, T, c.st); });
@@ -286,12 +314,12 @@ std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std:
 // Gated full attention: fused q|k|v projection, q/k norm + partial RoPE with the INT8 KV append
 // in the same launch, causal attention over the cache times sigmoid(gate), output projection.
 void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCacheLayer& kv,
-                     int context_max, const bf16* norm_w) {
+                     int context_max, const BlockNorms& norms) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
     const int T = c.step.T;
     const auto parts = project_parts<3>(c, w.qkv, {d.q_rows(), d.kv_width(), d.kv_width()},
-                                        norm_w, "attention qkv projection");
+                                        norms, "attention qkv projection");
     const bf16 *qg = parts[0], *k_raw = parts[1], *v = parts[2];
     c.op(OpFamily::AttentionPrep, "attn_prep", [&] {
         const KvAppendTarget append{v, kv.k, kv.v, kv.k_scale, kv.v_scale, context_max};
@@ -310,7 +338,7 @@ void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCache
                               ws.mixed, T, d.n_q_heads, d.n_kv_heads, d.head_dim, context_max, c.st);
         });
     }
-    output_projection(c, w.o, ws.mixed, "attention o_proj");
+    output_projection(c, w.o, ws.mixed, norms, "attention o_proj");
 }
 
 // Gated DeltaNet: fused qkv|z|b|a projection, causal conv + SiLU on qkv, the gated delta rule
@@ -318,20 +346,20 @@ void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCache
 // decode step or verify window (T <= GEMV_MAX_T) on sm_90+ runs the first three as one
 // gdn_decode_fused launch (LAMPO_DECODE_FUSION without gdn: three launches). The states move
 // through the layer's ring of slots by position (ops.h, GdnStates).
-void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStates& s, const bf16* norm_w) {
+void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStates& s, const BlockNorms& norms) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
     const int T = c.step.T, C = d.conv_channels(), Hv = d.gdn_v_heads;
     const bool rows = c.step.rows;
     const auto parts = project_parts<4>(c, w.in_proj, {C, d.gdn_value_width(), Hv, Hv},
-                                        norm_w, "gdn in projection");
+                                        norms, "gdn in projection");
     const bf16 *qkv = parts[0], *z = parts[1], *b = parts[2], *a = parts[3];
     if (c.small() && decode_fusion_enabled(DecodeFusion::Gdn) && gdn_decode_fused_available()) {
         c.op(OpFamily::GdnRule, "gdn_decode_fused", [&] {  // conv + rule + gated norm in one launch
             gdn_decode_fused(qkv, w.conv, a, b, w.A_log, w.dt_bias, s, z, w.norm, ws.mixed, ws.gdn_counters, rows, T,
                              d.gdn_k_heads, Hv, d.gdn_k_dim, d.gdn_v_dim, d.conv_kernel, d.eps, c.st);
         });
-        output_projection(c, w.out, ws.mixed, "gdn out_proj");
+        output_projection(c, w.out, ws.mixed, norms, "gdn out_proj");
         return;
     }
     c.op(OpFamily::GdnConv, "causal_conv1d_silu",
@@ -352,14 +380,14 @@ void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStates
     }
     c.op(OpFamily::GatedNorm, "gated_rmsnorm",
          [&] { gated_rmsnorm(ws.gdn_o, z, w.norm, ws.mixed, T, Hv, d.gdn_v_dim, d.eps, c.st); });
-    output_projection(c, w.out, ws.mixed, "gdn out_proj");
+    output_projection(c, w.out, ws.mixed, norms, "gdn out_proj");
 }
 
 // SwiGLU: down(silu(gate(h)) * up(h)).
-void dense_ffn(const Ctx& c, const DenseFfnWeights& w, const bf16* norm_w) {
-    input_projection(c, w.gate_up, norm_w, c.ws.proj, "ffn gate_up");
+void dense_ffn(const Ctx& c, const DenseFfnWeights& w, const BlockNorms& norms) {
+    input_projection(c, w.gate_up, norms, c.ws.proj, "ffn gate_up");
     c.op(OpFamily::Activations, "silu_mul", [&] { silu_mul(c.ws.proj, c.ws.act, c.step.T, c.d.ffn_inter, c.st); });
-    output_projection(c, w.down, c.ws.act, "ffn down");
+    output_projection(c, w.down, c.ws.act, norms, "ffn down");
 }
 
 // The shared expert as the (k+1)-th slot of the few-token MoE launches, in the banks' format.
@@ -507,12 +535,12 @@ void add_norm(const Ctx& c, const bf16* norm_w, bf16* y, bool set = false) {
     });
 }
 
-// The layer's FFN (MoE or dense SwiGLU) on its post-normed input.
-void ffn(const Ctx& c, const LayerWeights& lw) {
+// The layer's FFN (MoE or dense SwiGLU) on its post-normed input (norms.in: the post norm).
+void ffn(const Ctx& c, const LayerWeights& lw, const BlockNorms& norms) {
     if (c.d.moe) {
-        moe_ffn(c, lw.moe, lw.post_norm);
+        moe_ffn(c, lw.moe, norms.in);
     } else {
-        dense_ffn(c, lw.dense, lw.post_norm);
+        dense_ffn(c, lw.dense, norms);
     }
 }
 
@@ -576,7 +604,8 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
                                     " rows");
     }
     const bool folded = step.T == 1 && w.decode_foldable && decode_fusion_enabled(DecodeFusion::Norms);
-    const Ctx c{d, w, ws, step, stream, timer, folded};  // unfolded: each block's input is ws.normed
+    const bool prenorm = step.T <= GEMV_MAX_T && w.decode_prenormable && decode_fusion_enabled(DecodeFusion::Norms);
+    const Ctx c{d, w, ws, step, stream, timer, folded, prenorm};  // else each block's input is ws.normed
     const int T = step.T, H = d.hidden, L = d.n_layers();
     if constexpr (timeline_built()) timeline_forward_begin(T);
     struct OpsDone {  // launches after the forward pass (the sampler) are the engine's
@@ -591,27 +620,29 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
     bf16* final_rows = step.hidden_out ? step.hidden_out : ws.normed;  // the last norm's output
     for (int l = 0; l < L; ++l) {
         const LayerWeights& lw = w.layers[l];
+        const bool last = l + 1 == L;
+        // carried in halves: layer 0's input is normed as without (its rows come from the embedding)
+        const BlockNorms mixer{lw.input_norm, prenorm && l > 0, prenorm ? lw.post_norm : nullptr};
+        const BlockNorms mlp{lw.post_norm, prenorm,
+                             prenorm ? (last ? w.final_norm : w.layers[l + 1].input_norm) : nullptr};
         if (d.mixers[l] == MixerKind::GatedAttention) {
-            gated_attention(c, lw.attn, s.kv[l], s.context_max, lw.input_norm);
+            gated_attention(c, lw.attn, s.kv[l], s.context_max, mixer);
         } else {
-            gated_deltanet(c, lw.gdn, GdnStates{s.gdn[l].recurrent, s.gdn[l].conv, s.gdn_slots, step.d_pos},
-                           lw.input_norm);
+            gated_deltanet(c, lw.gdn, GdnStates{s.gdn[l].recurrent, s.gdn[l].conv, s.gdn_slots, step.d_pos}, mixer);
         }
-        if (!folded) add_norm(c, lw.post_norm, ws.normed);
-        ffn(c, lw);
+        if (!folded && !prenorm) add_norm(c, lw.post_norm, ws.normed);
+        ffn(c, lw, mlp);
         if (d.moe && step.routing_out) {
             const size_t n = size_t(T) * d.top_k;
             LAMPO_CUDA_CHECK(cudaMemcpyAsync(step.routing_out + l * n, ws.expert_ids, n * sizeof(int32_t),
                                              cudaMemcpyDeviceToDevice, stream));
         }
-        if (!folded) {
-            const bool last = l + 1 == L;
+        if (!folded && !prenorm)
             add_norm(c, last ? w.final_norm : w.layers[l + 1].input_norm, last ? final_rows : ws.normed);
-        }
     }
 
-    if (folded && (step.logits || step.hidden_out))
-        c.op(OpFamily::Norms, "rmsnorm", [&] { rmsnorm(ws.residual, w.final_norm, final_rows, 1, H, d.eps, stream); });
+    if ((folded || prenorm) && (step.logits || step.hidden_out))
+        c.op(OpFamily::Norms, "rmsnorm", [&] { rmsnorm(ws.residual, w.final_norm, final_rows, T, H, d.eps, stream); });
     if (step.logits) {  // the last row, or every row of a verify window
         const int rows = step.rows ? T : 1;
         const bf16* first = final_rows + size_t(T - rows) * H;
@@ -634,7 +665,7 @@ void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& 
     step.pos0 = m.pos0;
     // One row (a draft, or a decode step's MTP row) folds its norms as the decode step does.
     const bool folded = m.T == 1 && w.mtp_foldable && decode_fusion_enabled(DecodeFusion::Norms);
-    const Ctx c{d, w, ws, step, stream, timer, folded};
+    const Ctx c{d, w, ws, step, stream, timer, folded, false};
     const MtpWeights& mw = w.mtp;
     const int T = m.T, H = d.hidden;
     // The fc input [T, 2H]: the normed embedding, then the normed hidden, each norm writing its half;
@@ -652,9 +683,9 @@ void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& 
         c.op(OpFamily::Projections, "mtp fc", [&] { linear_forward(mw.fc, ws.mtp_in, ws.delta, T, stream); });
         add_norm(c, mw.layer.input_norm, ws.normed, true);
     }
-    gated_attention(c, mw.layer.attn, kv, context_max, mw.layer.input_norm);
+    gated_attention(c, mw.layer.attn, kv, context_max, {mw.layer.input_norm});
     if (!folded) add_norm(c, mw.layer.post_norm, ws.normed);
-    ffn(c, mw.layer);
+    ffn(c, mw.layer, {mw.layer.post_norm});
     if (folded) {
         c.op(OpFamily::Norms, "rmsnorm", [&] { rmsnorm(ws.residual, mw.norm, m.out, 1, H, d.eps, stream); });
     } else {

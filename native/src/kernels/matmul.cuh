@@ -39,6 +39,11 @@ void gemv_lq_parts(const uint8_t* W, int bits, const bf16* x, const RowParts& pa
 // gemv_bf16_add_residual): gemv_lq_normed is bit for bit rmsnorm followed by gemv_lq.
 template <class OutT>
 void gemv_lq_normed(const uint8_t* W, int bits, const ResidualNorm& x, OutT* y, int out, int in, cudaStream_t stream);
+// The two halves of a norm between blocks (contract in linear.h: Prenorm, PrenormedRows).
+void gemv_lq_add_residual_prenorm(const uint8_t* W, int bits, const bf16* x, float* residual, const Prenorm& next,
+                                  int T, int out, int in, cudaStream_t stream);
+void gemv_lq_prenormed(const uint8_t* W, int bits, const PrenormedRows& x, bf16* y, const RowParts& parts, int T,
+                       int out, int in, cudaStream_t stream);
 void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int out, int in,
                           cudaStream_t stream, bool set = false);
 constexpr int LQ_TILE_ROWS = 16;  // an LQ tile: 16 rows x 64 columns (one fp16 scale per row)

@@ -5,6 +5,11 @@
 //     -> (y [1, out] = W @ bf16(rmsnorm(residual) * (1 + norm_w)), the normed row [1, in] it wrote)
 //   gemv_lq_add_residual(packed, bits, out, in_, x [1, in], residual f32 [1, out], set)
 //     -> residual + float(bf16(x @ W^T)) (set: 0 + float(...), the residual's values unused)
+//   gemv_lq_add_residual_prenorm(packed, bits, out, in_, x [T, in], residual f32 [T, out], norm_w [out])
+//     -> (residual + float(bf16(x @ W^T)), prenormed rows [T, out], strip sums of squares [T, out / 16])
+//   gemv_lq_prenormed(packed, bits, out, in_, rows [T, in], strip_squares f32 [T, in / 16], eps, widths)
+//     -> bf16(inv_t * (rows @ W^T)) [T, out], or with widths the row parts one after another as
+//     linear_parts returns them
 //   moe_lq_decode_shared(h [T, H], gate_up [E, bytes], bits_gu, down [E, bytes], bits_dn, ids [T, k],
 //     weights [T, k], I, <shared>) -> (act [T, k, I], act_s [T, Is], out [T, H], gate [T]):
 //     moe_experts_lq_gate_up + moe_experts_lq_down with the shared slot
@@ -68,6 +73,55 @@ py::array_t<float> py_gemv_lq_add_residual(Arr<uint8_t> packed, int bits, int ou
     gemv_lq_add_residual(d_w.as<uint8_t>(), bits, d_x.as<bf16>(), d_r.as<float>(), out, in, st.s, set);
     st.finish(op);
     return download<float>(d_r, {1, out});
+}
+
+py::tuple py_gemv_lq_add_residual_prenorm(Arr<uint8_t> packed, int bits, int out, int in, Arr<uint16_t> x,
+                                          Arr<float> residual, Arr<uint16_t> norm_w) {
+    const char* op = "gemv_lq_add_residual_prenorm";
+    check_lq_matrix(op, "packed", packed.size(), bits, out, in);
+    check_ndim(op, "x", x, 2);
+    check_dim(op, "x", x.shape(1), in, "width");
+    const int T = int(x.shape(0));
+    check_dim(op, "residual", residual.size(), py::ssize_t(T) * out, "size");
+    check_dim(op, "norm_w", norm_w.size(), out, "length");
+    auto d_w = upload(packed);
+    auto d_x = upload(x);
+    auto d_r = upload(residual);
+    auto d_n = upload(norm_w);
+    auto d_rows = poisoned(size_t(T) * out * 2);
+    auto d_sq = poisoned(size_t(T) * (out / 16) * 4);
+    OpStream st;
+    gemv_lq_add_residual_prenorm(d_w.as<uint8_t>(), bits, d_x.as<bf16>(), d_r.as<float>(),
+                                 {d_n.as<bf16>(), d_rows.as<bf16>(), d_sq.as<float>()}, T, out, in, st.s);
+    st.finish(op);
+    return py::make_tuple(download<float>(d_r, {T, out}), download<uint16_t>(d_rows, {T, out}),
+                          download<float>(d_sq, {T, out / 16}));
+}
+
+py::array py_gemv_lq_prenormed(Arr<uint8_t> packed, int bits, int out, int in, Arr<uint16_t> rows,
+                               Arr<float> strip_squares, float eps, const std::vector<int>& widths) {
+    const char* op = "gemv_lq_prenormed";
+    check_lq_matrix(op, "packed", packed.size(), bits, out, in);
+    check_ndim(op, "rows", rows, 2);
+    check_dim(op, "rows", rows.shape(1), in, "width");
+    const int T = int(rows.shape(0));
+    check_dim(op, "strip_squares", strip_squares.size(), py::ssize_t(T) * (in / 16), "size");
+    require(int(widths.size()) <= RowParts::MAX, op, "at most 4 parts");
+    auto d_w = upload(packed);
+    auto d_x = upload(rows);
+    auto d_sq = upload(strip_squares);
+    RowParts parts;
+    parts.n = int(widths.size());
+    for (int i = 0; i < parts.n; ++i) parts.first[i + 1] = parts.first[i] + widths[i];
+    const int stored = parts.n ? parts.first[parts.n] : out;
+    auto d_y = poisoned(size_t(T) * stored * 2);
+    for (int i = 0; i < parts.n; ++i) parts.dst[i] = d_y.as<bf16>() + size_t(T) * parts.first[i];
+    OpStream st;
+    gemv_lq_prenormed(d_w.as<uint8_t>(), bits, {d_x.as<bf16>(), d_sq.as<float>(), eps}, d_y.as<bf16>(), parts, T,
+                      out, in, st.s);
+    st.finish(op);
+    return parts.n ? py::array(download<uint16_t>(d_y, {py::ssize_t(T) * stored}))
+                   : py::array(download<uint16_t>(d_y, {T, out}));
 }
 
 // The shared expert's buffers for slot k of the LQ decode launches (MoeSharedSlotLq in ops.h).
@@ -189,6 +243,12 @@ void register_lq_fused_ops(py::module_& ops) {
     ops.def("gemv_lq_add_residual", &py_gemv_lq_add_residual, "packed"_a, "bits"_a, "out"_a, "in_"_a, "x"_a,
             "residual"_a, "set"_a = false,
             "decode-step output projection, LQ W: residual + float(bf16(x @ W^T)); set: residual taken as zeros");
+    ops.def("gemv_lq_add_residual_prenorm", &py_gemv_lq_add_residual_prenorm, "packed"_a, "bits"_a, "out"_a, "in_"_a,
+            "x"_a, "residual"_a, "norm_w"_a,
+            "output projection carrying the next norm's first half, LQ W -> (residual, prenormed rows, strip squares)");
+    ops.def("gemv_lq_prenormed", &py_gemv_lq_prenormed, "packed"_a, "bits"_a, "out"_a, "in_"_a, "rows"_a,
+            "strip_squares"_a, "eps"_a = 1e-6f, "widths"_a = std::vector<int>{},
+            "input projection on prenormed rows, LQ W: bf16(inv_t * (rows @ W^T)), or its row parts");
     ops.def("moe_lq_decode_shared", &py_moe_lq_decode_shared, "h"_a, "gate_up"_a, "bits_gu"_a, "down"_a, "bits_dn"_a,
             "ids"_a, "weights"_a, "I"_a, "shared_gate_up"_a, "shared_gate_up_bits"_a, "shared_down"_a,
             "shared_down_bits"_a, "w_gate"_a, "Is"_a, "repeat"_a = 0,

@@ -467,6 +467,15 @@ WeightStore::WeightStore(const ModelDims& d, const TensorNames& names, const Ten
             model_.decode_foldable = model_.decode_foldable && moe_one_format(lw.moe);
         }
         model_.mtp_foldable = !model_.has_mtp || moe_one_format(model_.mtp.layer.moe);
+    } else {
+        const auto lq = [](const Linear& l) { return l.format == WeightFormat::LQ; };
+        model_.decode_prenormable = true;
+        for (size_t l = 0; l < model_.layers.size(); ++l) {
+            const LayerWeights& lw = model_.layers[l];
+            const bool mixer = d.mixers[l] == MixerKind::GatedAttention ? lq(lw.attn.qkv) && lq(lw.attn.o)
+                                                                         : lq(lw.gdn.in_proj) && lq(lw.gdn.out);
+            model_.decode_prenormable = model_.decode_prenormable && mixer && lq(lw.dense.gate_up) && lq(lw.dense.down);
+        }
     }
     loaded_.assign(slots_.size(), false);
     LAMPO_CUDA_CHECK(cudaDeviceSynchronize());  // the padding memsets ran on the legacy stream

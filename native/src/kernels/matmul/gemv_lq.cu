@@ -37,6 +37,17 @@
 //   of a bf16 output added by add_rmsnorm; LqOut::SetResidual: residual[row] = 0 + float(bf16(y[row]))
 //   (the same on a zeroed residual, without zeroing it: the MTP pass's fc).
 // gemv_lq_parts stores the bf16 rows as RowParts (linear.h) instead of one [T, out] matrix.
+//
+// The two halves of a norm between blocks (T <= 8; linear.h: Prenorm, PrenormedRows):
+// - LqOut::AddToResidualPrenorm (gemv_lq_add_residual_prenorm): the warp that writes a strip's rows
+//   adds them into the residual [T, out] as AddToResidual does, writes bf16(r * (1 + w)) of each
+//   row and, per token, the strip's sum of r^2 (rows g + 8 h of the lane's fragment, (r_g^2 +
+//   r_{g+8}^2) summed over g by shuffles in a fixed order).
+// - LqIn::Prenormed (gemv_lq_prenormed): x is staged as LqIn::X; each token's inv = rsqrt(sum of
+//   its strips' squares / in + eps) is summed by one warp (lane l: strips l, l + 32, ... in order,
+//   then the fixed shuffle tree) while the others stage, and the rows are written as inv * sums.
+// Each token's values are those of the same token alone: a verify window's rows take the step's
+// bits.
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -87,8 +98,8 @@ constexpr bool LQ_RING_ARCH = true;
 __device__ float4 lq_split_pieces[LQ_SPLIT_MAX_WARPS * 2 * 32];
 __device__ unsigned lq_split_arrivals[LQ_SPLIT_MAX_STRIPS];
 
-enum class LqIn { X, NormedResidual };
-enum class LqOut { Store, AddToResidual, SetResidual };
+enum class LqIn { X, NormedResidual, Prenormed };
+enum class LqOut { Store, AddToResidual, SetResidual, AddToResidualPrenorm };
 
 // Shared memory for x: `tokens` staged tokens and the zero fragment; NormedResidual (one token):
 // room for the fp32 residual row that the norm keeps there before x is staged.
@@ -113,6 +124,9 @@ struct GemvLqParams {
     int slots;          // the ring form: groups per warp's ring (after lq_smem_bytes)
     ResidualNorm norm;  // LqIn::NormedResidual
     RowParts parts;     // n > 0: the bf16 rows stored as parts (linear.h), not at y
+    Prenorm pre;        // LqOut::AddToResidualPrenorm (y: the residual [T, out])
+    const float* strip_squares = nullptr;  // LqIn::Prenormed: [T, in / 16] (x: the prenormed rows)
+    float eps = 0.0f;
 };
 
 // The split (header): groups of LQ_GROUP tiles, `per_strip` per strip, `total` in all, warp w <
@@ -124,20 +138,65 @@ struct LqSplit {
     __device__ int owner(int64_t group) const { return int(((group + 1) * warps - 1) / total); }
 };
 
-// rows g and g + 8 of `strip` for tokens 2 quad, 2 quad + 1 from the lane's C fragment `v`.
+// AddToResidualPrenorm: rows g and g + 8 of `strip` for tokens 2 quad, 2 quad + 1 added into the
+// residual, their prenormed rows, and the strip's sum of squares per token (every lane of the warp).
+__device__ __forceinline__ void lq_store_prenorm(const GemvLqParams& p, int strip, int lane, const float (&v)[4]) {
+    const int g = lane >> 2, quad = lane & 3;
+    float* residual = static_cast<float*>(p.y);
+    float square[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int token = 2 * quad + (i & 1), row = strip * LQ_TILE_ROWS + g + 8 * (i >> 1);
+        square[i] = 0.0f;
+        if (token >= p.T) continue;
+        const size_t at = size_t(token) * p.out + row;
+        const float r = __ldcg(residual + at) + __bfloat162float(__float2bfloat16(v[i]));
+        residual[at] = r;
+        p.pre.rows[at] = __float2bfloat16(r * (1.0f + __bfloat162float(p.pre.weight[row])));
+        square[i] = r * r;
+    }
+    float even = square[0] + square[2], odd = square[1] + square[3];  // tokens 2 quad, 2 quad + 1
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+        even += __shfl_xor_sync(0xffffffffu, even, o);
+        odd += __shfl_xor_sync(0xffffffffu, odd, o);
+    }
+    const int strips = p.out / LQ_TILE_ROWS;
+    if (g == 0 && 2 * quad < p.T) p.pre.strip_squares[2 * quad * strips + strip] = even;
+    if (g == 0 && 2 * quad + 1 < p.T) p.pre.strip_squares[(2 * quad + 1) * strips + strip] = odd;
+}
+
+// Prenormed: inv of token t (lane 0 of the warp that sums it; linear.h PrenormedRows).
+__device__ __forceinline__ float lq_token_inv(const GemvLqParams& p, int t, int lane) {
+    const int strips = p.in / LQ_TILE_ROWS;
+    const float* squares = p.strip_squares + size_t(t) * strips;
+    float sum = 0.0f;
+#pragma unroll 4
+    for (int s = lane; s < strips; s += 32) sum += __ldcg(squares + s);
+    return rsqrtf(warp_sum(sum) / float(p.in) + p.eps);
+}
+
+// rows g and g + 8 of `strip` for tokens 2 quad, 2 quad + 1 from the lane's C fragment `v` (each
+// token's sums times token_inv[token] where it is given: LqIn::Prenormed).
 template <class OutT, LqOut OUT>
-__device__ __forceinline__ void lq_store_rows(const GemvLqParams& p, int strip, int lane, const float (&v)[4]) {
+__device__ __forceinline__ void lq_store_rows(const GemvLqParams& p, int strip, int lane, const float (&v)[4],
+                                              const float* token_inv) {
+    if constexpr (OUT == LqOut::AddToResidualPrenorm) {
+        lq_store_prenorm(p, strip, lane, v);
+        return;
+    }
     const int g = lane >> 2, quad = lane & 3;
     OutT* y = static_cast<OutT*>(p.y);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int token = 2 * quad + (i & 1), row = strip * LQ_TILE_ROWS + g + 8 * (i >> 1);
         if (token >= p.T) continue;
+        const float value = token_inv ? v[i] * token_inv[token] : v[i];
         if constexpr (OUT == LqOut::AddToResidual) y[row] = __ldcg(y + row) + __bfloat162float(__float2bfloat16(v[i]));
         else if constexpr (OUT == LqOut::SetResidual) y[row] = 0.0f + __bfloat162float(__float2bfloat16(v[i]));
-        else if constexpr (std::is_same_v<OutT, float>) y[size_t(token) * p.out + row] = v[i];
+        else if constexpr (std::is_same_v<OutT, float>) y[size_t(token) * p.out + row] = value;
         else if (bf16* at = p.parts.n ? p.parts.at(token, row) : y + size_t(token) * p.out + row)
-            *at = __float2bfloat16(v[i]);
+            *at = __float2bfloat16(value);
     }
 }
 
@@ -190,9 +249,10 @@ __device__ __forceinline__ bool lq_meet(const LqPieces& at, const LqSplit& split
 template <int WARPS, class OutT, LqOut OUT>
 __device__ __forceinline__ void lq_finish_strip(const GemvLqParams& p, const LqSplit& split, int w, int strip,
                                                 bool whole, bool first_strip, int lane, const float (&acc)[4],
-                                                float4* block_pieces, unsigned* block_arrivals) {
+                                                float4* block_pieces, unsigned* block_arrivals,
+                                                const float* token_inv) {
     if (whole) {
-        lq_store_rows<OutT, OUT>(p, strip, lane, acc);
+        lq_store_rows<OutT, OUT>(p, strip, lane, acc, token_inv);
         return;
     }
     const int w_lo = split.owner(int64_t(strip) * split.per_strip);
@@ -203,7 +263,7 @@ __device__ __forceinline__ void lq_finish_strip(const GemvLqParams& p, const LqS
                         w_lo, w_hi, first_strip, lane, acc, sum)
         : lq_meet<false>({lq_split_pieces, lq_split_arrivals + strip, 0}, split, w, strip, w_lo, w_hi, first_strip,
                          lane, acc, sum);
-    if (last) lq_store_rows<OutT, OUT>(p, strip, lane, sum);
+    if (last) lq_store_rows<OutT, OUT>(p, strip, lane, sum, token_inv);
 }
 
 // RING (sm_90+): each warp's groups come through a ring of p.slots groups in shared memory, each
@@ -214,13 +274,14 @@ __device__ __forceinline__ void lq_finish_strip(const GemvLqParams& p, const LqS
 // (LqGroup, two in turn). Both read the same tiles in the same order: the same sums, bit for bit.
 template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS, bool RING>
 __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const GemvLqParams p) {
-    static_assert(IN == LqIn::X || WARPS * 32 >= NORM_THREADS, "the folded norm runs on the GEMV block");
+    static_assert(IN != LqIn::NormedResidual || WARPS * 32 >= NORM_THREADS, "the folded norm runs on the GEMV block");
     static_assert(OUT == LqOut::Store || std::is_same_v<OutT, float>, "residual add: an fp32 row");
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
     extern __shared__ uint4 lq_smem[];
     __shared__ float4 block_pieces[WARPS * 2 * 32];  // within lq_static_smem_bytes(WARPS)
     __shared__ unsigned block_arrivals[WARPS];
     __shared__ uint64_t ring_full[RING ? WARPS * LQ_RING_MAX : 1];
+    __shared__ float token_inv[IN == LqIn::Prenormed ? GEMV_MAX_T : 1];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = blockIdx.x * WARPS + warp;
     if (threadIdx.x < WARPS) block_arrivals[threadIdx.x] = 0u;  // read after the staging's barrier
     const int tiles = p.in / LQ_TILE_COLS, per_strip = (tiles + LQ_GROUP - 1) / LQ_GROUP;
@@ -286,6 +347,11 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     } else {
         lq_stage_x_from<LqXSource::Global>(xs, start, p.x, p.T, p.in, lq_code_centre<BITS>(), threadIdx.x,
                                            blockDim.x);
+        if constexpr (IN == LqIn::Prenormed)  // the last warps, which have the fewest items to stage
+            for (int t = WARPS - 1 - warp; t < p.T; t += WARPS) {
+                const float inv = lq_token_inv(p, t, lane);
+                if (lane == 0) token_inv[t] = inv;
+            }
     }
     __syncthreads();
     timeline_mark(TL_STAGED);
@@ -303,7 +369,8 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
         ++g;
         if (strip_ends || g == g_end) {
             lq_finish_strip<WARPS, OutT, OUT>(p, split, w, strip, seg_begin == 0 && strip_ends, first_strip, lane, acc,
-                                       block_pieces, block_arrivals);
+                                              block_pieces, block_arrivals,
+                                              IN == LqIn::Prenormed ? token_inv : nullptr);
             acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
             first_strip = false;
             seg_begin = 0;
@@ -449,6 +516,11 @@ void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t s
         q.x = p.x ? p.x + size_t(t0) * p.in : nullptr;
         q.y = p.y ? static_cast<OutT*>(p.y) + size_t(t0) * p.out : nullptr;
         for (int i = 0; i < p.parts.n; ++i) q.parts.dst[i] += size_t(t0) * (p.parts.first[i + 1] - p.parts.first[i]);
+        if (OUT == LqOut::AddToResidualPrenorm) {
+            q.pre.rows += size_t(t0) * p.out;
+            q.pre.strip_squares += size_t(t0) * (p.out / LQ_TILE_ROWS);
+        }
+        if (IN == LqIn::Prenormed) q.strip_squares += size_t(t0) * (p.in / LQ_TILE_ROWS);
         q.T = std::min(group, p.T - t0);
         switch (bits) {
             case 4: launch_gemv_lq<4, OutT, IN, OUT>(op, q, stream); break;
@@ -480,6 +552,28 @@ template <class OutT>
 void gemv_lq_normed(const uint8_t* W, int bits, const ResidualNorm& x, OutT* y, int out, int in, cudaStream_t stream) {
     require(x.residual && x.weight, "gemv_lq_normed", "needs the residual row and the norm weight");
     run_gemv_lq<OutT, LqIn::NormedResidual>("gemv_lq_normed", bits, {W, nullptr, y, 1, out, in, 0, 0, x, {}}, stream);
+}
+
+void gemv_lq_add_residual_prenorm(const uint8_t* W, int bits, const bf16* x, float* residual, const Prenorm& next,
+                                  int T, int out, int in, cudaStream_t stream) {
+    const char* op = "gemv_lq_add_residual_prenorm";
+    require(x && residual && next.weight && next.rows && next.strip_squares, op,
+            "needs x, the residual rows, the next norm's weight, its prenormed rows and strip sums");
+    GemvLqParams p{W, x, residual, T, out, in, 0, 0, {}, {}};
+    p.pre = next;
+    run_gemv_lq<float, LqIn::X, LqOut::AddToResidualPrenorm>(op, bits, p, stream);
+}
+
+void gemv_lq_prenormed(const uint8_t* W, int bits, const PrenormedRows& x, bf16* y, const RowParts& parts, int T,
+                       int out, int in, cudaStream_t stream) {
+    const char* op = "gemv_lq_prenormed";
+    require(x.rows && x.strip_squares && (y || parts.n > 0), op, "needs the prenormed rows, their strip sums and y");
+    require(parts.n >= 0 && parts.n <= RowParts::MAX && parts.first[parts.n] <= out, op,
+            "needs 0..4 parts within the " + std::to_string(out) + " rows");
+    GemvLqParams p{W, x.rows, parts.n ? nullptr : y, T, out, in, 0, 0, {}, parts};
+    p.strip_squares = x.strip_squares;
+    p.eps = x.eps;
+    run_gemv_lq<bf16, LqIn::Prenormed>(op, bits, p, stream);
 }
 
 void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int out, int in,

@@ -1,7 +1,8 @@
 // linear.cu - the weight-format seam's dispatch (contract in linear.h): T <= GEMV_MAX_T goes to
 // the GEMV kernel of the weights' format, larger T to its tensor-core GEMM; T == 0 is a no-op. The
 // decode step's folded forms (one token) are the GEMVs' normed / add-residual forms; the row parts
-// of a verify window's fused projections are the GEMVs' parts forms.
+// of a verify window's fused projections are the GEMVs' parts forms; the prenormed forms (a norm
+// carried between two blocks in halves) exist for LQ weights only.
 #include "kernels/launch_utils.cuh"
 #include "kernels/linear.h"
 #include "kernels/matmul.cuh"
@@ -71,6 +72,20 @@ void linear_forward_normed(const Linear& W, const ResidualNorm& x, bf16* y, cuda
 
 void linear_forward_normed_f32(const Linear& W, const ResidualNorm& x, float* y, cudaStream_t stream) {
     normed_dispatch(W, x, y, stream);
+}
+
+void linear_forward_add_residual_prenorm(const Linear& W, const bf16* x, float* residual, const Prenorm& next, int T,
+                                         cudaStream_t stream) {
+    check_weight(W);
+    require(W.format == WeightFormat::LQ, "linear_forward_add_residual_prenorm", "needs LQ weights");
+    gemv_lq_add_residual_prenorm(static_cast<const uint8_t*>(W.data), W.bits, x, residual, next, T, W.out, W.in, stream);
+}
+
+void linear_forward_prenormed(const Linear& W, const PrenormedRows& x, bf16* y, const RowParts& parts, int T,
+                              cudaStream_t stream) {
+    check_weight(W);
+    require(W.format == WeightFormat::LQ, "linear_forward_prenormed", "needs LQ weights");
+    gemv_lq_prenormed(static_cast<const uint8_t*>(W.data), W.bits, x, y, parts, T, W.out, W.in, stream);
 }
 
 void linear_forward_add_residual(const Linear& W, const bf16* x, float* residual, cudaStream_t stream, bool set) {
