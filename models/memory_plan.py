@@ -66,7 +66,7 @@ def activation_bytes_per_token(cfg: ModelConfig, mtp: bool = False) -> dict[str,
     """Live activation bytes per prefill token, by buffer (bf16 = 2 B, fp32 = 4 B). Buffers are
     reused across layers, so each term is the widest layer kind's need:
     - residual: the residual stream in fp32 and the sublayer output added to it (2 × 4H);
-    - normed: the normed sublayer input, bf16 (2H);
+    - normed: the normed sublayer input, bf16, and its strip sums of squares, fp32 per 16 (2H + H/4);
     - projections: mixer input projections, bf16: GDN qkv + z + a + b, or attention q|gate + k + v;
     - mixer: fp32 mixer internals: GDN conv output + core output, or the attention output;
     - gdn_chunk: chunked delta-rule workspace per V head: a C×C block, U [C, dv], W [C, dk] per C tokens;
@@ -83,7 +83,7 @@ def activation_bytes_per_token(cfg: ModelConfig, mtp: bool = False) -> dict[str,
         ffn = 2 * 3 * cfg.intermediate_size
     return {
         "residual": 2 * 4 * h,
-        "normed": 2 * h,
+        "normed": 2 * h + h // 4,
         "projections": 2 * max(cfg.gdn_proj_rows, cfg.attn_proj_rows),
         "mixer": 4 * max(cfg.conv_dim + cfg.value_dim, cfg.attn_inner),
         "gdn_chunk": 4 * cfg.linear_num_value_heads * (GDN_CHUNK + cfg.linear_key_head_dim + cfg.linear_value_head_dim),
