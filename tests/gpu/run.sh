@@ -131,6 +131,14 @@ fi
 export LAMPO_COMMIT
 T0=$(date +%s)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
+# Every mode but quick/full leaves $OUT as results.tgz + summary.txt (the device returns at most 8
+# files), also when a `timeout` around this script stops it: SIGTERM packs what is there first.
+pack_out() {
+  [ "$MODE" != quick ] && [ "$MODE" != full ] && [ ! -f "$OUT/results.tgz" ] || return 0
+  (cd "$OUT" && tar czf "$WORK/results.tgz" --exclude=results.tgz . && mv "$WORK/results.tgz" "$OUT/results.tgz" \
+     && find . -mindepth 1 ! -name results.tgz ! -name summary.txt -delete)
+}
+trap 'log "stopped by a signal: packing what is there"; pack_out; exit 124' TERM INT
 
 log "mode $MODE, commit $LAMPO_COMMIT, engine sources $ENGINE_SOURCES, $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null)"
 
@@ -490,8 +498,5 @@ for f in "$OUT"/bench/*.txt; do
   echo "================ $(basename "$f" .txt) ================"
   tail -45 "$f"
 done
-if [ "$MODE" != quick ] && [ "$MODE" != full ]; then
-  (cd "$OUT" && tar czf "$WORK/results.tgz" --exclude=results.tgz . && mv "$WORK/results.tgz" "$OUT/results.tgz" \
-     && find . -mindepth 1 ! -name results.tgz ! -name summary.txt -delete)
-fi
+pack_out
 log "done"
