@@ -149,7 +149,7 @@ struct Workspace {
     float* residual = nullptr;   // [T, H] fp32 residual stream
     bf16* normed = nullptr;      // [T, H] pre-norm output, input of every mixer / FFN (prenormed
                                  // rows where the norms are carried in halves: linear.h Prenorm)
-    float* norm_squares = nullptr;  // [T, H / 16] their strip sums of squares (Prenorm)
+    float* norm_squares = nullptr;  // [T, H / PRENORM_STRIP] their strip sums of squares (Prenorm)
     bf16* fused = nullptr;       // [T, padded rows] product of a fused projection (T > 1)
     bf16* proj = nullptr;        // its parts, each [T, width] (see project_parts); FFN gate|up
     bf16* q = nullptr;           // [T, nq, D]

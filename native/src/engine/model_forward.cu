@@ -83,7 +83,7 @@ WorkspaceLayout workspace_layout(const ModelDims& d, int max_tokens, int context
     l.buffers = {
         {"residual", T * H * 4},
         {"normed", T * H * b16},
-        {"norm_squares", T * (H / 16) * 4},
+        {"norm_squares", T * (H / PRENORM_STRIP) * 4},
         {"fused", T > 1 ? T * fused_w * b16 : 0},
         {"proj", T * proj_w * b16},
         {"q", T * d.attn_width() * b16},

@@ -82,19 +82,20 @@ void linear_forward_add_residual(const Linear& W, const __nv_bfloat16* x, float*
 // window's tokens take them as the step's token does):
 // - the output projection adds its rounded rows into the residual [T, W.out] (as above, for T
 //   tokens) and writes, for the norm that follows, the prenormed rows bf16(r * (1 + weight)) and per
-//   token and strip of 16 rows the sum of the new residual's squares (Prenorm);
+//   token and strip of PRENORM_STRIP rows the sum of the new residual's squares (Prenorm);
 // - the next input projection takes the prenormed rows as x and scales each token's sums by
 //   inv_t = rsqrt((sum of its strips' squares, in strip order) / n + eps) before rounding:
 //   y = bf16(inv_t * (x_t @ W^T)) (PrenormedRows). Against rmsnorm then the product, only x's
 //   rounding differs (it is rounded before inv_t is applied, not after).
+constexpr int PRENORM_STRIP = 16;  // rows per strip sum (an LQ tile's rows)
 struct Prenorm {
     const __nv_bfloat16* weight = nullptr;  // [W.out] the next norm's zero-centred weight
     __nv_bfloat16* rows = nullptr;          // [T, W.out] bf16(residual * (1 + weight))
-    float* strip_squares = nullptr;         // [T, W.out / 16]
+    float* strip_squares = nullptr;         // [T, W.out / PRENORM_STRIP]
 };
 struct PrenormedRows {
     const __nv_bfloat16* rows = nullptr;    // [T, W.in]
-    const float* strip_squares = nullptr;   // [T, W.in / 16]
+    const float* strip_squares = nullptr;   // [T, W.in / PRENORM_STRIP]
     float eps = 1e-6f;
 };
 void linear_forward_add_residual_prenorm(const Linear& W, const __nv_bfloat16* x, float* residual,

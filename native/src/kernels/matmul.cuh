@@ -21,6 +21,8 @@ void gemv_bf16_normed(const bf16* W, const ResidualNorm& x, OutT* y, int out, in
 void gemv_bf16_add_residual(const bf16* W, const bf16* x, float* residual, int out, int in, cudaStream_t stream,
                             bool set = false);
 // The bf16 product of gemv_bf16 stored as row parts (linear.h RowParts).
+// The check of both GEMVs' parts forms: min_n..RowParts::MAX parts within the `out` rows (gemv.cu).
+void require_row_parts(const char* op, const RowParts& parts, int min_n, int out);
 void gemv_bf16_parts(const bf16* W, const bf16* x, const RowParts& parts, int T, int out, int in, cudaStream_t stream);
 
 template <class OutT>

@@ -250,9 +250,14 @@ void gemv_bf16(const bf16* W, const bf16* x, OutT* y, int T, int out, int in, cu
     run_gemv<OutT>({W, x, y, out, in, 1, {}, {}}, T, stream);
 }
 
+void require_row_parts(const char* op, const RowParts& parts, int min_n, int out) {
+    require(parts.n >= min_n && parts.n <= RowParts::MAX && parts.first[parts.n] <= out, op,
+            "needs " + std::to_string(min_n) + ".." + std::to_string(RowParts::MAX) + " parts within the " +
+                std::to_string(out) + " rows");
+}
+
 void gemv_bf16_parts(const bf16* W, const bf16* x, const RowParts& parts, int T, int out, int in, cudaStream_t stream) {
-    require(parts.n >= 1 && parts.n <= RowParts::MAX && parts.first[parts.n] <= out, "gemv_parts",
-            "needs 1..4 parts within the " + std::to_string(out) + " rows");
+    require_row_parts("gemv_parts", parts, 1, out);
     run_gemv<bf16>({W, x, nullptr, out, in, 1, {}, parts}, T, stream);
 }
 

@@ -12,8 +12,8 @@
 // once in fragment order (blocks of LQ_WARPS warps, or LQ_WIDE_WARPS for a large product).
 // On sm_90+ a GEMV brings each warp's groups into shared memory by bulk copies instead (the ring
 // form, gemv_lq_kernel: the same tiles in the same order, the same sums) unless it gives a warp
-// more than LQ_RING_MAX_GROUPS groups (an LM head; lq_ring_slots). A strip that lies wholly in one warp's range is written by that warp;
-// a strip cut between warps gets one partial sum per warp (its C fragment, in a slot: 0 for the
+// more than LQ_RING_MAX_GROUPS groups (an LM head; lq_ring_slots). A strip that lies wholly in
+// one warp's range is written by that warp; a strip cut between warps gets one partial sum per warp (its C fragment, in a slot: 0 for the
 // warp's first strip, 1 for its last), and the warp that arrives last at the strip's counter adds
 // the pieces in warp order (deterministic) and writes the rows, then resets the counter. The slots
 // and counters are the block's shared memory when the strip's warps are all in one block (small
@@ -98,6 +98,8 @@ constexpr bool LQ_RING_ARCH = true;
 __device__ float4 lq_split_pieces[LQ_SPLIT_MAX_WARPS * 2 * 32];
 __device__ unsigned lq_split_arrivals[LQ_SPLIT_MAX_STRIPS];
 
+static_assert(PRENORM_STRIP == LQ_TILE_ROWS, "a strip sum of squares is one strip's rows");
+
 enum class LqIn { X, NormedResidual, Prenormed };
 enum class LqOut { Store, AddToResidual, SetResidual, AddToResidualPrenorm };
 
@@ -161,14 +163,14 @@ __device__ __forceinline__ void lq_store_prenorm(const GemvLqParams& p, int stri
         even += __shfl_xor_sync(0xffffffffu, even, o);
         odd += __shfl_xor_sync(0xffffffffu, odd, o);
     }
-    const int strips = p.out / LQ_TILE_ROWS;
+    const int strips = p.out / PRENORM_STRIP;
     if (g == 0 && 2 * quad < p.T) p.pre.strip_squares[2 * quad * strips + strip] = even;
     if (g == 0 && 2 * quad + 1 < p.T) p.pre.strip_squares[(2 * quad + 1) * strips + strip] = odd;
 }
 
 // Prenormed: inv of token t (lane 0 of the warp that sums it; linear.h PrenormedRows).
 __device__ __forceinline__ float lq_token_inv(const GemvLqParams& p, int t, int lane) {
-    const int strips = p.in / LQ_TILE_ROWS;
+    const int strips = p.in / PRENORM_STRIP;
     const float* squares = p.strip_squares + size_t(t) * strips;
     float sum = 0.0f;
 #pragma unroll 4
@@ -518,9 +520,9 @@ void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t s
         for (int i = 0; i < p.parts.n; ++i) q.parts.dst[i] += size_t(t0) * (p.parts.first[i + 1] - p.parts.first[i]);
         if (OUT == LqOut::AddToResidualPrenorm) {
             q.pre.rows += size_t(t0) * p.out;
-            q.pre.strip_squares += size_t(t0) * (p.out / LQ_TILE_ROWS);
+            q.pre.strip_squares += size_t(t0) * (p.out / PRENORM_STRIP);
         }
-        if (IN == LqIn::Prenormed) q.strip_squares += size_t(t0) * (p.in / LQ_TILE_ROWS);
+        if (IN == LqIn::Prenormed) q.strip_squares += size_t(t0) * (p.in / PRENORM_STRIP);
         q.T = std::min(group, p.T - t0);
         switch (bits) {
             case 4: launch_gemv_lq<4, OutT, IN, OUT>(op, q, stream); break;
@@ -543,8 +545,7 @@ void gemv_lq(const uint8_t* W, int bits, const bf16* x, OutT* y, int T, int out,
 
 void gemv_lq_parts(const uint8_t* W, int bits, const bf16* x, const RowParts& parts, int T, int out, int in,
                    cudaStream_t stream) {
-    require(parts.n >= 1 && parts.n <= RowParts::MAX && parts.first[parts.n] <= out, "gemv_lq_parts",
-            "needs 1..4 parts within the " + std::to_string(out) + " rows");
+    require_row_parts("gemv_lq_parts", parts, 1, out);
     run_gemv_lq<bf16>("gemv_lq_parts", bits, {W, x, nullptr, T, out, in, 0, 0, {}, parts}, stream);
 }
 
@@ -568,8 +569,7 @@ void gemv_lq_prenormed(const uint8_t* W, int bits, const PrenormedRows& x, bf16*
                        int out, int in, cudaStream_t stream) {
     const char* op = "gemv_lq_prenormed";
     require(x.rows && x.strip_squares && (y || parts.n > 0), op, "needs the prenormed rows, their strip sums and y");
-    require(parts.n >= 0 && parts.n <= RowParts::MAX && parts.first[parts.n] <= out, op,
-            "needs 0..4 parts within the " + std::to_string(out) + " rows");
+    require_row_parts(op, parts, 0, out);
     GemvLqParams p{W, x.rows, parts.n ? nullptr : y, T, out, in, 0, 0, {}, parts};
     p.strip_squares = x.strip_squares;
     p.eps = x.eps;
