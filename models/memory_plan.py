@@ -31,6 +31,7 @@ KV_FORMATS = ("int8", "bf16")
 KV_SCALE_GROUP = 64  # int8 KV: one fp16 scale per this many values of a head row
 DEFAULT_PREFILL_CHUNK = 2048
 GDN_CHUNK = 64  # chunked gated-delta-rule block length
+PRENORM_STRIP = 16  # rows per fp32 strip sum of squares of the normed rows (linear.h PRENORM_STRIP)
 CUDA_GRAPHS_BYTES = 64 * MIB
 RUNTIME_RESERVE_BYTES = 256 * MIB
 CONTEXT_STEP = 1024  # suggested contexts are multiples of this
@@ -83,7 +84,7 @@ def activation_bytes_per_token(cfg: ModelConfig, mtp: bool = False) -> dict[str,
         ffn = 2 * 3 * cfg.intermediate_size
     return {
         "residual": 2 * 4 * h,
-        "normed": 2 * h + h // 4,
+        "normed": 2 * h + 4 * (h // PRENORM_STRIP),
         "projections": 2 * max(cfg.gdn_proj_rows, cfg.attn_proj_rows),
         "mixer": 4 * max(cfg.conv_dim + cfg.value_dim, cfg.attn_inner),
         "gdn_chunk": 4 * cfg.linear_num_value_heads * (GDN_CHUNK + cfg.linear_key_head_dim + cfg.linear_value_head_dim),

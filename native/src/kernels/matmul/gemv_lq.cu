@@ -13,11 +13,12 @@
 // On sm_90+ a GEMV brings each warp's groups into shared memory by bulk copies instead (the ring
 // form, gemv_lq_kernel: the same tiles in the same order, the same sums) unless it gives a warp
 // more than LQ_RING_MAX_GROUPS groups (an LM head; lq_ring_slots). A strip that lies wholly in
-// one warp's range is written by that warp; a strip cut between warps gets one partial sum per warp (its C fragment, in a slot: 0 for the
-// warp's first strip, 1 for its last), and the warp that arrives last at the strip's counter adds
-// the pieces in warp order (deterministic) and writes the rows, then resets the counter. The slots
-// and counters are the block's shared memory when the strip's warps are all in one block (small
-// matrices), else a device scratch (fenced device-wide; its counters stay zero between launches).
+// one warp's range is written by that warp; a strip cut between warps gets one partial sum per
+// warp (its C fragment, in a slot: 0 for the warp's first strip, 1 for its last), and the warp
+// that arrives last at the strip's counter adds the pieces in warp order (deterministic) and
+// writes the rows, then resets the counter. The slots and counters are the block's shared memory
+// when the strip's warps are all in one block (small matrices), else a device scratch (fenced
+// device-wide; its counters stay zero between launches).
 // Every weight byte is read once and serves all T tokens. Launched with PDL: the first group is
 // requested before the wait (weights are immutable); the scratch and counters are touched only
 // after it, so consecutive launches never share them. The ring form lets the next kernel launch
@@ -518,11 +519,11 @@ void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t s
         q.x = p.x ? p.x + size_t(t0) * p.in : nullptr;
         q.y = p.y ? static_cast<OutT*>(p.y) + size_t(t0) * p.out : nullptr;
         for (int i = 0; i < p.parts.n; ++i) q.parts.dst[i] += size_t(t0) * (p.parts.first[i + 1] - p.parts.first[i]);
-        if (OUT == LqOut::AddToResidualPrenorm) {
+        if constexpr (OUT == LqOut::AddToResidualPrenorm) {
             q.pre.rows += size_t(t0) * p.out;
             q.pre.strip_squares += size_t(t0) * (p.out / PRENORM_STRIP);
         }
-        if (IN == LqIn::Prenormed) q.strip_squares += size_t(t0) * (p.in / PRENORM_STRIP);
+        if constexpr (IN == LqIn::Prenormed) q.strip_squares += size_t(t0) * (p.in / PRENORM_STRIP);
         q.T = std::min(group, p.T - t0);
         switch (bits) {
             case 4: launch_gemv_lq<4, OutT, IN, OUT>(op, q, stream); break;
