@@ -19,7 +19,8 @@
 //    128 (j / 16) + 16 n + j % 16, so lane (r, c) reads 16 contiguous bytes of each of its keys.
 //  INT8 -> fp16 is exact (magic-number trick, 0x6400 | (q ^ 0x80) = 1152 + q), then one fp16
 //  multiply by the scale (single rounding); p in [0, 1] as fp16. Softmax is in fp32, base 2.
-// At the end the KG warps of an M-tile merge (max, sum, output) through shared memory.
+// At the end the KG warps of an M-tile merge (max, sum, output) through shared memory, over the Q
+// fragments and the pipeline that no warp reads any more.
 // Decode blocks read d_pos and issue the INT8 rows of their leading tiles (up to STAGES) that hold
 // only keys of earlier forward passes before the PDL wait (the rule in common.cuh).
 #pragma once
@@ -38,7 +39,7 @@ constexpr int KEYS = 64;               // keys per pipeline stage
 constexpr int MAX_ROWS = 64;           // query rows per block
 constexpr int GROUPS = D / KV_GROUP;   // scale groups per row (4)
 constexpr int STAGE_BYTES = 2 * KEYS * D + 2 * KEYS * GROUPS * 2;
-// Pipeline stages. Two keep a decode block at 75.5 KiB: with three (107 KiB) the kernels queued
+// Pipeline stages. Two keep a decode block at 74 KiB: with three (107 KiB) the kernels queued
 // behind it in the decode step found no room beside its blocks (35B-A3B step 2.371 vs 2.326 ms at
 // 8,192; docs/design/kernels-core.md), and prefill fits two blocks per SM.
 constexpr int STAGES = 2;
@@ -79,10 +80,13 @@ __host__ __device__ constexpr int merge_bytes(int mt, int kg) {
     return kg * mt * 16 * (MERGE_STRIDE + 2) * 4;
 }
 
+// The Q fragments and the pipeline, or the merge area laid over both once the key loop is done:
+// 98 KiB for the prefill's four M-tiles, under the 99 KiB a block may have on sm_86 / sm_89 /
+// sm_120 (the merge after the pipeline alone would take 99.5).
 __host__ inline size_t smem_bytes(int mt, int kg) {
-    const int pipeline = STAGES * STAGE_BYTES;
+    const int loop = mt * QFRAG_BYTES + STAGES * STAGE_BYTES;
     const int merge = merge_bytes(mt, kg);
-    return size_t(mt) * QFRAG_BYTES + size_t(pipeline > merge ? pipeline : merge);
+    return size_t(loop > merge ? loop : merge);
 }
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
@@ -379,7 +383,7 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
         s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 1);
         s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 2);
     }
-    float* mo = reinterpret_cast<float*>(pipe);        // [KG][MT*16][MERGE_STRIDE]
+    float* mo = reinterpret_cast<float*>(smem);        // [KG][MT*16][MERGE_STRIDE], over Q and the pipeline
     float* mml = mo + KG * MT * 16 * MERGE_STRIDE;     // [KG][MT*16][2]
     const int c = lane & 3;
     {
