@@ -1,4 +1,4 @@
-"""The `lampo` command line: `chat` (the default), `info`, `bench`, `convert`.
+"""The `lampo` command line: `chat` (the default), `info`, `bench`, `convert`, `check`.
 
 Each subcommand's module is imported only when it runs, so `lampo info` never loads Textual and the
 CPU-only install never touches the CUDA extension unless asked to.
@@ -10,7 +10,8 @@ import argparse
 import os
 import sys
 
-SUBCOMMANDS = ("chat", "info", "bench", "convert")
+REPORTS = ("info", "bench", "convert", "check")  # subcommands that own their options
+SUBCOMMANDS = ("chat", *REPORTS)
 
 
 def context_tokens(text: str) -> int:
@@ -79,11 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Lampo: a terminal chat for Qwen3.6 on one NVIDIA GPU. "
         "With no subcommand, starts the chat.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{chat,info,bench,convert}")
+    sub = parser.add_subparsers(dest="command", metavar="{chat,info,bench,convert,check}")
     _chat_parser(sub)
     sub.add_parser("info", help="model shape, parameter counts and the memory plan (lampo info -h)")
     sub.add_parser("bench", help="measure prefill and decode speed (lampo bench -h)")
     sub.add_parser("convert", help="write the ~5 bpw checkpoint of a bf16 one (lampo convert -h)")
+    sub.add_parser("check", help="the CUDA engine on this GPU against the numpy reference (lampo check -h)")
     return parser
 
 
@@ -105,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     # spinning than computing on them (95 vs 11 tok/s for the demo on a 2-core box). Before numpy
     # is first imported; an explicit setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    # `info`, `bench` and `convert` own their options (argparse.REMAINDER would not pass "--flags" through).
-    if argv and argv[0] in ("info", "bench", "convert"):
+    # The reports own their options (argparse.REMAINDER would not pass "--flags" through).
+    if argv and argv[0] in REPORTS:
         return _report(argv[0], argv[1:])
     if not argv or (argv[0] not in SUBCOMMANDS and argv[0] not in ("-h", "--help")):
         argv = ["chat", *argv]

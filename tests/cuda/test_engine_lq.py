@@ -21,9 +21,10 @@ import pytest
 from lampo.engine.cuda import load_weights
 from lampo.models.checkpoint import Checkpoint, CheckpointError
 from lampo.models.presets import get_preset
-from lampo.models.quant import layout, quantizer
+from lampo.models.quant import layout
 from lampo.models.quant.convert import convert
 from lampo.models.quant.engine_formats import engine_tensor_bits, recipe_tensor_bits
+from lampo.models.quant.round_trip import quantized_weights
 from lampo.models.reference.ffn import Routing
 from lampo.models.reference.model import ReferenceModel
 from lampo.models.synthetic import write_checkpoint
@@ -71,16 +72,9 @@ def rows_against_reference(engine, ref: ReferenceModel, cfg, n_prompt=150, steps
 
 
 def quantized_reference(ck: Checkpoint, bits: dict[str, int]) -> ReferenceModel:
-    """The reference on the weights the numpy quantizer makes of each tensor in `bits` (a bank
-    expert by expert), the checkpoint's own elsewhere."""
-    weights = {}
-    for name in ck.names():
-        w = ck.tensor_f32(name)
-        if name in bits:
-            flat = w.reshape(-1, *w.shape[-2:])
-            w = np.stack([layout.values(*quantizer.quantize(m, bits[name]), bits[name]) for m in flat]).reshape(w.shape)
-        weights[name] = w
-    return ReferenceModel(ck.config, weights)
+    """The reference on the weights the numpy quantizer makes of each tensor in `bits`, the
+    checkpoint's own elsewhere."""
+    return ReferenceModel(ck.config, quantized_weights(ck, bits))
 
 
 @pytest.fixture(scope="module", params=["tiny-dense", "tiny-moe"])

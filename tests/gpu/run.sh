@@ -99,6 +99,7 @@
 #          8,192 / 65,536, decode at depths 0 / 8,192 / 65,536 / 262,144 by real prefill, and the
 #          --fast-depth variant of the 35B-A3B
 #
+# Every mode that runs the tests then runs `lampo check` (CHECK=0 leaves it out; $OUT/check.log, check.json).
 # Environment: OUT (default .gpu/out), LAMPO_GPU_TESTS (pytest paths, default tests/cuda),
 # LAMPO_COMMIT (recorded in the bench JSON; default HEAD, "+uncommitted (engine sources ID)" if the
 # tree differs), JOBS (build parallelism), TEST_TIMEOUT (seconds). Pure-Python dependencies missing
@@ -241,6 +242,11 @@ if [ "$MODE" = final ] || [ -n "${TESTS:-}" ]; then  # the engine's other decode
     log "pytest (LAMPO_DECODE_FUSION=$f) tests/cuda/test_engine.py exit $?: $(tail -1 "$OUT/pytest-fusion-$f.log")"
   done
 fi
+fi
+if [ -n "$RUN_TESTS" ] && [ "${CHECK:-1}" != 0 ]; then  # what a user runs on another GPU
+  log "lampo check"
+  LAMPO_HOME="$WORK/check-home" timeout 300 $PY -m lampo.check --json "$OUT/check.json" >"$OUT/check.log" 2>&1
+  log "lampo check exit $?: $(tail -1 "$OUT/check.log")"
 fi
 
 bench() {  # bench NAME SECONDS ARGS...   (each bench has its own time limit; the call has 600 s)

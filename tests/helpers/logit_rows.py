@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from lampo.models import logit_agreement
+
 REAL_VOCAB = 248_077
 MOE_MEDIAN, LOOSE = 6e-2, 0.6
 
 
 def rel_l2(got, want) -> float:
-    g, w = np.asarray(got, np.float64)[:REAL_VOCAB], np.asarray(want, np.float64)[:REAL_VOCAB]
-    return float(np.linalg.norm(g - w) / np.linalg.norm(w))
+    return logit_agreement.rel_l2(got, want, REAL_VOCAB)
 
 
 def assert_rows_agree(got_rows, want_rows, moe: bool, what: str, dense_tol: float):

@@ -23,6 +23,9 @@ PYBIND11_MODULE(_native, m) {
         return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
     }, "Number of CUDA devices visible (0 when no driver or GPU).");
 
+#ifdef LAMPO_CUDA_ARCHITECTURES
+    m.attr("cuda_architectures") = LAMPO_CUDA_ARCHITECTURES;  // CMake's list, e.g. "90a" or "86;120"
+#endif
     m.attr("timeline_built") = lampo::timeline_built();
     m.def("timeline_start", &lampo::timeline_start, py::arg("per_sm"),
           "Start recording block timestamps of every kernel (a LAMPO_TIMELINE=ON build only).");

@@ -418,8 +418,11 @@ void register_engine(py::module_& m) {
         d["sm_count"] = i.sm_count;
         d["compute_capability"] = std::to_string(i.cc_major) + "." + std::to_string(i.cc_minor);
         d["memory"] = i.memory;
+        d["device_code"] = std::to_string(i.code_arch / 10) + "." + std::to_string(i.code_arch % 10);
         return d;
-    }, "Name, SM count, compute capability and memory of the current device");
+    }, "Name, SM count, compute capability and memory of the current device, and the architecture "
+       "its device code was built for (older than the device's when the driver compiled the PTX of "
+       "an older build)");
     m.def("measure_copy_bandwidth", &measure_copy_bandwidth, py::arg("bytes") = size_t(1) << 30,
           py::arg("iters") = 10, py::call_guard<py::gil_scoped_release>(),
           "Device-to-device copy bandwidth in bytes/s (read + written)");

@@ -547,7 +547,7 @@ DeviceInfo device_info() {
     LAMPO_CUDA_CHECK(cudaGetDevice(&dev));
     cudaDeviceProp p;
     LAMPO_CUDA_CHECK(cudaGetDeviceProperties(&p, dev));
-    return DeviceInfo{p.name, p.multiProcessorCount, p.major, p.minor, p.totalGlobalMem};
+    return DeviceInfo{p.name, p.multiProcessorCount, p.major, p.minor, p.totalGlobalMem, device_code_arch()};
 }
 
 std::pair<size_t, size_t> mem_info() {

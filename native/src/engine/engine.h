@@ -268,6 +268,7 @@ struct DeviceInfo {
     int sm_count = 0;
     int cc_major = 0, cc_minor = 0;
     size_t memory = 0;
+    int code_arch = 0;  // the architecture the running device code was built for (device_code_arch)
 };
 DeviceInfo device_info();
 // Device memory (free, total) in bytes.

@@ -39,10 +39,17 @@ inline void allow_dynamic_smem(Kernel kernel, size_t bytes, const char* op) {
     LAMPO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-// Whether the device is sm_90 or newer (programmatic dependent launch, thread block clusters).
+// The virtual architecture the running device code was compiled for, major * 10 + minor (90 for a
+// build for sm_90 / sm_90a; 89 for a build for sm_89 that the driver compiled for a newer GPU from
+// its PTX). device_code.cu.
+int device_code_arch();
+
+// Whether the sm_90 forms may be launched (programmatic dependent launch, thread block clusters,
+// bulk copies): the device is sm_90 or newer and so is the code running on it (a kernel compiled
+// for an older architecture has no such instructions: its PDL wait would be no wait at all).
 // Decided once per process, like everything the launchers ask per launch.
 inline bool sm90_or_newer() {
-    static const bool yes = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+    static const bool yes = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 && device_code_arch() >= 90;
     return yes;
 }
 
