@@ -99,7 +99,10 @@
 #          8,192 / 65,536, decode at depths 0 / 8,192 / 65,536 / 262,144 by real prefill, and the
 #          --fast-depth variant of the 35B-A3B
 #
-# Every mode that runs the tests then runs `lampo check` (CHECK=0 leaves it out; $OUT/check.log, check.json).
+# Every mode that runs the tests then runs `lampo check` (CHECK=0 leaves it out; $OUT/check.log, check.json);
+# DESKTOP=1 then runs the engine tests (DESKTOP_TESTS) and `lampo check` again with the launchers'
+# choices of an sm_86 / sm_89 / sm_120 card: LAMPO_SM90=0 (no PDL, clusters, rings, fused GDN step,
+# wgmma GEMMs) and LAMPO_SMEM_OPTIN=101376 (99 KiB of shared memory a block).
 # Environment: OUT (default .gpu/out), LAMPO_GPU_TESTS (pytest paths, default tests/cuda),
 # LAMPO_COMMIT (recorded in the bench JSON; default HEAD, "+uncommitted (engine sources ID)" if the
 # tree differs), JOBS (build parallelism), TEST_TIMEOUT (seconds). Pure-Python dependencies missing
@@ -247,6 +250,16 @@ if [ -n "$RUN_TESTS" ] && [ "${CHECK:-1}" != 0 ]; then  # what a user runs on an
   log "lampo check"
   LAMPO_HOME="$WORK/check-home" timeout 300 $PY -m lampo.check --json "$OUT/check.json" >"$OUT/check.log" 2>&1
   log "lampo check exit $?: $(tail -1 "$OUT/check.log")"
+fi
+if [ -n "$RUN_TESTS" ] && [ "${DESKTOP:-0}" = 1 ]; then  # the launchers' choices of an sm_86 / sm_89 / sm_120 card
+  DESKTOP_TESTS=${DESKTOP_TESTS:-tests/cuda/test_engine.py tests/cuda/test_engine_lq.py tests/cuda/test_engine_verify.py tests/cuda/test_engine_mtp.py}
+  log "desktop forms (LAMPO_SM90=0 LAMPO_SMEM_OPTIN=101376): pytest -m cuda $DESKTOP_TESTS, lampo check"
+  LAMPO_SM90=0 LAMPO_SMEM_OPTIN=101376 timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda $DESKTOP_TESTS -q -rs \
+    -p no:cacheprovider >"$OUT/pytest-desktop.log" 2>&1
+  log "pytest (desktop forms) exit $?: $(tail -1 "$OUT/pytest-desktop.log")"
+  LAMPO_SM90=0 LAMPO_SMEM_OPTIN=101376 LAMPO_HOME="$WORK/check-home" timeout 300 $PY -m lampo.check \
+    --json "$OUT/check-desktop.json" >"$OUT/check-desktop.log" 2>&1
+  log "lampo check (desktop forms) exit $?: $(tail -1 "$OUT/check-desktop.log")"
 fi
 
 bench() {  # bench NAME SECONDS ARGS...   (each bench has its own time limit; the call has 600 s)

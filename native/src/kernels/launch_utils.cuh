@@ -4,6 +4,7 @@
 // the programmatic-dependent-launch wrapper every decode-step kernel goes out through.
 #pragma once
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 #include <utility>
@@ -26,8 +27,18 @@ inline int device_attribute(cudaDeviceAttr attr) {
 }
 
 inline int sm_count() { return device_attribute(cudaDevAttrMultiProcessorCount); }
+
+// Shared memory a block may opt in to; LAMPO_SMEM_OPTIN=BYTES lowers it (101376: the 99 KiB of an
+// sm_86 / sm_89 / sm_120 card), so an H200 runs the launchers' choices of a desktop GPU
+// (tests/gpu/run.sh DESKTOP=1). Decided once per process.
 inline size_t smem_optin_bytes() {
-    return size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+    static const size_t bytes = [] {
+        size_t limit = size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+        const char* cap = std::getenv("LAMPO_SMEM_OPTIN");
+        if (cap && *cap) limit = std::min(limit, size_t(std::strtoull(cap, nullptr, 10)));
+        return limit;
+    }();
+    return bytes;
 }
 
 // Allow a kernel to use `bytes` of dynamic shared memory (needed above 48 KiB).
@@ -46,10 +57,15 @@ int device_code_arch();
 
 // Whether the sm_90 forms may be launched (programmatic dependent launch, thread block clusters,
 // bulk copies): the device is sm_90 or newer and so is the code running on it (a kernel compiled
-// for an older architecture has no such instructions: its PDL wait would be no wait at all).
+// for an older architecture has no such instructions: its PDL wait would be no wait at all), and
+// the environment does not set LAMPO_SM90=0 (the forms of older GPUs on an H200, for tests).
 // Decided once per process, like everything the launchers ask per launch.
 inline bool sm90_or_newer() {
-    static const bool yes = device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 && device_code_arch() >= 90;
+    static const bool yes = [] {
+        const char* env = std::getenv("LAMPO_SM90");
+        if (env && std::string(env) == "0") return false;
+        return device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 && device_code_arch() >= 90;
+    }();
     return yes;
 }
 

@@ -281,7 +281,7 @@ bool gemm_lq_sm90_usable(const void* W, const void* x, const void* y) {
     if (mode && *mode == '0') return false;
     const bool aligned =
         (reinterpret_cast<uintptr_t>(W) | reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(y)) % 16 == 0;
-    return aligned && device_attribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
+    return aligned && sm90_or_newer() && device_attribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
            device_attribute(cudaDevAttrComputeCapabilityMinor) == 0;
 }
 

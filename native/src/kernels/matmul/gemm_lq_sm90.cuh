@@ -2,7 +2,8 @@
 // weights dequantized in registers as the A operand. The kernel exists only when CMake compiles
 // for sm_90a (LAMPO_GEMM_SM90A); gemm_lq (gemm_lq.cu) falls back to its mma.sync kernel otherwise.
 //   gemm_lq_takes_sm90(T): whether gemm_lq hands a product of T tokens to gemm_lq_sm90 (given
-//     16-byte aligned pointers): compiled in, a compute capability 9.0 device, and
+//     16-byte aligned pointers): compiled in, a compute capability 9.0 device (LAMPO_SM90 not
+//     "0": launch_utils.cuh), and
 //     LAMPO_GEMM_LQ_SM90 unset (T >= GEMM_LQ_SM90_MIN_T), "1" (any T) or "0" (never; so is
 //     LAMPO_GEMM_PORTABLE=1). The environment is read on every call (tests switch it).
 //   gemm_lq_sm90_usable: the device and environment part of that, plus W, x, y 16-byte aligned.

@@ -134,7 +134,7 @@ bool gemm_sm90_usable(const bf16* W, const bf16* x) {
     const char* portable = std::getenv("LAMPO_GEMM_PORTABLE");
     if (portable && *portable && *portable != '0') return false;
     const bool aligned = (reinterpret_cast<uintptr_t>(W) | reinterpret_cast<uintptr_t>(x)) % 16 == 0;
-    return aligned && device_attribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
+    return aligned && sm90_or_newer() && device_attribute(cudaDevAttrComputeCapabilityMajor) == 9 &&
            device_attribute(cudaDevAttrComputeCapabilityMinor) == 0;
 }
 
