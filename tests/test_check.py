@@ -11,26 +11,31 @@ import pytest
 
 from lampo import check, cli
 from lampo.engine.cuda import EngineUnavailable
+from lampo.engine.protocol import Done, Stats
 from lampo.models.bf16 import from_bf16
 from lampo.models.presets import get_preset
-from lampo.models.quant.quality import synthetic_weights
 from lampo.models.quant.round_trip import round_trip
 from lampo.models.reference.ffn import Routing
 from lampo.models.reference.model import ReferenceModel
-from lampo.models.synthetic import write_checkpoint
+from lampo.models.synthetic import synthetic_tensor, write_checkpoint
 from lampo.models.tensor_specs import expected_tensors
+
+
+def synthetic_weights(cfg, seed):
+    """Every tensor of the model, the MTP layer's included, as `write_checkpoint` stores them."""
+    return {n: synthetic_tensor(n, spec, seed) for n, spec in expected_tensors(cfg, include_mtp=True).items()}
 
 
 class ReferenceEngine:
     """The calls `lampo check` makes of a CUDA engine, answered by the numpy reference. `noise`
-    perturbs every row, `step_noise` only the graphed decode steps, `wrong_experts` shifts the
-    reported routing by one expert."""
+    perturbs every row (MTP drafts' too), `step_noise` only the graphed decode steps,
+    `wrong_experts` shifts the reported routing by one expert."""
 
     def __init__(self, cfg, weights, noise=0.0, step_noise=0.0, wrong_experts=False):
-        self.cfg, self.ref = cfg, ReferenceModel(cfg, weights)
+        self.cfg, self.ref, self.drafter = cfg, ReferenceModel(cfg, weights), ReferenceModel(cfg, weights)
         self.noise, self.step_noise, self.wrong_experts = noise, step_noise, wrong_experts
         self.rng = np.random.default_rng(7)
-        self.slots, self.chosen, self.row = {}, None, None
+        self.slots, self.chosen, self.row, self.fed = {}, None, None, []
 
     def _out(self, row, noise):
         row = np.array(row, np.float32)
@@ -41,6 +46,7 @@ class ReferenceEngine:
 
     def reset(self):
         self.ref.reset()
+        self.fed = []
 
     def set_sampling(self, *params):
         pass
@@ -51,13 +57,22 @@ class ReferenceEngine:
     def prefill(self, ids, last):
         routing = Routing()
         row = self.ref.prefill(list(ids), last_only=True, routing=routing)
+        self.fed += [int(t) for t in ids]
         if routing.chosen:
             chosen = np.stack(routing.chosen)
             self.chosen = (chosen + 1) % self.cfg.num_experts if self.wrong_experts else chosen
         return self._out(row, self.noise)
 
     def decode(self, token):
+        self.fed.append(int(token))
         return self._out(self.ref.decode(int(token)), self.noise + self.step_noise)
+
+    def mtp_draft(self, token, k):
+        drafts = []
+        for _ in range(k):  # each draft the argmax of its chain step, as the engine's greedy chain
+            row = self.drafter.mtp_chain(self.fed, token, [*drafts, 0])[-1]
+            drafts.append(self._out(row, self.noise))
+        return drafts
 
     def routing(self):
         return self.chosen
@@ -66,19 +81,21 @@ class ReferenceEngine:
         return self.row
 
     def snapshot(self, slot):
-        self.slots[slot] = self.ref.snapshot()
+        self.slots[slot] = (self.ref.snapshot(), list(self.fed))
 
     def restore(self, slot):
-        self.ref.restore(self.slots[slot])
+        snap, self.fed = self.slots[slot]
+        self.ref.restore(snap)
+        self.fed = list(self.fed)
 
 
 class LoadedEngine(ReferenceEngine):
     """A faithful engine as `run_case` makes one: built by the native module's Engine call, fed by
     `load_weights`, quantizing the tensors its `bits` name while they load (as the GPU does)."""
 
-    def __init__(self, cfg, names, bits, *, context_max, prefill_chunk, snapshot_slots):
+    def __init__(self, cfg, names, bits, *, context_max, prefill_chunk, snapshot_slots, verify_rows):
         self.cfg, self.bits, self.weights, self.recording = cfg, dict(bits), {}, []
-        self.specs = expected_tensors(cfg, include_mtp=False)
+        self.specs = expected_tensors(cfg, include_mtp=True)
 
     def weight_specs(self):
         return [(n, s.shape, s.dtype) for n, s in self.specs.items()]
@@ -105,20 +122,21 @@ class LoadingNative:
 @pytest.mark.parametrize("preset", ["tiny-dense", "tiny-moe"])
 def test_a_case_end_to_end_on_a_written_checkpoint(preset, tmp_path, monkeypatch):
     """bf16 and q5: the oracle gets the weights the engine computes with (the numpy quantizer's
-    round trip for q5), so a faithful engine's rows agree to rounding, not to the quantization
-    error, and the speculative check gets the case's directory and weights."""
+    round trip for q5, the MTP layer's included), so a faithful engine's rows agree to rounding,
+    not to the quantization error, and the speculative check gets the case's directory and weights."""
     model_dir = write_checkpoint(tmp_path / preset, get_preset(preset), seed=1)
     replies = []
 
     def greedy_reply(native, directory, weights, speculation, prompt):
         replies.append((directory, weights, speculation.mode))
-        return list(prompt[:8])
+        return list(range(check.REPLY)), Done("length", Stats())
 
     monkeypatch.setattr(check, "greedy_reply", greedy_reply)
     for weights in ("bf16", "q5"):
-        rows, step, spec = check.run_case(LoadingNative, model_dir, weights)
-        assert [r.check for r in (rows, step, spec)] == ["rows", "graphed step", "speculative"]
+        rows, step, mtp, spec = check.run_case(LoadingNative, model_dir, weights)
+        assert [r.check for r in (rows, step, mtp, spec)] == ["rows", "graphed step", "MTP drafts", "speculative"]
         assert rows.ok and max(rows.values["rel_l2"]) < 1e-5, rows.line()
+        assert mtp.ok and max(mtp.values["rel_l2"]) < 1e-5, mtp.line()
         assert step.ok and spec.ok and rows.case == f"{preset} {weights}"
     assert replies == [(model_dir, w, m) for w in ("bf16", "q5") for m in ("off", "mtp")]
 
@@ -138,6 +156,15 @@ def test_a_faithful_engine_passes(model):
     assert rows.line().startswith("ok  ")
     step = check.check_graphed_step("case", engine, cfg)
     assert step.ok and step.values["rel_l2"] < 1e-6, step.line()
+    mtp = check.check_mtp_drafts("case", engine, ref, cfg)
+    assert mtp.ok and len(mtp.values["rel_l2"]) == check.DRAFTS and max(mtp.values["rel_l2"]) < 1e-6, mtp.line()
+
+
+def test_mtp_drafts_off_by_more_than_the_bound_fail():
+    cfg = get_preset("tiny-dense")
+    weights = synthetic_weights(cfg, seed=3)
+    result = check.check_mtp_drafts("case", ReferenceEngine(cfg, weights, noise=0.1), ReferenceModel(cfg, weights), cfg)
+    assert not result.ok and min(result.values["rel_l2"]) > 4e-2, result.line()
 
 
 def test_rows_off_by_more_than_the_bound_fail(model):
@@ -167,26 +194,46 @@ def test_a_graphed_step_that_differs_from_the_prefill_path_fails():
     assert not step.ok and step.values["rel_l2"] > 1e-3, step.line()
 
 
-@pytest.mark.parametrize("moe, plain, drafted, ok", [
-    (False, list(range(64)), list(range(64)), True),
-    (False, list(range(64)), list(range(10)) + [0] * 54, False),  # parts at token 10
-    (False, list(range(64)), list(range(60)), False),             # equal, but stops early
-    (True, list(range(64)), list(range(20)) + [0] * 44, True),    # a near-tie may part an MoE after 16
-    (True, list(range(64)), list(range(5)) + [0] * 59, False),
+FULL = Done("length", Stats())
+
+
+@pytest.mark.parametrize("plain, drafted, gap, ok, says", [
+    ((list(range(64)), FULL), (list(range(64)), FULL), None, True, "all 64 tokens equal"),
+    ((list(range(64)), FULL), (list(range(10)) + [0] * 54, FULL), 0.02, True,
+     "the first 10 of 64 tokens equal, then the plain path's two candidates lie 0.020 standard deviations apart "
+     "(a near-tie: under 0.1)"),
+    ((list(range(64)), FULL), (list(range(10)) + [0] * 54, FULL), 0.5, False, "(not a near-tie: at least 0.1)"),
+    ((list(range(64)), FULL), (list(range(60)), Done("error", Stats(), "CUDA error: an illegal memory access")), None,
+     False, "the mtp:3 reply stopped after 60 of 64 tokens (error: CUDA error: an illegal memory access)"),
+    (([], Done("stop", Stats())), ([], Done("stop", Stats())), None, False, "the plain reply stopped after 0 of 64"),
 ])
-def test_speculative_replies_must_equal_the_plain_one(moe, plain, drafted, ok):
+def test_speculative_replies_must_equal_the_plain_one_to_their_end(plain, drafted, gap, ok, says):
     replies = {"off": plain, "mtp": drafted}
-    asked = []
+    asked, gaps = [], []
 
     def reply(speculation):
-        asked.append(speculation)
+        asked.append((speculation.mode, speculation.drafts))
         return replies[speculation.mode]
 
-    result = check.check_speculative("case", reply, moe)
-    assert result.ok is ok, result.line()
-    assert [(s.mode, s.drafts) for s in asked] == [("off", None), ("mtp", check.DRAFTS)]
-    agree = next((i for i, (a, b) in enumerate(zip(plain, drafted)) if a != b), min(len(plain), len(drafted)))
-    assert result.values["agree"] == agree and f"the first {agree} of 64 tokens equal" in result.detail
+    def tie_gap(prefix, a, b):
+        gaps.append((prefix, a, b))
+        return gap
+
+    result = check.check_speculative("case", reply, tie_gap)
+    assert result.ok is ok and says in result.detail, result.line()
+    assert asked == [("off", None), ("mtp", check.DRAFTS)]
+    assert gaps == ([] if gap is None else [(list(range(10)), 10, 0)])
+
+
+def test_the_tie_gap_is_read_on_the_plain_path():
+    """plain_tie_gap feeds the prompt and the reply's prefix and measures the two candidates in
+    standard deviations of that row (the reference's own row here)."""
+    cfg = get_preset("tiny-dense")
+    weights = synthetic_weights(cfg, seed=3)
+    prompt, prefix = (5, 6, 7, 8), [9, 10]
+    gap = check.plain_tie_gap(ReferenceEngine(cfg, weights), cfg, prompt)(prefix, 3, 4)
+    row = ReferenceModel(cfg, weights).prefill([*prompt, *prefix])[-1][: cfg.real_vocab_size]
+    assert gap == pytest.approx(abs(row[3] - row[4]) / row.std(), rel=1e-5)
 
 
 def test_a_case_that_raises_is_one_failed_line_and_the_others_still_run(monkeypatch, tmp_path):

@@ -6,16 +6,20 @@ GEMM instead of the sm_90a one, their own shared-memory sizes and SM counts). Th
 small random-weight checkpoints of both model kinds (dense like the 27B, MoE like the 35B-A3B, each
 with its MTP layer and the real tokenizer) into a temporary folder, runs each on the GPU with bf16
 weights and quantized to q5 while loading, and compares with the numpy reference on the same
-weights (for q5 the numpy quantizer's, `models/quant/round_trip.py`):
+weights (for q5 the numpy quantizer's, `models/quant/round_trip.py`; bounds in
+`models/logit_agreement.py`):
 
 - rows: the last row of a 150-token prefill and six one-token steps, each within ROW_REL_L2 of the
   reference's row and keeping TOP5_KEPT of its five best ids (the reference of an MoE model
   replays the experts the engine chose, so a router near-tie cannot move a row);
 - graphed step: three graphed decode steps against the same tokens fed as one-token prefills
   (REPEAT_REL_L2);
+- MTP drafts: a chain of DRAFTS drafts after a prefill, each draft's logits against the
+  reference's MTP layer on the same tokens (an MoE's MTP experts are not replayed: MOE_MEDIAN and
+  LOOSE);
 - speculative: a greedy reply of REPLY tokens with MTP drafts (DRAFTS a round) equal to the plain
-  greedy reply; an MoE reply may part where two experts' router logits nearly tie (the verify rows
-  and the decode step round differently), so it must agree for its first quarter.
+  greedy reply, both running to their full length; where they part, the plain path's two
+  candidates must be a near-tie (NEAR_TIE: the verify rows and the decode step round differently).
 
 Each line says what was compared and how close it came. Exit status: 0 all passed, 1 a check
 failed, 2 the CUDA engine cannot run here. `--json FILE` writes the results with the GPU's name.
@@ -44,7 +48,7 @@ CONTEXT = 1024
 @dataclass
 class Result:
     case: str     # "tiny-dense q5"
-    check: str    # "rows", "graphed step", "speculative"
+    check: str    # "rows", "graphed step", "MTP drafts", "speculative"; "error" for a case that raised
     ok: bool
     detail: str   # what was compared and how close it came
     values: dict = field(default_factory=dict)
@@ -53,7 +57,7 @@ class Result:
         return f"{'ok  ' if self.ok else 'FAIL'}  {self.case:<16} {self.check:<13} {self.detail}"
 
 
-# ---- one engine, raw: rows and the graphed step ----------------------------------------------
+# ---- one engine, raw: rows, the graphed step, MTP drafts -------------------------------------
 def _fresh(engine) -> None:
     engine.reset()
     engine.set_sampling(0.0, 0, 1.0, 0.0, 0.0, 0)
@@ -109,32 +113,90 @@ def check_graphed_step(case: str, engine, cfg) -> Result:
     return Result(case, "graphed step", err <= REPEAT_REL_L2, detail, {"rel_l2": err})
 
 
+def check_mtp_drafts(case: str, engine, ref, cfg) -> Result:
+    """A chain of DRAFTS MTP drafts after a prefill against the reference's MTP layer."""
+    from lampo.models.logit_agreement import LOOSE, MOE_MEDIAN, ROW_REL_L2, rel_l2
+
+    vocab = cfg.real_vocab_size
+    prompt = np.random.default_rng(SEED + 3).integers(0, vocab, 60).astype(np.int32)
+    _fresh(engine)
+    first = engine.prefill(prompt, True)
+    rows = []
+    for j in range(1, DRAFTS + 1):  # mtp_draft(token, j) rewrites the chain's rows and leaves step j's logits
+        drafts = [int(t) for t in engine.mtp_draft(first, j)]
+        rows.append(np.asarray(engine.logits()))
+    errs = [rel_l2(got, want, vocab) for got, want in zip(rows, ref.mtp_chain(prompt, first, drafts))]
+    if cfg.is_moe:
+        ok = float(np.median(errs)) <= MOE_MEDIAN and max(errs) <= LOOSE
+        bound = f"median at most {MOE_MEDIAN:.0e}, each at most {LOOSE} (the MTP layer's experts are not replayed)"
+    else:
+        ok, bound = max(errs) <= ROW_REL_L2, f"at most {ROW_REL_L2:.0e}"
+    detail = f"{DRAFTS} chained drafts: relative L2 errors {', '.join(f'{e:.1e}' for e in errs)} ({bound})"
+    return Result(case, "MTP drafts", ok, detail, {"rel_l2": errs})
+
+
 # ---- the chat's own path: greedy replies through the backend ---------------------------------
-def greedy_reply(native, model_dir: Path, weights: str, speculation, prompt: tuple[int, ...]) -> list[int]:
+def greedy_reply(native, model_dir: Path, weights: str, speculation, prompt: tuple[int, ...]):
+    """The ids of a greedy reply of REPLY tokens through the chat's backend (no stop ids) and its
+    Done event."""
     from lampo.engine.cuda import CudaBackend
-    from lampo.engine.protocol import GenerationRequest, TokenEvent
+    from lampo.engine.protocol import Done, GenerationRequest, TokenEvent
     from lampo.models.sampling_params import GREEDY, SamplingParams
 
     backend = CudaBackend(model_dir, context_max=CONTEXT, native=native, weights=weights, speculation=speculation)
     try:
         params = SamplingParams(**{**GREEDY.to_dict(), "max_tokens": REPLY})
-        events = backend.generate(GenerationRequest(prompt, params), threading.Event())
-        return [i for e in events if isinstance(e, TokenEvent) for i in e.ids]
+        ids, done = [], None
+        for event in backend.generate(GenerationRequest(prompt, params, stop_ids=()), threading.Event()):
+            if isinstance(event, TokenEvent):
+                ids.extend(event.ids)
+            elif isinstance(event, Done):
+                done = event
+        return ids, done
     finally:
         backend.close()
 
 
-def check_speculative(case: str, reply: Callable[[object], list[int]], moe: bool) -> Result:
-    """`reply(speculation)`: the greedy reply under that setting; MTP rounds must give the plain one."""
+def check_speculative(case: str, reply: Callable, tie_gap: Callable[[list[int], int, int], float]) -> Result:
+    """`reply(speculation)`: (ids, Done) of the greedy reply under that setting; `tie_gap(prefix,
+    a, b)`: how far apart (in standard deviations of the row) the plain path puts tokens a and b
+    after the prompt and `prefix`. MTP rounds must give the plain reply, but where a near-tie
+    parts them."""
     from lampo.engine.speculation import Speculation
+    from lampo.models.logit_agreement import NEAR_TIE
 
-    plain, drafted = reply(Speculation("off")), reply(Speculation("mtp", DRAFTS))
-    agree = next((i for i, (a, b) in enumerate(zip(plain, drafted)) if a != b), min(len(plain), len(drafted)))
-    need = -(-len(plain) // 4) if moe else len(plain)
-    ok = agree >= need and (moe or len(drafted) == len(plain))
-    detail = (f"mtp:{DRAFTS} against plain greedy: the first {agree} of {len(plain)} tokens equal"
-              f" (at least {need}{', a router near-tie may part them later' if moe else ''})")
-    return Result(case, "speculative", ok, detail, {"agree": agree, "plain": len(plain), "drafted": len(drafted)})
+    replies = {"plain": reply(Speculation("off")), f"mtp:{DRAFTS}": reply(Speculation("mtp", DRAFTS))}
+    for label, (ids, done) in replies.items():
+        if done is None or done.reason != "length" or len(ids) != REPLY:
+            why = "no end" if done is None else done.reason + (f": {done.error}" if done.error else "")
+            return Result(case, "speculative", False, f"the {label} reply stopped after {len(ids)} of {REPLY} "
+                          f"tokens ({why})", {"tokens": len(ids)})
+    (plain, _), (drafted, _) = replies.values()
+    agree = next((i for i, (a, b) in enumerate(zip(plain, drafted)) if a != b), REPLY)
+    if agree == REPLY:
+        return Result(case, "speculative", True, f"mtp:{DRAFTS} against plain greedy: all {REPLY} tokens equal",
+                      {"agree": agree})
+    gap = tie_gap(plain[:agree], plain[agree], drafted[agree])
+    ok = gap < NEAR_TIE
+    detail = (f"mtp:{DRAFTS} against plain greedy: the first {agree} of {REPLY} tokens equal, then the plain "
+              f"path's two candidates lie {gap:.3f} standard deviations apart "
+              f"({'a near-tie: under' if ok else 'not a near-tie: at least'} {NEAR_TIE})")
+    return Result(case, "speculative", ok, detail, {"agree": agree, "gap": gap})
+
+
+def plain_tie_gap(engine, cfg, prompt: tuple[int, ...]) -> Callable[[list[int], int, int], float]:
+    """tie_gap for check_speculative on a raw engine: the prompt, the prefix as one-token
+    prefills (the decode step's kernels), then the two tokens' distance in the row."""
+    from lampo.models.logit_agreement import gap_in_stds
+
+    def gap(prefix: list[int], a: int, b: int) -> float:
+        _fresh(engine)
+        engine.prefill(np.asarray(prompt, np.int32), True)
+        for token in prefix:
+            engine.prefill(np.asarray([token], np.int32), True)
+        return gap_in_stds(engine.logits(), a, b, cfg.real_vocab_size)
+
+    return gap
 
 
 # ---- the whole run ---------------------------------------------------------------------------
@@ -147,7 +209,7 @@ def write_model(workdir: Path, preset: str) -> Path:
 
 
 def run_case(native, model_dir: Path, weights: str) -> list[Result]:
-    """The three checks of one model directory with `weights` ("bf16" or a recipe name)."""
+    """The checks of one model directory with `weights` ("bf16" or a recipe name)."""
     from lampo.engine.cuda import load_weights
     from lampo.models.checkpoint import Checkpoint
     from lampo.models.quant.engine_formats import recipe_tensor_bits
@@ -155,22 +217,22 @@ def run_case(native, model_dir: Path, weights: str) -> list[Result]:
     from lampo.models.reference.model import ReferenceModel
     from lampo.models.tensor_specs import engine_tensor_names
 
-    ck = Checkpoint.open(model_dir, include_mtp=False)
-    cfg = ck.config
+    with Checkpoint.open(model_dir) as ck:
+        cfg = ck.config
+        bits = {} if weights == "bf16" else recipe_tensor_bits(cfg, weights, mtp=True)
+        ref = ReferenceModel.from_checkpoint(ck) if not bits else ReferenceModel(cfg, quantized_weights(ck, bits))
+        engine = native.Engine(cfg, engine_tensor_names(cfg, mtp=True), bits, context_max=CONTEXT,
+                               prefill_chunk=256, snapshot_slots=2, verify_rows=DRAFTS + 1)
+        load_weights(engine, ck)
     case = f"{model_dir.name} {weights}"
-    bits = {} if weights == "bf16" else recipe_tensor_bits(cfg, weights)
-    ref = ReferenceModel.from_checkpoint(ck) if not bits else ReferenceModel(cfg, quantized_weights(ck, bits))
-    engine = native.Engine(cfg, engine_tensor_names(cfg), bits, context_max=CONTEXT, prefill_chunk=256,
-                           snapshot_slots=2)
-    load_weights(engine, ck)
     engine.set_record_routing(cfg.is_moe)
     results = [check_rows(case, engine, ref, cfg)]
     engine.set_record_routing(False)
-    results.append(check_graphed_step(case, engine, cfg))
-    del engine
+    results += [check_graphed_step(case, engine, cfg), check_mtp_drafts(case, engine, ref, cfg)]
     prompt = tuple(int(t) for t in np.random.default_rng(SEED + 2).integers(0, cfg.real_vocab_size, 50))
     results.append(check_speculative(
-        case, lambda speculation: greedy_reply(native, model_dir, weights, speculation, prompt), cfg.is_moe))
+        case, lambda speculation: greedy_reply(native, model_dir, weights, speculation, prompt),
+        plain_tie_gap(engine, cfg, prompt)))
     return results
 
 

@@ -190,6 +190,20 @@ class ReferenceModel:
         return self.logits(self.hiddens[-1])
 
     # ---- MTP -------------------------------------------------------------------------------
+    def mtp_chain(self, trunk_ids, token: int, drafts) -> list[np.ndarray]:
+        """The draft logits of an MTP chain, from a fresh state: the trunk runs `trunk_ids` (with
+        every MTP row they complete), then the MTP row of the last trunk hidden and `token`, then
+        one row per draft but the last, each on the MTP hidden before it."""
+        self.reset()
+        self.prefill(list(trunk_ids))
+        n = len(trunk_ids)
+        if n > 1:
+            self.mtp_advance(self.hiddens[:-1], list(trunk_ids[1:]), 0)
+        out = [self.mtp_step(self.hiddens[-1], token, n - 1)]
+        for i, d in enumerate(drafts[:-1]):
+            out.append(self.mtp_step(self.mtp_hidden_last, d, n + i))
+        return out
+
     def mtp_prefill(self, hiddens: np.ndarray, next_ids, start: int, last_only: bool = False) -> np.ndarray:
         """MTP rows for (hiddens[t], next_ids[t]) at positions start.. ; rows of the MTP cache at or
         after `start` are replaced. For a prompt x_0..x_n: hiddens h_0..h_n (the prefill's

@@ -70,17 +70,8 @@ def engine_chain(engine, token: int, k: int) -> tuple[list[int], list[np.ndarray
 
 
 def reference_chain(ref, trunk_ids, token: int, drafts: list[int]) -> list[np.ndarray]:
-    """The reference's draft logits after the trunk ran `trunk_ids` (with every MTP row they
-    complete): the row of the last trunk hidden and `token`, then the chain on `drafts`."""
-    ref.reset()
-    ref.prefill(list(trunk_ids))
-    n = len(trunk_ids)
-    if n > 1:
-        ref.mtp_advance(ref.hiddens[:-1], list(trunk_ids[1:]), 0)
-    out = [ref.mtp_step(ref.hiddens[-1], token, n - 1)]
-    for i, d in enumerate(drafts[:-1]):
-        out.append(ref.mtp_step(ref.mtp_hidden_last, d, n + i))
-    return out
+    """The reference's draft logits after the trunk ran `trunk_ids` (ReferenceModel.mtp_chain)."""
+    return ref.mtp_chain(trunk_ids, token, drafts)
 
 
 def test_mtp_drafts_after_a_chunked_prefill_match_the_reference(tiny):

@@ -9,7 +9,7 @@ import numpy as np
 from lampo.models import logit_agreement
 
 REAL_VOCAB = 248_077
-MOE_MEDIAN, LOOSE = 6e-2, 0.6
+MOE_MEDIAN, LOOSE = logit_agreement.MOE_MEDIAN, logit_agreement.LOOSE
 
 
 def rel_l2(got, want) -> float:
