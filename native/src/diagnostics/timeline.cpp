@@ -52,13 +52,13 @@ void timeline_start(uint32_t per_sm) {
     LAMPO_CUDA_CHECK(cudaMalloc(&g_rec.counts, size_t(g_rec.sms) * sizeof(uint32_t)));
     LAMPO_CUDA_CHECK(cudaMemset(g_rec.counts, 0, size_t(g_rec.sms) * sizeof(uint32_t)));
     LAMPO_CUDA_CHECK(cudaDeviceSynchronize());
-    bind_all({static_cast<TimelineEvent*>(g_rec.events), static_cast<uint32_t*>(g_rec.counts), per_sm});
+    bind_all({static_cast<TimelineEvent*>(g_rec.events), static_cast<uint32_t*>(g_rec.counts), per_sm, g_rec.sms});
 }
 
 std::vector<TimelineEvent> timeline_stop() {
     if (!g_rec.events) throw std::runtime_error("timeline_stop: no timeline is recording");
     LAMPO_CUDA_CHECK(cudaDeviceSynchronize());
-    bind_all({nullptr, nullptr, 0});
+    bind_all({nullptr, nullptr, 0, 0});
     std::vector<uint32_t> counts(g_rec.sms);
     LAMPO_CUDA_CHECK(cudaMemcpy(counts.data(), g_rec.counts, counts.size() * sizeof(uint32_t), cudaMemcpyDeviceToHost));
     std::vector<TimelineEvent> out;  // only the used head of each SM's slice comes back

@@ -36,6 +36,7 @@ struct TimelineBuffer {
     TimelineEvent* events;  // [SMs][per_sm]
     uint32_t* counts;       // [SMs]
     uint32_t per_sm;
+    uint32_t sms;           // SM ids below this are recorded (%smid need not stay below the SM count)
 };
 
 constexpr bool timeline_built() {

@@ -26,6 +26,7 @@ __device__ __forceinline__ void timeline_record(TimelineStage stage, uint8_t war
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     asm volatile("mov.u64 %0, %%gridid;" : "=l"(grid));
+    if (sm >= tl_buffer.sms) return;
     const uint32_t i = atomicAdd(tl_buffer.counts + sm, 1u);
     if (i < tl_buffer.per_sm)
         tl_buffer.events[size_t(sm) * tl_buffer.per_sm + i] = {
