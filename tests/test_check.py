@@ -263,7 +263,7 @@ def test_without_the_cuda_engine_there_is_nothing_to_check(monkeypatch, capsys):
 
 
 class DeviceOnly:
-    cuda_architectures = "86;120"
+    cuda_architectures = "86,120"
 
     @staticmethod
     def device_info():
@@ -294,7 +294,7 @@ def test_the_report_and_its_json(monkeypatch, capsys, tmp_path, failed):
     out_file = tmp_path / "report" / "check.json"
     assert check.main(["--json", str(out_file)]) == (1 if failed else 0)
     out = capsys.readouterr().out
-    device = ("NVIDIA GeForce RTX 4090: compute capability 8.9, 128 SMs, 24.0 GiB; engine built for 86;120")
+    device = ("NVIDIA GeForce RTX 4090: compute capability 8.9, 128 SMs, 24.0 GiB; engine built for 86,120")
     assert out.splitlines()[0] == device
     assert ("1 of 2 checks passed: please report the failed lines" in out) if failed else ("2 of 2 checks passed\n" in out)
     report = json.loads(out_file.read_text())

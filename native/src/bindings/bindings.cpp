@@ -24,7 +24,7 @@ PYBIND11_MODULE(_native, m) {
     }, "Number of CUDA devices visible (0 when no driver or GPU).");
 
 #ifdef LAMPO_CUDA_ARCHITECTURES
-    m.attr("cuda_architectures") = LAMPO_CUDA_ARCHITECTURES;  // CMake's list, e.g. "90a" or "86;120"
+    m.attr("cuda_architectures") = LAMPO_CUDA_ARCHITECTURES;  // CMake's list, e.g. "90a" or "86,120"
 #endif
     m.attr("timeline_built") = lampo::timeline_built();
     m.def("timeline_start", &lampo::timeline_start, py::arg("per_sm"),
