@@ -29,6 +29,7 @@ Engine::Engine(const ModelDims& dims, const TensorNames& names, const TensorBits
                                     " (and at most prefill_chunk), got " + std::to_string(opt_.verify_rows));
     }
 
+    (void)sm90_or_newer();  // its device-code query (a function attribute) runs now, before any capture
     DeviceMemory::set_limit(opt_.vram_limit);
     weights_ = std::make_unique<WeightStore>(dims_, names, bits);
 
