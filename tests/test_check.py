@@ -21,6 +21,9 @@ from lampo.models.synthetic import synthetic_tensor, write_checkpoint
 from lampo.models.tensor_specs import expected_tensors
 
 
+FULL = Done("length", Stats(draft_n=60, draft_n_accepted=2, draft_rounds=20))  # a reply run to its end
+
+
 def synthetic_weights(cfg, seed):
     """Every tensor of the model, the MTP layer's included, as `write_checkpoint` stores them."""
     return {n: synthetic_tensor(n, spec, seed) for n, spec in expected_tensors(cfg, include_mtp=True).items()}
@@ -129,7 +132,7 @@ def test_a_case_end_to_end_on_a_written_checkpoint(preset, tmp_path, monkeypatch
 
     def greedy_reply(native, directory, weights, speculation, prompt):
         replies.append((directory, weights, speculation.mode))
-        return list(range(check.REPLY)), Done("length", Stats())
+        return list(range(check.REPLY)), FULL
 
     monkeypatch.setattr(check, "greedy_reply", greedy_reply)
     for weights in ("bf16", "q5"):
@@ -194,11 +197,9 @@ def test_a_graphed_step_that_differs_from_the_prefill_path_fails():
     assert not step.ok and step.values["rel_l2"] > 1e-3, step.line()
 
 
-FULL = Done("length", Stats())
-
-
 @pytest.mark.parametrize("plain, drafted, gap, ok, says", [
-    ((list(range(64)), FULL), (list(range(64)), FULL), None, True, "all 64 tokens equal"),
+    ((list(range(64)), FULL), (list(range(64)), FULL), None, True,
+     "all 64 tokens equal (20 rounds verified 60 drafts, kept 2)"),
     ((list(range(64)), FULL), (list(range(10)) + [0] * 54, FULL), 0.02, True,
      "the first 10 of 64 tokens equal, then the plain path's two candidates lie 0.020 standard deviations apart "
      "(a near-tie: under 0.1)"),
@@ -206,6 +207,8 @@ FULL = Done("length", Stats())
     ((list(range(64)), FULL), (list(range(60)), Done("error", Stats(), "CUDA error: an illegal memory access")), None,
      False, "the mtp:3 reply stopped after 60 of 64 tokens (error: CUDA error: an illegal memory access)"),
     (([], Done("stop", Stats())), ([], Done("stop", Stats())), None, False, "the plain reply stopped after 0 of 64"),
+    ((list(range(64)), FULL), (list(range(64)), Done("length", Stats())), None, False,
+     "the mtp:3 reply verified no drafts (0 rounds verified 0 drafts, kept 0)"),
 ])
 def test_speculative_replies_must_equal_the_plain_one_to_their_end(plain, drafted, gap, ok, says):
     replies = {"off": plain, "mtp": drafted}

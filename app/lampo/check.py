@@ -171,17 +171,22 @@ def check_speculative(case: str, reply: Callable, tie_gap: Callable[[list[int], 
             why = "no end" if done is None else done.reason + (f": {done.error}" if done.error else "")
             return Result(case, "speculative", False, f"the {label} reply stopped after {len(ids)} of {REPLY} "
                           f"tokens ({why})", {"tokens": len(ids)})
-    (plain, _), (drafted, _) = replies.values()
+    (plain, _), (drafted, done) = replies.values()
+    stats = done.stats
+    rounds = (f"{stats.draft_rounds} rounds verified {stats.draft_n} drafts, kept {stats.draft_n_accepted}")
+    if stats.draft_rounds == 0:
+        return Result(case, "speculative", False, f"the mtp:{DRAFTS} reply verified no drafts ({rounds})", {"rounds": 0})
     agree = next((i for i, (a, b) in enumerate(zip(plain, drafted)) if a != b), REPLY)
+    values = {"agree": agree, "rounds": stats.draft_rounds, "drafts": stats.draft_n, "kept": stats.draft_n_accepted}
     if agree == REPLY:
-        return Result(case, "speculative", True, f"mtp:{DRAFTS} against plain greedy: all {REPLY} tokens equal",
-                      {"agree": agree})
+        return Result(case, "speculative", True, f"mtp:{DRAFTS} against plain greedy: all {REPLY} tokens equal "
+                      f"({rounds})", values)
     gap = tie_gap(plain[:agree], plain[agree], drafted[agree])
     ok = gap < NEAR_TIE
-    detail = (f"mtp:{DRAFTS} against plain greedy: the first {agree} of {REPLY} tokens equal, then the plain "
-              f"path's two candidates lie {gap:.3f} standard deviations apart "
+    detail = (f"mtp:{DRAFTS} against plain greedy ({rounds}): the first {agree} of {REPLY} tokens equal, then "
+              f"the plain path's two candidates lie {gap:.3f} standard deviations apart "
               f"({'a near-tie: under' if ok else 'not a near-tie: at least'} {NEAR_TIE})")
-    return Result(case, "speculative", ok, detail, {"agree": agree, "gap": gap})
+    return Result(case, "speculative", ok, detail, {**values, "gap": gap})
 
 
 def plain_tie_gap(engine, cfg, prompt: tuple[int, ...]) -> Callable[[list[int], int, int], float]:
