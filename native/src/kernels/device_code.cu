@@ -14,10 +14,21 @@ namespace {
 __global__ void device_code_probe_kernel() {}
 }  // namespace
 
+// Also the first place a build that this GPU cannot load at all shows (code for sm_90a alone on
+// an RTX 4090, say): that error names the fix instead of CUDA's "no kernel image".
 int device_code_arch() {
     static const int arch = [] {
         cudaFuncAttributes attributes{};
-        LAMPO_CUDA_CHECK(cudaFuncGetAttributes(&attributes, device_code_probe_kernel));
+        const cudaError_t err = cudaFuncGetAttributes(&attributes, device_code_probe_kernel);
+        if (err == cudaErrorNoKernelImageForDevice || err == cudaErrorInvalidDeviceFunction) {
+            (void)cudaGetLastError();
+            const std::string major = std::to_string(device_attribute(cudaDevAttrComputeCapabilityMajor));
+            const std::string minor = std::to_string(device_attribute(cudaDevAttrComputeCapabilityMinor));
+            throw CudaError("this GPU (compute capability " + major + "." + minor +
+                            ") cannot load the engine's kernels, which were built for other GPUs: reinstall Lampo "
+                            "with LAMPO_CUDA_ARCH=" + major + minor + " (README, Requirements)");
+        }
+        LAMPO_CUDA_CHECK(err);
         return attributes.ptxVersion;
     }();
     return arch;
