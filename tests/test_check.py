@@ -14,19 +14,15 @@ from lampo.engine.cuda import EngineUnavailable
 from lampo.engine.protocol import Done, Stats
 from lampo.models.bf16 import from_bf16
 from lampo.models.presets import get_preset
+from lampo.models.quant.quality import synthetic_weights
 from lampo.models.quant.round_trip import round_trip
 from lampo.models.reference.ffn import Routing
 from lampo.models.reference.model import ReferenceModel
-from lampo.models.synthetic import synthetic_tensor, write_checkpoint
+from lampo.models.synthetic import write_checkpoint
 from lampo.models.tensor_specs import expected_tensors
 
 
 FULL = Done("length", Stats(draft_n=60, draft_n_accepted=2, draft_rounds=20))  # a reply run to its end
-
-
-def synthetic_weights(cfg, seed):
-    """Every tensor of the model, the MTP layer's included, as `write_checkpoint` stores them."""
-    return {n: synthetic_tensor(n, spec, seed) for n, spec in expected_tensors(cfg, include_mtp=True).items()}
 
 
 class ReferenceEngine:
@@ -87,9 +83,9 @@ class ReferenceEngine:
         self.slots[slot] = (self.ref.snapshot(), list(self.fed))
 
     def restore(self, slot):
-        snap, self.fed = self.slots[slot]
+        snap, fed = self.slots[slot]
         self.ref.restore(snap)
-        self.fed = list(self.fed)
+        self.fed = list(fed)
 
 
 class LoadedEngine(ReferenceEngine):
@@ -147,7 +143,7 @@ def test_a_case_end_to_end_on_a_written_checkpoint(preset, tmp_path, monkeypatch
 @pytest.fixture(scope="module", params=["tiny-dense", "tiny-moe"])
 def model(request):
     cfg = get_preset(request.param)
-    return cfg, synthetic_weights(cfg, seed=3)
+    return cfg, synthetic_weights(cfg, seed=3, mtp=True)
 
 
 def test_a_faithful_engine_passes(model):
@@ -165,7 +161,7 @@ def test_a_faithful_engine_passes(model):
 
 def test_mtp_drafts_off_by_more_than_the_bound_fail():
     cfg = get_preset("tiny-dense")
-    weights = synthetic_weights(cfg, seed=3)
+    weights = synthetic_weights(cfg, seed=3, mtp=True)
     result = check.check_mtp_drafts("case", ReferenceEngine(cfg, weights, noise=0.1), ReferenceModel(cfg, weights), cfg)
     assert not result.ok and min(result.values["rel_l2"]) > 4e-2, result.line()
 
@@ -182,7 +178,7 @@ def test_the_reference_replays_the_experts_the_engine_reports():
     """An engine that computes the right rows but reports other experts than it used fails: the
     oracle runs the reported ones."""
     cfg = get_preset("tiny-moe")
-    weights = synthetic_weights(cfg, seed=3)
+    weights = synthetic_weights(cfg, seed=3, mtp=True)
     result = check.check_rows("case", ReferenceEngine(cfg, weights, wrong_experts=True),
                               ReferenceModel(cfg, weights), cfg)
     assert not result.ok, result.line()
@@ -190,7 +186,7 @@ def test_the_reference_replays_the_experts_the_engine_reports():
 
 def test_a_graphed_step_that_differs_from_the_prefill_path_fails():
     cfg = get_preset("tiny-dense")
-    weights = synthetic_weights(cfg, seed=3)
+    weights = synthetic_weights(cfg, seed=3, mtp=True)
     engine = ReferenceEngine(cfg, weights, step_noise=1e-2)
     assert check.check_rows("case", engine, ReferenceModel(cfg, weights), cfg).ok  # prefills are exact
     step = check.check_graphed_step("case", engine, cfg)
@@ -232,7 +228,7 @@ def test_the_tie_gap_is_read_on_the_plain_path():
     """plain_tie_gap feeds the prompt and the reply's prefix and measures the two candidates in
     standard deviations of that row (the reference's own row here)."""
     cfg = get_preset("tiny-dense")
-    weights = synthetic_weights(cfg, seed=3)
+    weights = synthetic_weights(cfg, seed=3, mtp=True)
     prompt, prefix = (5, 6, 7, 8), [9, 10]
     gap = check.plain_tie_gap(ReferenceEngine(cfg, weights), cfg, prompt)(prefix, 3, 4)
     row = ReferenceModel(cfg, weights).prefill([*prompt, *prefix])[-1][: cfg.real_vocab_size]

@@ -73,10 +73,10 @@ def model_config(preset: str, layers: int | None = None, vocab: int | None = Non
     return cfg
 
 
-def synthetic_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    """Every tensor of the text model (no MTP) as float32: the values `write_checkpoint(cfg, seed)`
-    stores."""
-    return {n: synthetic_tensor(n, s, seed) for n, s in expected_tensors(cfg, include_mtp=False).items()}
+def synthetic_weights(cfg: ModelConfig, seed: int = 0, mtp: bool = False) -> dict[str, np.ndarray]:
+    """Every tensor of the text model (and the MTP layer's with `mtp`) as float32: the values
+    `write_checkpoint(cfg, seed)` stores."""
+    return {n: synthetic_tensor(n, s, seed) for n, s in expected_tensors(cfg, include_mtp=mtp).items()}
 
 
 def checkpoint_weights(model_dir: Path) -> tuple[ModelConfig, dict[str, np.ndarray]]:

@@ -42,6 +42,7 @@ from helpers.logit_rows import LOOSE, MOE_MEDIAN, REAL_VOCAB, prefill, rel_l2
 from lampo.engine.protocol import Done, GenerationRequest
 from lampo.engine.cuda import CudaBackend, load_weights
 from lampo.models.checkpoint import Checkpoint
+from lampo.models.logit_agreement import ROW_REL_L2, TOP5_KEPT, top5_kept
 from lampo.models.presets import get_preset
 from lampo.models.reference import ffn
 from lampo.models.reference.model import ReferenceModel
@@ -99,17 +100,16 @@ class RouterMargins:
         return min(self.history[-RECENT:], default=np.inf)
 
 
-def assert_rows_match_reference(rows, what: str, moe: bool, tol=4e-2):
+def assert_rows_match_reference(rows, what: str, moe: bool, tol=ROW_REL_L2):
     """rows: [(engine logits, reference logits)] of one run (prefill last row, decode steps)."""
     errs = [rel_l2(got, want) for got, want in rows]
-    overlaps = [len(set(np.argsort(got[:REAL_VOCAB])[-5:]) & set(np.argsort(want[:REAL_VOCAB])[-5:]))
-                for got, want in rows]
+    overlaps = [top5_kept(got, want, REAL_VOCAB) for got, want in rows]
     report = f"{what}: rel L2 per row {[f'{e:.1e}' for e in errs]}, top-5 overlaps {overlaps}"
     if moe:
         assert np.median(errs) <= MOE_MEDIAN and max(errs) <= LOOSE, report
-        assert sum(o >= 4 for o in overlaps) * 2 >= len(rows), report
+        assert sum(o >= TOP5_KEPT for o in overlaps) * 2 >= len(rows), report
     else:
-        assert max(errs) <= tol and min(overlaps) >= 4, report
+        assert max(errs) <= tol and min(overlaps) >= TOP5_KEPT, report
 
 
 def assert_paths_agree(got, want, what: str, router_margin=np.inf):
