@@ -50,6 +50,12 @@ inline void allow_dynamic_smem(Kernel kernel, size_t bytes, const char* op) {
     LAMPO_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
+// Whether the environment sets `name` to "0" (the A/B and test switches below).
+inline bool env_switched_off(const char* name) {
+    const char* env = std::getenv(name);
+    return env && std::string(env) == "0";
+}
+
 // The virtual architecture the running device code was compiled for, major * 10 + minor (90 for a
 // build for sm_90 / sm_90a; 89 for a build for sm_89 that the driver compiled for a newer GPU from
 // its PTX). device_code.cu.
@@ -61,22 +67,15 @@ int device_code_arch();
 // the environment does not set LAMPO_SM90=0 (the forms of older GPUs on an H200, for tests).
 // Decided once per process, like everything the launchers ask per launch.
 inline bool sm90_or_newer() {
-    static const bool yes = [] {
-        const char* env = std::getenv("LAMPO_SM90");
-        if (env && std::string(env) == "0") return false;
-        return device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 && device_code_arch() >= 90;
-    }();
+    static const bool yes = !env_switched_off("LAMPO_SM90") &&
+                            device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9 && device_code_arch() >= 90;
     return yes;
 }
 
 // Whether kernels go out with programmatic dependent launch: on sm_90+ unless the environment
 // sets LAMPO_PDL=0 (for A/B measurements). Decided once per process.
 inline bool pdl_enabled() {
-    static const bool on = [] {
-        const char* env = std::getenv("LAMPO_PDL");
-        if (env && std::string(env) == "0") return false;
-        return sm90_or_newer();
-    }();
+    static const bool on = !env_switched_off("LAMPO_PDL") && sm90_or_newer();
     return on;
 }
 
