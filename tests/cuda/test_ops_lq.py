@@ -10,6 +10,8 @@ bandwidth of the decode shapes of both models beside the bf16 kernels' (never as
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -63,8 +65,12 @@ def test_gemv_lq_pairs_keep_each_tokens_one_token_bits(ops, bits, out, inn, T):
     packed, w = random_lq(rng, out, inn, bits)
     x = bf16_randn(rng, (T, inn))
     ref = from_bf16(x).astype(np.float64) @ w.astype(np.float64).T
+    native = pytest.importorskip("lampo._native")
+    sm90 = float(native.device_info()["compute_capability"]) >= 9.0 and os.environ.get("LAMPO_SM90") != "0"
     for f32 in (True, False):
+        before = ops.gemv_lq_pair_launches()
         y = ops.gemv_lq(packed, bits, out, inn, x, f32)
+        assert (ops.gemv_lq_pair_launches() > before) == sm90, "pairs run on sm_90+ only, and there always"
         if f32:
             check_close(y, ref, 1e-4, f"gemv_lq pairs f32 bits={bits}")
         else:

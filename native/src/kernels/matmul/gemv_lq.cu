@@ -53,6 +53,7 @@
 // Each token's values are those of the same token alone: a verify window's rows take the step's
 // bits.
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -537,6 +538,7 @@ int lq_resident_blocks(Kernel kernel, int warps, size_t smem, bool pair) {
 // same rows from L2, not their latency: more loads in flight were slower). The pair's cluster
 // barriers (one at entry, relaxed; one after staging, with a release fence) are what it costs.
 constexpr size_t LQ_PAIR_MIN_X_BYTES = 64 * 1024;
+std::atomic<long long> lq_pair_launch_count{0};  // gemv_lq_pair_launches()
 
 // The grid: as many blocks as the GPU holds at once (fewer when the matrix gives a warp fewer
 // than min_groups groups), so the split's ranges all run in one wave; the ring form keeps to
@@ -560,8 +562,10 @@ void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, int m
             const auto pair = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS, RING, true>;
             if (large) allow_dynamic_smem(pair, smem, op);
             const int launched = blocks + (blocks & 1);
-            if (launched <= lq_resident_blocks(pair, WARPS, smem, true))
+            if (launched <= lq_resident_blocks(pair, WARPS, smem, true)) {
+                lq_pair_launch_count.fetch_add(1, std::memory_order_relaxed);
                 return launch_pdl_clusters(op, 2, pair, launched, WARPS * 32, smem, stream, p);
+            }
         }
     }
     launch_pdl(op, single, blocks, WARPS * 32, smem, stream, p);
@@ -621,6 +625,8 @@ void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t s
 }
 
 }  // namespace
+
+long long gemv_lq_pair_launches() { return lq_pair_launch_count.load(std::memory_order_relaxed); }
 
 size_t lq_packed_bytes(int out, int in, int bits) {
     return size_t(out / LQ_TILE_ROWS) * size_t(in / LQ_TILE_COLS) * size_t(lq_tile_bytes(bits));
