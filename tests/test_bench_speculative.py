@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from lampo import bench
+from lampo import bench, bench_speculative
 
 
 def run_bench(tiny_dense_dir, tmp_path, *extra):
@@ -31,7 +31,20 @@ def test_speculative_rounds_at_set_acceptance_rates(tiny_dense_dir, tmp_path, ca
             assert 0.15 <= half["acceptance"] <= 0.85
             assert full["tokens_per_round"] > half["tokens_per_round"] >= 1.0
             assert full["tokens"] >= 24 and full["tokens_per_second"] > 0 and full["speedup"] > 0
-    assert "tok/round" in capsys.readouterr().out
+            for run in (full, half):  # tok/s at the set rate: its mean tokens a round over the round's time
+                assert run["expected_tokens_per_round"] == pytest.approx(sum(run["a"] ** i for i in range(d["k"] + 1)))
+                assert run["tokens_per_second"] == pytest.approx(
+                    run["expected_tokens_per_round"] * 1000.0 / run["ms_per_round"])
+                assert run["tokens_per_second_measured"] == pytest.approx(run["tokens"] / run["seconds"])
+                assert run["speedup"] / run["speedup_measured"] == pytest.approx(
+                    run["expected_tokens_per_round"] / run["tokens_per_round"])
+    out = capsys.readouterr().out
+    assert "tok/round" in out and "at measured" in out
+
+
+@pytest.mark.parametrize("a, k, want", [(1.0, 3, 4.0), (0.5, 1, 1.5), (0.8, 4, 1 + 0.8 + 0.64 + 0.512 + 0.4096)])
+def test_a_round_emits_the_geometric_sum_of_its_acceptance_on_average(a, k, want):
+    assert bench_speculative.expected_tokens_per_round(a, k) == pytest.approx(want)
 
 
 def test_the_speculative_measurement_needs_valid_rates_and_counts(tiny_dense_dir, tmp_path):
