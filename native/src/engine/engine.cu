@@ -29,7 +29,9 @@ Engine::Engine(const ModelDims& dims, const TensorNames& names, const TensorBits
                                     " (and at most prefill_chunk), got " + std::to_string(opt_.verify_rows));
     }
 
-    (void)sm90_or_newer();  // its device-code query (a function attribute) runs now, before any capture
+    // A build this GPU cannot load fails here, naming the fix; and the device-code query (a function
+    // attribute, which sm90_or_newer asks on sm_90+ GPUs) runs now, before any capture.
+    (void)device_code_arch();
     DeviceMemory::set_limit(opt_.vram_limit);
     weights_ = std::make_unique<WeightStore>(dims_, names, bits);
 
