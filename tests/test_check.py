@@ -284,6 +284,19 @@ def test_a_build_for_an_older_architecture_is_named():
         "run from code for 8.9, compiled by the driver for this GPU (LAMPO_CUDA_ARCH=120 at install builds for it)")
 
 
+def test_a_build_this_gpu_cannot_load_names_its_fix(monkeypatch, capsys):
+    class Unloadable(DeviceOnly):
+        @staticmethod
+        def device_info():
+            raise RuntimeError("this GPU (compute capability 8.9) cannot load the engine's kernels, which were "
+                               "built for other GPUs: reinstall Lampo with LAMPO_CUDA_ARCH=89 (README, Requirements)")
+
+    monkeypatch.setattr("lampo.engine.cuda.load_native", Unloadable)
+    assert check.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lampo check: this GPU (compute capability 8.9) cannot load") and "LAMPO_CUDA_ARCH=89" in err
+
+
 @pytest.mark.parametrize("failed", [False, True])
 def test_the_report_and_its_json(monkeypatch, capsys, tmp_path, failed):
     monkeypatch.setattr("lampo.engine.cuda.load_native", DeviceOnly)

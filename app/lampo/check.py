@@ -22,7 +22,8 @@ weights (for q5 the numpy quantizer's, `models/quant/round_trip.py`; bounds in
   candidates must be a near-tie (NEAR_TIE: the verify rows and the decode step round differently).
 
 Each line says what was compared and how close it came. Exit status: 0 all passed, 1 a check
-failed, 2 the CUDA engine cannot run here. `--json FILE` writes the results with the GPU's name.
+failed, 2 the CUDA engine cannot run here (not built, no GPU, or built for other GPUs). `--json FILE`
+writes the results with the GPU's name.
 """
 
 from __future__ import annotations
@@ -279,7 +280,7 @@ def build_parser() -> argparse.ArgumentParser:
         "models of both kinds (dense and MoE), with bf16 weights and quantized to q5 while loading; prefill "
         "and decode logits, the graphed decode step, the MTP layer's drafts, and greedy replies with and "
         "without speculative drafts. Exit status 0: every check passed; 1: a check failed; 2: no CUDA "
-        "engine or GPU here.")
+        "engine or GPU here, or a build this GPU cannot load.")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the results as JSON")
     return p
 
@@ -294,7 +295,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lampo check: {e}; nothing to check (the numpy reference engine is the oracle itself)",
               file=sys.stderr)
         return 2
-    device = device_line(native)
+    try:
+        device = device_line(native)
+    except RuntimeError as e:  # lampo._native.CudaError: a build this GPU cannot load names its fix
+        print(f"lampo check: {e}", file=sys.stderr)
+        return 2
     print(device)
     with tempfile.TemporaryDirectory(prefix="lampo-check-") as tmp:
         results = run_checks(native, Path(tmp))
