@@ -131,6 +131,17 @@ struct Stage {
 __device__ __forceinline__ int k_swizzle(int key) { return (key & 1) << 2; }
 __device__ __forceinline__ int v_swizzle(int key) { return ((key >> 1) & 3) << 1; }
 
+// One online-softmax step of a row (a query): the new running max from the step's max `mx` (already
+// reduced over the lanes that share the row), the base the step's exponentials take (0 while
+// nothing is visible) and the factor `alpha` the earlier sum and outputs take.
+__device__ __forceinline__ void softmax_rebase(float& m, float& l, float mx, float& base, float& alpha) {
+    const float m_new = fmaxf(m, mx);
+    base = m_new == -INFINITY ? 0.0f : m_new;
+    alpha = exp2f(m - base);
+    m = m_new;
+    l *= alpha;
+}
+
 // Online-softmax state of one warp: rows r and r + 8 of its M-tile.
 struct WarpState {
     float o[32][4];
@@ -183,11 +194,7 @@ __device__ __forceinline__ void attend16(WarpState& s, const Stage& st, const ui
     for (int h = 0; h < 2; ++h) {
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        const float m_new = fmaxf(s.m[h], mx[h]);
-        base[h] = m_new == -INFINITY ? 0.0f : m_new;
-        alpha[h] = exp2f(s.m[h] - base[h]);
-        s.m[h] = m_new;
-        s.l[h] *= alpha[h];
+        softmax_rebase(s.m[h], s.l[h], mx[h], base[h], alpha[h]);
     }
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
@@ -296,11 +303,7 @@ __device__ __forceinline__ void attend16_keys(KeysState& s, const Stage& st, con
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 4));
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 8));
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 16));
-        const float m_new = fmaxf(s.m[h], mx[h]);
-        base[h] = m_new == -INFINITY ? 0.0f : m_new;
-        alpha[h] = exp2f(s.m[h] - base[h]);
-        s.m[h] = m_new;
-        s.l[h] *= alpha[h];
+        softmax_rebase(s.m[h], s.l[h], mx[h], base[h], alpha[h]);
     }
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
