@@ -9,8 +9,6 @@
 // kernel (one block per (token, query head) and 32 dims, 16 warps sharing the splits) merges the
 // live splits and applies the sigmoid output gate. Needs head dim 256 and Tq * (nq / nkv) <= 64.
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 
 #include "kernels/attention/attention_int8.cuh"
 #include "kernels/launch_utils.cuh"
@@ -41,10 +39,7 @@ int decode_blocks_per_sm() {
 // Whether Tq tokens of `group` query rows each run keys as M (attention_int8.cuh): one token of at
 // most 8 rows, unless LAMPO_ATTN_KEYS_M=0 (the rows-as-M form for every call, for A/B runs).
 bool keys_as_m(int Tq, int group) {
-    static const bool on = [] {
-        const char* env = std::getenv("LAMPO_ATTN_KEYS_M");
-        return !(env && std::string(env) == "0");
-    }();
+    static const bool on = !env_switched_off("LAMPO_ATTN_KEYS_M");
     return on && Tq == 1 && group <= 8;
 }
 
