@@ -10,6 +10,8 @@ bandwidth of the decode shapes of both models beside the bf16 kernels' (never as
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -47,6 +49,34 @@ def test_gemv_lq_matches_the_dequantized_product(ops, bits, out, inn, T):
     ref = from_bf16(x).astype(np.float64) @ w.astype(np.float64).T
     check_close(ops.gemv_lq(packed, bits, out, inn, x, True), ref, 1e-4, f"gemv_lq f32 bits={bits}")
     check_bf16(ops.gemv_lq(packed, bits, out, inn, x, False), ref, what=f"gemv_lq bf16 bits={bits}")
+
+
+@pytest.mark.parametrize("bits", layout.WIDTHS)
+@pytest.mark.parametrize("out, inn, T", [
+    (16, 17_408, 2),     # five blocks: the pairs' sixth stages its half of x and has no groups
+    (5120, 17_408, 4),   # the 27B down projection of a 4-token verify window
+    (1024, 8192, 6),
+])
+def test_gemv_lq_pairs_keep_each_tokens_one_token_bits(ops, bits, out, inn, T):
+    """A launch that stages at least 64 KiB of x goes in pairs of blocks (clusters of two) that
+    stage it once between them: the product as the reference, and each token's row the bits of
+    its one-token launch (single blocks, the same split)."""
+    rng = rng_for("gemv_lq_pairs", bits, out, inn, T)
+    packed, w = random_lq(rng, out, inn, bits)
+    x = bf16_randn(rng, (T, inn))
+    ref = from_bf16(x).astype(np.float64) @ w.astype(np.float64).T
+    native = pytest.importorskip("lampo._native")
+    sm90 = float(native.device_info()["compute_capability"]) >= 9.0 and os.environ.get("LAMPO_SM90") != "0"
+    for f32 in (True, False):
+        before = ops.gemv_lq_pair_launches()
+        y = ops.gemv_lq(packed, bits, out, inn, x, f32)
+        assert (ops.gemv_lq_pair_launches() > before) == sm90, "pairs run on sm_90+ only, and there always"
+        if f32:
+            check_close(y, ref, 1e-4, f"gemv_lq pairs f32 bits={bits}")
+        else:
+            check_bf16(y, ref, what=f"gemv_lq pairs bf16 bits={bits}")
+        for t in range(T):
+            np.testing.assert_array_equal(ops.gemv_lq(packed, bits, out, inn, x[t:t + 1], f32)[0], y[t])
 
 
 @pytest.mark.parametrize("bits", [0, 4, 5, 6])  # 0: bf16 weights (gemv.cu)

@@ -12,7 +12,9 @@
 // zeros: the one tile's fragments that every lane past the last token reads (lq_lane_x).
 // start[t * 8 + n] = -centre * (sum of tile t's x of token n), zero for n >= tokens. `thread` /
 // `threads` (a multiple of 32) share the work: one thread per (n, t, q); a tile's four quads are
-// adjacent lanes and add their sums by shuffles.
+// adjacent lanes and add their sums by shuffles. With peer_xs / peer_start (another block's areas
+// of the same layout, in its shared memory: a pair of blocks of one cluster staging x once, each
+// half of it) every value also goes there.
 // xs: tokens * lq_x_bytes(in) + LQ_ZERO_X_BYTES bytes; start: lq_start_bytes(in).
 #pragma once
 
@@ -25,7 +27,16 @@ enum class LqXSource { Global, Shared };
 // x [tokens, in] bf16 in SRC.
 template <LqXSource SRC>
 __device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const bf16* x, int tokens, int in,
-                                                float centre, int thread, int threads) {
+                                                float centre, int thread, int threads, uint4* peer_xs = nullptr,
+                                                float* peer_start = nullptr) {
+    auto put_x = [&](int i, uint4 value) {
+        xs[i] = value;
+        if (peer_xs) peer_xs[i] = value;
+    };
+    auto put_start = [&](int i, float value) {
+        start[i] = value;
+        if (peer_start) peer_start[i] = value;
+    };
     const int tiles = in / LQ_TILE_COLS, items = 4 * tiles * tokens;
     for (int base = 0; base < items; base += threads) {  // every lane of a warp takes part in the shuffles
         const int i = base + thread, q = i & 3, t = (i >> 2) % tiles, n = (i >> 2) / tiles;
@@ -49,14 +60,14 @@ __device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const b
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         if (i < items) {
-            xs[2 * i] = make_uint4(v[0], v[1], v[2], v[3]);
-            xs[2 * i + 1] = make_uint4(v[4], v[5], v[6], v[7]);
-            if (q == 0) start[t * 8 + n] = -centre * sum;
+            put_x(2 * i, make_uint4(v[0], v[1], v[2], v[3]));
+            put_x(2 * i + 1, make_uint4(v[4], v[5], v[6], v[7]));
+            if (q == 0) put_start(t * 8 + n, -centre * sum);
         }
     }
     for (int i = thread; i < tiles * 8; i += threads)  // tokens past the staged ones
-        if ((i & 7) >= tokens) start[i] = 0.0f;
-    if (thread < LQ_ZERO_X_BYTES / 16) xs[tokens * tiles * 8 + thread] = make_uint4(0u, 0u, 0u, 0u);
+        if ((i & 7) >= tokens) put_start(i, 0.0f);
+    if (thread < LQ_ZERO_X_BYTES / 16) put_x(tokens * tiles * 8 + thread, make_uint4(0u, 0u, 0u, 0u));
 }
 
 }  // namespace lampo

@@ -34,6 +34,9 @@ void gemm_bf16(const bf16* W, const bf16* x, OutT* y, int T, int out, int in, cu
 template <class OutT>
 void gemv_lq(const uint8_t* W, int bits, const bf16* x, OutT* y, int T, int out, int in, cudaStream_t stream);
 size_t lq_packed_bytes(int out, int in, int bits);
+// How many gemv_lq launches so far went out as pairs of blocks (clusters of two staging x once
+// between them; gemv_lq.cu): the op tests check that the launches meant to take them did.
+long long gemv_lq_pair_launches();
 // The bf16 product of gemv_lq stored as row parts (linear.h RowParts).
 void gemv_lq_parts(const uint8_t* W, int bits, const bf16* x, const RowParts& parts, int T, int out, int in,
                    cudaStream_t stream);

@@ -26,6 +26,10 @@
 // would otherwise let the following kernels become resident beside it from the start and load
 // their weights into its stream (the step measured 0.151 / 0.049 ms shorter on the 27B /
 // 35B-A3B at q5 with the later trigger).
+// Where a launch stages at least LQ_PAIR_MIN_X_BYTES of x (a verify window's wide products), the
+// blocks go in pairs, clusters of two (the pair form): each block stages half of x's items into its
+// own shared memory and its peer's, between two cluster barriers, so x is read from L2 once per
+// pair; the split, the tiles and the sums are those of single blocks.
 //
 // The decode step's two folded forms (T = 1; linear.h), as gemv.cu's for BF16 weights:
 // - LqIn::NormedResidual (gemv_lq_normed): every block builds x = bf16(rmsnorm(residual) * (1 + w))
@@ -50,8 +54,10 @@
 // Each token's values are those of the same token alone: a verify window's rows take the step's
 // bits.
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -86,13 +92,37 @@ constexpr int LQ_RING_MAX = 2;
 constexpr int LQ_RING_PRE_WAIT = 1;
 constexpr int64_t LQ_RING_MAX_GROUPS = 32;  // per warp of a full wave (16 warps per SM)
 
-// The ring's instructions (mbarrier transactions, bulk copies) exist from sm_90 on; on older GPUs
-// the launcher never picks the ring form and its body is not compiled.
+// The ring's and the pair's instructions (mbarrier transactions, bulk copies, cluster barriers) exist
+// from sm_90 on; on older GPUs the launcher never picks those forms and their bodies are not compiled.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-constexpr bool LQ_RING_ARCH = false;
+constexpr bool LQ_SM90_ARCH = false;
 #else
-constexpr bool LQ_RING_ARCH = true;
+constexpr bool LQ_SM90_ARCH = true;
 #endif
+
+// The pair form's cluster barrier in halves (every thread of both blocks): arrive (release: this
+// thread's shared-memory stores, into the peer's too, are visible after the wait; relaxed: none to
+// publish) and wait (acquire). The block's rank in its cluster, and where an address of this
+// block's shared memory lies in the peer block's (a generic address).
+template <bool RELEASE>
+__device__ __forceinline__ void lq_cluster_arrive() {
+    if constexpr (LQ_SM90_ARCH && RELEASE) asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    if constexpr (LQ_SM90_ARCH && !RELEASE) asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void lq_cluster_wait() {
+    if constexpr (LQ_SM90_ARCH) asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ unsigned lq_cluster_rank() {
+    unsigned rank = 0;
+    if constexpr (LQ_SM90_ARCH) asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+    return rank;
+}
+template <class Tp>
+__device__ __forceinline__ Tp* lq_in_block(Tp* local, unsigned rank) {
+    uint64_t at = reinterpret_cast<uint64_t>(local);
+    if constexpr (LQ_SM90_ARCH) asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(at) : "l"(at), "r"(rank));
+    return reinterpret_cast<Tp*>(at);
+}
 
 // Partial sums of strips cut between warps: [warp][slot][lane] C fragments; per strip, the count
 // of pieces arrived (zero between launches).
@@ -275,9 +305,10 @@ __device__ __forceinline__ void lq_finish_strip(const GemvLqParams& p, const LqS
 // products are done, so p.slots - 1 groups stay in flight while it computes, and no warp holds a
 // weight load in flight when it hands sums on. Otherwise each warp's groups go through registers
 // (LqGroup, two in turn). Both read the same tiles in the same order: the same sums, bit for bit.
-template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS, bool RING>
+template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS, bool RING, bool PAIR>
 __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const GemvLqParams p) {
     static_assert(IN != LqIn::NormedResidual || WARPS * 32 >= NORM_THREADS, "the folded norm runs on the GEMV block");
+    static_assert(!PAIR || IN != LqIn::NormedResidual, "the pair stages a given x");
     static_assert(OUT == LqOut::Store || std::is_same_v<OutT, float>, "residual add: an fp32 row");
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
     extern __shared__ uint4 lq_smem[];
@@ -287,6 +318,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     __shared__ float token_inv[IN == LqIn::Prenormed ? GEMV_MAX_T : 1];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = blockIdx.x * WARPS + warp;
     if (threadIdx.x < WARPS) block_arrivals[threadIdx.x] = 0u;  // read after the staging's barrier
+    if constexpr (PAIR) lq_cluster_arrive<false>();  // this block runs: the peer may store into it
     const int tiles = p.in / LQ_TILE_COLS, per_strip = (tiles + LQ_GROUP - 1) / LQ_GROUP;
     const LqSplit split{int64_t(p.out / LQ_TILE_ROWS) * per_strip, per_strip, p.warps};
     const bool idle = w >= p.warps;  // the last block's warps past the split's count
@@ -315,7 +347,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     int issued = 0, issue_t = t;
     const uint8_t* issue_src = src;
     auto request = [&] {  // the warp's next group into its slot (lane 0)
-        if constexpr (RING && LQ_RING_ARCH) {
+        if constexpr (RING && LQ_SM90_ARCH) {
             const int count = min(LQ_GROUP, tiles - issue_t), slot = issued % p.slots;
             mbarrier_arrive_expect_tx(&full[slot], count * TILE_BYTES);
             bulk_load(ring + slot * GROUP_BYTES, issue_src, count * TILE_BYTES, &full[slot]);
@@ -324,7 +356,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
             ++issued;
         }
     };
-    if constexpr (RING && LQ_RING_ARCH) {  // before the wait: weights only
+    if constexpr (RING && LQ_SM90_ARCH) {  // before the wait: weights only
         if (lane == 0 && groups > 0) {
             for (int s = 0; s < p.slots; ++s) mbarrier_init(&full[s], 1);
             mbarrier_init_fence();
@@ -348,18 +380,34 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
                 reinterpret_cast<uint4*>(p.norm.normed_out)[i] = reinterpret_cast<const uint4*>(row)[i];
         lq_stage_x_from<LqXSource::Shared>(xs, start, row, 1, p.in, lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
     } else {
-        lq_stage_x_from<LqXSource::Global>(xs, start, p.x, p.T, p.in, lq_code_centre<BITS>(), threadIdx.x,
-                                           blockDim.x);
+        int thread = threadIdx.x, threads = blockDim.x;
+        float* peer_start = nullptr;  // PAIR: the peer block's start values and x, which this block
+        uint4* peer_xs = nullptr;     // writes as well as its own, each block staging half the items
+        if constexpr (PAIR) {
+            lq_cluster_wait();  // the peer block runs
+            const unsigned rank = lq_cluster_rank();
+            peer_start = lq_in_block(start, rank ^ 1u);
+            peer_xs = lq_in_block(xs, rank ^ 1u);
+            thread += rank * blockDim.x;
+            threads *= 2;
+        }
+        lq_stage_x_from<LqXSource::Global>(xs, start, p.x, p.T, p.in, lq_code_centre<BITS>(), thread, threads,
+                                           peer_xs, peer_start);
         if constexpr (IN == LqIn::Prenormed)  // the last warps, which have the fewest items to stage
             for (int t = WARPS - 1 - warp; t < p.T; t += WARPS) {
                 const float inv = lq_token_inv(p, t, lane);
                 if (lane == 0) token_inv[t] = inv;
             }
     }
-    __syncthreads();
+    if constexpr (PAIR) {  // both blocks' x staged
+        lq_cluster_arrive<true>();
+        lq_cluster_wait();
+    } else {
+        __syncthreads();
+    }
     timeline_mark(TL_STAGED);
     if (g >= g_end) return;
-    if constexpr (RING && LQ_RING_ARCH)
+    if constexpr (RING && LQ_SM90_ARCH)
         if (lane == 0) while (issued < min(p.slots, groups)) request();  // the ring's remaining slots
 
     const LqLaneX x = lq_lane_x(xs, start, tiles, p.T, lane);
@@ -396,7 +444,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
         else lq_mma_group<BITS, false>(cur, frag, x.frag_step, x.start + 4 * t, count, acc);
         advance(count);
     };
-    if constexpr (RING && LQ_RING_ARCH) {
+    if constexpr (RING && LQ_SM90_ARCH) {
         int slot = 0;
         uint32_t parity = 0;
         while (true) {
@@ -449,35 +497,79 @@ int lq_ring_slots(const GemvLqParams& p, int bits, int warps, LqIn input, int64_
     return slots < 2 ? 0 : int(std::min<size_t>(slots, LQ_RING_MAX));
 }
 
+// Blocks of `kernel` the GPU holds at once with `smem` bytes each: per SM times the SMs, or, for
+// pairs (clusters of two), twice the clusters it holds. Asked of the runtime once per device and
+// size (eager few-token forwards, e.g. verify windows, launch this kernel hundreds of times).
+template <class Kernel>
+int lq_resident_blocks(Kernel kernel, int warps, size_t smem, bool pair) {
+    static std::mutex lock;
+    static std::map<std::tuple<int, size_t, bool, const void*>, int> resident;
+    int device = 0;
+    LAMPO_CUDA_CHECK(cudaGetDevice(&device));
+    const std::lock_guard<std::mutex> hold(lock);
+    const auto key = std::make_tuple(device, smem, pair, reinterpret_cast<const void*>(kernel));
+    auto it = resident.find(key);
+    if (it == resident.end()) {
+        int n = 0;
+        if (pair) {
+            cudaLaunchAttribute cluster{};
+            cluster.id = cudaLaunchAttributeClusterDimension;
+            cluster.val.clusterDim = {2, 1, 1};
+            cudaLaunchConfig_t cfg{};
+            cfg.gridDim = dim3(2 * sm_count());
+            cfg.blockDim = dim3(warps * 32);
+            cfg.dynamicSmemBytes = smem;
+            cfg.attrs = &cluster;
+            cfg.numAttrs = 1;
+            LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&n, kernel, &cfg));
+            n *= 2;
+        } else {
+            LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, warps * 32, smem));
+            n *= sm_count();
+        }
+        it = resident.emplace(key, n).first;
+    }
+    return it->second;
+}
+
+// Pairs of blocks (clusters of two, sm_90+) stage x once between them, each block half of it into
+// both, where a launch stages at least LQ_PAIR_MIN_X_BYTES of x (T > 1 tokens): every block of a
+// verify window's GEMV reads all T rows at once, and at T = 4 the 27B's 17,408-column down
+// projection spent 7.2 us staging them against 2.8 us for one token (the blocks' reads of the
+// same rows from L2, not their latency: more loads in flight were slower). The pair's cluster
+// barriers (one at entry, relaxed; one after staging, with a release fence) are what it costs.
+constexpr size_t LQ_PAIR_MIN_X_BYTES = 64 * 1024;
+std::atomic<long long> lq_pair_launch_count{0};  // gemv_lq_pair_launches()
+
 // The grid: as many blocks as the GPU holds at once (fewer when the matrix gives a warp fewer
 // than min_groups groups), so the split's ranges all run in one wave; the ring form keeps to
-// 16 warps per SM, as the register form's registers do.
+// 16 warps per SM, as the register form's registers do. Pairs take the same split (each token's
+// row keeps the bits of its one-token launch), an odd count one more block that stages its half
+// of x and has no groups; where the GPU cannot hold that many pairs at once, single blocks.
 template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS, bool RING>
 void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, int min_groups, cudaStream_t stream) {
-    const auto kernel = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS, RING>;
     const size_t smem =
         lq_smem_bytes(p.in, p.T, IN) + (RING ? size_t(p.slots) * lq_ring_slot_bytes(BITS, WARPS) : 0);
-    if (smem + lq_static_smem_bytes(WARPS) > 48 * 1024) allow_dynamic_smem(kernel, smem, op);
-    // Blocks per SM by device and shared memory size, asked of the runtime once each (eager
-    // few-token forwards, e.g. verify windows, launch this kernel hundreds of times per call).
-    static std::mutex lock;
-    static std::map<std::pair<int, size_t>, int> resident;
-    int device = 0, per_sm = 0;
-    LAMPO_CUDA_CHECK(cudaGetDevice(&device));
-    {
-        const std::lock_guard<std::mutex> hold(lock);
-        auto it = resident.find({device, smem});
-        if (it == resident.end()) {
-            LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, WARPS * 32, smem));
-            it = resident.emplace(std::make_pair(device, smem), per_sm).first;
-        }
-        per_sm = RING ? std::min(it->second, 16 / WARPS) : it->second;
-    }
+    const bool large = smem + lq_static_smem_bytes(WARPS) > 48 * 1024;
+    const auto single = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS, RING, false>;
+    if (large) allow_dynamic_smem(single, smem, op);
+    int most = lq_resident_blocks(single, WARPS, smem, false);
+    if (RING) most = std::min(most, 16 / WARPS * sm_count());
     const int64_t wanted = (groups + min_groups * WARPS - 1) / (min_groups * WARPS);
-    const int blocks = int(std::min<int64_t>({wanted, int64_t(std::max(per_sm, 1)) * sm_count(),
-                                              LQ_SPLIT_MAX_WARPS / WARPS}));
+    const int blocks = int(std::min<int64_t>({wanted, int64_t(std::max(most, 1)), LQ_SPLIT_MAX_WARPS / WARPS}));
     p.warps = int(std::min<int64_t>(int64_t(blocks) * WARPS, groups));  // each warp has a group at least
-    launch_pdl(op, kernel, blocks, WARPS * 32, smem, stream, p);
+    if constexpr (IN != LqIn::NormedResidual) {
+        if (p.T > 1 && size_t(p.T) * lq_x_bytes(p.in) >= LQ_PAIR_MIN_X_BYTES && sm90_or_newer()) {
+            const auto pair = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS, RING, true>;
+            if (large) allow_dynamic_smem(pair, smem, op);
+            const int launched = blocks + (blocks & 1);
+            if (launched <= lq_resident_blocks(pair, WARPS, smem, true)) {
+                lq_pair_launch_count.fetch_add(1, std::memory_order_relaxed);
+                return launch_pdl_clusters(op, 2, pair, launched, WARPS * 32, smem, stream, p);
+            }
+        }
+    }
+    launch_pdl(op, single, blocks, WARPS * 32, smem, stream, p);
 }
 
 template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
@@ -534,6 +626,8 @@ void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t s
 }
 
 }  // namespace
+
+long long gemv_lq_pair_launches() { return lq_pair_launch_count.load(std::memory_order_relaxed); }
 
 size_t lq_packed_bytes(int out, int in, int bits) {
     return size_t(out / LQ_TILE_ROWS) * size_t(in / LQ_TILE_COLS) * size_t(lq_tile_bytes(bits));
