@@ -389,6 +389,7 @@ void register_engine(py::module_& m) {
                  py::dict d;
                  d["nodes"] = g.nodes;
                  d["kernels"] = g.kernels;
+                 d["attention_keys_as_m"] = g.attention_keys_as_m;
                  return d;
              })
         .def("profile_decode",

@@ -9,6 +9,9 @@
 // kernel (one block per (token, query head) and 32 dims, 16 warps sharing the splits) merges the
 // live splits and applies the sigmoid output gate. Needs head dim 256 and Tq * (nq / nkv) <= 64.
 #include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/attention/attention_int8.cuh"
 #include "kernels/launch_utils.cuh"
@@ -36,11 +39,9 @@ int decode_blocks_per_sm() {
     return blocks;
 }
 
-// Whether Tq tokens of `group` query rows each run keys as M (attention_int8.cuh): one token of at
-// most 8 rows, unless LAMPO_ATTN_KEYS_M=0 (the rows-as-M form for every call, for A/B runs).
-bool keys_as_m(int Tq, int group) {
-    static const bool on = !env_switched_off("LAMPO_ATTN_KEYS_M");
-    return on && Tq == 1 && group <= 8;
+// Whether a call asked for keys as M (attention_int8.cuh) can take it: one token of at most 8 rows.
+bool keys_as_m(bool asked, int Tq, int group) {
+    return asked && Tq == 1 && group <= 8;
 }
 
 // Splits per KV head: as many as make one wave of blocks of the form on every SM, at most one per
@@ -135,15 +136,34 @@ void launch_decode(const attn::Params& p, cudaStream_t stream) {
 
 }  // namespace
 
+// The depth from which the keys-as-M form is the faster one (H200, q5, docs/benchmarks.md: its step
+// 0.023 / 0.050 ms slower at 8,192 keys and 0.117 / 0.359 ms faster at 261,875 on the 35B-A3B /
+// 27B; the line through those two points crosses zero at about 50,000 / 39,000 keys). A
+// keys-as-M block is slower than a rows-as-M block; its gain is the third block per SM.
+constexpr int KEYS_AS_M_FROM = 49152;
+
+bool decode_keys_as_m(int depth) {
+    long from = KEYS_AS_M_FROM;
+    if (const char* env = std::getenv("LAMPO_ATTN_KEYS_M_FROM"); env && *env) {
+        char* end = nullptr;
+        from = std::strtol(env, &end, 10);
+        if (*end != '\0' || from < 0) {
+            throw std::invalid_argument(std::string("LAMPO_ATTN_KEYS_M_FROM must be a number of keys (0: from the "
+                                                    "start), got '") + env + "'");
+        }
+    }
+    return depth >= from;
+}
+
 // Room for every Tq up to the given one: one token may take more splits (keys as M) than a window.
 size_t attn_decode_partial_floats(int Tq, int nq, int nkv, int D, int context_max) {
-    const size_t one = size_t(decode_splits(context_max, nkv, keys_as_m(1, nq / nkv))) * nq * (D + 2);
+    const size_t one = size_t(decode_splits(context_max, nkv, keys_as_m(true, 1, nq / nkv))) * nq * (D + 2);
     return std::max(one, size_t(decode_splits(context_max, nkv, false)) * Tq * nq * (D + 2));
 }
 
 void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, const int8_t* v_cache,
                       const half* k_scale, const half* v_scale, const int32_t* d_pos, bf16* out, float* partial,
-                      int Tq, int nq, int nkv, int D, int context_max, cudaStream_t stream) {
+                      int Tq, int nq, int nkv, int D, int context_max, bool keys_m_asked, cudaStream_t stream) {
     const char* op = "attn_decode_int8";
     require(D == attn::D, op, "head dim must be 256 (the Qwen3.5/3.6 family), got " + std::to_string(D));
     require(nkv > 0 && nq % nkv == 0, op, "nq must be a multiple of nkv");
@@ -154,7 +174,7 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
     p.q = q; p.gate = gate; p.k_cache = k_cache; p.v_cache = v_cache; p.k_scale = k_scale; p.v_scale = v_scale;
     p.nq = nq; p.nkv = nkv; p.group = nq / nkv; p.context_max = context_max; p.T = Tq;
     p.d_pos = d_pos;
-    const bool keys_m = keys_as_m(Tq, p.group);
+    const bool keys_m = keys_as_m(keys_m_asked, Tq, p.group);
     p.nsplit = decode_splits(context_max, nkv, keys_m);
     p.part_o = partial;
     p.part_ml = partial + size_t(p.nsplit) * Tq * nq * D;
