@@ -254,21 +254,23 @@ def test_graph_replay_equals_the_ungraphed_step_and_sampling_parameters_keep_the
 
 def test_the_step_takes_the_keys_as_m_attention_from_its_depth_on(tiny, monkeypatch):
     """The decode step's graph is captured again when the context reaches LAMPO_ATTN_KEYS_M_FROM
-    keys, with the attention's keys-as-M form: steps before that depth are those of a run that never
-    switches, steps after it agree with a run that takes the form from the start (the same math in
-    another summation order), and a bad setting is refused with its name."""
+    keys, with the attention's keys-as-M form (as its capture launched it): steps before that depth
+    are those of a run that never switches, steps after it agree with a run that takes the form from
+    the start (the same math in another summation order), and a bad setting is refused with its
+    name. The steps are fed the same tokens in every run."""
     ck, engine, _ref = tiny
     ids = prompt_ids(50, seed=21)
-    first = prefill(fresh(engine), ids)
+    fed = prompt_ids(6, seed=22)
+    prefill(fresh(engine), ids)
     engine.snapshot(0)
 
     def run(switch_at):
         monkeypatch.setenv("LAMPO_ATTN_KEYS_M_FROM", str(switch_at))
         engine.restore(0)
         forms, rows = [], []
-        for i in range(6):
+        for token in fed:
             forms.append(engine.decode_graph_info()["attention_keys_as_m"])  # the graph the next step runs
-            engine.decode(first if i == 0 else -1)
+            engine.decode(int(token))
             rows.append(engine.logits())
         return forms, rows
 
@@ -285,7 +287,7 @@ def test_the_step_takes_the_keys_as_m_attention_from_its_depth_on(tiny, monkeypa
     monkeypatch.setenv("LAMPO_ATTN_KEYS_M_FROM", "deep")
     engine.restore(0)
     with pytest.raises(ValueError, match="LAMPO_ATTN_KEYS_M_FROM"):
-        engine.decode(first)
+        engine.decode(int(fed[0]))
 
 
 def test_queued_decode_steps_match_one_at_a_time_and_misuse_is_refused(tiny):

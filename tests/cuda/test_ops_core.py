@@ -208,7 +208,7 @@ def run_decode(ops, nq, nkv, Tq, live, context_max, seed_key):
         (24, 4, 1, 4224, 4288),   # 4 KV heads: 66 splits (H200) of 64 keys exactly
         (24, 4, 1, 4225, 4288),   # one past: chunks of 128
         (24, 4, 2, 20_000, 20_032),
-        (16, 2, 1, 12_672, 12_736),  # keys as M: 3 blocks a SM on 132 SMs, 198 splits of 64 keys
+        (16, 2, 1, 12_672, 12_736),  # H200: keys as M 198 splits of 64 keys (3 blocks a SM), rows as M 132
         (16, 2, 1, 12_673, 12_736),  # one past
         (24, 4, 1, 12_673, 12_736),  # 6 query rows of 8 as N, 99 splits
     ],

@@ -393,7 +393,9 @@ void Engine::launch_captured(cudaGraphExec_t& exec, bool stale, const std::funct
 void Engine::ensure_decode_graph() {
     const bool keys_as_m = decode_keys_as_m(pos_);
     if (graph_exec_ && same_sampling(sampling_, graph_sampling_) && keys_as_m == graph_keys_as_m_) return;
+    const long long keys_as_m_before = attn_keys_as_m_launches();
     cudaGraph_t g = capture([this, keys_as_m] { decode_body(nullptr, keys_as_m); });
+    const bool captured_keys_as_m = attn_keys_as_m_launches() > keys_as_m_before;
     install_graph(graph_exec_, g, "cudaGraphInstantiate (decode step)");
     if (graph_) cudaGraphDestroy(graph_);
     graph_ = g;
@@ -404,7 +406,7 @@ void Engine::ensure_decode_graph() {
     LAMPO_CUDA_CHECK(cudaGraphGetNodes(graph_, nullptr, &n));
     std::vector<cudaGraphNode_t> nodes(n);
     LAMPO_CUDA_CHECK(cudaGraphGetNodes(graph_, nodes.data(), &n));
-    graph_info_ = DecodeGraphInfo{int(n), 0, keys_as_m};
+    graph_info_ = DecodeGraphInfo{int(n), 0, captured_keys_as_m};
     for (cudaGraphNode_t node : nodes) {
         cudaGraphNodeType type;
         LAMPO_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
@@ -488,7 +490,8 @@ std::vector<std::pair<std::string, double>> Engine::profile_decode(int steps, in
     OpTimer timer(stream_);
     double total_ms = 0.0;
     for (int i = 0; i < steps; ++i) {
-        total_ms += timed_ms([&] { decode_body(&timer, decode_keys_as_m(pos_)); });
+        const bool keys_as_m = decode_keys_as_m(pos_);
+        total_ms += timed_ms([&] { decode_body(&timer, keys_as_m); });
         timer.collect();
         pos_ += 1;
     }

@@ -51,7 +51,7 @@ struct EngineOptions {
 struct DecodeGraphInfo {
     int nodes = 0;    // all nodes of the captured decode step
     int kernels = 0;  // kernel nodes among them (launches per decoded token)
-    bool attention_keys_as_m = false;  // its attention's form, chosen by depth (ops.h decode_keys_as_m)
+    bool attention_keys_as_m = false;  // its attention ran keys as M (ops.h decode_keys_as_m: by depth)
 };
 
 class Engine {

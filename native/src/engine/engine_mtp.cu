@@ -117,7 +117,7 @@ std::vector<int32_t> Engine::mtp_draft(int token, int k) {
     const int rows = draft_vocab_;
     const bool sampled = sampling_.temperature > 0.0f;
     const int V = rows ? rows : dims_.vocab, v_real = rows ? rows : dims_.vocab_real;
-    const bool keys_as_m = decode_keys_as_m(pos_ - 1);  // the chain's attention at its first position
+    const bool keys_as_m = decode_keys_as_m(pos_);  // as the decode step's MTP row at this position
     auto body = [&] {
         for (int i = 0; i < k; ++i) {
             MtpStep m;

@@ -9,6 +9,7 @@
 // kernel (one block per (token, query head) and 32 dims, 16 warps sharing the splits) merges the
 // live splits and applies the sigmoid output gate. Needs head dim 256 and Tq * (nq / nkv) <= 64.
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -141,6 +142,9 @@ void launch_decode(const attn::Params& p, cudaStream_t stream) {
 // 27B; the line through those two points crosses zero at about 50,000 / 39,000 keys). A
 // keys-as-M block is slower than a rows-as-M block; its gain is the third block per SM.
 constexpr int KEYS_AS_M_FROM = 49152;
+std::atomic<long long> keys_as_m_launch_count{0};  // attn_keys_as_m_launches()
+
+long long attn_keys_as_m_launches() { return keys_as_m_launch_count.load(std::memory_order_relaxed); }
 
 bool decode_keys_as_m(int depth) {
     long from = KEYS_AS_M_FROM;
@@ -180,7 +184,14 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
     p.part_ml = partial + size_t(p.nsplit) * Tq * nq * D;
     const int mt = ceil_div(Tq * p.group, 16);
     switch (mt) {
-        case 1: keys_m ? launch_decode<1, 4, true>(p, stream) : launch_decode<1, 4>(p, stream); break;
+        case 1:
+            if (keys_m) {
+                launch_decode<1, 4, true>(p, stream);
+                keys_as_m_launch_count.fetch_add(1, std::memory_order_relaxed);
+            } else {
+                launch_decode<1, 4>(p, stream);
+            }
+            break;
         case 2: launch_decode<2, 2>(p, stream); break;
         case 3: launch_decode<3, 1>(p, stream); break;
         default: launch_decode<4, 1>(p, stream); break;
