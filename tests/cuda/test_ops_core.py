@@ -181,13 +181,17 @@ def attention_ref(q_bits, gate_bits, cache, live, positions):
 
 
 def run_decode(ops, nq, nkv, Tq, live, context_max, seed_key):
+    """Both forms where the call has two: one token of at most 8 query rows a KV head also runs its
+    keys as the mma's M (what a decode step takes from decode_keys_as_m's depth on)."""
     rng = rng_for("dec", *seed_key)
     cache = make_cache(rng, nkv, context_max, live)
     q = bf16_randn(rng, (Tq, nq, D), 2.0)
     gate = bf16_randn(rng, (Tq, nq * D), 2.0)
     pos0 = live - Tq
-    out = ops.attn_decode_int8(q, gate, *cache, pos0)
-    check_bf16(out, attention_ref(q, gate, cache, live, pos0 + np.arange(Tq)), what=f"decode L={live} Tq={Tq}")
+    want = attention_ref(q, gate, cache, live, pos0 + np.arange(Tq))
+    for keys_as_m in (False, True) if Tq == 1 and nq // nkv <= 8 else (False,):
+        out = ops.attn_decode_int8(q, gate, *cache, pos0, keys_as_m=keys_as_m)
+        check_bf16(out, want, what=f"decode L={live} Tq={Tq} keys_as_m={keys_as_m}")
 
 
 @pytest.mark.parametrize(
@@ -204,6 +208,9 @@ def run_decode(ops, nq, nkv, Tq, live, context_max, seed_key):
         (24, 4, 1, 4224, 4288),   # 4 KV heads: 66 splits (H200) of 64 keys exactly
         (24, 4, 1, 4225, 4288),   # one past: chunks of 128
         (24, 4, 2, 20_000, 20_032),
+        (16, 2, 1, 12_672, 12_736),  # H200: keys as M 198 splits of 64 keys (3 blocks a SM), rows as M 132
+        (16, 2, 1, 12_673, 12_736),  # one past
+        (24, 4, 1, 12_673, 12_736),  # 6 query rows of 8 as N, 99 splits
     ],
 )
 def test_attn_decode_int8(ops, nq, nkv, Tq, live, context_max):
@@ -508,8 +515,10 @@ def test_zz_timings(ops, monkeypatch):
                   lambda r: f"{r['us']:9.1f} us  {r['TFLOPs']:6.1f} TFLOP/s")
     for nq, nkv, L, Tq in ((16, 2, 65_536, 1), (16, 2, 262_144, 1), (24, 4, 262_144, 1), (16, 2, 262_144, 4),
                            (16, 2, 4096, 1)):
-        bench(f"decode attn nq={nq} nkv={nkv} L={L} Tq={Tq}", lambda: ops.bench_attn_decode(nq, nkv, L, Tq, 50),
-              lambda r: f"{r['us']:7.1f} us  {r['GBps']:6.0f} GB/s")
+        for keys_as_m in (False, True) if Tq == 1 else (False,):
+            bench(f"decode attn nq={nq} nkv={nkv} L={L} Tq={Tq}{' keys as M' if keys_as_m else ''}",
+                  lambda: ops.bench_attn_decode(nq, nkv, L, Tq, 50, keys_as_m),
+                  lambda r: f"{r['us']:7.1f} us  {r['GBps']:6.0f} GB/s")
     for nq, nkv, T, pos0 in ((16, 2, 8192, 0), (24, 4, 8192, 0), (16, 2, 1024, 65_536)):
         bench(f"prefill attn nq={nq} nkv={nkv} T={T} pos0={pos0}", lambda: ops.bench_attn_prefill(nq, nkv, T, pos0, 3),
               lambda r: f"{r['us'] / 1e3:7.2f} ms  {r['TFLOPs']:6.1f} TFLOP/s")

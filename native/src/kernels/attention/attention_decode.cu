@@ -9,6 +9,10 @@
 // kernel (one block per (token, query head) and 32 dims, 16 warps sharing the splits) merges the
 // live splits and applies the sigmoid output gate. Needs head dim 256 and Tq * (nq / nkv) <= 64.
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 
 #include "kernels/attention/attention_int8.cuh"
 #include "kernels/launch_utils.cuh"
@@ -20,12 +24,13 @@ constexpr int COMBINE_WARPS = 16;     // each warp sums every 16th split for 32 
 constexpr int COMBINE_PER_WARP = 16;  // splits per warp, their outputs held in registers
 constexpr int COMBINE_MAX_SPLITS = COMBINE_WARPS * COMBINE_PER_WARP;  // <= the block's threads
 
-// Blocks of the one-token form (the decode step's) resident on one SM by registers and shared
-// memory (two on an H200, one where an SM has about 100 KiB of shared memory), asked of the
-// runtime once.
+// Blocks of a one-M-tile form resident on one SM by registers and shared memory, asked of the
+// runtime once: the rows-as-M form two on an H200 (one where an SM has about 100 KiB of shared
+// memory), the keys-as-M form of the decode step as many as its registers leave room for.
+template <bool KEYS_M>
 int decode_blocks_per_sm() {
     static const int blocks = [] {
-        auto kernel = attn::attn_int8_kernel<1, 4, false>;
+        auto kernel = attn::attn_int8_kernel<1, 4, false, KEYS_M>;
         const size_t smem = attn::smem_bytes(1, 4);
         allow_dynamic_smem(kernel, smem, "attn_decode_int8");
         int per_sm = 0;
@@ -35,12 +40,18 @@ int decode_blocks_per_sm() {
     return blocks;
 }
 
-// Splits per KV head: as many as make one wave of blocks on every SM, at most one per 64 keys and
-// COMBINE_MAX_SPLITS. A second wave of blocks as long as the first only queues (the 27B's four KV
-// heads in 132 splits each: step 7.311 against 7.242 ms at 8,192 in one wave, H200 q5).
-int decode_splits(int context_max, int nkv) {
-    return std::max(1, std::min({ceil_div(decode_blocks_per_sm() * sm_count(), nkv),
-                                 ceil_div(context_max, attn::KEYS), COMBINE_MAX_SPLITS}));
+// Whether a call asked for keys as M (attention_int8.cuh) can take it: one token of at most 8 rows.
+bool keys_as_m(bool asked, int Tq, int group) {
+    return asked && Tq == 1 && group <= 8;
+}
+
+// Splits per KV head: as many as make one wave of blocks of the form on every SM, at most one per
+// 64 keys and COMBINE_MAX_SPLITS. A second wave of blocks as long as the first only queues (the
+// 27B's four KV heads in 132 splits each: step 7.311 against 7.242 ms at 8,192 in one wave, H200 q5).
+int decode_splits(int context_max, int nkv, bool keys_m) {
+    const int per_sm = keys_m ? decode_blocks_per_sm<true>() : decode_blocks_per_sm<false>();
+    return std::max(1, std::min({ceil_div(per_sm * sm_count(), nkv), ceil_div(context_max, attn::KEYS),
+                                 COMBINE_MAX_SPLITS}));
 }
 
 // Block (row = t * nq + query head, 32 dims): the live length is known before the PDL wait (d_pos
@@ -116,9 +127,9 @@ attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __rest
     }
 }
 
-template <int MT, int KG>
+template <int MT, int KG, bool KEYS_M = false>
 void launch_decode(const attn::Params& p, cudaStream_t stream) {
-    auto kernel = attn::attn_int8_kernel<MT, KG, false>;
+    auto kernel = attn::attn_int8_kernel<MT, KG, false, KEYS_M>;
     const size_t smem = attn::smem_bytes(MT, KG);
     allow_dynamic_smem(kernel, smem, "attn_decode_int8");
     launch_pdl("attn_int8_kernel", kernel, dim3(p.nsplit, p.nkv), MT * KG * 32, smem, stream, p);
@@ -126,13 +137,37 @@ void launch_decode(const attn::Params& p, cudaStream_t stream) {
 
 }  // namespace
 
+// The depth from which the keys-as-M form is the faster one (H200, q5, docs/benchmarks.md: its step
+// 0.023 / 0.050 ms slower at 8,192 keys and 0.117 / 0.359 ms faster at 261,875 on the 35B-A3B /
+// 27B; the line through those two points crosses zero at about 50,000 / 39,000 keys). A
+// keys-as-M block is slower than a rows-as-M block; its gain is the third block per SM.
+constexpr int KEYS_AS_M_FROM = 49152;
+std::atomic<long long> keys_as_m_launch_count{0};  // attn_keys_as_m_launches()
+
+long long attn_keys_as_m_launches() { return keys_as_m_launch_count.load(std::memory_order_relaxed); }
+
+bool decode_keys_as_m(int depth) {
+    long from = KEYS_AS_M_FROM;
+    if (const char* env = std::getenv("LAMPO_ATTN_KEYS_M_FROM"); env && *env) {
+        char* end = nullptr;
+        from = std::strtol(env, &end, 10);
+        if (*end != '\0' || from < 0) {
+            throw std::invalid_argument(std::string("LAMPO_ATTN_KEYS_M_FROM must be a number of keys (0: from the "
+                                                    "start), got '") + env + "'");
+        }
+    }
+    return depth >= from;
+}
+
+// Room for every Tq up to the given one: one token may take more splits (keys as M) than a window.
 size_t attn_decode_partial_floats(int Tq, int nq, int nkv, int D, int context_max) {
-    return size_t(decode_splits(context_max, nkv)) * Tq * nq * (D + 2);
+    const size_t one = size_t(decode_splits(context_max, nkv, keys_as_m(true, 1, nq / nkv))) * nq * (D + 2);
+    return std::max(one, size_t(decode_splits(context_max, nkv, false)) * Tq * nq * (D + 2));
 }
 
 void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, const int8_t* v_cache,
                       const half* k_scale, const half* v_scale, const int32_t* d_pos, bf16* out, float* partial,
-                      int Tq, int nq, int nkv, int D, int context_max, cudaStream_t stream) {
+                      int Tq, int nq, int nkv, int D, int context_max, bool keys_m_asked, cudaStream_t stream) {
     const char* op = "attn_decode_int8";
     require(D == attn::D, op, "head dim must be 256 (the Qwen3.5/3.6 family), got " + std::to_string(D));
     require(nkv > 0 && nq % nkv == 0, op, "nq must be a multiple of nkv");
@@ -143,12 +178,20 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
     p.q = q; p.gate = gate; p.k_cache = k_cache; p.v_cache = v_cache; p.k_scale = k_scale; p.v_scale = v_scale;
     p.nq = nq; p.nkv = nkv; p.group = nq / nkv; p.context_max = context_max; p.T = Tq;
     p.d_pos = d_pos;
-    p.nsplit = decode_splits(context_max, nkv);
+    const bool keys_m = keys_as_m(keys_m_asked, Tq, p.group);
+    p.nsplit = decode_splits(context_max, nkv, keys_m);
     p.part_o = partial;
     p.part_ml = partial + size_t(p.nsplit) * Tq * nq * D;
     const int mt = ceil_div(Tq * p.group, 16);
     switch (mt) {
-        case 1: launch_decode<1, 4>(p, stream); break;
+        case 1:
+            if (keys_m) {
+                launch_decode<1, 4, true>(p, stream);
+                keys_as_m_launch_count.fetch_add(1, std::memory_order_relaxed);
+            } else {
+                launch_decode<1, 4>(p, stream);
+            }
+            break;
         case 2: launch_decode<2, 2>(p, stream); break;
         case 3: launch_decode<3, 1>(p, stream); break;
         default: launch_decode<4, 1>(p, stream); break;
