@@ -217,6 +217,10 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
     __shared__ float v_s[REC_COLS];
     __shared__ __align__(8) bf16 o_row[2][GDN_D];  // rank 0: head j's o of token t in buffer t % 2
     __shared__ bool last;
+    // This block runs: its cluster peers may store into its shared memory once every block has
+    // arrived (the wait before the first store below). Relaxed: the loads before the PDL wait stay
+    // in flight.
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
     const int tid = threadIdx.x;
     const int cg = tid & 3, rg = tid >> 2;
     const int j = blockIdx.y, hk = j / (Hv / Hk);
@@ -280,6 +284,7 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
         const float4 v = make_float4(v_s[cg * 4], v_s[cg * 4 + 1], v_s[cg * 4 + 2], v_s[cg * 4 + 3]);
         const float4 out = rec_token(S, qv, kv, v, av, bv, a_log, dtb);  // its barriers order v_s's reuse
         if (keep) store_slice(S, states.recurrent + gdn_slot_offset(states, p + 1 + t, rec_slot) + j * head_elems, rg, m0);
+        if (t == 0) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // rank 0 runs
         if (rg == 0) store_bf16x4(cluster.map_shared_rank(o_row[t & 1], 0) + m0, out);
         cluster.sync();
         if (norm_lane) {
