@@ -64,6 +64,9 @@
 #          .gpu/NAME.patch (git apply); NAME+NAME applies several. E.g.
 #          BASE_PATCH=a VARIANTS="b c+d" AB_REPEAT=3 VARIANT_TESTS="tests/cuda/test_engine.py" bash tests/gpu/run.sh ab
 #          AB_MODEL="35b-a3b 27b" AB_WEIGHTS=q5 AB_SWEEP=1 VARIANTS=e bash tests/gpu/run.sh ab
+#          A variant NAME:VAR=VAL is the base's modules benched with VAR=VAL in the environment
+#          (e.g. keys0:LAMPO_ATTN_KEYS_M_FROM=0); with PREBUILT, a variant NAME found as
+#          $PREBUILT/NAME is taken from there instead of patched and built here.
 #          AB_DEPTHS (default 0,8192) and AB_SPEC_K (verify windows of k + 1 tokens, e.g. 3) widen
 #          what each round measures (step_bench)
 #   probe  no engine build: tests/gpu/probe_expert_reads.py with its timing half
@@ -106,7 +109,9 @@
 # Environment: OUT (default .gpu/out), LAMPO_GPU_TESTS (pytest paths, default tests/cuda),
 # LAMPO_COMMIT (recorded in the bench JSON; default HEAD, "+uncommitted (engine sources ID)" if the
 # tree differs), JOBS (build parallelism), TEST_TIMEOUT (seconds). Pure-Python dependencies missing
-# on a bare machine may be placed in .gpu/pylib (added to PYTHONPATH).
+# on a bare machine may be placed in .gpu/pylib (added to PYTHONPATH). PREBUILT=DIR (carried) takes
+# the modules that tests/gpu/prebuild.sh built elsewhere from this same tree (DIR/base; its SOURCES
+# must equal this tree's engine sources id) instead of building them here.
 set -uo pipefail
 MODE=${1:-quick}
 case "$MODE" in quick|check|lq|trained|kernel|gemv|files|full|final|profile|omit|fusions|ab|probe|stream|handover|ordering|timeline|spec) ;; *) echo "usage: $0 quick|check|lq|trained|kernel|gemv|files|full|final|profile|omit|fusions|ab|probe|stream|handover|ordering|timeline|spec" >&2; exit 2 ;; esac
@@ -213,6 +218,16 @@ fi
 build_native() {  # compile the configured build and put both modules (_native, _native_ops) into the package
   cmake --build "$WORK/build" -j"${JOBS:-14}" >>"$OUT/build.log" 2>&1 && cp "$WORK"/build/_native*.so app/lampo/
 }
+take_prebuilt() {  # take_prebuilt NAME DEST: $PREBUILT/NAME's modules (tests/gpu/prebuild.sh) into DEST
+  local f; mkdir -p "$2"
+  for f in "$PREBUILT/$1"/_native*.so.xz; do xz -dc "$f" >"$2/$(basename "$f" .xz)" || return 1; done
+}
+if [ -n "${PREBUILT:-}" ]; then  # modules built elsewhere from this very tree: no build here
+  [ "$(cat "$PREBUILT/base/SOURCES" 2>/dev/null)" = "$ENGINE_SOURCES" ] \
+    || { log "PREBUILT/base was built from engine sources $(cat "$PREBUILT/base/SOURCES" 2>/dev/null), not this tree's"; exit 1; }
+  take_prebuilt base app/lampo || { log "PREBUILT/base: modules missing"; exit 1; }
+  log "took the prebuilt modules of engine sources $ENGINE_SOURCES"
+else
 log "building lampo._native and lampo._native_ops"
 # Always from an empty build folder: a warm machine keeps $WORK between calls, and a source file
 # that a variant patch touched in the previous call comes back with an older time stamp than the
@@ -226,6 +241,7 @@ if [ $? -ne 0 ]; then
   log "BUILD FAILED"; grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1
 fi
 log "built $(ls "$WORK"/build/_native*.so | xargs -n1 basename)"
+fi
 
 for pid in "${WRITERS[@]}"; do
   wait "$pid" || log "writing a full-width checkpoint failed (see $OUT/write-*.log)"
@@ -471,8 +487,8 @@ ab)  # each build once into $WORK/so/BUILD/ (both modules), then AB_REPEAT round
   SO_DIR="$WORK/so"; rm -rf "$SO_DIR"; mkdir -p "$SO_DIR"
   AB_MODEL=${AB_MODEL:-35b-a3b}
   FIRST_MODEL=${AB_MODEL%% *}
-  keep_so() { mkdir -p "$SO_DIR/$1" && cp "$WORK"/build/_native*.so "$SO_DIR/$1/"; }
-  use_so() { cp "$SO_DIR/$1"/_native*.so app/lampo/; }
+  keep_so() { mkdir -p "$SO_DIR/$1" && cp app/lampo/_native*.so "$SO_DIR/$1/"; }
+  use_so() { cp "$SO_DIR/${1%%:*}"/_native*.so app/lampo/; }
   native_only() {  # a variant is swapped in as a module only, so its patches may change native/ alone
     local p; for p in ${1//+/ }; do
       grep '^+++ b/' ".gpu/$p.patch" | grep -qv '^+++ b/native/' && return 1
@@ -480,6 +496,11 @@ ab)  # each build once into $WORK/so/BUILD/ (both modules), then AB_REPEAT round
   }
   keep_so base; BUILDS=(base)
   for v in ${VARIANTS:-}; do
+    case "$v" in *:*) BUILDS+=("$v"); mkdir -p "$SO_DIR/${v%%:*}" && cp app/lampo/_native*.so "$SO_DIR/${v%%:*}/"; continue ;; esac
+    if [ -n "${PREBUILT:-}" ] && [ -d "$PREBUILT/$v" ]; then
+      take_prebuilt "$v" "$SO_DIR/$v" && BUILDS+=("$v") && log "variant $v: prebuilt (engine sources $(cat "$PREBUILT/$v/SOURCES"))"
+      continue
+    fi
     native_only "$v" || { log "variant $v changes files outside native/: not benched"; continue; }
     patches apply "$v" || continue
     if build_native; then keep_so "$v"; BUILDS+=("$v"); else log "variant $v not built"; fi
@@ -489,7 +510,9 @@ ab)  # each build once into $WORK/so/BUILD/ (both modules), then AB_REPEAT round
     for b in "${BUILDS[@]}"; do
       use_so "$b"
       for m in $AB_MODEL; do
-        (export LAMPO_COMMIT="$LAMPO_COMMIT$([ "$b" = base ] || echo " + $b")"; step_bench "$m-$b-r$r" 60 "$m")
+        (export LAMPO_COMMIT="$LAMPO_COMMIT$([ "$b" = base ] || echo " + $b")"
+         case "$b" in *:*) export "${b#*:}" ;; esac
+         step_bench "$m-${b%%:*}-r$r" 60 "$m")
       done
       if [ "$r" = 1 ] && [ "${AB_SWEEP:-}" = 1 ]; then
         timeout 120 $PY tests/gpu/gemv_sweep.py --json "$OUT/bench/gemv-sweep-$b.json" >"$OUT/bench/gemv-sweep-$b.txt" 2>&1
