@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/gpu/prebuild.sh DIR NAME - build this tree's lampo._native and lampo._native_ops on a machine
 # without a GPU (nvcc and a Python of the GPU machine's version), for run.sh's PREBUILT=DIR: the
-# modules, xz-compressed, go to DIR/NAME with SOURCES, the engine sources id that run.sh computes.
+# modules, xz-compressed, go to DIR/NAME with SOURCES, the engine sources id that run.sh computes,
+# and COMMIT, the commit they were built from (run.sh records it when LAMPO_COMMIT is not set).
 # NAME base is the tree run.sh runs; any other NAME is an A/B variant (run.sh ab benches DIR/NAME
 # for a VARIANTS entry NAME instead of patching and building it there). MODULES=_native builds the
 # engine module only (enough for a variant that is benched, not tested).
@@ -25,4 +26,7 @@ for so in "$BUILD"/_native*.so; do
   case " ${MODULES:-_native _native_ops} " in *" $(basename "$so" | cut -d. -f1) "*) xz -T0 -3 -c "$so" >"$DIR/$NAME/$(basename "$so").xz" ;; esac
 done
 echo "$SOURCES" >"$DIR/$NAME/SOURCES"
+COMMIT=$(git rev-parse --short HEAD)
+[ -z "$(git status --porcelain --untracked-files=no)" ] || COMMIT="$COMMIT+uncommitted (engine sources $SOURCES)"
+echo "$COMMIT" >"$DIR/$NAME/COMMIT"
 ls -l "$DIR/$NAME"

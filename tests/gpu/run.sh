@@ -131,7 +131,12 @@ ENGINE_SOURCES=$(find native/src -type f | LC_ALL=C sort | while read -r f; do e
   | sha1sum | cut -c1-12)
 # The commit the results belong to: HEAD, marked "+uncommitted" with the engine sources' id when
 # tracked files differ from it (local edits, or a copy whose .git did not follow the working tree);
-# set LAMPO_COMMIT to name it.
+# set LAMPO_COMMIT to name it. With PREBUILT modules of these very sources, the commit they were
+# built from (prebuild.sh's COMMIT), which a copy's stale .git cannot misname.
+if [ -z "${LAMPO_COMMIT:-}" ] && [ -n "${PREBUILT:-}" ] && [ -s "$PREBUILT/base/COMMIT" ] \
+   && [ "$(cat "$PREBUILT/base/SOURCES" 2>/dev/null)" = "$ENGINE_SOURCES" ]; then
+  LAMPO_COMMIT=$(cat "$PREBUILT/base/COMMIT")
+fi
 if [ -z "${LAMPO_COMMIT:-}" ]; then
   LAMPO_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
   [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] \
