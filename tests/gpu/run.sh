@@ -33,7 +33,7 @@
 #          for k = 1..4 (lampo bench --speculate-accept ... --mtp; SPEC_MODELS picks a subset), the MTP
 #          drafts among the first SPEC_DRAFT_VOCAB ids (default 98304, a Latin-script conversation's;
 #          empty: every id), the chain timed over every id too; SPEC_DEPTHS (default 8192, e.g.
-#          8192,262000) the depths
+#          8192,262000) the depths, SPEC_K (default 1,2,3,4; the bench takes 1..7) the draft counts
 #   kernel build + pytest -m cuda (LAMPO_GPU_TESTS) + Nsight Compute (--set full) over the LQ GEMV
 #          launches of tests/gpu/op_profile.py for the shapes in KERNEL_SHAPES ("OUT,IN,BITS[,T] ...")
 #   gemv   build (no tests unless TESTS=1) + tests/gpu/gemv_sweep.py: every LQ matrix of both models at
@@ -354,7 +354,7 @@ spec)
   vocab=${SPEC_DRAFT_VOCAB-98304}
   for m in ${SPEC_MODELS:-35b-a3b 27b}; do
     bench "$m-q5-spec" 200 --preset "qwen3.6-$m" --random-weights --weights q5 --prompt 512 --depths "${SPEC_DEPTHS:-8192}" \
-      --fast-depth --profile-steps 0 --speculate-accept 0.6,0.8,0.9 --draft-k 1,2,3,4 --mtp \
+      --fast-depth --profile-steps 0 --speculate-accept 0.6,0.8,0.9 --draft-k "${SPEC_K:-1,2,3,4}" --mtp \
       ${vocab:+--draft-vocab $vocab}
   done ;;
 kernel)
