@@ -13,8 +13,8 @@ NAME=${2:?usage: prebuild.sh DIR NAME}
 PY=${PYTHON:-python3}
 BUILD=${BUILD_DIR:-/tmp/lampo-prebuild-$NAME}
 PYBIND11_DIR=${PYBIND11_DIR:-$($PY -m pybind11 --cmakedir)}
-SOURCES=$(find native/src -type f | LC_ALL=C sort | while read -r f; do echo "$(git hash-object "$f")  $f"; done \
-  | sha1sum | cut -c1-12)
+source tests/gpu/tree_id.sh
+SOURCES=$(engine_sources)
 cmake -S native -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAMPO_OP_TESTS=ON \
   -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90a}" -DPython_EXECUTABLE="$(command -v "$PY")" \
   -Dpybind11_DIR="$PYBIND11_DIR" >/dev/null
@@ -26,7 +26,5 @@ for so in "$BUILD"/_native*.so; do
   case " ${MODULES:-_native _native_ops} " in *" $(basename "$so" | cut -d. -f1) "*) xz -T0 -3 -c "$so" >"$DIR/$NAME/$(basename "$so").xz" ;; esac
 done
 echo "$SOURCES" >"$DIR/$NAME/SOURCES"
-COMMIT=$(git rev-parse --short HEAD)
-[ -z "$(git status --porcelain --untracked-files=no)" ] || COMMIT="$COMMIT+uncommitted (engine sources $SOURCES)"
-echo "$COMMIT" >"$DIR/$NAME/COMMIT"
+tree_commit "$SOURCES" >"$DIR/$NAME/COMMIT"
 ls -l "$DIR/$NAME"

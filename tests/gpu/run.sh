@@ -123,25 +123,16 @@ PY=${PYTHON:-python3}
 mkdir -p "$OUT/bench" "$WORK"
 export PYTHONUNBUFFERED=1
 [ -d "$ROOT/.gpu/pylib" ] && export PYTHONPATH="$ROOT/.gpu/pylib${PYTHONPATH:+:$PYTHONPATH}"
-# The engine sources as this tree has them, independent of .git (a copied checkout's .git was
-# seen pointing at an older commit than its working tree): the blob ids of native/src's files with
-# their paths, hashed. For a commit C the same id is
-#   git ls-tree -r C native/src | awk '{print $3"  "$4}' | sha1sum | cut -c1-12
-ENGINE_SOURCES=$(find native/src -type f | LC_ALL=C sort | while read -r f; do echo "$(git hash-object "$f")  $f"; done \
-  | sha1sum | cut -c1-12)
-# The commit the results belong to: HEAD, marked "+uncommitted" with the engine sources' id when
-# tracked files differ from it (local edits, or a copy whose .git did not follow the working tree);
-# set LAMPO_COMMIT to name it. With PREBUILT modules of these very sources, the commit they were
-# built from (prebuild.sh's COMMIT), which a copy's stale .git cannot misname.
+source tests/gpu/tree_id.sh
+ENGINE_SOURCES=$(engine_sources)
+# The commit the results belong to (tree_commit); set LAMPO_COMMIT to name it. With PREBUILT
+# modules of these very sources, the commit they were built from (prebuild.sh's COMMIT), which a
+# copy's stale .git cannot misname.
 if [ -z "${LAMPO_COMMIT:-}" ] && [ -n "${PREBUILT:-}" ] && [ -s "$PREBUILT/base/COMMIT" ] \
    && [ "$(cat "$PREBUILT/base/SOURCES" 2>/dev/null)" = "$ENGINE_SOURCES" ]; then
   LAMPO_COMMIT=$(cat "$PREBUILT/base/COMMIT")
 fi
-if [ -z "${LAMPO_COMMIT:-}" ]; then
-  LAMPO_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-  [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] \
-    && LAMPO_COMMIT="$LAMPO_COMMIT+uncommitted (engine sources $ENGINE_SOURCES)"
-fi
+[ -n "${LAMPO_COMMIT:-}" ] || LAMPO_COMMIT=$(tree_commit "$ENGINE_SOURCES")
 export LAMPO_COMMIT
 T0=$(date +%s)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*" | tee -a "$OUT/summary.txt"; }
@@ -520,7 +511,7 @@ ab)  # each build once into $WORK/so/BUILD/ (both modules), then AB_REPEAT round
          step_bench "$m-${b%%:*}-r$r" 60 "$m")
       done
       if [ "$r" = 1 ] && [ "${AB_SWEEP:-}" = 1 ]; then
-        timeout 120 $PY tests/gpu/gemv_sweep.py --json "$OUT/bench/gemv-sweep-$b.json" >"$OUT/bench/gemv-sweep-$b.txt" 2>&1
+        timeout 120 $PY tests/gpu/gemv_sweep.py --json "$OUT/bench/gemv-sweep-${b%%:*}.json" >"$OUT/bench/gemv-sweep-${b%%:*}.txt" 2>&1
         log "gemv sweep ($b) exit $?"
       fi
     done

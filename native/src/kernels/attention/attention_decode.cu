@@ -138,9 +138,9 @@ void launch_decode(const attn::Params& p, cudaStream_t stream) {
 }  // namespace
 
 // The depth from which the keys-as-M form is the faster one (H200, q5, docs/benchmarks.md: its step
-// 0.023 / 0.050 ms slower at 8,192 keys and 0.117 / 0.359 ms faster at 261,875 on the 35B-A3B /
-// 27B; the line through those two points crosses zero at about 50,000 / 39,000 keys). A
-// keys-as-M block is slower than a rows-as-M block; its gain is the third block per SM.
+// 0.01-0.08 ms slower at 8,192 and 32,768 keys, equal or faster at 65,536, 0.138 / 0.377 ms faster
+// at 261,875 on the 35B-A3B / 27B: the forms cross between 32,768 and 65,536 keys). A keys-as-M
+// block is slower than a rows-as-M block; its gain is the third block per SM.
 constexpr int KEYS_AS_M_FROM = 49152;
 std::atomic<long long> keys_as_m_launch_count{0};  // attn_keys_as_m_launches()
 
