@@ -52,3 +52,31 @@ def test_unknown_schedule_is_refused(ps):
         ps.plan("sideways")
     with pytest.raises(ValueError, match="unknown schedule"):
         ps.plan("ahead-fast")
+
+
+def test_a_recipe_shrinks_the_weight_phases_only(ps):
+    """--weights q5: the same phases and spins, each weight phase at its class's bits per weight; the
+    router, the GDN state and the KV rows keep their bytes. The weights then add up to what the
+    recipe says a 35B-A3B token reads (recipes.active_bytes_per_token)."""
+    from lampo.models.presets import get_preset
+    from lampo.models.quant.recipes import active_bytes_per_token, get_recipe
+
+    bf16, q5 = ps.step_phases(), ps.step_phases("q5")
+    assert [(n, w, r) for n, _, w, r in bf16] == [(n, w, r) for n, _, w, r in q5]
+    kept = {"router", "gdn step (state)", "attention over the cache"}
+    unscaled = 0
+    for (name, b16, *_), (_, b5, *_) in zip(bf16, q5):
+        if name in kept:
+            assert b5 == b16
+            unscaled += b16
+        else:
+            assert b5 < b16 * 0.45 or b16 == 0
+    weights = ps.plan("merged", "q5").total - unscaled
+    want = active_bytes_per_token(get_recipe("q5"), get_preset("qwen3.6-35b-a3b"))
+    assert weights == pytest.approx(want, rel=0.03)
+    assert ps.plan("merged", "q4").total < ps.plan("merged", "q5").total
+
+
+def test_unknown_recipe_is_refused(ps):
+    with pytest.raises(ValueError, match="unknown recipe"):
+        ps.step_phases("q3")

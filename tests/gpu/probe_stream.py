@@ -20,8 +20,15 @@ spins of a few microseconds. Schedules:
              waits for the top-k
   *-nowork   the same without the latency spins (what the dependency points alone cost)
 
+--weights bf16,q5,q4 runs the schedules with each weight format's bytes: a phase's weight bytes are
+scaled by its tensor class's bits per weight in that recipe (models/quant/recipes.py; the router,
+the KV rows and the GDN state stay as they are), so the dependency points stay where they are
+while the bytes between them shrink (q5: 2.25 GB a 35B-A3B step). --tiles sets the ring's tile
+size and stages (e.g. 32768x6,16384x12).
+
 Run on a machine with an NVIDIA GPU:  bash tests/gpu/run.sh stream (builds probe_stream.cu with nvcc, passes it
-as --lib). Prints and writes (--json) each schedule's time per step and bandwidth.
+as --lib; STREAM_WEIGHTS / STREAM_TILES pass --weights / --tiles). Prints and writes (--json) each
+schedule's time per step and bandwidth.
 """
 
 from __future__ import annotations
@@ -34,30 +41,35 @@ import sys
 import time
 from dataclasses import dataclass
 
+from lampo.models.quant.layout import bits_per_weight
+from lampo.models.quant.recipes import get_recipe
+
 MB = 1_000_000
 
-# 35B-A3B bytes per decode step at depth 8,192 (bf16 weights; lampo.models.params for the same
-# model gives 6.108 GB per token) and the measured latency-bound phases (timelines, session 7-8).
-GDN_LAYER = [  # (name, bytes, work_ns, routed)
-    ("gdn in projection", 50.6 * MB, 0, False),
-    ("gdn step (state)", 2.1 * MB, 3000, False),
-    ("gdn out projection", 16.8 * MB, 0, False),
+# 35B-A3B bytes per decode step at depth 8,192 with bf16 weights (lampo.models.params for the same
+# model gives 6.108 GB per token), each phase's bytes by tensor class (models/quant/recipes.py; None:
+# not scaled by a recipe: the router, the GDN state, the KV rows), and the measured latency-bound
+# phases (decode timelines).
+GDN_LAYER = [  # (name, [(class, bytes)], work_ns, routed)
+    ("gdn in projection", [("gdn", 50.6 * MB)], 0, False),
+    ("gdn step (state)", [(None, 2.1 * MB)], 3000, False),
+    ("gdn out projection", [("gdn", 16.8 * MB)], 0, False),
 ]
 ATTENTION_LAYER = [
-    ("attention qkv", 37.7 * MB, 0, False),
-    ("attention prep", 0, 1500, False),
-    ("attention over the cache", 8.6 * MB, 2000, False),
-    ("attention combine", 0, 1000, False),
-    ("attention o projection", 16.8 * MB, 0, False),
+    ("attention qkv", [("attention", 37.7 * MB)], 0, False),
+    ("attention prep", [], 1500, False),
+    ("attention over the cache", [(None, 8.6 * MB)], 2000, False),
+    ("attention combine", [], 1000, False),
+    ("attention o projection", [("attention", 16.8 * MB)], 0, False),
 ]
 MOE = [
-    ("router", 1.0 * MB, 0, False),
-    ("top-k", 0, 1500, False),
-    ("shared expert gate_up", 4.2 * MB, 0, False),
-    ("routed gate_up", 33.6 * MB, 0, True),
-    ("down (routed + shared)", 18.9 * MB, 0, True),
+    ("router", [(None, 1.0 * MB)], 0, False),
+    ("top-k", [], 1500, False),
+    ("shared expert gate_up", [("shared_expert", 4.2 * MB)], 0, False),
+    ("routed gate_up", [("experts_gate_up", 33.6 * MB)], 0, True),
+    ("down (routed + shared)", [("experts_down", 16.8 * MB), ("shared_expert", 2.1 * MB)], 0, True),
 ]
-LM_HEAD = ("lm head", 1017 * MB, 0, False)
+LM_HEAD = ("lm head", [("lm_head", 1017 * MB)], 0, False)
 LAYERS, ATTENTION_EVERY = 40, 4
 
 
@@ -73,21 +85,32 @@ class Plan:
         return sum(self.bytes)
 
 
-def step_phases() -> list[tuple[str, int, int, bool]]:
+def weight_scale(weights: str, cls: str | None) -> float:
+    """Bytes of a class's weights in `weights` (bf16, or a recipe name) per bf16 byte."""
+    if weights == "bf16" or cls is None:
+        return 1.0
+    return bits_per_weight(get_recipe(weights).bits[cls]) / 16
+
+
+def step_phases(weights: str = "bf16") -> list[tuple[str, int, int, bool]]:
     """The 35B-A3B decode step as phases in order (bytes rounded up to 256)."""
     phases = []
     for layer in range(LAYERS):
         mixer = ATTENTION_LAYER if (layer + 1) % ATTENTION_EVERY == 0 else GDN_LAYER
         phases += mixer + MOE
     phases.append(LM_HEAD)
-    return [(name, int(-(-b // 256) * 256), ns, routed) for name, b, ns, routed in phases]
+    out = []
+    for name, parts, ns, routed in phases:
+        b = sum(size * weight_scale(weights, cls) for cls, size in parts)
+        out.append((name, int(-(-b // 256) * 256), ns, routed))
+    return out
 
 
 PARTIAL_INPUT = {"gdn step (state)", "attention prep", "attention over the cache", "shared expert gate_up"}
 
 
-def plan(schedule: str) -> Plan:
-    phases = step_phases()
+def plan(schedule: str, weights: str = "bf16") -> Plan:
+    phases = step_phases(weights)
     kind, _, nowork = schedule.partition("-")
     if kind not in ("stream", "lockstep", "ahead", "merged") or nowork not in ("", "nowork"):
         raise ValueError(f"unknown schedule {schedule!r}")
@@ -113,28 +136,35 @@ def main() -> int:
     ap.add_argument("--lib", required=True, help="probe_stream.so built from probe_stream.cu")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--weights", default="bf16,q5", help="comma list of bf16 and recipe names (q5, q4)")
+    ap.add_argument("--tiles", default="32768x6", help="comma list of TILE_BYTESxSTAGES rings")
     args = ap.parse_args()
+    weights_list = args.weights.split(",")
+    for w in weights_list:
+        weight_scale(w, "gdn")  # an unknown recipe fails here, before the GPU is touched
+    rings = [tuple(int(v) for v in t.split("x")) for t in args.tiles.split(",")]
     lib = ctypes.CDLL(args.lib)
     lib.stream_error.restype = ctypes.c_char_p
     lib.stream_init.argtypes = [ctypes.c_size_t]
     lib.stream_time.restype = ctypes.c_double
-    if lib.stream_init(plan("stream").total + 256 * len(step_phases())) != 0:
+    if lib.stream_init(plan("stream").total + 256 * len(step_phases())) != 0:  # bf16: the largest
         raise SystemExit(f"stream_init: {lib.stream_error().decode()}")
     results = []
-    runs = [(schedule, 32768, 6) for schedule in
-            ("stream", "lockstep", "ahead", "merged", "lockstep-nowork", "ahead-nowork", "merged-nowork")]
-    for schedule, tile, stages in runs:
-        pl = plan(schedule)
-        n = len(pl.bytes)
-        ints = [(ctypes.c_int * n)(*v) for v in (pl.work_ns, pl.prod_dep, pl.cons_dep)]
-        seconds = lib.stream_time((ctypes.c_longlong * n)(*pl.bytes), *ints, n, tile, stages, args.repeats)
-        if seconds < 0:
-            raise SystemExit(f"stream_time({schedule}): {lib.stream_error().decode()}")
-        row = {"schedule": schedule, "tile_bytes": tile, "stages": stages, "phases": n, "bytes": pl.total,
-               "ms_per_step": seconds * 1e3, "tb_per_s": pl.total / seconds / 1e12}
-        results.append(row)
-        print(f"{schedule:15s} tile {tile // 1024:2d} KiB x {stages:2d} stages, {n:4d} phases: "
-              f"{row['ms_per_step']:.3f} ms per step, {row['tb_per_s']:.2f} TB/s", flush=True)
+    schedules = ("stream", "lockstep", "ahead", "merged", "lockstep-nowork", "ahead-nowork", "merged-nowork")
+    for weights in weights_list:
+        for (tile, stages), schedule in ((ring, s) for ring in rings for s in schedules):
+            pl = plan(schedule, weights)
+            n = len(pl.bytes)
+            ints = [(ctypes.c_int * n)(*v) for v in (pl.work_ns, pl.prod_dep, pl.cons_dep)]
+            seconds = lib.stream_time((ctypes.c_longlong * n)(*pl.bytes), *ints, n, tile, stages, args.repeats)
+            if seconds < 0:
+                raise SystemExit(f"stream_time({schedule}): {lib.stream_error().decode()}")
+            row = {"weights": weights, "schedule": schedule, "tile_bytes": tile, "stages": stages, "phases": n,
+                   "bytes": pl.total, "ms_per_step": seconds * 1e3, "tb_per_s": pl.total / seconds / 1e12}
+            results.append(row)
+            print(f"{weights:4s} {schedule:15s} tile {tile // 1024:2d} KiB x {stages:2d} stages, {n:4d} phases, "
+                  f"{pl.total / 1e9:.3f} GB: {row['ms_per_step']:.3f} ms per step, {row['tb_per_s']:.2f} TB/s",
+                  flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": "qwen3.6-35b-a3b step at depth 8,192 (bytes and spins)",

@@ -73,7 +73,9 @@
 #          (probe_expert_reads.cu, built here by nvcc): read bandwidth of the expert weights' access
 #          patterns against a contiguous stream
 #   stream no engine build: tests/gpu/probe_stream.py with its timing half (probe_stream.cu, built
-#          here by nvcc): a persistent weight stream through the decode step's dependency points
+#          here by nvcc): a persistent weight stream through the decode step's dependency points,
+#          with each STREAM_WEIGHTS format's bytes (default bf16,q5) and STREAM_TILES rings
+#          (default 32768x6: tile bytes x stages)
 #   handover  no engine build: tests/gpu/probe_handover.cu (a standalone program): what one
 #          dependency point costs alone (a PDL kernel boundary, a grid-wide counter, a posted flag)
 #   ordering  no engine build: tests/gpu/probe_ordering.cu (a standalone program): what a CTA fence,
@@ -155,16 +157,6 @@ if [ "$MODE" = handover ] || [ "$MODE" = ordering ]; then  # a standalone progra
   exit 0
 fi
 
-if [ "$MODE" = probe ] || [ "$MODE" = stream ]; then  # a standalone probe: its .cu built here, then its .py
-  name=$([ "$MODE" = probe ] && echo probe_expert_reads || echo probe_stream)
-  nvcc -O3 -shared -Xcompiler -fPIC -gencode arch=compute_90a,code=sm_90a -o "$WORK/$name.so" \
-    "tests/gpu/$name.cu" 2>&1 | tee "$OUT/$name-build.log"
-  timeout 300 $PY "tests/gpu/$name.py" --lib "$WORK/$name.so" \
-    --json "$OUT/bench/${name//_/-}.json" 2>&1 | tee "$OUT/bench/${name//_/-}.txt"
-  log "$MODE exit ${PIPESTATUS[0]}"
-  exit 0
-fi
-
 # Python packages only (the CUDA extension is built below with every source).
 # An editable install when the machine's pip/scikit-build-core can do it offline; otherwise the
 # same package layout (lampo, lampo.models, lampo.assets) through symlinks on PYTHONPATH.
@@ -175,6 +167,18 @@ if ! $PY -m pip install -q --no-build-isolation --no-deps -e . -Ccmake.define.LA
   export PYTHONPATH="$WORK/py${PYTHONPATH:+:$PYTHONPATH}"
 fi
 $PY -c "import lampo.models.config" || { log "lampo is not importable"; exit 1; }
+
+if [ "$MODE" = probe ] || [ "$MODE" = stream ]; then  # a standalone probe: its .cu built here, then its .py
+  name=$([ "$MODE" = probe ] && echo probe_expert_reads || echo probe_stream)
+  nvcc -O3 -shared -Xcompiler -fPIC -gencode arch=compute_90a,code=sm_90a -o "$WORK/$name.so" \
+    "tests/gpu/$name.cu" 2>&1 | tee "$OUT/$name-build.log"
+  extra=()
+  [ "$MODE" = stream ] && extra=(--weights "${STREAM_WEIGHTS:-bf16,q5}" --tiles "${STREAM_TILES:-32768x6}")
+  timeout 300 $PY "tests/gpu/$name.py" --lib "$WORK/$name.so" "${extra[@]}" \
+    --json "$OUT/bench/${name//_/-}.json" 2>&1 | tee "$OUT/bench/${name//_/-}.txt"
+  log "$MODE exit ${PIPESTATUS[0]}"
+  exit 0
+fi
 
 if [ "$MODE" = trained ]; then  # the GPU trains while the CPU builds
   TRAINED="$WORK/measure-moe"
