@@ -5,7 +5,8 @@
 # and COMMIT, the commit they were built from (run.sh records it when LAMPO_COMMIT is not set).
 # NAME base is the tree run.sh runs; any other NAME is an A/B variant (run.sh ab benches DIR/NAME
 # for a VARIANTS entry NAME instead of patching and building it there). MODULES=_native builds the
-# engine module only (enough for a variant that is benched, not tested).
+# engine module only (enough for a variant that is benched, not tested). TIMELINE=1 builds with
+# -DLAMPO_TIMELINE=ON: NAME timeline is what run.sh timeline takes.
 #   PYTHON=python3.12 PYBIND11_DIR=... CUDA_ARCH=90a bash tests/gpu/prebuild.sh .gpu/pre base
 set -euo pipefail
 DIR=${1:?usage: prebuild.sh DIR NAME}
@@ -16,6 +17,7 @@ PYBIND11_DIR=${PYBIND11_DIR:-$($PY -m pybind11 --cmakedir)}
 source tests/gpu/tree_id.sh
 SOURCES=$(engine_sources)
 cmake -S native -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAMPO_OP_TESTS=ON \
+  -DLAMPO_TIMELINE=$([ -n "${TIMELINE:-}" ] && echo ON || echo OFF) \
   -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCH:-90a}" -DPython_EXECUTABLE="$(command -v "$PY")" \
   -Dpybind11_DIR="$PYBIND11_DIR" >/dev/null
 targets=()

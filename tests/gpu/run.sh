@@ -112,8 +112,8 @@
 # LAMPO_COMMIT (recorded in the bench JSON; default HEAD, "+uncommitted (engine sources ID)" if the
 # tree differs), JOBS (build parallelism), TEST_TIMEOUT (seconds). Pure-Python dependencies missing
 # on a bare machine may be placed in .gpu/pylib (added to PYTHONPATH). PREBUILT=DIR (carried) takes
-# the modules that tests/gpu/prebuild.sh built elsewhere from this same tree (DIR/base; its SOURCES
-# must equal this tree's engine sources id) instead of building them here.
+# the modules that tests/gpu/prebuild.sh built elsewhere from this same tree (DIR/base, for timeline
+# DIR/timeline; its SOURCES must equal this tree's engine sources id) instead of building them here.
 set -uo pipefail
 MODE=${1:-quick}
 case "$MODE" in quick|check|lq|trained|kernel|gemv|files|full|final|profile|omit|fusions|ab|probe|stream|handover|ordering|timeline|spec) ;; *) echo "usage: $0 quick|check|lq|trained|kernel|gemv|files|full|final|profile|omit|fusions|ab|probe|stream|handover|ordering|timeline|spec" >&2; exit 2 ;; esac
@@ -223,10 +223,11 @@ take_prebuilt() {  # take_prebuilt NAME DEST: $PREBUILT/NAME's modules (tests/gp
   for f in "$PREBUILT/$1"/_native*.so.xz; do xz -dc "$f" >"$2/$(basename "$f" .xz)" || return 1; done
 }
 if [ -n "${PREBUILT:-}" ]; then  # modules built elsewhere from this very tree: no build here
-  [ "$(cat "$PREBUILT/base/SOURCES" 2>/dev/null)" = "$ENGINE_SOURCES" ] \
-    || { log "PREBUILT/base was built from engine sources $(cat "$PREBUILT/base/SOURCES" 2>/dev/null), not this tree's"; exit 1; }
-  take_prebuilt base app/lampo || { log "PREBUILT/base: modules missing"; exit 1; }
-  log "took the prebuilt modules of engine sources $ENGINE_SOURCES"
+  SET=$([ "$MODE" = timeline ] && echo timeline || echo base)  # timeline: TIMELINE=1 prebuild.sh DIR timeline
+  [ "$(cat "$PREBUILT/$SET/SOURCES" 2>/dev/null)" = "$ENGINE_SOURCES" ] \
+    || { log "PREBUILT/$SET was built from engine sources $(cat "$PREBUILT/$SET/SOURCES" 2>/dev/null), not this tree's"; exit 1; }
+  take_prebuilt "$SET" app/lampo || { log "PREBUILT/$SET: modules missing"; exit 1; }
+  log "took the prebuilt $SET modules of engine sources $ENGINE_SOURCES"
 else
 log "building lampo._native and lampo._native_ops"
 # Always from an empty build folder: a warm machine keeps $WORK between calls, and a source file
