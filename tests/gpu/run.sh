@@ -60,7 +60,7 @@
 #          modules swapped in, so a drift of the machine hits them alike. tests/gpu/ab_summary.py
 #          gives each build's medians; a variant whose median at 8,192 beats the base's by more than
 #          KEEP_MS (default 0.02 ms; the first model of AB_MODEL decides) runs VARIANT_TESTS (pytest
-#          paths, if set; KEEP_MS=-1000 tests every variant). A patch name is a file
+#          paths, if set; KEEP_MS=-1000 tests every variant, AB_TEST_VARIANTS="b" the ones named). A patch name is a file
 #          .gpu/NAME.patch (git apply); NAME+NAME applies several. E.g.
 #          BASE_PATCH=a VARIANTS="b c+d" AB_REPEAT=3 VARIANT_TESTS="tests/cuda/test_engine.py" bash tests/gpu/run.sh ab
 #          AB_MODEL="35b-a3b 27b" AB_WEIGHTS=q5 AB_SWEEP=1 VARIANTS=e bash tests/gpu/run.sh ab
@@ -525,7 +525,7 @@ ab)  # each build once into $WORK/so/BUILD/ (both modules), then AB_REPEAT round
     $PY tests/gpu/ab_summary.py "$OUT/bench" --model "$m" | tee -a "$OUT/bench/ab-summary.txt"
   done
   if [ -n "${VARIANT_TESTS:-}" ]; then
-    for v in $($PY tests/gpu/ab_summary.py "$OUT/bench" --model "$FIRST_MODEL" --faster --keep-ms "${KEEP_MS:-0.02}"); do
+    for v in ${AB_TEST_VARIANTS:-$($PY tests/gpu/ab_summary.py "$OUT/bench" --model "$FIRST_MODEL" --faster --keep-ms "${KEEP_MS:-0.02}")}; do
       use_so "$v"
       timeout "${TEST_TIMEOUT:-240}" $PY -m pytest -m cuda $VARIANT_TESTS -q -rs -p no:cacheprovider >"$OUT/pytest-$v.log" 2>&1
       log "pytest ($v) exit $?: $(tail -1 "$OUT/pytest-$v.log")"
