@@ -167,7 +167,9 @@ gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
 //    in rank 0's first warp the norm weight; and the states, which only this kernel writes in a
 //    forward pass (the rule in common.cuh): the ring position, the state slice and the conv states
 //    of those channels.
-// 2. per token t: conv + SiLU of row t (the channels' last K-1 inputs kept in registers), the
+// 2. after the wait, every token's inputs at once (their loads in flight together, each value kept in
+//    the shared memory of the thread that uses it; a and b by threads t < T); then per token t:
+//    conv + SiLU of row t (the channels' last K-1 inputs kept in registers), the
 //    delta rule step of gdn_recurrent_kernel (rec_token), each block's bf16 o slice into rank 0's
 //    shared memory (two buffers, so one cluster barrier per token), and there rank 0's first warp
 //    runs the gated RMSNorm of head j with z -> y row t. The states after token t go to their slot
@@ -180,6 +182,7 @@ gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
 // Numbers identical to causal_conv1d_silu -> gated_delta_rule_recurrent -> gated_rmsnorm, rows
 // included.
 constexpr int FUSED_CLUSTER = GDN_D / REC_COLS;
+constexpr int FUSED_MAX_T = 8;  // the most tokens of one launch (a verify window)
 
 template <int K>
 __device__ __forceinline__ void load_conv_w(const bf16* __restrict__ conv_w, int c, float (&w)[K]) {
@@ -217,6 +220,9 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
     __shared__ float v_s[REC_COLS];
     __shared__ __align__(8) bf16 o_row[2][GDN_D];  // rank 0: head j's o of token t in buffer t % 2
     __shared__ bool last;
+    __shared__ float xq_s[FUSED_MAX_T][REC_THREADS], xk_s[FUSED_MAX_T][REC_THREADS], xv_s[FUSED_MAX_T][REC_COLS];
+    __shared__ float ab_s[FUSED_MAX_T][2];
+    __shared__ float4 z_s[FUSED_MAX_T][32];
     // This block runs: its cluster peers may store into its shared memory once every block has
     // arrived (the wait before the first store below). Relaxed: the loads before the PDL wait stay
     // in flight.
@@ -251,16 +257,27 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
     if (tid < REC_COLS) load_hist<K>(conv_in, cv, hv);
     pdl_begin();
 
-    // 2. the tokens.
+    // 2. the tokens' inputs, then the tokens.
+#pragma unroll
+    for (int t = 0; t < FUSED_MAX_T; ++t) {
+        if (t >= T) break;
+        const bf16* xt = x + size_t(t) * C;
+        xq_s[t][tid] = __bfloat162float(xt[cq]);
+        xk_s[t][tid] = __bfloat162float(xt[ck]);
+        if (tid < REC_COLS) xv_s[t][tid] = __bfloat162float(xt[cv]);
+        if (norm_lane) z_s[t][tid] = load_bf16x4(z + (size_t(t) * Hv + j) * GDN_D + tid * 4);
+        if (tid == t) {
+            ab_s[t][0] = __bfloat162float(a[size_t(t) * Hv + j]);
+            ab_s[t][1] = __bfloat162float(b[size_t(t) * Hv + j]);
+        }
+    }
     cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
     unsigned ticket = 0;
     for (int t = 0; t < T; ++t) {
         const bool keep = rows || t == T - 1;  // the states after token t go to slot p + 1 + t
         bf16* conv_out = states.conv + gdn_slot_offset(states, p + 1 + t, conv_slot);
-        const bf16* xt = x + size_t(t) * C;
-        const float xq = __bfloat162float(xt[cq]), xk = __bfloat162float(xt[ck]);
-        const float av = __bfloat162float(a[size_t(t) * Hv + j]), bv = __bfloat162float(b[size_t(t) * Hv + j]);
-        const float4 zv = norm_lane ? load_bf16x4(z + (size_t(t) * Hv + j) * GDN_D + tid * 4) : float4{};
+        const float xq = xq_s[t][tid], xk = xk_s[t][tid];
+        const float4 zv = norm_lane ? z_s[t][tid] : float4{};
         // conv + SiLU (conv_out is bf16 in the three-launch path)
         const float qv = round_to_bf16(conv_silu_step<K>(wq, hq, xq));
         const float kv = round_to_bf16(conv_silu_step<K>(wk, hkk, xk));
@@ -271,7 +288,7 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
             store_hist<K>(conv_out, ck, hkk);
         }
         if (tid < REC_COLS) {
-            const float xv = __bfloat162float(xt[cv]);
+            const float xv = xv_s[t][tid];
             v_s[tid] = round_to_bf16(conv_silu_step<K>(wv, hv, xv));
             shift_in<K>(hv, xv);
             if (keep) store_hist<K>(conv_out, cv, hv);  // read by this block only
@@ -282,7 +299,7 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
             ticket = atomicAdd(counters + hk, 1u);
         }
         const float4 v = make_float4(v_s[cg * 4], v_s[cg * 4 + 1], v_s[cg * 4 + 2], v_s[cg * 4 + 3]);
-        const float4 out = rec_token(S, qv, kv, v, av, bv, a_log, dtb);  // its barriers order v_s's reuse
+        const float4 out = rec_token(S, qv, kv, v, ab_s[t][0], ab_s[t][1], a_log, dtb);  // its barriers order v_s's reuse
         if (keep) store_slice(S, states.recurrent + gdn_slot_offset(states, p + 1 + t, rec_slot) + j * head_elems, rg, m0);
         if (t == 0) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // rank 0 runs
         if (rg == 0) store_bf16x4(cluster.map_shared_rank(o_row[t & 1], 0) + m0, out);
@@ -331,6 +348,9 @@ void gdn_decode_fused(const bf16* qkv, const bf16* conv_w, const bf16* a, const 
     gdn_check_dims(op, T, Hk, Hv, dk, dv);
     gdn_check_states(op, states, T, rows);
     if (!counters) throw std::invalid_argument(std::string(op) + ": needs Hk zeroed counters");
+    if (T > FUSED_MAX_T)
+        throw std::invalid_argument(std::string(op) + ": at most " + std::to_string(FUSED_MAX_T) + " tokens, got " +
+                                    std::to_string(T));
     if (!gdn_decode_fused_available())
         throw std::invalid_argument(std::string(op) + ": needs thread block clusters (sm_90 or newer)");
     const dim3 grid(FUSED_CLUSTER, Hv);
