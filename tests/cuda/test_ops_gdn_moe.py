@@ -249,6 +249,9 @@ def test_gdn_decode_fused_rejects_bad_shapes(ops):
     with pytest.raises(ValueError, match="K must be 2, 3 or 4"):
         ops.gdn_decode_fused(x[:1], bf16_normal(rng, (C, 5)), bf16_normal(rng, (C, 4)), a[:1], b[:1], A_log, dt_bias,
                              state, z[:1], nw, 1)
+    x, a, b, A_log, dt_bias, state, cw, cs, z, nw = small_fused_step(7, 9)
+    with pytest.raises(ValueError, match="at most 8 tokens, got 9"):
+        ops.gdn_decode_fused(x, cw, cs, a, b, A_log, dt_bias, state, z, nw, 1)
 
 
 @pytest.mark.parametrize("T", [1, 63, 64, 65, 200, 1000])
