@@ -148,7 +148,7 @@ void gated_delta_rule_recurrent(const bf16* qkv, const bf16* a, const bf16* b, c
 // gated RMSNorm with z [T, Hv*128], norm_w [128] -> y [T, Hv*128]; both states continue from and go
 // to `states` as above, with rows too. The same numbers as causal_conv1d_silu,
 // gated_delta_rule_recurrent and gated_rmsnorm in sequence. counters: Hk unsigned, 0 before the
-// call and 0 again after it. K in {2, 3, 4}; dk = dv = 128. Needs thread block clusters:
+// call and 0 again after it. T <= GEMV_MAX_T; K in {2, 3, 4}; dk = dv = 128. Needs thread block clusters:
 // gdn_decode_fused_available() (sm_90+).
 bool gdn_decode_fused_available();
 void gdn_decode_fused(const bf16* qkv, const bf16* conv_w, const bf16* a, const bf16* b, const float* A_log,

@@ -182,7 +182,7 @@ gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
 // Numbers identical to causal_conv1d_silu -> gated_delta_rule_recurrent -> gated_rmsnorm, rows
 // included.
 constexpr int FUSED_CLUSTER = GDN_D / REC_COLS;
-constexpr int FUSED_MAX_T = 8;  // the most tokens of one launch (a verify window)
+constexpr int FUSED_MAX_T = GEMV_MAX_T;  // the most tokens of one launch: the few-token forward's bound
 
 template <int K>
 __device__ __forceinline__ void load_conv_w(const bf16* __restrict__ conv_w, int c, float (&w)[K]) {
