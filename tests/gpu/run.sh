@@ -68,7 +68,8 @@
 #          (e.g. keys0:LAMPO_ATTN_KEYS_M_FROM=0); with PREBUILT, a variant NAME found as
 #          $PREBUILT/NAME is taken from there instead of patched and built here.
 #          AB_DEPTHS (default 0,8192) and AB_SPEC_K (verify windows of k + 1 tokens, e.g. 3) widen
-#          what each round measures (step_bench)
+#          what each round measures (step_bench); AB_ARGS adds lampo bench arguments (e.g. "--mtp
+#          --draft-vocab 98304": the engine `lampo chat` makes, its rounds with MTP chains)
 #   probe  no engine build: tests/gpu/probe_expert_reads.py with its timing half
 #          (probe_expert_reads.cu, built here by nvcc): read bandwidth of the expert weights' access
 #          patterns against a contiguous stream
@@ -287,7 +288,7 @@ bench() {  # bench NAME SECONDS ARGS...   (each bench has its own time limit; th
 step_bench() {  # step_bench NAME SECONDS [MODEL]: MODEL's (default 35b-a3b) graphed decode step at AB_DEPTHS (default depth 1 and 8,192; random fill), weights AB_WEIGHTS (default bf16); AB_SPEC_K: also the verify windows of k + 1 tokens (k in AB_SPEC_K, e.g. 3 or 1,3) and rounds at a = 0.8
   bench "$1" "$2" --preset "qwen3.6-${3:-35b-a3b}" --random-weights ${AB_WEIGHTS:+--weights "$AB_WEIGHTS"} \
     --prompt 512 --depths "${AB_DEPTHS:-0,8192}" --fast-depth --profile-steps 0 \
-    ${AB_SPEC_K:+--speculate-accept 0.8 --draft-k "$AB_SPEC_K"}
+    ${AB_SPEC_K:+--speculate-accept 0.8 --draft-k "$AB_SPEC_K"} ${AB_ARGS:-}
 }
 step_summary() {  # step_summary FILE TXT...: one line per step_bench output, also written to FILE
   local out=$1 f; shift
