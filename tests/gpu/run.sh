@@ -250,13 +250,15 @@ for pid in "${WRITERS[@]}"; do
 done
 [ ${#WRITERS[@]} -gt 0 ] && export LAMPO_FULL_WIDTH_DIR="$WORK/full-width" && log "full-width checkpoints written"
 
-case "$MODE" in files|profile|omit|fusions|ab|timeline|gemv) RUN_TESTS=${TESTS:-} ;; *) RUN_TESTS=1; [ "${TESTS:-}" = 0 ] && RUN_TESTS= ;; esac
+# TESTS=1 turns the tests on where a mode leaves them out, TESTS=0 off where it runs them
+case "$MODE" in files|profile|omit|fusions|ab|timeline|gemv) RUN_TESTS= ;; *) RUN_TESTS=1 ;; esac
+case "${TESTS:-}" in 0) RUN_TESTS= ;; "") ;; *) RUN_TESTS=1 ;; esac
 if [ -n "$RUN_TESTS" ]; then
 log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
 timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
   --durations=12 -p no:cacheprovider >"$OUT/pytest.log" 2>&1
 log "pytest exit $?: $(tail -1 "$OUT/pytest.log")"
-if [ "$MODE" = final ] || [ -n "${TESTS:-}" ]; then  # the engine's other decode-step forms
+if [ "$MODE" = final ] || [ "${TESTS:-0}" != 0 ]; then  # the engine's other decode-step forms
   for f in none all; do
     LAMPO_DECODE_FUSION=$f timeout 200 $PY -m pytest -m cuda tests/cuda/test_engine.py -q -rs -p no:cacheprovider \
       >"$OUT/pytest-fusion-$f.log" 2>&1
