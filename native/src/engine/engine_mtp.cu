@@ -86,7 +86,7 @@ MtpStep Engine::mtp_window(int n) {
     m.d_ids = d_ids_ + skip;
     m.d_pos = d_mtp_pos_;
     m.hiddens = hidden_row(skip);
-    m.out = ws_.normed;  // only the cache rows are kept
+    m.out = nullptr;  // only the cache rows are kept
     return m;
 }
 
@@ -173,7 +173,7 @@ MtpStep Engine::decode_mtp_step() const {
     m.d_pos = d_mtp_pos_ + GEMV_MAX_T;  // the decode steps' own counter
     m.pos0 = -1;  // unused: one row reads its position from d_pos
     m.hiddens = hidden_row(1);  // the held row, then this step's hidden
-    m.out = ws_.normed;
+    m.out = nullptr;  // only the cache row is kept
     return m;
 }
 

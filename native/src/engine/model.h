@@ -248,15 +248,18 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
 //   u = [rmsnorm1p(embed(ids[t]), pre_fc_norm_embedding) | rmsnorm1p(hiddens[t], pre_fc_norm_hidden)] @ fc^T
 //   out[t] = rmsnorm1p(decoder_layer(u), mtp.norm)
 // and, with `logits`, the LM head on the last row of out. `out` may alias `hiddens` (a draft chain
-// feeds each step the previous step's out). Same paths as model_forward by T, never folded.
+// feeds each step the previous step's out). Without `out` (the MTP rows of a decode step, a verify
+// window or a prefill chunk, kept for the cache alone) the pass ends with the layer's K and V
+// appended: its attention, output projection, FFN and final norm would only make rows nobody reads.
+// Same paths as model_forward by T.
 struct MtpStep {
     int T = 0;
     const int32_t* d_ids = nullptr;   // [T] the token after each row's trunk position (device)
     const int32_t* d_pos = nullptr;   // [1] MTP cache position of the first row (device)
     int pos0 = 0;                     // the same on the host (T > GEMV_MAX_T)
     const bf16* hiddens = nullptr;    // [T, H] final-normed trunk rows, or the MTP's own out
-    bf16* out = nullptr;              // [T, H]
-    float* logits = nullptr;          // optional [V] fp32 (or [logit_rows])
+    bf16* out = nullptr;              // [T, H]; null: the rows only fill the MTP layer's KV cache
+    float* logits = nullptr;          // optional [V] fp32 (or [logit_rows]); needs out
     int logit_rows = 0;               // > 0: the logits of ids [0, logit_rows) only (the LM head's first rows)
     bool keys_as_m = false;           // as ForwardStep::keys_as_m
 };

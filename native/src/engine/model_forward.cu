@@ -311,10 +311,10 @@ std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std:
     return out;
 }
 
-// Gated full attention: fused q|k|v projection, q/k norm + partial RoPE with the INT8 KV append
-// in the same launch, causal attention over the cache times sigmoid(gate), output projection.
-void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCacheLayer& kv,
-                     int context_max, const BlockNorms& norms) {
+// Gated full attention, first half: fused q|k|v projection, then q/k norm + partial RoPE with the
+// INT8 KV append in the same launch (ws.q, ws.gate: the rows' queries and output gates).
+void attention_append(const Ctx& c, const GatedAttentionWeights& w, const KvCacheLayer& kv, int context_max,
+                      const BlockNorms& norms) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
     const int T = c.step.T;
@@ -326,6 +326,16 @@ void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCache
         attn_prep(qg, k_raw, w.q_norm, w.k_norm, c.step.d_pos, ws.q, ws.gate, nullptr, T, d.n_q_heads,
                   d.n_kv_heads, d.head_dim, d.rotary_dim, d.rope_theta, d.eps, c.st, &append);
     });
+}
+
+// Gated full attention: attention_append, causal attention over the cache times sigmoid(gate),
+// output projection.
+void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCacheLayer& kv,
+                     int context_max, const BlockNorms& norms) {
+    const ModelDims& d = c.d;
+    const Workspace& ws = c.ws;
+    const int T = c.step.T;
+    attention_append(c, w, kv, context_max, norms);
     if (c.small()) {
         c.op(OpFamily::Attention, "attn_decode_int8", [&] {
             attn_decode_int8(ws.q, ws.gate, kv.k, kv.v, kv.k_scale, kv.v_scale, c.step.d_pos,
@@ -654,6 +664,7 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
 void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& kv, int context_max,
                  const Workspace& ws, const MtpStep& m, cudaStream_t stream, OpTimer* timer) {
     if (!w.has_mtp) throw std::logic_error("mtp_forward: the MTP module is not loaded");
+    if (m.logits && !m.out) throw std::logic_error("mtp_forward: logits need the rows' out");
     if (m.T < 1 || m.T > ws.max_tokens || !ws.mtp_in) {
         throw std::invalid_argument("mtp_forward: " + std::to_string(m.T) + " rows do not fit the workspace of " +
                                     std::to_string(ws.mtp_in ? ws.max_tokens : 0));
@@ -683,6 +694,10 @@ void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& 
     } else {
         c.op(OpFamily::Projections, "mtp fc", [&] { linear_forward(mw.fc, ws.mtp_in, ws.delta, T, stream); });
         add_norm(c, mw.layer.input_norm, ws.normed, true);
+    }
+    if (!m.out) {  // rows for the cache only: their K and V are all that is kept
+        attention_append(c, mw.layer.attn, kv, context_max, {mw.layer.input_norm});
+        return;
     }
     gated_attention(c, mw.layer.attn, kv, context_max, {mw.layer.input_norm});
     if (!folded) add_norm(c, mw.layer.post_norm, ws.normed);
