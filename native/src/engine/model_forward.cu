@@ -312,18 +312,26 @@ std::array<bf16*, N> project_parts(const Ctx& c, const Linear& fused, const std:
 }
 
 // Gated full attention, first half: fused q|k|v projection, then q/k norm + partial RoPE with the
-// INT8 KV append in the same launch (ws.q, ws.gate: the rows' queries and output gates).
+// INT8 KV append in the same launch (ws.q, ws.gate: the rows' queries and output gates). Without
+// `queries` (rows kept for the cache alone) only the k and v rows of the projection and their append.
 void attention_append(const Ctx& c, const GatedAttentionWeights& w, const KvCacheLayer& kv, int context_max,
-                      const BlockNorms& norms) {
+                      const BlockNorms& norms, bool queries = true) {
     const ModelDims& d = c.d;
     const Workspace& ws = c.ws;
     const int T = c.step.T;
-    const auto parts = project_parts<3>(c, w.qkv, {d.q_rows(), d.kv_width(), d.kv_width()},
-                                        norms, "attention qkv projection");
-    const bf16 *qg = parts[0], *k_raw = parts[1], *v = parts[2];
+    const bf16 *qg = nullptr, *k_raw = nullptr, *v = nullptr;
+    if (queries) {
+        const auto parts = project_parts<3>(c, w.qkv, {d.q_rows(), d.kv_width(), d.kv_width()}, norms,
+                                            "attention qkv projection");
+        qg = parts[0], k_raw = parts[1], v = parts[2];
+    } else {
+        const auto parts = project_parts<2>(c, w.qkv.rows(d.q_rows(), 2 * d.kv_width()), {d.kv_width(), d.kv_width()},
+                                            norms, "attention kv projection");
+        k_raw = parts[0], v = parts[1];
+    }
     c.op(OpFamily::AttentionPrep, "attn_prep", [&] {
         const KvAppendTarget append{v, kv.k, kv.v, kv.k_scale, kv.v_scale, context_max};
-        attn_prep(qg, k_raw, w.q_norm, w.k_norm, c.step.d_pos, ws.q, ws.gate, nullptr, T, d.n_q_heads,
+        attn_prep(qg, k_raw, w.q_norm, w.k_norm, c.step.d_pos, ws.q, ws.gate, nullptr, T, queries ? d.n_q_heads : 0,
                   d.n_kv_heads, d.head_dim, d.rotary_dim, d.rope_theta, d.eps, c.st, &append);
     });
 }
@@ -696,7 +704,7 @@ void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& 
         add_norm(c, mw.layer.input_norm, ws.normed, true);
     }
     if (!m.out) {  // rows for the cache only: their K and V are all that is kept
-        attention_append(c, mw.layer.attn, kv, context_max, {mw.layer.input_norm});
+        attention_append(c, mw.layer.attn, kv, context_max, {mw.layer.input_norm}, false);
         return;
     }
     gated_attention(c, mw.layer.attn, kv, context_max, {mw.layer.input_norm});

@@ -20,6 +20,8 @@ struct Linear {
     int in = 0;
     int bits = 0;                // LQ: 4, 5 or 6 (out % 16 == 0, in % 64 == 0)
     size_t bytes() const;        // of one [out, in] matrix in its format
+    // Rows [first, first + n) as a matrix of their own (LQ: first and n multiples of 16, whole strips).
+    Linear rows(int first, int n) const;
 };
 
 // Largest token count served by the GEMV path (decode and speculative verify windows).

@@ -74,7 +74,8 @@ struct KvAppendTarget {
 // rope: NeoX half-split over the first rotary_dim dims, inv_freq[i] = theta^(-2i/rotary_dim),
 //   angle = pos * inv_freq[i] in fp32; dims >= rotary_dim untouched.
 // With `append`: the bf16 k rows and append->v are quantized into the INT8 cache at rows
-// d_pos[0] + t of every kv head (D a multiple of 64).
+// d_pos[0] + t of every kv head (D a multiple of 64). nq = 0 (with `append`): the key and value
+// rows alone, for the cache (qg, q_norm_w, q_out and gate_out unused).
 void attn_prep(const bf16* qg, const bf16* k_raw, const bf16* q_norm_w, const bf16* k_norm_w,
                const int32_t* d_pos, bf16* q_out, bf16* gate_out, bf16* k_out, int T, int nq,
                int nkv, int D, int rotary_dim, float theta, float eps, cudaStream_t stream,

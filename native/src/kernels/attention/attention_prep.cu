@@ -118,7 +118,8 @@ void attn_prep(const bf16* qg, const bf16* k_raw, const bf16* q_norm_w, const bf
     require(D > 0 && D % 8 == 0 && D <= 256, op, "head dim must be a multiple of 8 up to 256, got " + std::to_string(D));
     require(rotary_dim >= 0 && rotary_dim % 16 == 0 && rotary_dim <= D, op,
             "rotary_dim must be a multiple of 16 no larger than the head dim, got " + std::to_string(rotary_dim));
-    require(nq > 0 && nkv > 0, op, "need at least one query and one key head");
+    require(nq >= 0 && nkv > 0, op, "need at least one key head (and no negative count of query heads)");
+    require(nq > 0 || append, op, "key rows alone (no query heads) go to the cache: needs a KV append target");
     const KvAppendTarget target = append ? *append : KvAppendTarget{};
     require(k_out || target.v, op, "needs k_out, a KV append target or both");
     if (append) {

@@ -14,6 +14,19 @@ size_t Linear::bytes() const {
     return size_t(out) * size_t(in) * 2;
 }
 
+Linear Linear::rows(int first, int n) const {
+    require(first >= 0 && n > 0 && first + n <= out, "Linear::rows",
+            "rows [" + std::to_string(first) + ", " + std::to_string(first + n) + ") of " + std::to_string(out));
+    require(format != WeightFormat::LQ || (first % LQ_TILE_ROWS == 0 && n % LQ_TILE_ROWS == 0), "Linear::rows",
+            "LQ rows go in whole strips of 16");
+    Linear r = *this;
+    r.out = n;
+    Linear before = *this;
+    before.out = first;
+    r.data = static_cast<const char*>(data) + (first ? before.bytes() : 0);
+    return r;
+}
+
 namespace {
 
 void check_weight(const Linear& W) {
