@@ -66,7 +66,8 @@
 #          AB_MODEL="35b-a3b 27b" AB_WEIGHTS=q5 AB_SWEEP=1 VARIANTS=e bash tests/gpu/run.sh ab
 #          A variant NAME:VAR=VAL is the base's modules benched with VAR=VAL in the environment
 #          (e.g. keys0:LAMPO_ATTN_KEYS_M_FROM=0); with PREBUILT, a variant NAME found as
-#          $PREBUILT/NAME is taken from there instead of patched and built here.
+#          $PREBUILT/NAME is taken from there instead of patched and built here (a patch variant
+#          beside prebuilt base modules builds its engine module alone, lampo._native).
 #          AB_DEPTHS (default 0,8192) and AB_SPEC_K (verify windows of k + 1 tokens, e.g. 3) widen
 #          what each round measures (step_bench); AB_ARGS adds lampo bench arguments (e.g. "--mtp
 #          --draft-vocab 98304": the engine `lampo chat` makes, its rounds with MTP chains)
@@ -216,8 +217,17 @@ if [ "$MODE" = ab ] && [ -n "${BASE_PATCH:-}" ]; then
   export LAMPO_COMMIT="$LAMPO_COMMIT + $BASE_PATCH"
 fi
 
-build_native() {  # compile the configured build and put both modules (_native, _native_ops) into the package
-  cmake --build "$WORK/build" -j"${JOBS:-14}" >>"$OUT/build.log" 2>&1 && cp "$WORK"/build/_native*.so app/lampo/
+configure_build() {  # an empty build folder for this tree (a warm machine keeps $WORK between calls, and
+  # a source file that a variant patch touched in the previous call comes back with an older time stamp
+  # than the objects built from the patched version: an incremental build would keep the variant's code)
+  rm -rf "$WORK/build"
+  cmake -S native -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAMPO_OP_TESTS=ON \
+    -DLAMPO_TIMELINE=$([ "$MODE" = timeline ] && echo ON || echo OFF) \
+    -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$(command -v "$PY")" >>"$OUT/build.log" 2>&1
+}
+build_native() {  # compile the configured build (both modules, or the targets named) into the package
+  local targets=(); for t in "$@"; do targets+=(--target "$t"); done
+  cmake --build "$WORK/build" -j"${JOBS:-14}" "${targets[@]}" >>"$OUT/build.log" 2>&1 && cp "$WORK"/build/_native*.so app/lampo/
 }
 take_prebuilt() {  # take_prebuilt NAME DEST: $PREBUILT/NAME's modules (tests/gpu/prebuild.sh) into DEST
   local f; mkdir -p "$2"
@@ -231,14 +241,7 @@ if [ -n "${PREBUILT:-}" ]; then  # modules built elsewhere from this very tree: 
   log "took the prebuilt $SET modules of engine sources $ENGINE_SOURCES"
 else
 log "building lampo._native and lampo._native_ops"
-# Always from an empty build folder: a warm machine keeps $WORK between calls, and a source file
-# that a variant patch touched in the previous call comes back with an older time stamp than the
-# objects built from the patched version, so an incremental build would keep the variant's code.
-rm -rf "$WORK/build"
-cmake -S native -B "$WORK/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLAMPO_OP_TESTS=ON \
-  -DLAMPO_TIMELINE=$([ "$MODE" = timeline ] && echo ON || echo OFF) \
-  -Dpybind11_DIR="$($PY -m pybind11 --cmakedir)" -DPython_EXECUTABLE="$(command -v "$PY")" >"$OUT/build.log" 2>&1 \
-  && build_native
+configure_build && build_native
 if [ $? -ne 0 ]; then
   log "BUILD FAILED"; grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1
 fi
@@ -506,8 +509,10 @@ ab)  # each build once into $WORK/so/BUILD/ (both modules), then AB_REPEAT round
       continue
     fi
     native_only "$v" || { log "variant $v changes files outside native/: not benched"; continue; }
+    # with prebuilt base modules there is no build folder yet: the variant's engine module alone
+    [ -d "$WORK/build" ] || { configure_build && VARIANT_TARGETS=_native; } || { log "variant $v: cmake failed"; continue; }
     patches apply "$v" || continue
-    if build_native; then keep_so "$v"; BUILDS+=("$v"); else log "variant $v not built"; fi
+    if build_native ${VARIANT_TARGETS:-}; then keep_so "$v"; BUILDS+=("$v"); else log "variant $v not built"; fi
     patches unapply "$v"
   done
   for r in $(seq 1 "${AB_REPEAT:-2}"); do
