@@ -146,17 +146,22 @@ std::atomic<long long> keys_as_m_launch_count{0};  // attn_keys_as_m_launches()
 
 long long attn_keys_as_m_launches() { return keys_as_m_launch_count.load(std::memory_order_relaxed); }
 
+namespace {
+// The whole number at least `least` that the environment variable `name` holds, or `unset` when it
+// holds none; anything else is refused, naming what the number means.
+long env_number(const char* name, long least, long unset, const char* meaning) {
+    const char* env = std::getenv(name);
+    if (!env || !*env) return unset;
+    char* end = nullptr;
+    const long n = std::strtol(env, &end, 10);
+    if (*end != '\0' || n < least)
+        throw std::invalid_argument(std::string(name) + " must be " + meaning + ", got '" + env + "'");
+    return n;
+}
+}  // namespace
+
 bool decode_keys_as_m(int depth) {
-    long from = KEYS_AS_M_FROM;
-    if (const char* env = std::getenv("LAMPO_ATTN_KEYS_M_FROM"); env && *env) {
-        char* end = nullptr;
-        from = std::strtol(env, &end, 10);
-        if (*end != '\0' || from < 0) {
-            throw std::invalid_argument(std::string("LAMPO_ATTN_KEYS_M_FROM must be a number of keys (0: from the "
-                                                    "start), got '") + env + "'");
-        }
-    }
-    return depth >= from;
+    return depth >= env_number("LAMPO_ATTN_KEYS_M_FROM", 0, KEYS_AS_M_FROM, "a number of keys (0: from the start)");
 }
 
 // Splits per KV head of a verify window's attention (Tq > 1): decode_splits' one wave, or fewer with
@@ -164,16 +169,8 @@ bool decode_keys_as_m(int depth) {
 // and the combine merges them, so fewer, longer splits trade blocks in flight for those bytes.
 namespace {
 int window_splits(int splits) {
-    static const int asked = [] {
-        const char* env = std::getenv("LAMPO_ATTN_WINDOW_SPLITS");
-        if (!env || !*env) return 0;
-        char* end = nullptr;
-        const long n = std::strtol(env, &end, 10);
-        if (*end != '\0' || n < 1)
-            throw std::invalid_argument(std::string("LAMPO_ATTN_WINDOW_SPLITS must be a positive number of splits, got '") +
-                                        env + "'");
-        return int(std::min<long>(n, COMBINE_MAX_SPLITS));
-    }();
+    static const int asked =
+        int(std::min<long>(env_number("LAMPO_ATTN_WINDOW_SPLITS", 1, 0, "a positive number of splits"), COMBINE_MAX_SPLITS));
     return asked ? std::min(asked, splits) : splits;
 }
 }  // namespace

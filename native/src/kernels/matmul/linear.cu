@@ -19,11 +19,11 @@ Linear Linear::rows(int first, int n) const {
             "rows [" + std::to_string(first) + ", " + std::to_string(first + n) + ") of " + std::to_string(out));
     require(format != WeightFormat::LQ || (first % LQ_TILE_ROWS == 0 && n % LQ_TILE_ROWS == 0), "Linear::rows",
             "LQ rows go in whole strips of 16");
+    Linear before = *this;  // the rows above the range, whose bytes come first
+    before.out = first;
     Linear r = *this;
     r.out = n;
-    Linear before = *this;
-    before.out = first;
-    r.data = static_cast<const char*>(data) + (first ? before.bytes() : 0);
+    r.data = static_cast<const char*>(data) + before.bytes();
     return r;
 }
 
