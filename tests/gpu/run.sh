@@ -238,6 +238,7 @@ if [ -n "${PREBUILT:-}" ]; then  # modules built elsewhere from this very tree: 
   [ "$(cat "$PREBUILT/$SET/SOURCES" 2>/dev/null)" = "$ENGINE_SOURCES" ] \
     || { log "PREBUILT/$SET was built from engine sources $(cat "$PREBUILT/$SET/SOURCES" 2>/dev/null), not this tree's"; exit 1; }
   take_prebuilt "$SET" app/lampo || { log "PREBUILT/$SET: modules missing"; exit 1; }
+  rm -rf "$WORK/build"  # a warm machine's build of another tree: patch variants configure their own
   log "took the prebuilt $SET modules of engine sources $ENGINE_SOURCES"
 else
 log "building lampo._native and lampo._native_ops"
