@@ -129,6 +129,10 @@ def test_gdn_recurrent_matches_reference_with_rows(ops, T, Hk, Hv):
     for t in range(T):  # row t == state after tokens 0..t
         _, s = gdn_reference(qkv[t : t + 1], a[t : t + 1], b[t : t + 1], A_log, dt_bias, s, Hk)
         assert_state_close(snaps[t], s, f"row {t}")
+    # a window's records instead of its rows: gdn_replay rebuilds every row, bit for bit
+    for got, want in zip(ops.gated_delta_rule_recurrent(qkv, a, b, A_log, dt_bias, state, Hk, rows=True,
+                                                        records=True), (o, new_state, snaps), strict=True):
+        np.testing.assert_array_equal(got, want)
 
 
 def test_gdn_recurrent_without_rows_returns_none(ops):
@@ -157,6 +161,9 @@ def test_gdn_decode_fused_matches_three_launches_and_reference(ops, Hk, Hv, K, T
     np.testing.assert_array_equal(y, y3)
     np.testing.assert_array_equal(conv_rows, conv_rows3)
     np.testing.assert_array_equal(st_rows, st_rows3)
+    with_records = ops.gdn_decode_fused(x, cw, cs, a, b, A_log, dt_bias, state, z, nw, Hk, rows=True, records=True)
+    for got, want in zip(with_records, (y, cs_new, st_new, conv_rows, st_rows), strict=True):
+        np.testing.assert_array_equal(got, want)  # the state rows rebuilt from the records by gdn_replay
     y_plain, cs_plain, st_plain = ops.gdn_decode_fused(x, cw, cs, a, b, A_log, dt_bias, state, z, nw, Hk)
     np.testing.assert_array_equal(y_plain, y)  # the rows change nothing else
     np.testing.assert_array_equal(cs_plain, cs_new)
@@ -195,6 +202,8 @@ def test_gdn_ring_slots_give_the_single_slot_numbers(ops, T, slots, pos, rows):
                 np.testing.assert_array_equal(got, want)
 
     same(ops.gdn_decode_fused, x, cw, cs, a, b, A_log, dt_bias, state, z, nw, Hk, rows=rows)
+    if rows:  # records on the ring: the kernel writes the last token's slot, gdn_replay the others
+        same(ops.gdn_decode_fused, x, cw, cs, a, b, A_log, dt_bias, state, z, nw, Hk, rows=True, records=True)
     same(ops.causal_conv1d_silu, x, cw, cs, rows=rows)
     qkv = ops.causal_conv1d_silu(x, cw, cs)[0]
     same(ops.gated_delta_rule_recurrent, qkv, a, b, A_log, dt_bias, state, Hk, rows=rows)

@@ -165,6 +165,7 @@ private:
     std::vector<int32_t> routing_;
     size_t gdn_rec_bytes_ = 0, gdn_conv_bytes_ = 0;  // one slot of a GDN layer's recurrent / conv state
     size_t gdn_layer_pitch_ = 0;                      // one GDN layer's rings (both, the conv ring padded to 256)
+    size_t gdn_records_pitch_ = 0;                    // one GDN layer's window records (inside verify_mem_)
     ModelState state_;
     Workspace ws_;
     // device step inputs/outputs (inside io_mem_)
@@ -222,7 +223,8 @@ private:
     int read_token();                     // the last sample, copied through slot 0 and waited for
     void require_idle(const char* op) const;  // no decode step queued
     void feed_token(int token);  // token >= 0: the next step's input (else the last sampled id)
-    void allocate_verify_rows();  // verify_mem_: the rows' tokens and the presence set's copy
+    void allocate_verify_rows();  // verify_mem_: the rows' tokens, the presence set's copy, the GDN records
+    void replay_gdn_records(int keep);  // accept: the GDN states after row keep - 1 from the window's records
     // The GDN states of ring slot position % slots <-> snapshot `slot` (into_ring: restore).
     void copy_gdn_states(int slot, int position, bool into_ring);
     // verify; with `timer`, un-graphed, its ops timed and the window's GPU time added to *body_ms.

@@ -7,7 +7,13 @@
 // kept position are simply rewritten by later steps, and so are the MTP rows that the window ran
 // for its rejected drafts.
 //
-// verify_mem_: the R row tokens (R = verify_rows) and the presence set's copy.
+// The GDN layers leave the recurrent state after the window's last token in its slot and, for the
+// others, the tokens' records (ops.h, GdnStates::records): accept(keep) of fewer rows rebuilds the
+// state after row keep - 1 in its slot from them (gdn_replay, one launch for every layer), which
+// writes one state where the window would have written R - 1.
+//
+// verify_mem_: the R row tokens (R = verify_rows), the presence set's copy, then per GDN layer R
+// tokens' records.
 #include "engine/engine.h"
 
 #include <stdexcept>
@@ -19,10 +25,20 @@
 namespace lampo {
 
 void Engine::allocate_verify_rows() {
-    const size_t out_bytes = align256(size_t(opt_.verify_rows) * 4);
-    verify_mem_ = DeviceMemory(out_bytes + size_t(dims_.vocab), "verify window tokens and presence set");
+    const size_t out_bytes = align256(size_t(opt_.verify_rows) * 4), seen_bytes = align256(size_t(dims_.vocab));
+    const int gdn_layers = dims_.count(MixerKind::GatedDeltaNet);
+    gdn_records_pitch_ =
+        gdn_layers ? align256(size_t(opt_.verify_rows) * gdn_record_floats(dims_.gdn_k_heads, dims_.gdn_v_heads) * 4) : 0;
+    verify_mem_ = DeviceMemory(out_bytes + seen_bytes + gdn_layers * gdn_records_pitch_,
+                               "verify window tokens, presence set and GDN records");
     d_verify_out_ = verify_mem_.as<int32_t>();
     seen_backup_ = reinterpret_cast<uint8_t*>(verify_mem_.as<char>() + out_bytes);
+    char* records = verify_mem_.as<char>() + out_bytes + seen_bytes;
+    for (int l = 0; l < dims_.n_layers(); ++l) {
+        if (dims_.mixers[l] != MixerKind::GatedDeltaNet) continue;
+        state_.gdn[l].records = reinterpret_cast<float*>(records);
+        records += gdn_records_pitch_;
+    }
 }
 
 std::vector<int32_t> Engine::verify(const int32_t* ids, int n, bool mtp_drafts) {
@@ -115,9 +131,29 @@ void Engine::accept(int keep) {
         LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_seen_, seen_backup_, dims_.vocab, cudaMemcpyDeviceToDevice, stream_));
         for (int i = 0; i < keep; ++i) LAMPO_CUDA_CHECK(cudaMemsetAsync(d_seen_ + verify_tokens_[i], 1, 1, stream_));
     }
-    pos_ = verify_start_ + keep;  // the GDN states after row keep - 1 are in slot pos_ % slots
+    pos_ = verify_start_ + keep;  // the GDN states after row keep - 1 go to slot pos_ % slots
+    if (keep < verified_) replay_gdn_records(keep);
     if (mtp_hidden_) held_row_ = keep;  // hidden row keep - 1 of the window
     write_position();
+}
+
+void Engine::replay_gdn_records(int keep) {
+    int first = 0;
+    while (first < dims_.n_layers() && dims_.mixers[first] != MixerKind::GatedDeltaNet) ++first;
+    if (first == dims_.n_layers()) return;
+    GdnReplay r;
+    r.recurrent = state_.gdn[first].recurrent;  // the layers' rings gdn_layer_pitch_ apart, in order
+    r.layer_pitch = gdn_layer_pitch_;
+    r.records = state_.gdn[first].records;
+    r.records_pitch = gdn_records_pitch_;
+    r.layers = dims_.count(MixerKind::GatedDeltaNet);
+    r.slots = state_.gdn_slots;
+    r.pos = verify_start_;
+    r.keep = keep;
+    r.Hk = dims_.gdn_k_heads;
+    r.Hv = dims_.gdn_v_heads;
+    gdn_replay(r, stream_);
+    LAMPO_CHECK_LAUNCH("gdn_replay");
 }
 
 std::vector<float> Engine::verify_logits() {

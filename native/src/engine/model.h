@@ -133,6 +133,7 @@ struct KvCacheLayer {        // [nkv, context_max, D] int8 + [nkv, context_max, 
 struct GdnStateLayer {  // ModelState::gdn_slots slots (ops.h, GdnStates: slot pos % slots is the live one)
     float* recurrent = nullptr;  // [slots, Hv, dk, dv] fp32
     bf16* conv = nullptr;        // [slots, conv_channels, K-1] bf16
+    float* records = nullptr;    // a verify window's records (GdnStates::records), or null without verify rows
 };
 
 struct ModelState {

@@ -646,7 +646,10 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
         if (d.mixers[l] == MixerKind::GatedAttention) {
             gated_attention(c, lw.attn, s.kv[l], s.context_max, mixer);
         } else {
-            gated_deltanet(c, lw.gdn, GdnStates{s.gdn[l].recurrent, s.gdn[l].conv, s.gdn_slots, step.d_pos}, mixer);
+            gated_deltanet(c, lw.gdn,
+                           GdnStates{s.gdn[l].recurrent, s.gdn[l].conv, s.gdn_slots, step.d_pos,
+                                     step.rows ? s.gdn[l].records : nullptr},
+                           mixer);
         }
         if (!folded && !prenorm) add_norm(c, lw.post_norm, ws.normed);
         ffn(c, lw, mlp);

@@ -75,6 +75,33 @@ struct StateRing {
     }
 };
 
+// Records of a window (GdnStates::records) when asked for: room for GEMV_MAX_T tokens, poisoned.
+struct WindowRecords {
+    int Hk, Hv;
+    DeviceBuffer buf;
+    WindowRecords(bool on, int Hk_in, int Hv_in)
+        : Hk(Hk_in), Hv(Hv_in), buf(on ? poisoned(size_t(GEMV_MAX_T) * gdn_record_floats(Hk_in, Hv_in) * 4) : DeviceBuffer{}) {}
+    float* get() const { return buf.get() ? buf.as<float>() : nullptr; }
+    // The recurrent states after tokens 0 .. T-2 rebuilt in their slots by gdn_replay (the kernel
+    // wrote the last one), then the last one rebuilt too: rows() then reads what replay made.
+    void replay_rows(const StateRing<float>& rec, int T) const {
+        for (int keep = 1; keep <= T; ++keep) {
+            GdnReplay r;
+            r.recurrent = rec.buf.as<float>();
+            r.records = get();
+            r.layers = 1;
+            r.slots = rec.slots;
+            r.pos = rec.pos;
+            r.keep = keep;
+            r.Hk = Hk;
+            r.Hv = Hv;
+            gdn_replay(r, 0);
+            LAMPO_CHECK_LAUNCH("gdn_replay");
+        }
+        LAMPO_CUDA_CHECK(cudaDeviceSynchronize());
+    }
+};
+
 GdnStates conv_ring(const StateRing<uint16_t>& conv) {
     return GdnStates{nullptr, conv.buf.as<bf16>(), conv.slots, conv.d_pos.as<int32_t>()};
 }
@@ -127,20 +154,25 @@ GdnInputs gdn_inputs(const char* op, const Arr<uint16_t>& qkv, const Arr<uint16_
 
 py::tuple gdn_recurrent_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& a, const Arr<uint16_t>& b,
                            const Arr<float>& A_log, const Arr<float>& dt_bias, const Arr<float>& state,
-                           int Hk, bool rows, int slots, int pos, int repeat) {
+                           int Hk, bool rows, int slots, int pos, bool records, int repeat) {
     const char* op = "gated_delta_rule_recurrent";
     GdnInputs g = gdn_inputs(op, qkv, a, b, A_log, dt_bias, state, Hk);
+    require(!records || (rows && g.T <= GEMV_MAX_T), op, "records are a window's (rows, T <= 8)");
     const StateRing<float> ring(op, state, slots, pos, g.T, rows);
+    const WindowRecords recs(records, Hk, g.Hv);
     return run_op(op, repeat,
                   [&] {
+                      GdnStates states = rec_ring(ring);
+                      states.records = recs.get();
                       gated_delta_rule_recurrent(g.qkv.as<bf16>(), g.a.as<bf16>(), g.b.as<bf16>(),
-                                                 g.A_log.as<float>(), g.dt_bias.as<float>(), rec_ring(ring),
+                                                 g.A_log.as<float>(), g.dt_bias.as<float>(), states,
                                                  g.o.as<bf16>(), rows, g.T, g.Hk, g.Hv, 128, 128, 0);
                   },
                   [&](py::list& out) {
-                      ring.check_untouched(op, g.T, rows);
+                      ring.check_untouched(op, g.T, rows && !records);
                       out.append(download<uint16_t>(g.o, {g.T, g.Hv, 128}));
                       out.append(ring.at(pos + g.T));
+                      if (records) recs.replay_rows(ring, g.T);
                       if (rows)
                           out.append(ring.rows(g.T));
                       else
@@ -152,9 +184,10 @@ py::tuple gdn_decode_fused_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& con
                               const Arr<uint16_t>& conv_state, const Arr<uint16_t>& a, const Arr<uint16_t>& b,
                               const Arr<float>& A_log, const Arr<float>& dt_bias, const Arr<float>& state,
                               const Arr<uint16_t>& z, const Arr<uint16_t>& norm_w, int Hk, bool rows, float eps,
-                              int slots, int pos, int repeat) {
+                              int slots, int pos, bool records, int repeat) {
     const char* op = "gdn_decode_fused";
     GdnInputs g = gdn_inputs(op, qkv, a, b, A_log, dt_bias, state, Hk);
+    require(!records || rows, op, "records are a window's (rows)");
     check_ndim(op, "conv_w", conv_w, 2);
     const int T = g.T, C = int(qkv.shape(1)), K = int(conv_w.shape(1)), D = 128;
     check_shape(op, "conv_w", conv_w, {C, K});
@@ -165,10 +198,11 @@ py::tuple gdn_decode_fused_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& con
     DeviceBuffer d_y = poisoned(size_t(T) * g.Hv * D * 2), counters = filled(size_t(Hk) * 4, 0);
     const StateRing<uint16_t> conv(op, conv_state, slots, pos, T, rows);
     const StateRing<float> rec(op, state, slots, pos, T, rows);
+    const WindowRecords recs(records, Hk, g.Hv);
     return run_op(op, repeat,
                   [&] {
                       const GdnStates states{rec.buf.as<float>(), conv.buf.as<bf16>(), rec.slots,
-                                             rec.d_pos.as<int32_t>()};
+                                             rec.d_pos.as<int32_t>(), recs.get()};
                       gdn_decode_fused(g.qkv.as<bf16>(), d_cw.as<bf16>(), g.a.as<bf16>(), g.b.as<bf16>(),
                                        g.A_log.as<float>(), g.dt_bias.as<float>(), states, d_z.as<bf16>(),
                                        d_nw.as<bf16>(), d_y.as<bf16>(), counters.as<unsigned>(), rows, T, Hk, g.Hv,
@@ -182,10 +216,11 @@ py::tuple gdn_decode_fused_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& con
                               throw std::runtime_error(std::string(op) + ": a block counter was left at " +
                                                        std::to_string(v) + " (must return to 0)");
                       conv.check_untouched(op, T, rows);
-                      rec.check_untouched(op, T, rows);
+                      rec.check_untouched(op, T, rows && !records);
                       out.append(download<uint16_t>(d_y, {T, g.Hv * D}));
                       out.append(conv.at(pos + T));
                       out.append(rec.at(pos + T));
+                      if (records) recs.replay_rows(rec, T);
                       if (rows) {
                           out.append(conv.rows(T));
                           out.append(rec.rows(T));
@@ -440,27 +475,30 @@ void register_gdn_moe_ops(py::module_& ops) {
     using py::arg;
     const char* ring_doc = "; the states live in a ring of `slots` slots (0: the fewest allowed, T + 1 with rows, "
                            "else 1) read at slot pos % slots and written at the slots after it (ops.h, GdnStates)";
+    const char* records_doc = "; records=True (with rows): the window leaves records, and the state rows are what "
+                              "gdn_replay rebuilds from them";
     ops.def("causal_conv1d_silu", &conv1d_op, arg("x"), arg("w"), arg("state"), arg("rows") = false,
             arg("slots") = 0, arg("pos") = 0, arg("repeat") = 0,
             (std::string("x [T,C], w [C,K], state [C,K-1] (bf16 bits) -> (y [T,C], new_state [C,K-1]"
                          "[, rows [T,C,K-1]: the state after each token, with rows=True])") + ring_doc).c_str());
     ops.def("gated_delta_rule_recurrent", &gdn_recurrent_op, arg("qkv"), arg("a"), arg("b"),
             arg("A_log"), arg("dt_bias"), arg("state"), arg("Hk"), arg("rows") = false, arg("slots") = 0,
-            arg("pos") = 0, arg("repeat") = 0,
+            arg("pos") = 0, arg("records") = false, arg("repeat") = 0,
             (std::string("qkv [T, 2*Hk*128 + Hv*128], a, b [T,Hv] (bf16 bits), A_log, dt_bias [Hv], state "
                          "[Hv,128,128] f32 -> (o [T,Hv,128] bf16 bits, new_state, rows [T,Hv,128,128] or None)") +
-             ring_doc).c_str());
+             ring_doc + records_doc).c_str());
     ops.def("gated_delta_rule_chunked", &gdn_chunked_op, arg("qkv"), arg("a"), arg("b"), arg("A_log"),
             arg("dt_bias"), arg("state"), arg("Hk"), arg("slots") = 0, arg("pos") = 0, arg("repeat") = 0,
             (std::string("same inputs as gated_delta_rule_recurrent -> (o, new_state)") + ring_doc).c_str());
     ops.def("gdn_decode_fused", &gdn_decode_fused_op, arg("qkv"), arg("conv_w"), arg("conv_state"), arg("a"),
             arg("b"), arg("A_log"), arg("dt_bias"), arg("state"), arg("z"), arg("norm_w"), arg("Hk"),
-            arg("rows") = false, arg("eps") = 1e-6f, arg("slots") = 0, arg("pos") = 0, arg("repeat") = 0,
+            arg("rows") = false, arg("eps") = 1e-6f, arg("slots") = 0, arg("pos") = 0, arg("records") = false,
+            arg("repeat") = 0,
             (std::string("a GDN layer's few-token step: pre-conv qkv [T, 2*Hk*128 + Hv*128], conv_w [C,K], "
                          "conv_state [C,K-1], a, b [T,Hv], z [T,Hv*128], norm_w [128] (bf16 bits), A_log, dt_bias "
                          "[Hv], state [Hv,128,128] f32 -> (y [T,Hv*128] = gated_rmsnorm(rule(conv(qkv)), z), new "
                          "conv_state, new state[, conv rows [T,C,K-1], state rows [T,Hv,128,128] with rows=True])") +
-             ring_doc).c_str());
+             ring_doc + records_doc).c_str());
     ops.def("gated_rmsnorm", &gated_rmsnorm_op, arg("o"), arg("z"), arg("w"), arg("eps") = 1e-6f,
             arg("repeat") = 0, "o [T,Hv,dv], z [T,Hv*dv], w [dv] (bf16 bits) -> y [T,Hv*dv]");
     ops.def("moe_router_topk", &router_op, arg("h"), arg("w_router"), arg("k"), arg("repeat") = 0,

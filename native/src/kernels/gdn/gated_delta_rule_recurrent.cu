@@ -7,7 +7,8 @@
 //     q = l2norm(q) / sqrt(128), k = l2norm(k)
 //     S = exp(g) S ; e = v - S^T k ; S += k (beta e)^T ; o = S^T q      -> o [T, Hv, 128] bf16
 //   The state continues from and goes to GdnStates' ring of slots (ops.h); with rows, the state
-//   after every token t goes to its slot.
+//   after every token t goes to its slot, or, with records, the token's record (k, beta e, exp(g))
+//   from which gdn_replay rebuilds it (below).
 //
 // The state is pure bandwidth (64 KiB per head read and written once per call), and its columns
 // m evolve independently, so each block owns a 128 x 16 column slice of one head (Hv*8 blocks)
@@ -31,11 +32,48 @@ constexpr int REC_THREADS = 128;             // 32 row groups x 4 column groups
 constexpr int REC_WARPS = REC_THREADS / 32;
 constexpr int REC_ROWS = GDN_D / 32;         // rows per thread
 
+// The state's step S = decay S + k be^T on a thread's slice (rows rg + 32 n, 4 columns): the one
+// expression of the token loop and of gdn_replay, so both round alike. k_at(n): k of row rg + 32 n.
+template <class KAt>
+__device__ __forceinline__ void rank_one_step(float4 (&S)[REC_ROWS], KAt k_at, float decay, float4 be) {
+#pragma unroll
+    for (int n = 0; n < REC_ROWS; ++n) {
+        const float kk = k_at(n);
+        S[n].x = fmaf(decay, S[n].x, kk * be.x);
+        S[n].y = fmaf(decay, S[n].y, kk * be.y);
+        S[n].z = fmaf(decay, S[n].z, kk * be.z);
+        S[n].w = fmaf(decay, S[n].w, kk * be.w);
+    }
+}
+
+// Where a thread writes its part of a token's record (GdnStates::records, ops.h), each null where
+// it writes none: k (the normed key, thread tid's element) by the first block of a K group, be
+// (its 4 columns) by row group 0, the decay by thread 0 of the head's first block.
+struct RecordOut {
+    float* k = nullptr;
+    float* be = nullptr;
+    float* decay = nullptr;
+};
+
+// The record of token t (GdnStates::records) for the thread at (rg, m0) of head j's block `column`.
+__device__ __forceinline__ RecordOut record_out(float* records, int t, int Hk, int Hv, int j, int column, int rg,
+                                                int m0) {
+    if (!records) return {};
+    float* at = records + size_t(t) * gdn_record_floats(Hk, Hv);
+    const int tid = threadIdx.x, hk = j / (Hv / Hk);
+    RecordOut r;
+    if (column == 0 && j % (Hv / Hk) == 0) r.k = at + hk * GDN_D + tid;
+    if (rg == 0) r.be = at + (Hk + j) * GDN_D + m0;
+    if (column == 0 && tid == 0) r.decay = at + (Hk + Hv) * GDN_D + j;
+    return r;
+}
+
 // One token of the delta rule for the block's 128 x 16 slice of head j, state S in registers.
 // Thread tid brings q[tid], k[tid] (raw, before the l2 norms) and v[m0 .. m0+3] of its column group;
-// the return value is o[m0 .. m0+3] (meaningful in every thread; row group 0 stores it).
+// the return value is o[m0 .. m0+3] (meaningful in every thread; row group 0 stores it). `rec`:
+// where the token's record goes (RecordOut).
 __device__ __forceinline__ float4 rec_token(float4 (&S)[REC_ROWS], float qv, float kv, float4 v,
-                                            float a, float b, float a_log, float dtb) {
+                                            float a, float b, float a_log, float dtb, const RecordOut& rec) {
     __shared__ float q_s[GDN_D], k_s[GDN_D];
     __shared__ float norm_part[REC_WARPS][3];
     __shared__ float dot_part[REC_WARPS][4][8];
@@ -105,14 +143,10 @@ __device__ __forceinline__ float4 rec_token(float4 (&S)[REC_ROWS], float qv, flo
     be.w = beta * (v.w - decay * tot[3]);
     const float4 out = make_float4(fmaf(decay, tot[4], be.x * kq), fmaf(decay, tot[5], be.y * kq),
                                    fmaf(decay, tot[6], be.z * kq), fmaf(decay, tot[7], be.w * kq));
-#pragma unroll
-    for (int n = 0; n < REC_ROWS; ++n) {
-        const float kk = k_s[rg + 32 * n];
-        S[n].x = fmaf(decay, S[n].x, kk * be.x);
-        S[n].y = fmaf(decay, S[n].y, kk * be.y);
-        S[n].z = fmaf(decay, S[n].z, kk * be.z);
-        S[n].w = fmaf(decay, S[n].w, kk * be.w);
-    }
+    rank_one_step(S, [&](int n) { return k_s[rg + 32 * n]; }, decay, be);
+    if (rec.k) *rec.k = k_s[tid];
+    if (rec.be) *reinterpret_cast<float4*>(rec.be) = be;
+    if (rec.decay) *rec.decay = decay;
     return out;
 }
 
@@ -151,10 +185,11 @@ gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
         const float qv = __bfloat162float(row[hk * GDN_D + tid]);
         const float kv = __bfloat162float(row[Hk * GDN_D + hk * GDN_D + tid]);
         const float4 v = load_bf16x4(row + 2 * Hk * GDN_D + j * GDN_D + m0);
+        const RecordOut rec = rows ? record_out(states.records, t, Hk, Hv, j, blockIdx.x, rg, m0) : RecordOut{};
         const float4 out = rec_token(S, qv, kv, v, __bfloat162float(a[size_t(t) * Hv + j]),
-                                     __bfloat162float(b[size_t(t) * Hv + j]), a_log, dtb);
+                                     __bfloat162float(b[size_t(t) * Hv + j]), a_log, dtb, rec);
         if (rg == 0) store_bf16x4(o + (size_t(t) * Hv + j) * GDN_D + m0, out);
-        if (rows || t == T - 1)
+        if ((rows && !states.records) || t == T - 1)
             store_slice(S, states.recurrent + gdn_slot_offset(states, p + 1 + t, slot_elems) + j * head_elems, rg, m0);
     }
 }
@@ -175,7 +210,8 @@ gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
 //    runs the gated RMSNorm of head j with z -> y row t. The states after token t go to their slot
 //    with rows, and after the last token always: the recurrent slice and the v channels' conv state
 //    by each block, the q/k channels' conv state (the same in every block of the K group) by the
-//    group's first block.
+//    group's first block; with records, the recurrent slice after the last token only, and each
+//    token's record (record_out).
 // 3. only when the last token's slot is the slot read (one slot, or T a multiple of the slots) is
 //    the q/k conv state written where the other blocks of the K group may still read it: then each
 //    block takes a ticket on counters[hk] after reading it, and the last one writes it.
@@ -299,8 +335,10 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
             ticket = atomicAdd(counters + hk, 1u);
         }
         const float4 v = make_float4(v_s[cg * 4], v_s[cg * 4 + 1], v_s[cg * 4 + 2], v_s[cg * 4 + 3]);
-        const float4 out = rec_token(S, qv, kv, v, ab_s[t][0], ab_s[t][1], a_log, dtb);  // its barriers order v_s's reuse
-        if (keep) store_slice(S, states.recurrent + gdn_slot_offset(states, p + 1 + t, rec_slot) + j * head_elems, rg, m0);
+        const RecordOut rec = rows ? record_out(states.records, t, Hk, Hv, j, blockIdx.x, rg, m0) : RecordOut{};
+        const float4 out = rec_token(S, qv, kv, v, ab_s[t][0], ab_s[t][1], a_log, dtb, rec);  // its barriers order v_s's reuse
+        if ((rows && !states.records) || t == T - 1)
+            store_slice(S, states.recurrent + gdn_slot_offset(states, p + 1 + t, rec_slot) + j * head_elems, rg, m0);
         if (t == 0) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // rank 0 runs
         if (rg == 0) store_bf16x4(cluster.map_shared_rank(o_row[t & 1], 0) + m0, out);
         cluster.sync();
@@ -327,7 +365,44 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
 #endif
 }
 
+// gdn_replay (ops.h): grid (8, Hv, layers), blocks as gdn_recurrent_kernel's; each thread applies
+// the records to its slice in registers with the token loop's rank_one_step.
+__global__ void __launch_bounds__(REC_THREADS) gdn_replay_kernel(const GdnReplay r) {
+    pdl_begin();
+    const int tid = threadIdx.x, cg = tid & 3, rg = tid >> 2;
+    const int j = blockIdx.y, hk = j / (r.Hv / r.Hk);
+    const int m0 = blockIdx.x * REC_COLS + cg * 4;
+    const size_t head_elems = size_t(GDN_D) * GDN_D, slot_elems = size_t(r.Hv) * head_elems;
+    float* layer = reinterpret_cast<float*>(reinterpret_cast<char*>(r.recurrent) + blockIdx.z * r.layer_pitch);
+    const float* records =
+        reinterpret_cast<const float*>(reinterpret_cast<const char*>(r.records) + blockIdx.z * r.records_pitch);
+    float4 S[REC_ROWS];
+    load_slice(S, layer + size_t(r.pos % r.slots) * slot_elems + j * head_elems, rg, m0);
+    for (int t = 0; t < r.keep; ++t) {
+        const float* at = records + size_t(t) * gdn_record_floats(r.Hk, r.Hv);
+        const float* k = at + hk * GDN_D;
+        const float4 be = *reinterpret_cast<const float4*>(at + (r.Hk + j) * GDN_D + m0);
+        rank_one_step(S, [&](int n) { return k[rg + 32 * n]; }, at[(r.Hk + r.Hv) * GDN_D + j], be);
+    }
+    store_slice(S, layer + size_t((r.pos + r.keep) % r.slots) * slot_elems + j * head_elems, rg, m0);
+}
+
 }  // namespace
+
+void gdn_replay(const GdnReplay& r, cudaStream_t stream) {
+    const char* op = "gdn_replay";
+    if (r.keep < 1 || r.keep > GEMV_MAX_T)
+        throw std::invalid_argument(std::string(op) + ": keep must be 1.." + std::to_string(GEMV_MAX_T) + ", got " +
+                                    std::to_string(r.keep));
+    if (r.keep >= r.slots)
+        throw std::invalid_argument(std::string(op) + ": the state after " + std::to_string(r.keep) +
+                                    " tokens would land on the slot read (" + std::to_string(r.slots) + " slots)");
+    gdn_check_dims(op, 1, r.Hk, r.Hv, GDN_D, GDN_D);
+    if (!r.recurrent || !r.records || r.layers < 1 || r.pos < 0)
+        throw std::invalid_argument(std::string(op) + ": needs the states, the records, layers >= 1 and pos >= 0");
+    launch_pdl("gdn_replay_kernel", gdn_replay_kernel, dim3(GDN_D / REC_COLS, r.Hv, r.layers), REC_THREADS, 0, stream,
+               r);
+}
 
 void gated_delta_rule_recurrent(const bf16* qkv, const bf16* a, const bf16* b, const float* A_log,
                                 const float* dt_bias, const GdnStates& states, bf16* o, bool rows,
