@@ -63,6 +63,18 @@ def gdn_state_bytes(cfg: ModelConfig) -> tuple[int, int]:
     return recurrent, conv
 
 
+def gdn_records_bytes(cfg: ModelConfig, verify_rows: int) -> int:
+    """A verify window's per-token GDN records over all GDN layers (the engine's GdnStates::records):
+    per row the normed key of each key head, beta * e of each value head (fp32, 128 each) and the value
+    heads' decays, padded to 4 floats; each layer's rows padded to 256 bytes."""
+    if verify_rows <= 0:
+        return 0
+    floats = (cfg.linear_num_key_heads + cfg.linear_num_value_heads) * cfg.linear_key_head_dim
+    floats += -(-cfg.linear_num_value_heads // 4) * 4
+    per_layer = -(-verify_rows * floats * 4 // 256) * 256
+    return len(cfg.linear_layer_ids) * per_layer
+
+
 def activation_bytes_per_token(cfg: ModelConfig, mtp: bool = False) -> dict[str, int]:
     """Live activation bytes per prefill token, by buffer (bf16 = 2 B, fp32 = 4 B). Buffers are
     reused across layers, so each term is the widest layer kind's need:
@@ -207,19 +219,21 @@ def plan_memory(
     with_mtp: bool = True,
     spec_slots: int = 0,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    verify_rows: int = 0,
 ) -> MemoryPlan:
     """The memory plan of `cfg` at `context_max` tokens (default: the model's
     max_position_embeddings). `weights`: a WEIGHT_FORMATS name;
     `spec_slots`: extra GDN state snapshots (speculative verify, turn reuse); `prefill_chunk`:
-    tokens per prefill call."""
+    tokens per prefill call; `verify_rows`: the most tokens of a verify window, whose GDN records
+    the engine keeps."""
     if context_max is None:
         context_max = cfg.max_position_embeddings
     if not 1 <= context_max <= cfg.max_position_embeddings:
         raise ValueError(f"memory plan: context_max must be in 1..{cfg.max_position_embeddings:,}, "
                          f"got {context_max:,}")
-    if spec_slots < 0 or prefill_chunk < 1:
-        raise ValueError(f"memory plan: spec_slots must be >= 0 and prefill_chunk >= 1 "
-                         f"(got {spec_slots}, {prefill_chunk})")
+    if spec_slots < 0 or prefill_chunk < 1 or verify_rows < 0:
+        raise ValueError(f"memory plan: spec_slots and verify_rows must be >= 0 and prefill_chunk >= 1 "
+                         f"(got {spec_slots}, {verify_rows}, {prefill_chunk})")
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"memory plan: unknown weight format {weights!r} (formats: {', '.join(WEIGHT_FORMATS)})")
     mtp = with_mtp and cfg.mtp_num_hidden_layers > 0
@@ -250,6 +264,9 @@ def plan_memory(
     if spec_slots:
         items.append(MemoryItem("GDN state snapshots", spec_slots * (recurrent + conv),
                                 f"{_plural(spec_slots, 'slot')} × (recurrent + conv)"))
+    if records := gdn_records_bytes(cfg, verify_rows):
+        items.append(MemoryItem("GDN window records", records,
+                                f"{_plural(verify_rows, 'row')} × (keys, beta e, decays) fp32"))
     items.append(MemoryItem("activations", chunk * sum(act.values()) + logits,
                             f"prefill chunk {chunk:,} × {sum(act.values()) / 1024:.0f} KiB + logits"))
     items.append(MemoryItem("CUDA graphs", CUDA_GRAPHS_BYTES, "estimate"))

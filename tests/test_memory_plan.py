@@ -48,6 +48,15 @@ def test_gdn_state(cfg, state_mib, conv_mib, slot_mib):
     assert round(p.item("GDN state snapshots").bytes / 2 / MIB) == slot_mib
 
 
+@pytest.mark.parametrize("cfg,kib_per_layer", [(MOE, 121), (DENSE, 161)])
+def test_gdn_window_records(cfg, kib_per_layer):
+    """The engine's per-token records of a 5-row verify window: (Hk + Hv) x 128 + Hv floats a row."""
+    with pytest.raises(KeyError):
+        plan_memory(cfg).item("GDN window records")
+    records = plan_memory(cfg, verify_rows=5).item("GDN window records").bytes
+    assert round(records / len(cfg.linear_layer_ids) / 1024) == kib_per_layer
+
+
 @pytest.mark.parametrize("cfg,text_gb,mtp_gb", [(MOE, 69.3, 1.69), (DENSE, 53.8, 0.85)])
 def test_bf16_weights(cfg, text_gb, mtp_gb):
     bf16 = plan_memory(cfg, weights="bf16")

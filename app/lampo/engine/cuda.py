@@ -86,7 +86,7 @@ def _plan(cfg: ModelConfig, weights: str, context_max: int, prefill_chunk: int, 
     """The plan of an engine with these sizes; its verify rows count as GDN state copies (and
     logits rows) like the snapshot slots."""
     return plan_memory(cfg, context_max=context_max, weights=weights, kv="int8", with_mtp=mtp,
-                       spec_slots=snapshot_slots + verify_rows, prefill_chunk=prefill_chunk)
+                       spec_slots=snapshot_slots + verify_rows, prefill_chunk=prefill_chunk, verify_rows=verify_rows)
 
 
 def chat_plan(cfg: ModelConfig, weights: str, context_max: int, mtp: bool) -> MemoryPlan:
