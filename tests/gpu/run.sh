@@ -504,7 +504,8 @@ ab)  # each build once into $WORK/so/BUILD/ (both modules), then AB_REPEAT round
   }
   keep_so base; BUILDS=(base)
   for v in ${VARIANTS:-}; do
-    case "$v" in *:*) BUILDS+=("$v"); mkdir -p "$SO_DIR/${v%%:*}" && cp app/lampo/_native*.so "$SO_DIR/${v%%:*}/"; continue ;; esac
+    # the base's modules (app/lampo holds the last patch variant built by now)
+    case "$v" in *:*) BUILDS+=("$v"); mkdir -p "$SO_DIR/${v%%:*}" && cp "$SO_DIR"/base/_native*.so "$SO_DIR/${v%%:*}/"; continue ;; esac
     if [ -n "${PREBUILT:-}" ] && [ -d "$PREBUILT/$v" ]; then
       take_prebuilt "$v" "$SO_DIR/$v" && BUILDS+=("$v") && log "variant $v: prebuilt (engine sources $(cat "$PREBUILT/$v/SOURCES"))"
       continue
