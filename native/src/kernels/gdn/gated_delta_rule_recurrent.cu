@@ -310,7 +310,7 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
     cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
     unsigned ticket = 0;
     for (int t = 0; t < T; ++t) {
-        const bool keep = t == T - 1;  // EXPERIMENT: no per-token states (the records design's bound)
+        const bool keep = rows || t == T - 1;  // the states after token t go to slot p + 1 + t
         bf16* conv_out = states.conv + gdn_slot_offset(states, p + 1 + t, conv_slot);
         const float xq = xq_s[t][tid], xk = xk_s[t][tid];
         const float4 zv = norm_lane ? z_s[t][tid] : float4{};
