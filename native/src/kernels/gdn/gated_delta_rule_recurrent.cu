@@ -245,13 +245,15 @@ __device__ __forceinline__ void store_hist(bf16* conv_state, int c, const float 
     for (int q = 0; q < K - 1; ++q) conv_state[size_t(c) * (K - 1) + q] = __float2bfloat16_rn(hist[q]);
 }
 
-template <int K>
+// ROWS: a verify window's form (the states after every token, or the tokens' records); the decode
+// step's instance (ROWS false) holds none of that code.
+template <int K, bool ROWS>
 __global__ void __launch_bounds__(REC_THREADS)
 gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ conv_w,
                         const bf16* __restrict__ a, const bf16* __restrict__ b,
                         const float* __restrict__ A_log, const float* __restrict__ dt_bias, GdnStates states,
                         const bf16* __restrict__ z, const bf16* __restrict__ norm_w, bf16* __restrict__ y,
-                        unsigned* counters, bool rows, int T, int Hk, int Hv, float eps) {
+                        unsigned* counters, int T, int Hk, int Hv, float eps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ float v_s[REC_COLS];
     __shared__ __align__(8) bf16 o_row[2][GDN_D];  // rank 0: head j's o of token t in buffer t % 2
@@ -310,7 +312,7 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
     cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
     unsigned ticket = 0;
     for (int t = 0; t < T; ++t) {
-        const bool keep = rows || t == T - 1;  // the states after token t go to slot p + 1 + t
+        const bool keep = ROWS || t == T - 1;  // the states after token t go to slot p + 1 + t
         bf16* conv_out = states.conv + gdn_slot_offset(states, p + 1 + t, conv_slot);
         const float xq = xq_s[t][tid], xk = xk_s[t][tid];
         const float4 zv = norm_lane ? z_s[t][tid] : float4{};
@@ -335,9 +337,9 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
             ticket = atomicAdd(counters + hk, 1u);
         }
         const float4 v = make_float4(v_s[cg * 4], v_s[cg * 4 + 1], v_s[cg * 4 + 2], v_s[cg * 4 + 3]);
-        const RecordOut rec = rows ? record_out(states.records, t, Hk, Hv, j, blockIdx.x, rg, m0) : RecordOut{};
+        const RecordOut rec = ROWS ? record_out(states.records, t, Hk, Hv, j, blockIdx.x, rg, m0) : RecordOut{};
         const float4 out = rec_token(S, qv, kv, v, ab_s[t][0], ab_s[t][1], a_log, dtb, rec);  // its barriers order v_s's reuse
-        if ((rows && !states.records) || t == T - 1)
+        if ((ROWS && !states.records) || t == T - 1)
             store_slice(S, states.recurrent + gdn_slot_offset(states, p + 1 + t, rec_slot) + j * head_elems, rg, m0);
         if (t == 0) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // rank 0 runs
         if (rg == 0) store_bf16x4(cluster.map_shared_rank(o_row[t & 1], 0) + m0, out);
@@ -429,14 +431,14 @@ void gdn_decode_fused(const bf16* qkv, const bf16* conv_w, const bf16* a, const 
     if (!gdn_decode_fused_available())
         throw std::invalid_argument(std::string(op) + ": needs thread block clusters (sm_90 or newer)");
     const dim3 grid(FUSED_CLUSTER, Hv);
-    auto launch = [&](auto kernel) {
-        launch_pdl_clusters(op, FUSED_CLUSTER, kernel, grid, REC_THREADS, 0, stream, qkv, conv_w, a, b, A_log,
-                            dt_bias, states, z, norm_w, y, counters, rows, T, Hk, Hv, eps);
+    auto launch = [&](auto window, auto step) {
+        launch_pdl_clusters(op, FUSED_CLUSTER, rows ? window : step, grid, REC_THREADS, 0, stream, qkv, conv_w, a, b,
+                            A_log, dt_bias, states, z, norm_w, y, counters, T, Hk, Hv, eps);
     };
     switch (K) {
-        case 2: launch(gdn_decode_fused_kernel<2>); break;
-        case 3: launch(gdn_decode_fused_kernel<3>); break;
-        case 4: launch(gdn_decode_fused_kernel<4>); break;
+        case 2: launch(gdn_decode_fused_kernel<2, true>, gdn_decode_fused_kernel<2, false>); break;
+        case 3: launch(gdn_decode_fused_kernel<3, true>, gdn_decode_fused_kernel<3, false>); break;
+        case 4: launch(gdn_decode_fused_kernel<4, true>, gdn_decode_fused_kernel<4, false>); break;
         default:
             throw std::invalid_argument(std::string(op) + ": conv kernel size K must be 2, 3 or 4, got " +
                                         std::to_string(K));
