@@ -103,7 +103,32 @@ def test_dequantize_is_scale_times_centred_code():
     assert w[0, 0] == 0.5 * (15 - 8) and w[1, 1] == 0.5 * (3 - 8)
 
 
+def test_interleaved_rows_put_each_gate_row_beside_its_up_row():
+    order = layout.interleaved_rows(64)  # gate rows 0..31, up rows 32..63
+    assert list(order[:16]) == list(range(8)) + list(range(32, 40))
+    assert list(order[16:32]) == list(range(8, 16)) + list(range(40, 48))
+    assert sorted(order) == list(range(64))
+
+
+@given(bits=st.sampled_from(layout.WIDTHS), pairs=st.integers(1, 3), tiles=st.integers(1, 2),
+       seed=st.integers(0, 2**32 - 1))
+def test_interleaved_block_gives_each_lane_a_gate_row_and_its_up_row(bits, pairs, tiles, seed):
+    """Lane g of tile strip j holds rows g and g + 8 of its fragment: gate and up row 8j + g."""
+    rng = np.random.default_rng(seed)
+    rows, cols = 32 * pairs, 64 * tiles
+    codes = rng.integers(0, 1 << bits, (rows, cols)).astype(np.uint8)
+    scales = rng.standard_normal((rows, tiles)).astype(np.float16)
+    packed = layout.interleave_halves(layout.pack(codes, scales, bits), rows, cols, bits)
+    w = layout.dequantize(packed, rows, cols, bits)
+    plain = layout.values(codes, scales, bits)
+    for j in range(rows // 16):
+        for g in range(8):
+            assert np.array_equal(w[16 * j + g], plain[8 * j + g])
+            assert np.array_equal(w[16 * j + 8 + g], plain[rows // 2 + 8 * j + g])
+
+
 @pytest.mark.parametrize("call, message", [
+    (lambda: layout.interleaved_rows(48), "multiple of 32"),
     (lambda: layout.tile_bytes(8), "widths are 4, 5, 6"),
     (lambda: layout.packed_bytes(24, 64, 4), "multiple of 16"),
     (lambda: layout.pack(np.zeros((16, 64), np.uint8), np.zeros((16, 2), np.float16), 4), "scales"),

@@ -23,6 +23,11 @@ Tiles are stored row-strip by row-strip (tile (r, c) at index r * K/64 + c), eac
 
 Every register comes out of the bytes with a shift and a mask (no branches, no tables); the
 fifth and sixth bits with one more shift, mask and or.
+
+The engine keeps a dense SwiGLU gate|up block with its two halves' rows interleaved by 8
+(`interleave_halves`): each tile then holds 8 gate rows and the up rows of the same outputs, rows g
+and g + 8 of one lane's fragment, so the GEMV's lane has both factors of silu(gate) * up in its
+accumulators.
 """
 
 from __future__ import annotations
@@ -155,6 +160,22 @@ def packed_scales(packed: np.ndarray, rows: int, cols: int, bits: int) -> np.nda
     tiles = packed.reshape(r, c, tile_bytes(bits))
     s = np.ascontiguousarray(tiles[:, :, tile_bytes(bits) - 2 * TILE_ROWS:]).view("<f2").reshape(r, c, TILE_ROWS)
     return s.swapaxes(1, 2).reshape(rows, c).astype(np.float16)
+
+
+def interleaved_rows(rows: int) -> np.ndarray:
+    """Row order of a gate|up block [rows, ...] (gate rows, then up rows) with its halves interleaved
+    by 8: position 16j + r holds gate row 8j + r, position 16j + 8 + r up row 8j + r (r < 8)."""
+    if rows <= 0 or rows % (2 * TILE_ROWS):
+        raise ValueError(f"a gate|up block of LQ strips has rows a multiple of {2 * TILE_ROWS}, not {rows}")
+    gate = np.arange(rows // 2).reshape(-1, TILE_ROWS // 2)
+    return np.concatenate([gate, gate + rows // 2], axis=1).reshape(-1)
+
+
+def interleave_halves(packed: np.ndarray, rows: int, cols: int, bits: int) -> np.ndarray:
+    """The packed bytes of a gate|up block [rows, cols] with its rows in `interleaved_rows` order."""
+    codes, scales = unpack(packed, rows, cols, bits)
+    order = interleaved_rows(rows)
+    return pack(codes[order], scales[order], bits)
 
 
 def dequantize(packed: np.ndarray, rows: int, cols: int, bits: int) -> np.ndarray:

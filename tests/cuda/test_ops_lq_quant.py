@@ -7,6 +7,7 @@ squared errors are summed in numpy's order). The only tolerated difference is th
 two candidate scales whose squared errors tie to the last bits: at least 99.9% of the groups
 identical, and every other group's squared error within 1e-6 (relative) of numpy's. lq_dequantize
 is exact: bf16 of layout.values. lq_fill_random is checked for its distribution and its seeding.
+lq_place_half puts the two halves of a gate|up block where layout.interleave_halves does.
 test_zz_lq_quant_timings prints the quantize-on-load throughput (never asserted).
 """
 
@@ -185,3 +186,24 @@ def test_zz_lq_quant_timings(ops):
             cells.append(f"q{bits} {r['ms']:7.2f} ms {r['GBps']:6.1f} GB/s")
         lines.append(f"lq_quantize [{rows},{cols}] ({what}): " + " | ".join(cells))
     print("\n" + "\n".join(lines))
+
+
+@pytest.mark.parametrize("bits", layout.WIDTHS)
+@pytest.mark.parametrize("up_first", [False, True])
+def test_placed_halves_are_the_interleaved_block(ops, bits, up_first):
+    """Each half placed in pieces of whole strips, in either order, over a block of garbage: the
+    bytes of layout.interleave_halves of the gate|up block."""
+    rng = rng_for("lq_place_half", bits, up_first)
+    half, cols = 48, 192  # three strips a half
+    codes = rng.integers(0, 1 << bits, (2 * half, cols)).astype(np.uint8)
+    scales = rng.standard_normal((2 * half, cols // 64)).astype(np.float16)
+    gate = layout.pack(codes[:half], scales[:half], bits)
+    up = layout.pack(codes[half:], scales[half:], bits)
+    block = rng.integers(0, 256, layout.packed_bytes(2 * half, cols, bits)).astype(np.uint8)
+    strip = layout.packed_bytes(16, cols, bits)
+    for h in ((1, 0) if up_first else (0, 1)):
+        part = (gate, up)[h]
+        block = ops.lq_place_half(block, part[:strip], 0, cols, bits, h)  # pieces of 1 and 2 strips
+        block = ops.lq_place_half(block, part[strip:], 1, cols, bits, h)
+    want = layout.interleave_halves(np.concatenate([gate, up]), 2 * half, cols, bits)
+    np.testing.assert_array_equal(block, want)

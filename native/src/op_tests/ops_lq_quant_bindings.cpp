@@ -4,6 +4,8 @@
 //   lq_dequantize(packed uint8, rows, cols, bits) -> w bf16 bits [rows, cols]
 //   lq_fill_random(rows, cols, bits, weight_std, seed) -> packed uint8
 //   bench_lq_quantize(rows, cols, bits, iters) -> {ms, GBps} (bf16 bytes read per second)
+//   lq_place_half(block uint8, part uint8, first_strip, cols, bits, half) -> the block's bytes after
+//     lq_place_half put the part's strips (len(part) / strip bytes of them) into their places
 // The packed bytes are those of models/quant/layout.py `pack`. Each call runs on a private stream
 // (OpStream); the benchmark times a captured CUDA graph. Helpers: op_helpers.h.
 #include "kernels/matmul.cuh"
@@ -56,6 +58,20 @@ py::array py_lq_fill_random(int rows, int cols, int bits, float weight_std, uint
     return download<uint8_t>(d_packed, {py::ssize_t(d_packed.bytes())});
 }
 
+py::array py_lq_place_half(Arr<uint8_t> block, Arr<uint8_t> part, int first_strip, int cols, int bits, int half) {
+    const char* op = "lq_place_half";
+    const size_t strip = packed_bytes_or_zero(16, cols, bits);
+    require(strip > 0 && part.size() > 0 && size_t(part.size()) % strip == 0, op,
+            "part must be whole packed row strips of [16, cols] at bits");
+    auto d_block = upload(block);
+    auto d_part = upload(part);
+    OpStream st;
+    lq_place_half(d_part.as<uint8_t>(), first_strip, int(size_t(part.size()) / strip), cols, bits, half,
+                  d_block.as<uint8_t>(), st.s);
+    st.finish(op);
+    return download<uint8_t>(d_block, {block.size()});
+}
+
 // W uniform in [-0.05, 0.05); one checked call before the capture, so bad arguments raise there.
 py::dict py_bench_lq_quantize(int rows, int cols, int bits, int iters) {
     const char* op = "bench_lq_quantize";
@@ -86,6 +102,8 @@ void register_lq_quant_ops(py::module_& ops) {
             "an LQ matrix back to bf16 -> bf16 bits [rows, cols]");
     ops.def("lq_fill_random", &py_lq_fill_random, "rows"_a, "cols"_a, "bits"_a, "weight_std"_a, "seed"_a,
             "a random LQ matrix (bench) -> packed uint8");
+    ops.def("lq_place_half", &py_lq_place_half, "block"_a, "part"_a, "first_strip"_a, "cols"_a, "bits"_a, "half"_a,
+            "an interleaved gate|up block's bytes with the part's strips of one half (0 gate, 1 up) placed");
     ops.def("bench_lq_quantize", &py_bench_lq_quantize, "rows"_a, "cols"_a, "bits"_a, "iters"_a = 3,
             "time lq_quantize in a CUDA graph -> {ms, GBps}");
 }

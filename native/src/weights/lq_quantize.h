@@ -36,4 +36,12 @@ void lq_dequantize(const uint8_t* packed, int rows, int cols, int bits, bf16* W,
 void lq_fill_random(uint8_t* packed, int rows, int cols, int bits, float weight_std, uint64_t seed,
                     cudaStream_t stream);
 
+// The rows of `strips` row strips of one half of a gate|up block (half 0: gate, 1: up; the half's
+// strips first_strip .. first_strip + strips - 1, packed as a [16 strips, cols] matrix at `part`)
+// put where models/quant/layout.py interleave_halves puts them in the block [rows, cols] at `block`
+// (its row 16 j + 8 half + r is the half's row 8 j + r, r < 8); the other half's rows are kept, so
+// placing both halves, in either order, gives the interleaved block (lq_interleave.cu).
+void lq_place_half(const uint8_t* part, int first_strip, int strips, int cols, int bits, int half, uint8_t* block,
+                   cudaStream_t stream);
+
 }  // namespace lampo
