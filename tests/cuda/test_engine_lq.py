@@ -20,6 +20,7 @@ import pytest
 
 from lampo.engine.cuda import load_weights
 from lampo.models.checkpoint import Checkpoint, CheckpointError
+from lampo.models.finite_scan import scan_checkpoint
 from lampo.models.presets import get_preset
 from lampo.models.quant import layout
 from lampo.models.quant.convert import convert
@@ -196,6 +197,35 @@ def test_a_nan_scale_is_refused_by_name(tmp_path):
                             prefill_chunk=64, snapshot_slots=1)
     with pytest.raises(CheckpointError, match=name.replace(".", r"\.")):
         load_weights(engine, ck)
+
+
+def test_nan_scales_in_the_interleaved_gate_up_halves_keep_their_names_and_places(tmp_path):
+    """The dense gate|up block is kept with its halves' rows interleaved by 8, each half placed as it
+    arrives: the census still names each half and gives the scale's index in the half's own scales
+    [N, K/64], as the numpy scan of the file does."""
+    d = write_checkpoint(tmp_path / "nan", get_preset("tiny-dense"), seed=2, with_mtp=False, recipe="q5")
+    ck = Checkpoint.open(d, include_mtp=False)
+    planted = {}  # name: (stored, byte offset in it, (count, first index))
+    for part, (tile, row) in (("gate_proj", (1, 3)), ("up_proj", (-1, 12))):
+        name = next(n for n in ck.names() if ck.quantized(n) and f"layers.2.mlp.{part}" in n)
+        stored, tb = ck.stored(name), layout.tile_bytes(ck.quantized(name).bits)
+        tile %= stored.nbytes // tb
+        tiles = ck.quantized(name).shape[-1] // layout.TILE_COLS  # a row strip's
+        first = (16 * (tile // tiles) + row) * tiles + tile % tiles  # scales [N, K/64], row-major
+        planted[name] = (stored, tile * tb + tb - 2 * layout.TILE_ROWS + 2 * row, (1, first))
+    ck.close()
+    for stored, at, _expected in planted.values():
+        with open(stored.path, "r+b") as f:
+            f.seek(stored.start + at)
+            f.write(np.array([0x7E00], "<u2").tobytes())
+    ck = Checkpoint.open(d, include_mtp=False)
+    engine = _native.Engine(ck.config, engine_tensor_names(ck.config), stored_bits(ck), context_max=256,
+                            prefill_chunk=64, snapshot_slots=1)
+    with pytest.raises(CheckpointError, match="so do 1 more tensor"):
+        load_weights(engine, ck)
+    found = {name: (count, first) for name, count, first in engine.nonfinite_census()}
+    assert found == {name: expected for name, (_s, _a, expected) in planted.items()}
+    assert found == {f.name: (f.count, f.first) for f in scan_checkpoint(ck)}
 
 
 def test_the_vram_limit_refuses_an_allocation_past_it(bf16_dir):

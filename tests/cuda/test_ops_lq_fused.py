@@ -1,6 +1,7 @@
 """The decode step's folded forms for LQ weights (lampo._native_ops, ops_lq_fused_bindings.cpp:
 gemv_lq_normed / gemv_lq_add_residual and the two halves of a norm carried between blocks,
-gemv_lq_add_residual_prenorm / gemv_lq_prenormed, in native/src/kernels/matmul/gemv_lq.cu, the LQ
+gemv_lq_add_residual_prenorm / gemv_lq_prenormed, the latter with the SwiGLU activation of an
+interleaved gate|up block (gemv_lq_prenormed_swiglu), in native/src/kernels/matmul/gemv_lq.cu, the LQ
 MoE launches' shared slot, selection and residual add in native/src/kernels/moe/moe_experts_lq.cu).
 
 Each fused form is checked bit for bit against the unfused GPU launches it replaces where their
@@ -144,6 +145,38 @@ def test_prenormed_input_is_the_norm_then_the_product(ops, bits, out, inn, T, wi
         np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("bits", layout.WIDTHS)
+@pytest.mark.parametrize("out, inn, T", [
+    (32, 64, 1),
+    (1024, 2048, 3),
+    (4352, 5120, 1),    # 27B width, 16-warp blocks in rings (a decode step)
+    (4352, 5120, 5),    # (a verify window)
+])
+def test_prenormed_swiglu_is_the_product_then_silu_mul(ops, bits, out, inn, T):
+    """An interleaved gate|up block on prenormed rows with the activation in the GEMV: act = bit for
+    bit silu_mul (interleaved) of gemv_lq_prenormed's rows, each token as if alone; the interleaved
+    silu_mul is the plain one on the rows in gate|up order; both near numpy's silu(gate) * up."""
+    rng = rng_for("gemv_lq_prenormed_swiglu", bits, out, inn, T)
+    packed, w = random_lq(rng, out, inn, bits)  # gate rows, then up rows
+    order = layout.interleaved_rows(out)
+    interleaved = layout.interleave_halves(packed, out, inn, bits)
+    r = (rng.standard_normal((T, inn)) * 3).astype(np.float32)
+    rows = to_bf16(r * (np.float32(1) + from_bf16(bf16_randn(rng, inn, 0.2))))
+    squares = (r.astype(np.float64) ** 2).reshape(T, inn // 16, 16).sum(axis=2).astype(np.float32)
+    act = ops.gemv_lq_prenormed_swiglu(interleaved, bits, out, inn, rows, squares, PRENORM_EPS)
+    gu = ops.gemv_lq_prenormed(interleaved, bits, out, inn, rows, squares, PRENORM_EPS)
+    np.testing.assert_array_equal(act, ops.silu_mul(gu, True))
+    plain = ops.gemv_lq_prenormed(packed, bits, out, inn, rows, squares, PRENORM_EPS)
+    np.testing.assert_array_equal(ops.silu_mul(plain[:, order], True), ops.silu_mul(plain))
+    for t in sorted({0, T - 1}):
+        np.testing.assert_array_equal(
+            ops.gemv_lq_prenormed_swiglu(interleaved, bits, out, inn, rows[t:t + 1], squares[t:t + 1],
+                                         PRENORM_EPS)[0], act[t])
+    inv = 1.0 / np.sqrt(squares.astype(np.float64).sum(axis=1, keepdims=True) / inn + PRENORM_EPS)
+    y = inv * (from_bf16(rows).astype(np.float64) @ w.astype(np.float64).T)
+    check_bf16(act, silu(y[:, :out // 2]) * y[:, out // 2:], 2e-2, f"prenormed swiglu bits={bits}")
+
+
 def test_gemv_lq_folded_refuse_bad_arguments(ops):
     packed = np.zeros(layout.packed_bytes(16, 64, 4), np.uint8)
     with pytest.raises(ValueError, match="bits 4..6"):
@@ -156,6 +189,10 @@ def test_gemv_lq_folded_refuse_bad_arguments(ops):
     with pytest.raises(ValueError, match="norm_w: length"):
         ops.gemv_lq_add_residual_prenorm(packed, 4, 16, 64, np.zeros((1, 64), np.uint16),
                                          np.zeros((1, 16), np.float32), np.zeros(8, np.uint16))
+    with pytest.raises(ValueError, match="out a multiple of 32, got 16"):
+        ops.gemv_lq_prenormed_swiglu(packed, 4, 16, 64, np.zeros((1, 64), np.uint16), np.zeros((1, 4), np.float32))
+    with pytest.raises(ValueError, match="half 0 or 1"):
+        ops.lq_place_half(packed, packed, 0, 64, 4, 2)
 
 
 # ---- the MoE launches -----------------------------------------------------------------------------

@@ -272,12 +272,15 @@ void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& 
 //   norms  - no add_rmsnorm launches: each block's input projection builds the normed row itself
 //            and each output projection adds into the fp32 residual (linear.h), and the gate_up
 //            launch selects the experts from the router logits (no top-k launch);
-//   gdn    - conv + delta rule + gated norm in one launch.
-// Unset, "all" or "1" = norms,gdn (measured fastest); "none" or "0" = the separate launches. Every
+//   gdn    - conv + delta rule + gated norm in one launch;
+//   swiglu - a dense model's interleaved LQ gate|up GEMV applies silu(gate) * up itself (no
+//            silu_mul launch), where its input is prenormed rows (norms carried in halves, so with
+//            norms; verify windows too).
+// Unset, "all" or "1" = norms,gdn,swiglu; "none" or "0" = the separate launches. Every
 // form computes the same values as the separate launches, bit for bit (both take the router logits
 // from the same GEMV kernel). (One-launch router and whole-MoE-FFN forms, and the experts' gate_up
 // and down as one launch of clusters, were measured slower and removed: docs/design/decode.md.)
-enum class DecodeFusion : int { Norms, Gdn };
+enum class DecodeFusion : int { Norms, Gdn, Swiglu };
 bool decode_fusion_enabled(DecodeFusion f);
 
 // Diagnostic for `lampo bench` only: LAMPO_OMIT_OPS=norms,moe_router (op family names) leaves those

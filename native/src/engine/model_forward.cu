@@ -401,10 +401,19 @@ void gated_deltanet(const Ctx& c, const GatedDeltaNetWeights& w, const GdnStates
     output_projection(c, w.out, ws.mixed, norms, "gdn out_proj");
 }
 
-// SwiGLU: down(silu(gate(h)) * up(h)).
+// SwiGLU: down(silu(gate(h)) * up(h)). An interleaved LQ gate|up block on prenormed rows applies
+// the activation in its GEMV (`swiglu` fusion); otherwise the product, then silu_mul.
 void dense_ffn(const Ctx& c, const DenseFfnWeights& w, const BlockNorms& norms) {
-    input_projection(c, w.gate_up, norms, c.ws.proj, "ffn gate_up");
-    c.op(OpFamily::Activations, "silu_mul", [&] { silu_mul(c.ws.proj, c.ws.act, c.step.T, c.d.ffn_inter, c.st); });
+    if (norms.in_prenormed && w.gate_up.interleaved && decode_fusion_enabled(DecodeFusion::Swiglu)) {
+        c.op(OpFamily::Projections, "ffn gate_up+silu_mul", [&] {
+            linear_forward_prenormed_swiglu(w.gate_up, prenormed_rows(c), c.ws.act, c.step.T, c.st);
+        });
+    } else {
+        input_projection(c, w.gate_up, norms, c.ws.proj, "ffn gate_up");
+        c.op(OpFamily::Activations, "silu_mul", [&] {
+            silu_mul(c.ws.proj, c.ws.act, c.step.T, c.d.ffn_inter, c.st, w.gate_up.interleaved);
+        });
+    }
     output_projection(c, w.down, c.ws.act, norms, "ffn down");
 }
 
@@ -602,8 +611,9 @@ bool decode_fusion_enabled(DecodeFusion f) {
         const char* env = std::getenv("LAMPO_DECODE_FUSION");
         const std::string v = env ? env : "";
         if (v == "0" || v == "none") return 0u;
-        if (v.empty() || v == "1" || v == "all") return bit(DecodeFusion::Norms) | bit(DecodeFusion::Gdn);
-        return env_name_mask("LAMPO_DECODE_FUSION", {"norms", "gdn"});  // enum order
+        if (v.empty() || v == "1" || v == "all")
+            return bit(DecodeFusion::Norms) | bit(DecodeFusion::Gdn) | bit(DecodeFusion::Swiglu);
+        return env_name_mask("LAMPO_DECODE_FUSION", {"norms", "gdn", "swiglu"});  // enum order
     }();
     return mask >> int(f) & 1u;
 }

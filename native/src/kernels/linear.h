@@ -19,6 +19,11 @@ struct Linear {
     int out = 0;
     int in = 0;
     int bits = 0;                // LQ: 4, 5 or 6 (out % 16 == 0, in % 64 == 0)
+    // LQ: a SwiGLU gate|up block kept with its halves' rows interleaved by 8 (out % 32 == 0; row
+    // 16 j + r is gate row 8 j + r, 16 j + 8 + r up row 8 j + r: models/quant/layout.py
+    // interleaved_rows), so its products come out in that order (silu_mul's interleaved form) and
+    // its few-token GEMV can apply the activation itself (linear_forward_prenormed_swiglu).
+    bool interleaved = false;
     size_t bytes() const;        // of one [out, in] matrix in its format
     // Rows [first, first + n) as a matrix of their own (LQ: first and n multiples of 16, whole strips).
     Linear rows(int first, int n) const;
@@ -105,5 +110,10 @@ void linear_forward_add_residual_prenorm(const Linear& W, const __nv_bfloat16* x
 // y [T, W.out] (parts.n > 0: stored as `parts` instead).
 void linear_forward_prenormed(const Linear& W, const PrenormedRows& x, __nv_bfloat16* y, const RowParts& parts,
                               int T, cudaStream_t stream);
+// The same product of an interleaved gate|up block (W.interleaved) with the SwiGLU activation
+// applied where its rows are written: act [T, W.out / 2] = bf16(silu(gate) * up) of the product's
+// bf16 gate and up rows, the values silu_mul (interleaved) computes from linear_forward_prenormed's.
+void linear_forward_prenormed_swiglu(const Linear& W, const PrenormedRows& x, __nv_bfloat16* act, int T,
+                                     cudaStream_t stream);
 
 }  // namespace lampo

@@ -51,6 +51,10 @@ void gemv_lq_prenormed(const uint8_t* W, int bits, const PrenormedRows& x, bf16*
                        int out, int in, cudaStream_t stream);
 void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int out, int in,
                           cudaStream_t stream, bool set = false);
+// gemv_lq_prenormed of an interleaved gate|up block [out, in] (linear.h Linear::interleaved) with the
+// activation applied as the rows are written: act [T, out / 2] = bf16(silu(bf16(gate)) * bf16(up)).
+void gemv_lq_prenormed_swiglu(const uint8_t* W, int bits, const PrenormedRows& x, bf16* act, int T, int out, int in,
+                              cudaStream_t stream);
 constexpr int LQ_TILE_ROWS = 16;  // an LQ tile: 16 rows x 64 columns (one fp16 scale per row)
 constexpr int LQ_TILE_COLS = 64;
 

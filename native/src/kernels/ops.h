@@ -192,8 +192,9 @@ void gated_rmsnorm(const bf16* o, const bf16* z, const bf16* w, bf16* y, int T, 
                    float eps, cudaStream_t stream);
 
 // ---- activation.cu -------------------------------------------------------------------------
-// SwiGLU activation: gu [T, 2I] (gate | up) -> y [T, I] = silu(gate) * up
-void silu_mul(const bf16* gu, bf16* y, int T, int I, cudaStream_t stream);
+// SwiGLU activation: gu [T, 2I] (gate | up) -> y [T, I] = silu(gate) * up; interleaved: gu's rows
+// come from a gate|up block kept with its halves' rows interleaved by 8 (activation.cu).
+void silu_mul(const bf16* gu, bf16* y, int T, int I, cudaStream_t stream, bool interleaved = false);
 // Attention output gate for the prefill path when not fused: y = x * sigmoid(gate), [T, n].
 void sigmoid_gate_mul(const bf16* x, const bf16* gate, bf16* y, int T, int n, cudaStream_t stream);
 

@@ -83,7 +83,7 @@ py::array_t<float> py_residual_add(Arr<float> residual, Arr<uint16_t> delta) {
     return download<float>(d_r, {rows, n});
 }
 
-py::array_t<uint16_t> py_silu_mul(Arr<uint16_t> gu) {
+py::array_t<uint16_t> py_silu_mul(Arr<uint16_t> gu, bool interleaved) {
     const char* op = "silu_mul";
     check_ndim(op, "gu", gu, 2);
     const int T = int(gu.shape(0)), I = int(gu.shape(1) / 2);
@@ -91,7 +91,7 @@ py::array_t<uint16_t> py_silu_mul(Arr<uint16_t> gu) {
     auto d_gu = upload(gu);
     auto d_y = poisoned(size_t(T) * I * 2);
     OpStream st;
-    silu_mul(as_bf16(d_gu), as_bf16(d_y), T, I, st.s);
+    silu_mul(as_bf16(d_gu), as_bf16(d_y), T, I, st.s, interleaved);
     st.finish(op);
     return download<uint16_t>(d_y, {T, I});
 }
@@ -478,7 +478,8 @@ void register_core_ops(py::module_& ops) {
     ops.def("add_rmsnorm", &py_add_rmsnorm, "residual"_a, "delta"_a, "w"_a, "eps"_a = 1e-6f, "set"_a = false,
             "(residual + delta, rmsnorm(residual + delta)); set: residual taken as zeros (0 + delta)");
     ops.def("residual_add", &py_residual_add, "residual"_a, "delta"_a, "residual + float(delta)");
-    ops.def("silu_mul", &py_silu_mul, "gu"_a, "gu [T, 2I] -> silu(gate) * up [T, I] (bf16 bits)");
+    ops.def("silu_mul", &py_silu_mul, "gu"_a, "interleaved"_a = false,
+            "gu [T, 2I] -> silu(gate) * up [T, I] (bf16 bits); interleaved: gu's rows by 8, gate then up");
     ops.def("sigmoid_gate_mul", &py_sigmoid_gate_mul, "x"_a, "gate"_a, "x * sigmoid(gate) (bf16 bits)");
     ops.def("attn_prep", &py_attn_prep, "qg"_a, "k_raw"_a, "q_norm_w"_a, "k_norm_w"_a, "pos0"_a, "nq"_a, "nkv"_a,
             "rotary_dim"_a, "theta"_a, "eps"_a = 1e-6f, "kv"_a = py::none(),

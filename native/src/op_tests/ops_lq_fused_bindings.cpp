@@ -124,6 +124,25 @@ py::array py_gemv_lq_prenormed(Arr<uint8_t> packed, int bits, int out, int in, A
                    : py::array(download<uint16_t>(d_y, {T, out}));
 }
 
+py::array_t<uint16_t> py_gemv_lq_prenormed_swiglu(Arr<uint8_t> packed, int bits, int out, int in, Arr<uint16_t> rows,
+                                                  Arr<float> strip_squares, float eps) {
+    const char* op = "gemv_lq_prenormed_swiglu";
+    check_lq_matrix(op, "packed", packed.size(), bits, out, in);
+    check_ndim(op, "rows", rows, 2);
+    check_dim(op, "rows", rows.shape(1), in, "width");
+    const int T = int(rows.shape(0));
+    check_dim(op, "strip_squares", strip_squares.size(), py::ssize_t(T) * (in / 16), "size");
+    auto d_w = upload(packed);
+    auto d_x = upload(rows);
+    auto d_sq = upload(strip_squares);
+    auto d_act = poisoned(size_t(T) * (out / 2) * 2);
+    OpStream st;
+    gemv_lq_prenormed_swiglu(d_w.as<uint8_t>(), bits, {d_x.as<bf16>(), d_sq.as<float>(), eps}, d_act.as<bf16>(), T,
+                             out, in, st.s);
+    st.finish(op);
+    return download<uint16_t>(d_act, {T, out / 2});
+}
+
 // The shared expert's buffers for slot k of the LQ decode launches (MoeSharedSlotLq in ops.h).
 struct SharedLqBuffers {
     DeviceBuffer gate_up, down, w_gate, gate;
@@ -249,6 +268,9 @@ void register_lq_fused_ops(py::module_& ops) {
     ops.def("gemv_lq_prenormed", &py_gemv_lq_prenormed, "packed"_a, "bits"_a, "out"_a, "in_"_a, "rows"_a,
             "strip_squares"_a, "eps"_a = 1e-6f, "widths"_a = std::vector<int>{},
             "input projection on prenormed rows, LQ W: bf16(inv_t * (rows @ W^T)), or its row parts");
+    ops.def("gemv_lq_prenormed_swiglu", &py_gemv_lq_prenormed_swiglu, "packed"_a, "bits"_a, "out"_a, "in_"_a, "rows"_a,
+            "strip_squares"_a, "eps"_a = 1e-6f,
+            "gemv_lq_prenormed of an interleaved gate|up block with silu(gate) * up applied: act [T, out / 2] bf16 bits");
     ops.def("moe_lq_decode_shared", &py_moe_lq_decode_shared, "h"_a, "gate_up"_a, "bits_gu"_a, "down"_a, "bits_dn"_a,
             "ids"_a, "weights"_a, "I"_a, "shared_gate_up"_a, "shared_gate_up_bits"_a, "shared_down"_a,
             "shared_down_bits"_a, "w_gate"_a, "Is"_a, "repeat"_a = 0,

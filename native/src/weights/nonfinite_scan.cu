@@ -8,8 +8,11 @@
 // reduces its count (sum) and first index (min) in registers and shared memory, then thread 0
 // adds them to `out` with one atomicAdd and one atomicMin, only when the block found any.
 //   count_nonfinite_lq_kernel: the same over the fp16 scales of an LQ tensor (the codes are
-//   integers): tiles [n_tiles] of `tile_bytes`, each ending in 16 scales; index = tile * 16 + row
-//   (the scale's place in tile order), E = 0x7C00.
+//   integers): tiles [n_tiles] of `tile_bytes`, `tiles` to a row strip, each ending in its 16 rows'
+//   scales; index = the scale's place in the tensor's scales [.., N, K/64] (row-major, as
+//   models/finite_scan.py counts them): (16 (tile / tiles) + row) tiles + tile % tiles. E = 0x7C00.
+//   An interleaved half of a gate|up block (TensorSlot::interleaved_half h): the block's tiles,
+//   rows 8 h .. 8 h + 7 of each, at the half's own row 8 (tile / tiles) + row - 8 h.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -87,19 +90,34 @@ __global__ void __launch_bounds__(kThreads) count_nonfinite_kernel(const Bits* _
     add_block_census(count, first, out);
 }
 
-// One tile's 16 fp16 scales per thread, grid-stride over the tiles.
+// The index of scale `row` of `tile` in the tensor's scales [.., N, K/64] (`tiles` to a row strip);
+// for an interleaved half (half >= 0: rows 8 half .. 8 half + 7 of the block's tiles) in the half's.
+__device__ __forceinline__ unsigned long long lq_scale_index(size_t tile, int row, int half, int tiles) {
+    const size_t strip = tile / tiles;
+    const size_t own_row = half < 0 ? 16 * strip + row : 8 * strip + (row - 8 * half);
+    return own_row * tiles + tile % tiles;
+}
+
+// One tile's fp16 scales per thread (all 16, or the 8 of an interleaved half), grid-stride.
 __global__ void __launch_bounds__(kThreads) count_nonfinite_lq_kernel(const uint8_t* __restrict__ data, size_t n_tiles,
-                                                                      int tile_bytes, NonFiniteCount* __restrict__ out) {
+                                                                      int tile_bytes, int half, int tiles,
+                                                                      NonFiniteCount* __restrict__ out) {
     unsigned long long count = 0, first = ULLONG_MAX;
     const size_t stride = size_t(gridDim.x) * kThreads;
+    const int row0 = half < 0 ? 0 : 8 * half, vectors = half < 0 ? 2 : 1;  // 8 scales a 16-byte vector
     for (size_t t = size_t(blockIdx.x) * kThreads + threadIdx.x; t < n_tiles; t += stride) {
-        const uint4* scales = reinterpret_cast<const uint4*>(data + (t + 1) * tile_bytes - 32);
-        const uint4 q[2] = {__ldcs(scales), __ldcs(scales + 1)};
-        const uint32_t words[8] = {q[0].x, q[0].y, q[0].z, q[0].w, q[1].x, q[1].y, q[1].z, q[1].w};
+        const uint4* scales = reinterpret_cast<const uint4*>(data + (t + 1) * tile_bytes - 32) + row0 / 8;
+        for (int v = 0; v < vectors; ++v) {
+            const uint4 q = __ldcs(scales + v);
+            const uint32_t words[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
-        for (int w = 0; w < 8; ++w) {
-            census<uint16_t, 0x7C00u>(uint16_t(words[w] & 0xFFFFu), t * 16 + 2 * w, count, first);
-            census<uint16_t, 0x7C00u>(uint16_t(words[w] >> 16), t * 16 + 2 * w + 1, count, first);
+            for (int w = 0; w < 4; ++w) {
+                const int row = row0 + 8 * v + 2 * w;
+                census<uint16_t, 0x7C00u>(uint16_t(words[w] & 0xFFFFu), lq_scale_index(t, row, half, tiles), count,
+                                          first);
+                census<uint16_t, 0x7C00u>(uint16_t(words[w] >> 16), lq_scale_index(t, row + 1, half, tiles), count,
+                                          first);
+            }
         }
     }
     add_block_census(count, first, out);
@@ -134,10 +152,12 @@ std::vector<NonFiniteCount> count_nonfinite(const std::vector<TensorSlot>& slots
         NonFiniteCount* out = results.as<NonFiniteCount>() + i;
         if (s.bits) {
             const int tile_bytes = int(lq_packed_bytes(16, 64, s.bits));
-            const size_t n_tiles = s.bytes() / tile_bytes;
+            const bool half = s.interleaved_half >= 0;  // its rows are in every tile of the block
+            const size_t n_tiles = s.bytes() / tile_bytes * (half ? 2 : 1);
             const int blocks = int(std::clamp<size_t>((n_tiles + kThreads - 1) / kThreads, 1, kMaxBlocks));
-            count_nonfinite_lq_kernel<<<blocks, kThreads, 0, stream.s>>>(static_cast<const uint8_t*>(s.device), n_tiles,
-                                                                        tile_bytes, out);
+            count_nonfinite_lq_kernel<<<blocks, kThreads, 0, stream.s>>>(
+                half ? s.block() : static_cast<const uint8_t*>(s.device), n_tiles, tile_bytes, s.interleaved_half,
+                int(s.shape.back() / 64), out);
         } else if (s.dtype == DType::BF16) {
             launch<uint16_t>(s.device, s.numel(), out, stream.s);
         } else {

@@ -11,8 +11,8 @@ namespace lampo {
 
 struct NonFiniteCount {
     unsigned long long count;  // NaN and +-Inf values in the tensor as stored in VRAM
-    unsigned long long first;  // flat (C-order) index of the first of them (LQ: of its scale, tile
-                               // order, nonfinite_scan.cu); ~0ull when count == 0
+    unsigned long long first;  // flat (C-order) index of the first of them (LQ: of its scale in the
+                               // scales [.., N, K/64]); ~0ull when count == 0
 };
 
 // One entry per slot, in slot order: each slot (a tensor of its own block, or one part of a fused

@@ -337,7 +337,7 @@ Linear WeightStore::add_linear(const std::string& name, int out, int in, FillKin
 }
 
 Linear WeightStore::add_fused(const std::vector<std::pair<std::string, int>>& parts, int in,
-                              int rows_total) {
+                              int rows_total, bool interleave) {
     int rows = 0;
     std::vector<std::string> names;
     for (const auto& p : parts) {
@@ -366,13 +366,25 @@ Linear WeightStore::add_fused(const std::vector<std::pair<std::string, int>>& pa
     if (rows_total > rows) {  // zero rows (LQ: zero scales and codes, weights 0 too)
         LAMPO_CUDA_CHECK(cudaMemset(base + row_bytes(rows), 0, row_bytes(rows_total) - row_bytes(rows)));
     }
+    l.interleaved = interleave && l.bits;
+    if (l.interleaved && (parts.size() != 2 || parts[0].second != parts[1].second || rows != rows_total)) {
+        throw std::logic_error("weights: " + what + " is interleaved, so it holds two halves of equal rows");
+    }
     int row = 0;
     for (const auto& [name, r] : parts) {
         add(name, {r, in}, DType::BF16, FillKind::Matrix, in, base + row_bytes(row), l.bits);
+        if (l.interleaved) slots_.back().interleaved_half = row ? 1 : 0;
         row += r;
     }
     l.data = base;
     return l;
+}
+
+uint8_t* TensorSlot::block() const { return static_cast<uint8_t*>(device) - size_t(interleaved_half) * bytes(); }
+
+void WeightStore::place_half(const TensorSlot& s, const void* packed, int first, int strips, cudaStream_t stream) {
+    lq_place_half(static_cast<const uint8_t*>(packed), first, strips, int(s.shape.back()), s.bits, s.interleaved_half,
+                  s.block(), stream);
 }
 
 // ---- WeightStore: the plan -------------------------------------------------------------------
@@ -428,7 +440,8 @@ LayerWeights WeightStore::add_layer(const std::function<std::string(const std::s
             add_own(name("moe.shared_gate"), {1, H}, DType::BF16, FillKind::Matrix, H));
     } else {
         DenseFfnWeights& f = lw.dense;
-        f.gate_up = add_fused({{name("dense.gate"), d.ffn_inter}, {name("dense.up"), d.ffn_inter}}, H, 2 * d.ffn_inter);
+        f.gate_up = add_fused({{name("dense.gate"), d.ffn_inter}, {name("dense.up"), d.ffn_inter}}, H, 2 * d.ffn_inter,
+                              true);
         f.down = add_linear(name("dense.down"), H, d.ffn_inter);
     }
     return lw;
@@ -512,11 +525,19 @@ void WeightStore::load(const std::string& name, const void* data, DType dtype,
             const size_t strip = size_t(LQ_TILE_ROWS) * cols * 2;
             const size_t piece = StagingRing::kPieceBytes / strip * strip;
             uint8_t* dst = static_cast<uint8_t*>(s.device);
+            uint8_t* placing = nullptr;  // an interleaved half's piece goes through here
+            if (s.interleaved_half >= 0) {  // one size for every piece: packed, at most 0.36 of its bf16 bytes
+                if (!placing_.get()) placing_ = DeviceMemory(StagingRing::kPieceBytes / 2, "interleaved weight placing");
+                if (lq_packed_bytes(int(piece / strip) * LQ_TILE_ROWS, cols, s.bits) > placing_.bytes())
+                    throw std::logic_error("weights: a packed piece of '" + name + "' exceeds the placing scratch");
+                placing = placing_.as<uint8_t>();
+            }
             staging_->convert(n * 2, piece, fill_bf16, [&](void* scratch, size_t off, size_t len, cudaStream_t st) {
                 const int rows = int(len / (size_t(cols) * 2)), row0 = int(off / (size_t(cols) * 2));
                 lq_quantize(static_cast<const bf16*>(scratch), rows, cols, s.bits,
-                            dst + lq_packed_bytes(row0, cols, s.bits), st);
+                            placing ? placing : dst + lq_packed_bytes(row0, cols, s.bits), st);
                 LAMPO_CHECK_LAUNCH("lq_quantize");
+                if (placing) place_half(s, placing, row0 / LQ_TILE_ROWS, rows / LQ_TILE_ROWS, st);
             });
         } else if (s.dtype == DType::BF16) {
             staging_->copy(s.device, n * 2, fill_bf16);
@@ -562,6 +583,14 @@ void WeightStore::load_packed(const TensorSlot& s, const void* data, const std::
     auto fill = [&](void* pinned, size_t off, size_t len) {
         std::memcpy(pinned, static_cast<const char*>(data) + off, len);
     };
+    const size_t strip = lq_packed_bytes(LQ_TILE_ROWS, cols, stored_bits);
+    const size_t piece = StagingRing::kPieceBytes / strip * strip;
+    if (s.bits == stored_bits && s.interleaved_half >= 0) {
+        staging_->convert(packed, piece, fill, [&](void* scratch, size_t off, size_t len, cudaStream_t st) {
+            place_half(s, scratch, int(off / strip), int(len / strip), st);
+        });
+        return;
+    }
     if (s.bits == stored_bits) {
         staging_->copy(s.device, packed, fill);
         return;
@@ -570,8 +599,6 @@ void WeightStore::load_packed(const TensorSlot& s, const void* data, const std::
         throw std::invalid_argument("load_tensor: '" + name + "' is stored at " + std::to_string(stored_bits) +
                                     " bits and the engine holds it at " + std::to_string(s.bits));
     }
-    const size_t strip = lq_packed_bytes(LQ_TILE_ROWS, cols, stored_bits);
-    const size_t piece = StagingRing::kPieceBytes / strip * strip;
     bf16* dst = static_cast<bf16*>(s.device);
     staging_->convert(packed, piece, fill, [&](void* scratch, size_t off, size_t len, cudaStream_t st) {
         const int row0 = int(off / strip) * LQ_TILE_ROWS, rows_here = int(len / strip) * LQ_TILE_ROWS;
@@ -585,6 +612,7 @@ void WeightStore::finish_loading() {
         staging_->wait();
         staging_.reset();
     }
+    placing_ = DeviceMemory();
     std::vector<std::string> missing;
     for (size_t i = 0; i < slots_.size(); ++i) {
         if (!loaded_[i]) missing.push_back(slots_[i].name);

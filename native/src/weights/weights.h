@@ -10,6 +10,10 @@
 // from disk overlaps the PCIe copy of the previous one. The MTP module is part of the plan when the
 // names hold its roles ("mtp.fc", ..., and its layer's roles as "mtp.layer.<role>").
 //
+// A dense SwiGLU gate|up block in the LQ format is kept with its halves' rows interleaved by 8
+// (linear.h Linear::interleaved): each half arrives as its own tensor and is placed row strip by
+// row strip (lq_place_half), whatever its source (quantized on load or packed in the checkpoint).
+//
 // Weight formats: TensorBits names the matrices held in the LQ format (4, 5 or 6 bits; the others
 // are BF16). A tensor arrives as stored in the checkpoint and is converted on the GPU where its
 // slot differs: bf16 (or f32) into an LQ slot is quantized (lq_quantize: quantize-on-load), LQ into
@@ -84,6 +88,10 @@ struct TensorSlot {
     int fan_in;                   // for FillKind::Matrix
     void* device;                 // where the tensor lives (inside a possibly fused block)
     int bits = 0;                 // LQ width (4, 5, 6) of a matrix [N, K] or bank [E, N, K]; 0: dtype
+    // An LQ half of a gate|up block kept interleaved (linear.h Linear::interleaved): 0 the gate
+    // rows, 1 the up rows, whose places are spread over the whole block (block()); -1: none.
+    int interleaved_half = -1;
+    uint8_t* block() const;       // the interleaved block (interleaved_half >= 0)
     size_t numel() const;
     int64_t rows() const;         // a matrix's (or bank's) rows: product of all but the last extent
     size_t bytes() const;         // in VRAM (LQ: the packed tiles)
@@ -167,11 +175,16 @@ private:
     // Allocates one block holding the row-concatenation of `parts` ([rows_i, in] matrices, by
     // name, all BF16 or all LQ at one width), followed by zero rows up to `rows_total`, and
     // returns it as a Linear.
-    Linear add_fused(const std::vector<std::pair<std::string, int>>& parts, int in, int rows_total);
+    // interleave: two LQ halves of a SwiGLU gate|up block, kept interleaved (TensorSlot::interleaved_half).
+    Linear add_fused(const std::vector<std::pair<std::string, int>>& parts, int in, int rows_total,
+                     bool interleave = false);
     // A matrix [out, in], or with `experts` > 0 a bank of that many (Linear: one expert's shape),
     // in the format `bits_` gives its name.
     Linear add_linear(const std::string& name, int out, int in, FillKind fill = FillKind::Matrix, int experts = 0);
     void load_packed(const TensorSlot& s, const void* data, const std::vector<int64_t>& shape, int stored_bits);
+    // `strips` packed row strips of interleaved half `s`, from its strip `first` on, into their places.
+    void place_half(const TensorSlot& s, const void* packed, int first, int strips, cudaStream_t stream);
+    DeviceMemory placing_;  // loading: a piece of an interleaved half, quantized, before it is placed
 };
 
 // ---- fill_random.cu (bench only) -----------------------------------------------------------

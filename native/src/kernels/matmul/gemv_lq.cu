@@ -42,6 +42,9 @@
 //   of a bf16 output added by add_rmsnorm; LqOut::SetResidual: residual[row] = 0 + float(bf16(y[row]))
 //   (the same on a zeroed residual, without zeroing it: the MTP pass's fc).
 // gemv_lq_parts stores the bf16 rows as RowParts (linear.h) instead of one [T, out] matrix.
+// LqOut::SwiGlu (gemv_lq_prenormed_swiglu): W an interleaved gate|up block (linear.h), so rows g
+// and g + 8 of a lane's C fragment are the gate and up rows of output 8 strip + g; the lane writes
+// act = bf16(silu(bf16(gate)) * bf16(up)) for its two tokens, silu_mul's values from the stored rows.
 //
 // The two halves of a norm between blocks (T <= 8; linear.h: Prenorm, PrenormedRows):
 // - LqOut::AddToResidualPrenorm (gemv_lq_add_residual_prenorm): the warp that writes a strip's rows
@@ -132,7 +135,7 @@ __device__ unsigned lq_split_arrivals[LQ_SPLIT_MAX_STRIPS];
 static_assert(PRENORM_STRIP == LQ_TILE_ROWS, "a strip sum of squares is one strip's rows");
 
 enum class LqIn { X, NormedResidual, Prenormed };
-enum class LqOut { Store, AddToResidual, SetResidual, AddToResidualPrenorm };
+enum class LqOut { Store, AddToResidual, SetResidual, AddToResidualPrenorm, SwiGlu };
 
 // Shared memory for x: `tokens` staged tokens and the zero fragment; NormedResidual (one token):
 // room for the fp32 residual row that the norm keeps there before x is staged.
@@ -199,6 +202,22 @@ __device__ __forceinline__ void lq_store_prenorm(const GemvLqParams& p, int stri
     if (g == 0 && 2 * quad + 1 < p.T) p.pre.strip_squares[(2 * quad + 1) * strips + strip] = odd;
 }
 
+// SwiGlu: output 8 strip + g of tokens 2 quad, 2 quad + 1 from rows g (gate) and g + 8 (up) of the
+// lane's C fragment `v` (each scaled by token_inv[token] where it is given), into act [T, out / 2].
+__device__ __forceinline__ void lq_store_swiglu(const GemvLqParams& p, int strip, int lane, const float (&v)[4],
+                                                const float* token_inv) {
+    const int g = lane >> 2, quad = lane & 3, outputs = p.out / 2;
+    bf16* act = static_cast<bf16*>(p.y);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int token = 2 * quad + i;
+        if (token >= p.T) continue;
+        const float gate = __bfloat162float(__float2bfloat16(token_inv ? v[i] * token_inv[token] : v[i]));
+        const float up = __bfloat162float(__float2bfloat16(token_inv ? v[i + 2] * token_inv[token] : v[i + 2]));
+        act[size_t(token) * outputs + strip * (LQ_TILE_ROWS / 2) + g] = __float2bfloat16(silu(gate) * up);
+    }
+}
+
 // Prenormed: inv of token t (lane 0 of the warp that sums it; linear.h PrenormedRows).
 __device__ __forceinline__ float lq_token_inv(const GemvLqParams& p, int t, int lane) {
     const int strips = p.in / PRENORM_STRIP;
@@ -216,6 +235,10 @@ __device__ __forceinline__ void lq_store_rows(const GemvLqParams& p, int strip, 
                                               const float* token_inv) {
     if constexpr (OUT == LqOut::AddToResidualPrenorm) {
         lq_store_prenorm(p, strip, lane, v);
+        return;
+    }
+    if constexpr (OUT == LqOut::SwiGlu) {
+        lq_store_swiglu(p, strip, lane, v, token_inv);
         return;
     }
     const int g = lane >> 2, quad = lane & 3;
@@ -309,7 +332,8 @@ template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS, bool RING, bool P
 __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const GemvLqParams p) {
     static_assert(IN != LqIn::NormedResidual || WARPS * 32 >= NORM_THREADS, "the folded norm runs on the GEMV block");
     static_assert(!PAIR || IN != LqIn::NormedResidual, "the pair stages a given x");
-    static_assert(OUT == LqOut::Store || std::is_same_v<OutT, float>, "residual add: an fp32 row");
+    static_assert(OUT == LqOut::Store || OUT == LqOut::SwiGlu || std::is_same_v<OutT, float>,
+                  "residual add: an fp32 row");
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
     extern __shared__ uint4 lq_smem[];
     __shared__ float4 block_pieces[WARPS * 2 * 32];  // within lq_static_smem_bytes(WARPS)
@@ -609,7 +633,7 @@ void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t s
     for (int t0 = 0; t0 < p.T; t0 += group) {
         GemvLqParams q = p;
         q.x = p.x ? p.x + size_t(t0) * p.in : nullptr;
-        q.y = p.y ? static_cast<OutT*>(p.y) + size_t(t0) * p.out : nullptr;
+        q.y = p.y ? static_cast<OutT*>(p.y) + size_t(t0) * (OUT == LqOut::SwiGlu ? p.out / 2 : p.out) : nullptr;
         for (int i = 0; i < p.parts.n; ++i) q.parts.dst[i] += size_t(t0) * (p.parts.first[i + 1] - p.parts.first[i]);
         if constexpr (OUT == LqOut::AddToResidualPrenorm) {
             q.pre.rows += size_t(t0) * p.out;
@@ -660,15 +684,33 @@ void gemv_lq_add_residual_prenorm(const uint8_t* W, int bits, const bf16* x, flo
     run_gemv_lq<float, LqIn::X, LqOut::AddToResidualPrenorm>(op, bits, p, stream);
 }
 
-void gemv_lq_prenormed(const uint8_t* W, int bits, const PrenormedRows& x, bf16* y, const RowParts& parts, int T,
-                       int out, int in, cudaStream_t stream) {
-    const char* op = "gemv_lq_prenormed";
+namespace {
+
+GemvLqParams prenormed_params(const char* op, const uint8_t* W, const PrenormedRows& x, bf16* y, const RowParts& parts,
+                              int T, int out, int in) {
     require(x.rows && x.strip_squares && (y || parts.n > 0), op, "needs the prenormed rows, their strip sums and y");
-    require_row_parts(op, parts, 0, out);
     GemvLqParams p{W, x.rows, parts.n ? nullptr : y, T, out, in, 0, 0, {}, parts};
     p.strip_squares = x.strip_squares;
     p.eps = x.eps;
-    run_gemv_lq<bf16, LqIn::Prenormed>(op, bits, p, stream);
+    return p;
+}
+
+}  // namespace
+
+void gemv_lq_prenormed(const uint8_t* W, int bits, const PrenormedRows& x, bf16* y, const RowParts& parts, int T,
+                       int out, int in, cudaStream_t stream) {
+    const char* op = "gemv_lq_prenormed";
+    require_row_parts(op, parts, 0, out);
+    run_gemv_lq<bf16, LqIn::Prenormed>(op, bits, prenormed_params(op, W, x, y, parts, T, out, in), stream);
+}
+
+void gemv_lq_prenormed_swiglu(const uint8_t* W, int bits, const PrenormedRows& x, bf16* act, int T, int out, int in,
+                              cudaStream_t stream) {
+    const char* op = "gemv_lq_prenormed_swiglu";
+    require(out % (2 * LQ_TILE_ROWS) == 0, op,
+            "an interleaved gate|up block has out a multiple of 32, got " + std::to_string(out));
+    run_gemv_lq<bf16, LqIn::Prenormed, LqOut::SwiGlu>(op, bits, prenormed_params(op, W, x, act, {}, T, out, in),
+                                                       stream);
 }
 
 void gemv_lq_add_residual(const uint8_t* W, int bits, const bf16* x, float* residual, int out, int in,

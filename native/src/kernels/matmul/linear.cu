@@ -19,6 +19,7 @@ Linear Linear::rows(int first, int n) const {
             "rows [" + std::to_string(first) + ", " + std::to_string(first + n) + ") of " + std::to_string(out));
     require(format != WeightFormat::LQ || (first % LQ_TILE_ROWS == 0 && n % LQ_TILE_ROWS == 0), "Linear::rows",
             "LQ rows go in whole strips of 16");
+    require(!interleaved, "Linear::rows", "an interleaved gate|up block's rows are not one range");
     Linear before = *this;  // the rows above the range, whose bytes come first
     before.out = first;
     Linear r = *this;
@@ -99,6 +100,13 @@ void linear_forward_prenormed(const Linear& W, const PrenormedRows& x, bf16* y, 
     check_weight(W);
     require(W.format == WeightFormat::LQ, "linear_forward_prenormed", "needs LQ weights");
     gemv_lq_prenormed(static_cast<const uint8_t*>(W.data), W.bits, x, y, parts, T, W.out, W.in, stream);
+}
+
+void linear_forward_prenormed_swiglu(const Linear& W, const PrenormedRows& x, bf16* act, int T, cudaStream_t stream) {
+    check_weight(W);
+    require(W.format == WeightFormat::LQ && W.interleaved, "linear_forward_prenormed_swiglu",
+            "needs an interleaved LQ gate|up block");
+    gemv_lq_prenormed_swiglu(static_cast<const uint8_t*>(W.data), W.bits, x, act, T, W.out, W.in, stream);
 }
 
 void linear_forward_add_residual(const Linear& W, const bf16* x, float* residual, cudaStream_t stream, bool set) {
