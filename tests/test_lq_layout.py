@@ -84,13 +84,18 @@ def test_tile_sizes_are_16_byte_aligned(bits, size, bpw):
     assert layout.packed_bytes(2048, 512, bits) == 128 * 8 * size
 
 
+def random_codes(seed: int, bits: int, rows: int, tiles: int) -> tuple[np.ndarray, np.ndarray]:
+    """Codes [rows, 64 tiles] at `bits` and fp16 scales [rows, tiles]."""
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, 1 << bits, (rows, 64 * tiles)).astype(np.uint8)
+    return codes, rng.standard_normal((rows, tiles)).astype(np.float16)
+
+
 @given(bits=st.sampled_from(layout.WIDTHS), strips=st.integers(1, 3), tiles=st.integers(1, 3),
        seed=st.integers(0, 2**32 - 1))
 def test_pack_and_unpack_are_inverse(bits, strips, tiles, seed):
-    rng = np.random.default_rng(seed)
     rows, cols = 16 * strips, 64 * tiles
-    codes = rng.integers(0, 1 << bits, (rows, cols)).astype(np.uint8)
-    scales = rng.standard_normal((rows, tiles)).astype(np.float16)
+    codes, scales = random_codes(seed, bits, rows, tiles)
     got_codes, got_scales = layout.unpack(layout.pack(codes, scales, bits), rows, cols, bits)
     assert np.array_equal(got_codes, codes) and np.array_equal(got_scales, scales)
 
@@ -114,10 +119,8 @@ def test_interleaved_rows_put_each_gate_row_beside_its_up_row():
        seed=st.integers(0, 2**32 - 1))
 def test_interleaved_block_gives_each_lane_a_gate_row_and_its_up_row(bits, pairs, tiles, seed):
     """Lane g of tile strip j holds rows g and g + 8 of its fragment: gate and up row 8j + g."""
-    rng = np.random.default_rng(seed)
     rows, cols = 32 * pairs, 64 * tiles
-    codes = rng.integers(0, 1 << bits, (rows, cols)).astype(np.uint8)
-    scales = rng.standard_normal((rows, tiles)).astype(np.float16)
+    codes, scales = random_codes(seed, bits, rows, tiles)
     packed = layout.interleave_halves(layout.pack(codes, scales, bits), rows, cols, bits)
     w = layout.dequantize(packed, rows, cols, bits)
     plain = layout.values(codes, scales, bits)

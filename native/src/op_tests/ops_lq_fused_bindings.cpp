@@ -98,14 +98,21 @@ py::tuple py_gemv_lq_add_residual_prenorm(Arr<uint8_t> packed, int bits, int out
                           download<float>(d_sq, {T, out / 16}));
 }
 
-py::array py_gemv_lq_prenormed(Arr<uint8_t> packed, int bits, int out, int in, Arr<uint16_t> rows,
-                               Arr<float> strip_squares, float eps, const std::vector<int>& widths) {
-    const char* op = "gemv_lq_prenormed";
+// The tokens of a prenormed input projection's arguments, after checking their shapes.
+int checked_prenormed_tokens(const char* op, const Arr<uint8_t>& packed, int bits, int out, int in,
+                             const Arr<uint16_t>& rows, const Arr<float>& strip_squares) {
     check_lq_matrix(op, "packed", packed.size(), bits, out, in);
     check_ndim(op, "rows", rows, 2);
     check_dim(op, "rows", rows.shape(1), in, "width");
     const int T = int(rows.shape(0));
     check_dim(op, "strip_squares", strip_squares.size(), py::ssize_t(T) * (in / 16), "size");
+    return T;
+}
+
+py::array py_gemv_lq_prenormed(Arr<uint8_t> packed, int bits, int out, int in, Arr<uint16_t> rows,
+                               Arr<float> strip_squares, float eps, const std::vector<int>& widths) {
+    const char* op = "gemv_lq_prenormed";
+    const int T = checked_prenormed_tokens(op, packed, bits, out, in, rows, strip_squares);
     require(int(widths.size()) <= RowParts::MAX, op, "at most 4 parts");
     auto d_w = upload(packed);
     auto d_x = upload(rows);
@@ -127,11 +134,7 @@ py::array py_gemv_lq_prenormed(Arr<uint8_t> packed, int bits, int out, int in, A
 py::array_t<uint16_t> py_gemv_lq_prenormed_swiglu(Arr<uint8_t> packed, int bits, int out, int in, Arr<uint16_t> rows,
                                                   Arr<float> strip_squares, float eps) {
     const char* op = "gemv_lq_prenormed_swiglu";
-    check_lq_matrix(op, "packed", packed.size(), bits, out, in);
-    check_ndim(op, "rows", rows, 2);
-    check_dim(op, "rows", rows.shape(1), in, "width");
-    const int T = int(rows.shape(0));
-    check_dim(op, "strip_squares", strip_squares.size(), py::ssize_t(T) * (in / 16), "size");
+    const int T = checked_prenormed_tokens(op, packed, bits, out, in, rows, strip_squares);
     auto d_w = upload(packed);
     auto d_x = upload(rows);
     auto d_sq = upload(strip_squares);
