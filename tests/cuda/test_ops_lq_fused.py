@@ -145,12 +145,11 @@ def test_prenormed_input_is_the_norm_then_the_product(ops, bits, out, inn, T, wi
         np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("bits", layout.WIDTHS)
-@pytest.mark.parametrize("out, inn, T", [
-    (32, 64, 1),
-    (1024, 2048, 3),
-    (4352, 5120, 1),    # 27B width, 16-warp blocks in rings (a decode step)
-    (4352, 5120, 5),    # (a verify window)
+@pytest.mark.parametrize("bits, out, inn, T", [
+    *((bits, 32, 64, 1) for bits in layout.WIDTHS),
+    *((bits, 1024, 2048, 3) for bits in layout.WIDTHS),
+    (4, 4352, 5120, 1),  # 27B width (its gate|up is 4-bit in both recipes), 16-warp blocks in rings
+    (4, 4352, 5120, 5),  # (a verify window)
 ])
 def test_prenormed_swiglu_is_the_product_then_silu_mul(ops, bits, out, inn, T):
     """An interleaved gate|up block on prenormed rows with the activation in the GEMV: act = bit for
