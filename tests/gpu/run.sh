@@ -112,7 +112,8 @@
 # wgmma GEMMs) and LAMPO_SMEM_OPTIN=101376 (99 KiB of shared memory a block).
 # Environment: OUT (default .gpu/out), LAMPO_GPU_TESTS (pytest paths, default tests/cuda),
 # LAMPO_COMMIT (recorded in the bench JSON; default HEAD, "+uncommitted (engine sources ID)" if the
-# tree differs), JOBS (build parallelism), TEST_TIMEOUT (seconds). Pure-Python dependencies missing
+# tree differs), JOBS (build parallelism), TEST_TIMEOUT (seconds; at the limit pytest is interrupted,
+# so its log still ends with the counts and the slowest tests). Pure-Python dependencies missing
 # on a bare machine may be placed in .gpu/pylib (added to PYTHONPATH). PREBUILT=DIR (carried) takes
 # the modules that tests/gpu/prebuild.sh built elsewhere from this same tree (DIR/base, for timeline
 # DIR/timeline; its SOURCES must equal this tree's engine sources id) instead of building them here.
@@ -259,7 +260,7 @@ case "$MODE" in files|profile|omit|fusions|ab|timeline|gemv) RUN_TESTS= ;; *) RU
 case "${TESTS:-}" in 0) RUN_TESTS= ;; "") ;; *) RUN_TESTS=1 ;; esac
 if [ -n "$RUN_TESTS" ]; then
 log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
-timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
+timeout -s INT -k 30 "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
   --durations=12 -p no:cacheprovider >"$OUT/pytest.log" 2>&1
 log "pytest exit $?: $(tail -1 "$OUT/pytest.log")"
 if [ "$MODE" = final ] || [ "${TESTS:-0}" != 0 ]; then  # the engine's other decode-step forms
@@ -278,7 +279,7 @@ fi
 if [ -n "$RUN_TESTS" ] && [ "${DESKTOP:-0}" = 1 ]; then  # the launchers' choices of an sm_86 / sm_89 / sm_120 card
   DESKTOP_TESTS=${DESKTOP_TESTS:-tests/cuda/test_engine.py tests/cuda/test_engine_lq.py tests/cuda/test_engine_verify.py tests/cuda/test_engine_mtp.py}
   log "desktop forms (LAMPO_SM90=0 LAMPO_SMEM_OPTIN=101376): pytest -m cuda $DESKTOP_TESTS, lampo check"
-  LAMPO_SM90=0 LAMPO_SMEM_OPTIN=101376 timeout "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda $DESKTOP_TESTS -q -rs \
+  LAMPO_SM90=0 LAMPO_SMEM_OPTIN=101376 timeout -s INT -k 30 "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda $DESKTOP_TESTS -q -rs \
     -p no:cacheprovider >"$OUT/pytest-desktop.log" 2>&1
   log "pytest (desktop forms) exit $?: $(tail -1 "$OUT/pytest-desktop.log")"
   LAMPO_SM90=0 LAMPO_SMEM_OPTIN=101376 LAMPO_HOME="$WORK/check-home" timeout 300 $PY -m lampo.check \
@@ -537,7 +538,7 @@ ab)  # each build once into $WORK/so/BUILD/ (both modules), then AB_REPEAT round
   if [ -n "${VARIANT_TESTS:-}" ]; then
     for v in ${AB_TEST_VARIANTS:-$($PY tests/gpu/ab_summary.py "$OUT/bench" --model "$FIRST_MODEL" --faster --keep-ms "${KEEP_MS:-0.02}")}; do
       use_so "$v"
-      timeout "${TEST_TIMEOUT:-240}" $PY -m pytest -m cuda $VARIANT_TESTS -q -rs -p no:cacheprovider >"$OUT/pytest-$v.log" 2>&1
+      timeout -s INT -k 30 "${TEST_TIMEOUT:-240}" $PY -m pytest -m cuda $VARIANT_TESTS -q -rs -p no:cacheprovider >"$OUT/pytest-$v.log" 2>&1
       log "pytest ($v) exit $?: $(tail -1 "$OUT/pytest-$v.log")"
     done
   fi
