@@ -112,7 +112,8 @@
 # wgmma GEMMs) and LAMPO_SMEM_OPTIN=101376 (99 KiB of shared memory a block).
 # Environment: OUT (default .gpu/out), LAMPO_GPU_TESTS (pytest paths, default tests/cuda),
 # LAMPO_COMMIT (recorded in the bench JSON; default HEAD, "+uncommitted (engine sources ID)" if the
-# tree differs), JOBS (build parallelism), TEST_TIMEOUT (seconds; at the limit pytest is interrupted,
+# tree differs), TEST_PART (i/n: the i-th of n parts of tests/cuda's files, for a suite split over
+# calls), JOBS (build parallelism), TEST_TIMEOUT (seconds; at the limit pytest is interrupted,
 # so its log still ends with the counts and the slowest tests). Pure-Python dependencies missing
 # on a bare machine may be placed in .gpu/pylib (added to PYTHONPATH). PREBUILT=DIR (carried) takes
 # the modules that tests/gpu/prebuild.sh built elsewhere from this same tree (DIR/base, for timeline
@@ -258,6 +259,12 @@ done
 # TESTS=1 turns the tests on where a mode leaves them out, TESTS=0 off where it runs them
 case "$MODE" in files|profile|omit|fusions|ab|timeline|gemv) RUN_TESTS= ;; *) RUN_TESTS=1 ;; esac
 case "${TESTS:-}" in 0) RUN_TESTS= ;; "") ;; *) RUN_TESTS=1 ;; esac
+# TEST_PART=i/n: the i-th of n interleaved parts of tests/cuda's files (the whole suite no longer
+# fits one call beside anything else on an H100), instead of LAMPO_GPU_TESTS
+if [ -n "${TEST_PART:-}" ]; then
+  LAMPO_GPU_TESTS=$(ls tests/cuda/test_*.py | awk -v part="${TEST_PART%/*}" -v n="${TEST_PART#*/}" \
+    '(NR - part) % n == 0' | tr '\n' ' ')
+fi
 if [ -n "$RUN_TESTS" ]; then
 log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
 timeout -s INT -k 30 "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
