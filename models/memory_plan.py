@@ -7,8 +7,9 @@ Items (architecture doc §5):
 - KV cache: per full-attention layer (and the MTP layer) and token, K and V of nkv heads × D values;
   `int8` stores 1 byte per value plus one fp16 scale per 64 values, `bf16` 2 bytes per value;
 - GDN recurrent state: per GDN layer Hv × dk × dv fp32; conv windows: conv_dim × (K−1) bf16;
-- state snapshot slots (speculative verify, turn-boundary reuse): one more copy of both GDN
-  states per slot;
+- state snapshot slots (turn-boundary reuse): one more copy of both GDN states per slot;
+- a verify window's rows: the conv state after each row (the recurrent state is one, rebuilt
+  from the rows' records, `gdn_records_bytes`);
 - activations for one prefill chunk of T tokens, T × `activation_bytes_per_token` (see there),
   plus logits and sampling scratch for the rows that need them;
 - CUDA graphs and a runtime reserve: fixed estimates (graph executables and their pools; kernel
@@ -217,23 +218,22 @@ def plan_memory(
     weights: str = "bf16",
     kv: str = "int8",
     with_mtp: bool = True,
-    spec_slots: int = 0,
+    snapshot_slots: int = 0,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     verify_rows: int = 0,
 ) -> MemoryPlan:
     """The memory plan of `cfg` at `context_max` tokens (default: the model's
-    max_position_embeddings). `weights`: a WEIGHT_FORMATS name;
-    `spec_slots`: extra GDN state snapshots (speculative verify, turn reuse); `prefill_chunk`:
-    tokens per prefill call; `verify_rows`: the most tokens of a verify window, whose GDN records
-    the engine keeps."""
+    max_position_embeddings). `weights`: a WEIGHT_FORMATS name; `snapshot_slots`: GDN state
+    snapshots (turn reuse); `prefill_chunk`: tokens per prefill call; `verify_rows`: the most tokens
+    of a verify window, whose logits rows, conv states and GDN records the engine keeps."""
     if context_max is None:
         context_max = cfg.max_position_embeddings
     if not 1 <= context_max <= cfg.max_position_embeddings:
         raise ValueError(f"memory plan: context_max must be in 1..{cfg.max_position_embeddings:,}, "
                          f"got {context_max:,}")
-    if spec_slots < 0 or prefill_chunk < 1 or verify_rows < 0:
-        raise ValueError(f"memory plan: spec_slots and verify_rows must be >= 0 and prefill_chunk >= 1 "
-                         f"(got {spec_slots}, {verify_rows}, {prefill_chunk})")
+    if snapshot_slots < 0 or prefill_chunk < 1 or verify_rows < 0:
+        raise ValueError(f"memory plan: snapshot_slots and verify_rows must be >= 0 and prefill_chunk >= 1 "
+                         f"(got {snapshot_slots}, {verify_rows}, {prefill_chunk})")
     if weights not in WEIGHT_FORMATS:
         raise ValueError(f"memory plan: unknown weight format {weights!r} (formats: {', '.join(WEIGHT_FORMATS)})")
     mtp = with_mtp and cfg.mtp_num_hidden_layers > 0
@@ -244,7 +244,7 @@ def plan_memory(
     recurrent, conv = gdn_state_bytes(cfg)
     act = activation_bytes_per_token(cfg, mtp)
     chunk = min(prefill_chunk, context_max)
-    logit_rows = spec_slots + 1
+    logit_rows = max(verify_rows, 1)
     # fp32 logits of the rows that need them, plus sampling scratch (sort keys and ids) for one row
     logits = 4 * logit_rows * cfg.vocab_size + 8 * cfg.vocab_size
 
@@ -261,9 +261,11 @@ def plan_memory(
                             f"{_plural(len(cfg.linear_layer_ids), 'layer')} × {_plural(cfg.linear_num_value_heads, 'head')} × "
                             f"{cfg.linear_key_head_dim}×{cfg.linear_value_head_dim} fp32"))
     items.append(MemoryItem("GDN conv windows", conv, f"{cfg.conv_dim} channels × {cfg.linear_conv_kernel_dim - 1} bf16"))
-    if spec_slots:
-        items.append(MemoryItem("GDN state snapshots", spec_slots * (recurrent + conv),
-                                f"{_plural(spec_slots, 'slot')} × (recurrent + conv)"))
+    if snapshot_slots:
+        items.append(MemoryItem("GDN state snapshots", snapshot_slots * (recurrent + conv),
+                                f"{_plural(snapshot_slots, 'slot')} × (recurrent + conv)"))
+    if verify_rows:
+        items.append(MemoryItem("GDN conv ring", verify_rows * conv, f"{_plural(verify_rows, 'row')} × conv windows"))
     if records := gdn_records_bytes(cfg, verify_rows):
         items.append(MemoryItem("GDN window records", records,
                                 f"{_plural(verify_rows, 'row')} × (keys, beta e, decays) fp32"))

@@ -55,7 +55,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys):
 def test_the_plan_has_a_column_per_weight_format():
     table = describe("qwen3.6-35b-a3b").split("GPU memory plan")[1].splitlines()
     assert table[1].split() == ["bf16", "q5", "q4"]
-    assert table[-1].split() == ["total", "70.36", "GiB", "24.81", "GiB", "21.93", "GiB"]
+    assert table[-1].split() == ["total", "70.06", "GiB", "24.51", "GiB", "21.63", "GiB"]
 
 
 def _advice(model: str, vram: float) -> list[str]:
@@ -64,20 +64,20 @@ def _advice(model: str, vram: float) -> list[str]:
 
 @pytest.mark.parametrize("model,vram,lines", [
     ("qwen3.6-35b-a3b", 24, ["A card of 24 GiB (23.50 GiB for Lampo, 0.50 GiB kept for the driver and display):",
-                             "  bf16  does not fit: needs 67.53 GiB even at 1,024 tokens",
-                             "  q5    fits up to 140,288 tokens; 262,144 would need 24.81 GiB",
-                             "  q4    fits at 262,144 tokens: 21.93 GiB of 23.50 GiB",
+                             "  bf16  does not fit: needs 67.24 GiB even at 1,024 tokens",
+                             "  q5    fits up to 167,936 tokens; 262,144 would need 24.51 GiB",
+                             "  q4    fits at 262,144 tokens: 21.63 GiB of 23.50 GiB",
                              "recommended: q4, the best format that fits at 262,144 tokens"]),
     ("qwen3.6-35b-a3b", 32, ["recommended: q5, the best format that fits at 262,144 tokens"]),
-    ("qwen3.6-27b", 32, ["  q5    fits at 262,144 tokens: 26.91 GiB of 31.50 GiB",
+    ("qwen3.6-27b", 32, ["  q5    fits at 262,144 tokens: 26.20 GiB of 31.50 GiB",
                          "recommended: q5, the best format that fits at 262,144 tokens"]),
-    ("qwen3.6-35b-a3b", 80, ["  bf16  fits at 262,144 tokens: 70.36 GiB of 79.50 GiB",
+    ("qwen3.6-35b-a3b", 80, ["  bf16  fits at 262,144 tokens: 70.06 GiB of 79.50 GiB",
                              "recommended: bf16, the best format that fits at 262,144 tokens"]),
-    ("qwen3.6-27b", 20, ["  q5    fits up to 39,936 tokens; 262,144 would need 26.91 GiB",
-                         "  q4    fits up to 95,232 tokens; 262,144 would need 25.06 GiB",
-                         "recommended: q4 with --context 95232 (no format fits at 262,144 tokens; "
+    ("qwen3.6-27b", 20, ["  q5    fits up to 61,440 tokens; 262,144 would need 26.20 GiB",
+                         "  q4    fits up to 116,736 tokens; 262,144 would need 24.35 GiB",
+                         "recommended: q4 with --context 116736 (no format fits at 262,144 tokens; "
                          "q4 allows the longest context)"]),
-    ("qwen3.6-27b", 8, ["  q4    does not fit: needs 16.33 GiB even at 1,024 tokens",
+    ("qwen3.6-27b", 8, ["  q4    does not fit: needs 15.62 GiB even at 1,024 tokens",
                         "recommended: none: no weight format fits in 7.50 GiB, even at 1,024 tokens"]),
 ])
 def test_vram_advice(model, vram, lines):
@@ -90,9 +90,9 @@ def test_vram_advice(model, vram, lines):
 def test_vram_with_a_context(capsys):
     assert main(["qwen3.6-27b", "--vram", "24", "--context", "65536"]) == 0
     advice = capsys.readouterr().out.split("\n\n")[-1].splitlines()
-    assert advice[1:] == ["  bf16  does not fit: needs 53.35 GiB even at 1,024 tokens",
-                          "  q5    fits at 65,536 tokens: 20.34 GiB of 23.50 GiB",
-                          "  q4    fits at 65,536 tokens: 18.48 GiB of 23.50 GiB",
+    assert advice[1:] == ["  bf16  does not fit: needs 52.64 GiB even at 1,024 tokens",
+                          "  q5    fits at 65,536 tokens: 19.63 GiB of 23.50 GiB",
+                          "  q4    fits at 65,536 tokens: 17.78 GiB of 23.50 GiB",
                           "recommended: q5, the best format that fits at 65,536 tokens"]
 
 

@@ -42,7 +42,7 @@ def test_kv_cache_at_full_context(cfg, kv_int8, kv_bf16, mtp_int8, mtp_bf16):
 
 @pytest.mark.parametrize("cfg,state_mib,conv_mib,slot_mib", [(MOE, 60, 1.4, 61), (DENSE, 144, 2.8, 147)])
 def test_gdn_state(cfg, state_mib, conv_mib, slot_mib):
-    p = plan_memory(cfg, spec_slots=2)
+    p = plan_memory(cfg, snapshot_slots=2)
     assert p.item("GDN recurrent state").bytes == state_mib * MIB
     assert round(p.item("GDN conv windows").bytes / MIB, 1) == conv_mib
     assert round(p.item("GDN state snapshots").bytes / 2 / MIB) == slot_mib
@@ -53,8 +53,13 @@ def test_gdn_window_records(cfg, kib_per_layer):
     """The engine's per-token records of a 5-row verify window: (Hk + Hv) x 128 + Hv floats a row."""
     with pytest.raises(KeyError):
         plan_memory(cfg).item("GDN window records")
-    records = plan_memory(cfg, verify_rows=5).item("GDN window records").bytes
+    plan = plan_memory(cfg, verify_rows=5)
+    records = plan.item("GDN window records").bytes
     assert round(records / len(cfg.linear_layer_ids) / 1024) == kib_per_layer
+    # the rows' conv states, no more recurrent states: the window rebuilds one from its records
+    assert plan.item("GDN conv ring").bytes == 5 * plan.item("GDN conv windows").bytes
+    with pytest.raises(KeyError):
+        plan.item("GDN state snapshots")
 
 
 @pytest.mark.parametrize("cfg,text_gb,mtp_gb", [(MOE, 69.3, 1.69), (DENSE, 53.8, 0.85)])
@@ -143,7 +148,7 @@ def test_refusal_when_weights_alone_do_not_fit():
 
 
 def test_table_lists_every_item():
-    plans = [plan_memory(MOE), plan_memory(MOE, weights="q5", spec_slots=3)]
+    plans = [plan_memory(MOE), plan_memory(MOE, weights="q5", snapshot_slots=3, verify_rows=5)]
     table = format_plans_table(plans, ["bf16", "q5"])
     for item in plans[1].items:
         assert item.name in table
@@ -159,7 +164,7 @@ def test_table_lists_every_item():
         (dict(weights="fp4"), "weight format"),
         (dict(weights="5bpw"), "weight format"),
         (dict(kv="fp8"), "kv"),
-        (dict(spec_slots=-1), "spec_slots"),
+        (dict(snapshot_slots=-1), "snapshot_slots"),
     ],
 )
 def test_bad_arguments(kwargs, match):

@@ -202,7 +202,7 @@ def test_gdn_ring_slots_give_the_single_slot_numbers(ops, T, slots, pos, rows):
                 np.testing.assert_array_equal(got, want)
 
     same(ops.gdn_decode_fused, x, cw, cs, a, b, A_log, dt_bias, state, z, nw, Hk, rows=rows)
-    if rows:  # records on the ring: the kernel writes the last token's slot, gdn_replay the others
+    if rows:  # records on the ring: the window writes no recurrent state, gdn_replay every row
         same(ops.gdn_decode_fused, x, cw, cs, a, b, A_log, dt_bias, state, z, nw, Hk, rows=True, records=True)
     same(ops.causal_conv1d_silu, x, cw, cs, rows=rows)
     qkv = ops.causal_conv1d_silu(x, cw, cs)[0]

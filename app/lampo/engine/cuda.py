@@ -83,10 +83,9 @@ def memory_budget(native, vram_limit: int = 0) -> int:
 
 def _plan(cfg: ModelConfig, weights: str, context_max: int, prefill_chunk: int, snapshot_slots: int,
           verify_rows: int = 0, mtp: bool = False):
-    """The plan of an engine with these sizes; its verify rows count as GDN state copies (and
-    logits rows) like the snapshot slots."""
+    """The plan of an engine with these sizes."""
     return plan_memory(cfg, context_max=context_max, weights=weights, kv="int8", with_mtp=mtp,
-                       spec_slots=snapshot_slots + verify_rows, prefill_chunk=prefill_chunk, verify_rows=verify_rows)
+                       snapshot_slots=snapshot_slots, prefill_chunk=prefill_chunk, verify_rows=verify_rows)
 
 
 def chat_plan(cfg: ModelConfig, weights: str, context_max: int, mtp: bool) -> MemoryPlan:

@@ -47,23 +47,23 @@ Engine::Engine(const ModelDims& dims, const TensorNames& names, const TensorBits
         state_.kv[l] = kv_layer_at(kv_mem_.back().as<char>());
     }
 
-    // Gated DeltaNet states of all layers in one block: per layer a ring of verify_rows + 1 slots of
-    // the recurrent state, then of the conv state (ops.h, GdnStates: slot pos % slots is the live
-    // one; a verify window leaves the state after each of its tokens in the next slots).
+    // Gated DeltaNet states of all layers in one block: per layer one recurrent state, then a ring
+    // of verify_rows + 1 slots of the conv state (ops.h, GdnStates: slot pos % slots is the live
+    // one; a verify window leaves the conv state after each of its tokens in the next slots, and
+    // for the recurrent state only records, from which accept rebuilds it in place).
     const int slots = opt_.verify_rows + 1;
     const size_t gdn_layers = size_t(dims_.count(MixerKind::GatedDeltaNet));
     gdn_rec_bytes_ = size_t(dims_.gdn_v_heads) * dims_.gdn_k_dim * dims_.gdn_v_dim * 4;
     gdn_conv_bytes_ = size_t(dims_.conv_channels()) * (dims_.conv_kernel - 1) * 2;
-    gdn_layer_pitch_ = slots * gdn_rec_bytes_ + align256(slots * gdn_conv_bytes_);
+    gdn_layer_pitch_ = gdn_rec_bytes_ + align256(slots * gdn_conv_bytes_);
     gdn_mem_ = DeviceMemory(gdn_layers * gdn_layer_pitch_,
-                            "Gated DeltaNet states (" + std::to_string(slots) + " slots per layer)");
+                            "Gated DeltaNet states (" + std::to_string(slots) + " conv slots per layer)");
     state_.gdn_slots = slots;
     {
         char* p = gdn_mem_.as<char>();
         for (int l = 0; l < L; ++l) {
             if (dims_.mixers[l] != MixerKind::GatedDeltaNet) continue;
-            state_.gdn[l] = GdnStateLayer{reinterpret_cast<float*>(p),
-                                          reinterpret_cast<bf16*>(p + slots * gdn_rec_bytes_)};
+            state_.gdn[l] = GdnStateLayer{reinterpret_cast<float*>(p), reinterpret_cast<bf16*>(p + gdn_rec_bytes_)};
             p += gdn_layer_pitch_;
         }
     }
@@ -163,16 +163,16 @@ void Engine::check_slot(int slot) const {
     }
 }
 
-// A snapshot holds per GDN layer [recurrent | conv] of the ring slot live at its position: two
-// strided copies (the layers' rings are gdn_layer_pitch_ apart) each way.
+// A snapshot holds per GDN layer [recurrent | conv]: the recurrent state and the conv ring's slot live
+// at its position: two strided copies (the layers' states are gdn_layer_pitch_ apart) each way.
 void Engine::copy_gdn_states(int slot, int position, bool into_ring) {
     const size_t layers = size_t(dims_.count(MixerKind::GatedDeltaNet));
     if (layers == 0) return;
     const size_t ring_slot = size_t(position % state_.gdn_slots), snap_pitch = gdn_rec_bytes_ + gdn_conv_bytes_;
     char* snap = snapshot_mem_.as<char>() + size_t(slot) * layers * snap_pitch;
     char* ring = gdn_mem_.as<char>();
-    char* rec = ring + ring_slot * gdn_rec_bytes_;
-    char* conv = ring + state_.gdn_slots * gdn_rec_bytes_ + ring_slot * gdn_conv_bytes_;
+    char* rec = ring;
+    char* conv = ring + gdn_rec_bytes_ + ring_slot * gdn_conv_bytes_;
     auto copy = [&](char* ring_part, char* snap_part, size_t width) {
         if (into_ring) {
             LAMPO_CUDA_CHECK(cudaMemcpy2DAsync(ring_part, gdn_layer_pitch_, snap_part, snap_pitch, width, layers,
@@ -541,9 +541,9 @@ void Engine::fill_state_random(int depth, uint64_t seed) {
         fill_uniform_f16(kv.v_scale, kv_elems / KV_GROUP, 0.002f, 0.02f, ++s, stream_);
         LAMPO_CHECK_LAUNCH("fill_state_random (KV cache)");
     }
-    for (const GdnStateLayer& g : state_.gdn) {  // every slot of the rings
+    for (const GdnStateLayer& g : state_.gdn) {  // the recurrent state, every slot of the conv ring
         if (!g.recurrent) continue;
-        fill_uniform_f32(g.recurrent, state_.gdn_slots * gdn_rec_bytes_ / 4, -0.02f, 0.02f, ++s, stream_);
+        fill_uniform_f32(g.recurrent, gdn_rec_bytes_ / 4, -0.02f, 0.02f, ++s, stream_);
         fill_uniform_bf16(g.conv, state_.gdn_slots * gdn_conv_bytes_ / 2, -0.5f, 0.5f, ++s, stream_);
         LAMPO_CHECK_LAUNCH("fill_state_random (GDN state)");
     }

@@ -1,16 +1,16 @@
 // engine_verify.cu - Engine: the speculative verify window (engine.h). verify runs the window
-// through model_forward with ForwardStep::rows, so each GDN layer leaves the state after every row
-// in the next slots of its ring (ops.h, GdnStates: slot pos % slots is the state before position
+// through model_forward with ForwardStep::rows, so each GDN layer leaves the conv state after every
+// row in the next slots of its ring (ops.h, GdnStates: slot pos % slots is the state before position
 // pos), and the LM head fills one logits row per token; the sampler draws each row's token, row
 // after row, and the MTP pass runs the window's MTP rows: one CUDA graph per window size. accept
-// only moves the position: the kept row's states are already the live slot's. The KV rows past the
-// kept position are simply rewritten by later steps, and so are the MTP rows that the window ran
-// for its rejected drafts.
+// moves the position (the kept row's conv states are already the live slot's). The KV rows past
+// the kept position are simply rewritten by later steps, and so are the MTP rows that the window
+// ran for its rejected drafts.
 //
-// The GDN layers leave the recurrent state after the window's last token in its slot and, for the
-// others, the tokens' records (ops.h, GdnStates::records): accept(keep) of fewer rows rebuilds the
-// state after row keep - 1 in its slot from them (gdn_replay, one launch for every layer), which
-// writes one state where the window would have written R - 1.
+// The GDN layers keep one recurrent state each, which the window leaves as it found it: it writes
+// the tokens' records instead (ops.h, GdnStates::records), and accept(keep) rebuilds the state after
+// row keep - 1 in place from them (gdn_replay, one launch for every layer): one state read and
+// written a round, where a ring of R + 1 states would cost R more states of memory.
 //
 // verify_mem_: the R row tokens (R = verify_rows), the presence set's copy, then per GDN layer R
 // tokens' records.
@@ -131,8 +131,8 @@ void Engine::accept(int keep) {
         LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_seen_, seen_backup_, dims_.vocab, cudaMemcpyDeviceToDevice, stream_));
         for (int i = 0; i < keep; ++i) LAMPO_CUDA_CHECK(cudaMemsetAsync(d_seen_ + verify_tokens_[i], 1, 1, stream_));
     }
-    pos_ = verify_start_ + keep;  // the GDN states after row keep - 1 go to slot pos_ % slots
-    if (keep < verified_) replay_gdn_records(keep);
+    pos_ = verify_start_ + keep;  // the conv states after row keep - 1 are at slot pos_ % slots
+    replay_gdn_records(keep);     // the recurrent states after it, in place of the window's first
     if (mtp_hidden_) held_row_ = keep;  // hidden row keep - 1 of the window
     write_position();
 }
@@ -147,7 +147,7 @@ void Engine::replay_gdn_records(int keep) {
     r.records = state_.gdn[first].records;
     r.records_pitch = gdn_records_pitch_;
     r.layers = dims_.count(MixerKind::GatedDeltaNet);
-    r.slots = state_.gdn_slots;
+    r.slots = 1;  // one recurrent state, updated in place
     r.pos = verify_start_;
     r.keep = keep;
     r.Hk = dims_.gdn_k_heads;

@@ -130,15 +130,15 @@ struct KvCacheLayer {        // [nkv, context_max, D] int8 + [nkv, context_max, 
     half* v_scale = nullptr;
 };
 
-struct GdnStateLayer {  // ModelState::gdn_slots slots (ops.h, GdnStates: slot pos % slots is the live one)
-    float* recurrent = nullptr;  // [slots, Hv, dk, dv] fp32
-    bf16* conv = nullptr;        // [slots, conv_channels, K-1] bf16
+struct GdnStateLayer {  // ops.h GdnStates: one recurrent state, a ring of ModelState::gdn_slots conv states
+    float* recurrent = nullptr;  // [Hv, dk, dv] fp32, updated in place
+    bf16* conv = nullptr;        // [slots, conv_channels, K-1] bf16 (slot pos % slots is the live one)
     float* records = nullptr;    // a verify window's records (GdnStates::records), or null without verify rows
 };
 
 struct ModelState {
     int context_max = 0;
-    int gdn_slots = 1;               // 1, or a verify window's most tokens + 1 (ForwardStep::rows)
+    int gdn_slots = 1;               // conv slots: 1, or a verify window's most tokens + 1 (ForwardStep::rows)
     std::vector<KvCacheLayer> kv;    // per layer; null entries for GDN layers
     std::vector<GdnStateLayer> gdn;  // per layer; null entries for attention layers
 };
@@ -224,8 +224,9 @@ struct ForwardStep {
     const int32_t* d_pos = nullptr;   // [1] position of the first token (device)
     int pos0 = 0;                     // same position on the host (prefill attention only)
     bool logits = false;              // final norm + LM head on the last row -> ws.logits
-    // A verify window (T < ModelState::gdn_slots): each GDN layer also keeps the state after every
-    // token in its slot, and the LM head runs on every row -> ws.logits [T, V] (with `logits`).
+    // A verify window (T < ModelState::gdn_slots): each GDN layer also keeps the conv state after
+    // every token in its slot and each token's record (the recurrent state stays the window's first:
+    // Engine::accept rebuilds it), and the LM head runs on every row -> ws.logits [T, V] (with `logits`).
     bool rows = false;
     int32_t* routing_out = nullptr;   // optional [layers, T, k] (device): each MoE layer's expert ids
     // Optional [T, H] (device): the final-normed rows are written here instead of ws.normed (the

@@ -658,7 +658,7 @@ void model_forward(const ModelDims& d, const ModelWeights& w, const ModelState& 
         } else {
             gated_deltanet(c, lw.gdn,
                            GdnStates{s.gdn[l].recurrent, s.gdn[l].conv, s.gdn_slots, step.d_pos,
-                                     step.rows ? s.gdn[l].records : nullptr},
+                                     step.rows ? s.gdn[l].records : nullptr, 1},
                            mixer);
         }
         if (!folded && !prenorm) add_norm(c, lw.post_norm, ws.normed);

@@ -115,16 +115,18 @@ void attn_prefill_int8(const bf16* q, const bf16* gate, const int8_t* k_cache,
 // (a speculative verify window) it writes the state after every token t to slot (pos + 1 + t) %
 // slots, so T must be below `slots`, and keeping the window's first n tokens is just the position
 // pos + n: no copy. slots = 1 is a single state updated in place (pos is then never read).
-// With `records` (the recurrent kernels, rows): the recurrent state goes to its slot after the last
-// token only, and each token t leaves its record instead, from which gdn_replay rebuilds the state
-// after any token of the window, bit for bit (the conv state still goes to its slot after every
-// token).
+// With `records` (the recurrent kernels, rows): the window writes no recurrent state at all, and
+// each token t leaves its record instead, from which gdn_replay rebuilds the state after any token
+// of the window, bit for bit (the conv state still goes to its slot after every token). So the
+// recurrent state may have fewer slots than the conv state (`recurrent_slots`; the engine's is one
+// state, updated in place: every call's blocks read their slice before they write it).
 struct GdnStates {
     float* recurrent = nullptr;   // [slots, Hv, 128, 128] fp32, S[j][i][m]
     bf16* conv = nullptr;         // [slots, C, K-1] bf16, oldest column first
     int slots = 1;
     const int32_t* pos = nullptr;  // [1] device: position of the call's first token
     float* records = nullptr;     // [GEMV_MAX_T, gdn_record_floats(Hk, Hv)] fp32, or null
+    int recurrent_slots = 0;      // the recurrent state's ring (slot p % recurrent_slots); 0: `slots`
 };
 
 // A token's record, per layer: k [Hk, 128] (the l2-normed key), u [Hv, 128] (beta * e, the update's
@@ -134,7 +136,8 @@ __host__ __device__ inline int gdn_record_floats(int Hk, int Hv) { return (Hk + 
 
 // The recurrent state after token keep - 1 of a window that left records (GdnStates::records): read
 // at slot pos % slots, the first `keep` records applied in order, written to slot (pos + keep) %
-// slots; for `layers` layers at once, layer l's states at recurrent + l * layer_pitch (bytes) and its
+// slots (the same slot when slots = 1: each thread reads its part before it writes it); for
+// `layers` layers at once, layer l's states at recurrent + l * layer_pitch (bytes) and its
 // records at records + l * records_pitch (bytes). The values the window's tokens computed, bit for
 // bit. keep in 1..GEMV_MAX_T.
 struct GdnReplay {

@@ -82,8 +82,8 @@ struct WindowRecords {
     WindowRecords(bool on, int Hk_in, int Hv_in)
         : Hk(Hk_in), Hv(Hv_in), buf(on ? poisoned(size_t(GEMV_MAX_T) * gdn_record_floats(Hk_in, Hv_in) * 4) : DeviceBuffer{}) {}
     float* get() const { return buf.get() ? buf.as<float>() : nullptr; }
-    // The recurrent states after tokens 0 .. T-2 rebuilt in their slots by gdn_replay (the kernel
-    // wrote the last one), then the last one rebuilt too: rows() then reads what replay made.
+    // The recurrent states after tokens 0 .. T-1 rebuilt in their slots by gdn_replay (the window
+    // wrote none of them): rows() and at() then read what replay made.
     void replay_rows(const StateRing<float>& rec, int T) const {
         for (int keep = 1; keep <= T; ++keep) {
             GdnReplay r;
@@ -171,8 +171,8 @@ py::tuple gdn_recurrent_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& a, con
                   [&](py::list& out) {
                       ring.check_untouched(op, g.T, rows && !records);
                       out.append(download<uint16_t>(g.o, {g.T, g.Hv, 128}));
-                      out.append(ring.at(pos + g.T));
                       if (records) recs.replay_rows(ring, g.T);
+                      out.append(ring.at(pos + g.T));
                       if (rows)
                           out.append(ring.rows(g.T));
                       else
@@ -219,8 +219,8 @@ py::tuple gdn_decode_fused_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& con
                       rec.check_untouched(op, T, rows && !records);
                       out.append(download<uint16_t>(d_y, {T, g.Hv * D}));
                       out.append(conv.at(pos + T));
-                      out.append(rec.at(pos + T));
                       if (records) recs.replay_rows(rec, T);
+                      out.append(rec.at(pos + T));
                       if (rows) {
                           out.append(conv.rows(T));
                           out.append(rec.rows(T));
@@ -475,8 +475,8 @@ void register_gdn_moe_ops(py::module_& ops) {
     using py::arg;
     const char* ring_doc = "; the states live in a ring of `slots` slots (0: the fewest allowed, T + 1 with rows, "
                            "else 1) read at slot pos % slots and written at the slots after it (ops.h, GdnStates)";
-    const char* records_doc = "; records=True (with rows): the window leaves records, and the state rows are what "
-                              "gdn_replay rebuilds from them";
+    const char* records_doc = "; records=True (with rows): the window leaves records and no recurrent state, and "
+                              "the new state and the state rows are what gdn_replay rebuilds from them";
     ops.def("causal_conv1d_silu", &conv1d_op, arg("x"), arg("w"), arg("state"), arg("rows") = false,
             arg("slots") = 0, arg("pos") = 0, arg("repeat") = 0,
             (std::string("x [T,C], w [C,K], state [C,K-1] (bf16 bits) -> (y [T,C], new_state [C,K-1]"

@@ -265,7 +265,7 @@ gdn_chunk_scan(const bf16* __restrict__ qkv, const float* __restrict__ ws, GdnSt
     // The block's slice of the state before the chunk (slot p) and after it (slot p + T: GdnStates)
     const size_t head_elems = size_t(GDN_D) * GDN_D, slot_elems = size_t(Hv) * head_elems;
     const int p = gdn_first_position(states);
-    const float* Sg = states.recurrent + gdn_slot_offset(states, p, slot_elems) + j * head_elems;
+    const float* Sg = states.recurrent + gdn_recurrent_offset(states, p, slot_elems) + j * head_elems;
 
     for (int idx = tid; idx < GDN_D * SCAN_COLS / 4; idx += SCAN_THREADS) {
         const int i = idx / (SCAN_COLS / 4), c4 = (idx % (SCAN_COLS / 4)) * 4;
@@ -369,7 +369,7 @@ gdn_chunk_scan(const bf16* __restrict__ qkv, const float* __restrict__ ws, GdnSt
     }
     __syncthreads();
 
-    float* S_out = states.recurrent + gdn_slot_offset(states, p + T, slot_elems) + j * head_elems;
+    float* S_out = states.recurrent + gdn_recurrent_offset(states, p + T, slot_elems) + j * head_elems;
     for (int idx = tid; idx < GDN_D * SCAN_COLS / 4; idx += SCAN_THREADS) {
         const int i = idx / (SCAN_COLS / 4), c4 = (idx % (SCAN_COLS / 4)) * 4;
         *reinterpret_cast<float4*>(S_out + size_t(i) * GDN_D + m0 + c4) =

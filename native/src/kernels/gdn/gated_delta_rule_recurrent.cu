@@ -8,7 +8,7 @@
 //     S = exp(g) S ; e = v - S^T k ; S += k (beta e)^T ; o = S^T q      -> o [T, Hv, 128] bf16
 //   The state continues from and goes to GdnStates' ring of slots (ops.h); with rows, the state
 //   after every token t goes to its slot, or, with records, the token's record (k, beta e, exp(g))
-//   from which gdn_replay rebuilds it (below).
+//   from which gdn_replay rebuilds it (below), and the window writes no recurrent state.
 //
 // The state is pure bandwidth (64 KiB per head read and written once per call), and its columns
 // m evolve independently, so each block owns a 128 x 16 column slice of one head (Hv*8 blocks)
@@ -178,7 +178,7 @@ gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
     const int p = gdn_first_position(states);
 
     float4 S[REC_ROWS];
-    load_slice(S, states.recurrent + gdn_slot_offset(states, p, slot_elems) + j * head_elems, rg, m0);
+    load_slice(S, states.recurrent + gdn_recurrent_offset(states, p, slot_elems) + j * head_elems, rg, m0);
     const float a_log = A_log[j], dtb = dt_bias[j];
     for (int t = 0; t < T; ++t) {
         const bf16* row = qkv + size_t(t) * width;
@@ -189,8 +189,9 @@ gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
         const float4 out = rec_token(S, qv, kv, v, __bfloat162float(a[size_t(t) * Hv + j]),
                                      __bfloat162float(b[size_t(t) * Hv + j]), a_log, dtb, rec);
         if (rg == 0) store_bf16x4(o + (size_t(t) * Hv + j) * GDN_D + m0, out);
-        if ((rows && !states.records) || t == T - 1)
-            store_slice(S, states.recurrent + gdn_slot_offset(states, p + 1 + t, slot_elems) + j * head_elems, rg, m0);
+        if (!states.records && (rows || t == T - 1))  // with records: the window's first state stays
+            store_slice(S, states.recurrent + gdn_recurrent_offset(states, p + 1 + t, slot_elems) + j * head_elems, rg,
+                        m0);
     }
 }
 
@@ -210,8 +211,8 @@ gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
 //    runs the gated RMSNorm of head j with z -> y row t. The states after token t go to their slot
 //    with rows, and after the last token always: the recurrent slice and the v channels' conv state
 //    by each block, the q/k channels' conv state (the same in every block of the K group) by the
-//    group's first block; with records, the recurrent slice after the last token only, and each
-//    token's record (record_out).
+//    group's first block; with records, no recurrent slice (the window's first state stays where it
+//    is, for gdn_replay), and each token's record (record_out).
 // 3. only when the last token's slot is the slot read (one slot, or T a multiple of the slots) is
 //    the q/k conv state written where the other blocks of the K group may still read it: then each
 //    block takes a ticket on counters[hk] after reading it, and the last one writes it.
@@ -287,7 +288,7 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
     const float4 nw = norm_lane ? load_bf16x4(norm_w + tid * 4) : float4{};
     const int p = gdn_first_position(states);
     float4 S[REC_ROWS];
-    load_slice(S, states.recurrent + gdn_slot_offset(states, p, rec_slot) + j * head_elems, rg, m0);
+    load_slice(S, states.recurrent + gdn_recurrent_offset(states, p, rec_slot) + j * head_elems, rg, m0);
     const bf16* conv_in = states.conv + gdn_slot_offset(states, p, conv_slot);
     float hq[K - 1], hkk[K - 1], hv[K - 1];
     load_hist<K>(conv_in, cq, hq);
@@ -339,8 +340,9 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
         const float4 v = make_float4(v_s[cg * 4], v_s[cg * 4 + 1], v_s[cg * 4 + 2], v_s[cg * 4 + 3]);
         const RecordOut rec = ROWS ? record_out(states.records, t, Hk, Hv, j, blockIdx.x, rg, m0) : RecordOut{};
         const float4 out = rec_token(S, qv, kv, v, ab_s[t][0], ab_s[t][1], a_log, dtb, rec);  // its barriers order v_s's reuse
-        if ((ROWS && !states.records) || t == T - 1)
-            store_slice(S, states.recurrent + gdn_slot_offset(states, p + 1 + t, rec_slot) + j * head_elems, rg, m0);
+        if (!(ROWS && states.records) && (ROWS || t == T - 1))  // with records: the first state stays
+            store_slice(S, states.recurrent + gdn_recurrent_offset(states, p + 1 + t, rec_slot) + j * head_elems, rg,
+                        m0);
         if (t == 0) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // rank 0 runs
         if (rg == 0) store_bf16x4(cluster.map_shared_rank(o_row[t & 1], 0) + m0, out);
         cluster.sync();
@@ -396,9 +398,7 @@ void gdn_replay(const GdnReplay& r, cudaStream_t stream) {
     if (r.keep < 1 || r.keep > GEMV_MAX_T)
         throw std::invalid_argument(std::string(op) + ": keep must be 1.." + std::to_string(GEMV_MAX_T) + ", got " +
                                     std::to_string(r.keep));
-    if (r.keep >= r.slots)
-        throw std::invalid_argument(std::string(op) + ": the state after " + std::to_string(r.keep) +
-                                    " tokens would land on the slot read (" + std::to_string(r.slots) + " slots)");
+    if (r.slots < 1) throw std::invalid_argument(std::string(op) + ": needs slots >= 1");
     gdn_check_dims(op, 1, r.Hk, r.Hv, GDN_D, GDN_D);
     if (!r.recurrent || !r.records || r.layers < 1 || r.pos < 0)
         throw std::invalid_argument(std::string(op) + ": needs the states, the records, layers >= 1 and pos >= 0");

@@ -2,6 +2,7 @@
 // kernels (include from .cu files only).
 #pragma once
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -28,21 +29,30 @@ inline void gdn_check_dims(const char* op, int T, int Hk, int Hv, int dk, int dv
 }
 
 inline void gdn_check_states(const char* op, const GdnStates& s, int T, bool rows) {
-    if (s.slots < 1 || (s.slots > 1 && !s.pos))
+    const int rec_slots = s.recurrent_slots ? s.recurrent_slots : s.slots;
+    if (s.slots < 1 || rec_slots < 1 || (std::max(s.slots, rec_slots) > 1 && !s.pos))
         throw std::invalid_argument(std::string(op) + ": a state ring needs slots >= 1 and, with more than one, "
-                                    "the device position; got slots=" + std::to_string(s.slots));
-    if (rows && T >= s.slots)
+                                    "the device position; got slots=" + std::to_string(s.slots) +
+                                    ", recurrent_slots=" + std::to_string(rec_slots));
+    if (rows && (T >= s.slots || (!s.records && T >= rec_slots)))
         throw std::invalid_argument(std::string(op) + ": the states after each of " + std::to_string(T) +
                                     " tokens need more than " + std::to_string(T) + " slots, got " +
-                                    std::to_string(s.slots));
+                                    std::to_string(s.slots) + (s.records ? " (conv)" : "") +
+                                    (s.records || rec_slots == s.slots ? "" : ", recurrent " + std::to_string(rec_slots)));
 }
 
 // The call's first position in the ring (ops.h, GdnStates): 0 when there is one slot, else read
 // through L2 (the fused step reads it before its PDL wait; d_pos is written between passes only).
-__device__ __forceinline__ int gdn_first_position(const GdnStates& s) { return s.slots == 1 ? 0 : __ldcg(s.pos); }
-// The slot holding the state before the token at position p, as an element offset of `slot_elems`.
+__device__ __forceinline__ int gdn_first_position(const GdnStates& s) {
+    return s.slots == 1 && s.recurrent_slots <= 1 ? 0 : __ldcg(s.pos);
+}
+// The conv state's slot before the token at position p, as an element offset of `slot_elems`.
 __device__ __forceinline__ size_t gdn_slot_offset(const GdnStates& s, int p, size_t slot_elems) {
     return size_t(p % s.slots) * slot_elems;
+}
+// The recurrent state's.
+__device__ __forceinline__ size_t gdn_recurrent_offset(const GdnStates& s, int p, size_t slot_elems) {
+    return size_t(p % (s.recurrent_slots ? s.recurrent_slots : s.slots)) * slot_elems;
 }
 
 // Per token and V head: g = -exp(A_log) * softplus(a + dt_bias) (<= 0), beta = sigmoid(b).
