@@ -164,6 +164,16 @@ def test_gdn_decode_fused_matches_three_launches_and_reference(ops, Hk, Hv, K, T
     with_records = ops.gdn_decode_fused(x, cw, cs, a, b, A_log, dt_bias, state, z, nw, Hk, rows=True, records=True)
     for got, want in zip(with_records, (y, cs_new, st_new, conv_rows, st_rows), strict=True):
         np.testing.assert_array_equal(got, want)  # the state rows rebuilt from the records by gdn_replay
+    if T > 1:  # the engine's form: one recurrent state, which the window leaves as it was; each kept
+        for keep in range(1, T + 1):  # prefix's state rebuilt in place from the records
+            y_k, cs_k, st_k, conv_rows_k, none = ops.gdn_decode_fused(
+                x, cw, cs, a, b, A_log, dt_bias, state, z, nw, Hk, rows=True, records=True, slots=T + 1,
+                recurrent_slots=1, keep=keep, pos=keep)
+            np.testing.assert_array_equal(st_k, st_rows[keep - 1])
+            np.testing.assert_array_equal(y_k, y)
+            np.testing.assert_array_equal(cs_k, cs_new)
+            np.testing.assert_array_equal(conv_rows_k, conv_rows)
+            assert none is None
     y_plain, cs_plain, st_plain = ops.gdn_decode_fused(x, cw, cs, a, b, A_log, dt_bias, state, z, nw, Hk)
     np.testing.assert_array_equal(y_plain, y)  # the rows change nothing else
     np.testing.assert_array_equal(cs_plain, cs_new)

@@ -55,10 +55,11 @@ struct StateRing {
         return out;
     }
     // Throws unless the slots the call must not write are as they were: the slot read (when no
-    // token's state goes there) still holds the input, every other one is still poisoned.
-    void check_untouched(const char* op, int T, bool with_rows) const {
+    // token's state goes there) still holds the input, every other one is still poisoned. none: the
+    // call writes no slot at all (a window that leaves records).
+    void check_untouched(const char* op, int T, bool with_rows, bool none = false) const {
         std::vector<bool> written(slots, false);
-        for (int t = with_rows ? 0 : T - 1; t < T; ++t) written[(pos + 1 + t) % slots] = true;
+        for (int t = with_rows ? 0 : T - 1; t < T && !none; ++t) written[(pos + 1 + t) % slots] = true;
         std::vector<E> host(size_t(slots) * slot_elems);
         LAMPO_CUDA_CHECK(cudaMemcpy(host.data(), buf.get(), host.size() * sizeof(E), cudaMemcpyDeviceToHost));
         for (int slot = 0; slot < slots; ++slot) {
@@ -83,9 +84,10 @@ struct WindowRecords {
         : Hk(Hk_in), Hv(Hv_in), buf(on ? poisoned(size_t(GEMV_MAX_T) * gdn_record_floats(Hk_in, Hv_in) * 4) : DeviceBuffer{}) {}
     float* get() const { return buf.get() ? buf.as<float>() : nullptr; }
     // The recurrent states after tokens 0 .. T-1 rebuilt in their slots by gdn_replay (the window
-    // wrote none of them): rows() and at() then read what replay made.
-    void replay_rows(const StateRing<float>& rec, int T) const {
-        for (int keep = 1; keep <= T; ++keep) {
+    // wrote none of them): rows() and at() then read what replay made. With keep > 0 only the state
+    // after token keep - 1, in its slot (the slot read, when the ring has one).
+    void replay_rows(const StateRing<float>& rec, int T, int only_keep = 0) const {
+        for (int keep = only_keep ? only_keep : 1; keep <= (only_keep ? only_keep : T); ++keep) {
             GdnReplay r;
             r.recurrent = rec.buf.as<float>();
             r.records = get();
@@ -169,7 +171,7 @@ py::tuple gdn_recurrent_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& a, con
                                                  g.o.as<bf16>(), rows, g.T, g.Hk, g.Hv, 128, 128, 0);
                   },
                   [&](py::list& out) {
-                      ring.check_untouched(op, g.T, rows && !records);
+                      ring.check_untouched(op, g.T, rows, records);
                       out.append(download<uint16_t>(g.o, {g.T, g.Hv, 128}));
                       if (records) recs.replay_rows(ring, g.T);
                       out.append(ring.at(pos + g.T));
@@ -184,10 +186,11 @@ py::tuple gdn_decode_fused_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& con
                               const Arr<uint16_t>& conv_state, const Arr<uint16_t>& a, const Arr<uint16_t>& b,
                               const Arr<float>& A_log, const Arr<float>& dt_bias, const Arr<float>& state,
                               const Arr<uint16_t>& z, const Arr<uint16_t>& norm_w, int Hk, bool rows, float eps,
-                              int slots, int pos, bool records, int repeat) {
+                              int slots, int pos, bool records, int recurrent_slots, int keep, int repeat) {
     const char* op = "gdn_decode_fused";
     GdnInputs g = gdn_inputs(op, qkv, a, b, A_log, dt_bias, state, Hk);
     require(!records || rows, op, "records are a window's (rows)");
+    require(keep == 0 || (records && keep >= 1 && keep <= g.T), op, "keep is 1..T of a window with records");
     check_ndim(op, "conv_w", conv_w, 2);
     const int T = g.T, C = int(qkv.shape(1)), K = int(conv_w.shape(1)), D = 128;
     check_shape(op, "conv_w", conv_w, {C, K});
@@ -197,12 +200,13 @@ py::tuple gdn_decode_fused_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& con
     DeviceBuffer d_cw = upload(conv_w), d_z = upload(z), d_nw = upload(norm_w);
     DeviceBuffer d_y = poisoned(size_t(T) * g.Hv * D * 2), counters = filled(size_t(Hk) * 4, 0);
     const StateRing<uint16_t> conv(op, conv_state, slots, pos, T, rows);
-    const StateRing<float> rec(op, state, slots, pos, T, rows);
+    // the fewest slots by default: one for a window replayed at one keep, else one a row as the conv's
+    const StateRing<float> rec(op, state, recurrent_slots ? recurrent_slots : slots, pos, T, rows && keep == 0);
     const WindowRecords recs(records, Hk, g.Hv);
     return run_op(op, repeat,
                   [&] {
-                      const GdnStates states{rec.buf.as<float>(), conv.buf.as<bf16>(), rec.slots,
-                                             rec.d_pos.as<int32_t>(), recs.get()};
+                      const GdnStates states{rec.buf.as<float>(), conv.buf.as<bf16>(), conv.slots,
+                                             rec.d_pos.as<int32_t>(), recs.get(), rec.slots};
                       gdn_decode_fused(g.qkv.as<bf16>(), d_cw.as<bf16>(), g.a.as<bf16>(), g.b.as<bf16>(),
                                        g.A_log.as<float>(), g.dt_bias.as<float>(), states, d_z.as<bf16>(),
                                        d_nw.as<bf16>(), d_y.as<bf16>(), counters.as<unsigned>(), rows, T, Hk, g.Hv,
@@ -216,14 +220,17 @@ py::tuple gdn_decode_fused_op(const Arr<uint16_t>& qkv, const Arr<uint16_t>& con
                               throw std::runtime_error(std::string(op) + ": a block counter was left at " +
                                                        std::to_string(v) + " (must return to 0)");
                       conv.check_untouched(op, T, rows);
-                      rec.check_untouched(op, T, rows && !records);
+                      rec.check_untouched(op, T, rows, records);
                       out.append(download<uint16_t>(d_y, {T, g.Hv * D}));
                       out.append(conv.at(pos + T));
-                      if (records) recs.replay_rows(rec, T);
-                      out.append(rec.at(pos + T));
+                      if (records) recs.replay_rows(rec, T, keep);
+                      out.append(rec.at(pos + (keep ? keep : T)));
                       if (rows) {
                           out.append(conv.rows(T));
-                          out.append(rec.rows(T));
+                          if (keep)
+                              out.append(py::none());
+                          else
+                              out.append(rec.rows(T));
                       }
                   });
 }
@@ -493,11 +500,13 @@ void register_gdn_moe_ops(py::module_& ops) {
     ops.def("gdn_decode_fused", &gdn_decode_fused_op, arg("qkv"), arg("conv_w"), arg("conv_state"), arg("a"),
             arg("b"), arg("A_log"), arg("dt_bias"), arg("state"), arg("z"), arg("norm_w"), arg("Hk"),
             arg("rows") = false, arg("eps") = 1e-6f, arg("slots") = 0, arg("pos") = 0, arg("records") = false,
-            arg("repeat") = 0,
+            arg("recurrent_slots") = 0, arg("keep") = 0, arg("repeat") = 0,
             (std::string("a GDN layer's few-token step: pre-conv qkv [T, 2*Hk*128 + Hv*128], conv_w [C,K], "
                          "conv_state [C,K-1], a, b [T,Hv], z [T,Hv*128], norm_w [128] (bf16 bits), A_log, dt_bias "
                          "[Hv], state [Hv,128,128] f32 -> (y [T,Hv*128] = gated_rmsnorm(rule(conv(qkv)), z), new "
-                         "conv_state, new state[, conv rows [T,C,K-1], state rows [T,Hv,128,128] with rows=True])") +
+                         "conv_state, new state[, conv rows [T,C,K-1], state rows [T,Hv,128,128] with rows=True]); "
+                         "recurrent_slots: the recurrent state's own ring (0: slots); keep (records): only the "
+                         "state after token keep - 1 rebuilt, returned as the new state (state rows None)") +
              ring_doc + records_doc).c_str());
     ops.def("gated_rmsnorm", &gated_rmsnorm_op, arg("o"), arg("z"), arg("w"), arg("eps") = 1e-6f,
             arg("repeat") = 0, "o [T,Hv,dv], z [T,Hv*dv], w [dv] (bf16 bits) -> y [T,Hv*dv]");
