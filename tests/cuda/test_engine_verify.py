@@ -1,7 +1,9 @@
 """The engine's speculative verify window (Engine.verify / accept / verify_logits, engine_verify.cu).
 
 A verify window runs the last sampled token and the drafts through the few-token forward, keeping
-each row's Gated DeltaNet states; accept(keep) makes the state the one after row keep - 1. Checked
+each row's Gated DeltaNet conv state and a record of its recurrent update; accept(keep) makes the
+state the one after row keep - 1 (the recurrent state is rebuilt from the records when the next
+forward or a snapshot settles the window). Checked
 against the same tokens run one at a time through the engine (tolerances of test_engine.py's
 engine-vs-engine comparisons: the two paths round differently in bf16, and an MoE row may pick
 another expert where the router is near a tie), and the misuses refused with their numbers.
@@ -76,16 +78,27 @@ def test_each_verify_row_matches_the_tokens_run_one_at_a_time(tiny):
     assert_rows_agree(rows, one_at_a_time(engine, prompt, ids), moe, "verify rows", DENSE_TOL)
 
 
-@pytest.mark.parametrize("keeps", [(3,), (ROWS,), (1,), (4, 2)])  # (4, 2): take two drafts back
-def test_accept_continues_as_if_only_the_kept_rows_had_run(tiny, keeps):
+# (4, 2): take two drafts back; (): no accept at all, the window is kept whole
+@pytest.mark.parametrize("keeps", [(3,), (ROWS,), (1,), (4, 2), ()])
+@pytest.mark.parametrize("snapshot", [False, True])
+def test_accept_continues_as_if_only_the_kept_rows_had_run(tiny, keeps, snapshot):
+    """With `snapshot`, the state is saved after the accepts and restored over another prompt's
+    before the rows that follow: a snapshot settles the window (the kept rows' recurrent states
+    are rebuilt before it copies them), after which no accept is taken any more."""
     engine, moe = tiny
     prompt = np.random.default_rng(2).integers(0, REAL_VOCAB, 20)
     ids = window(engine, prompt, seed=3)
     engine.verify(np.asarray(ids, np.int32))
     for keep in keeps:
         engine.accept(keep)
-    keep = keeps[-1]
+    keep = keeps[-1] if keeps else ROWS
     assert engine.position == len(prompt) + keep
+    if snapshot:
+        engine.snapshot(0)
+        with pytest.raises(ValueError, match="none held"):
+            engine.accept(1)
+        start(engine, prompt[:7])
+        engine.restore(0)
     follow = [int(t) for t in np.random.default_rng(4).integers(0, REAL_VOCAB, 3)]
     got = []
     for t in follow:

@@ -149,9 +149,9 @@ void Engine::reset() {
         LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
         queued_ = 0;
     }
+    settle_window(true);
     LAMPO_CUDA_CHECK(cudaMemsetAsync(gdn_mem_.get(), 0, gdn_mem_.bytes(), stream_));
     pos_ = 0;
-    verified_ = 0;
     held_row_ = -1;
     write_position();
 }
@@ -189,6 +189,7 @@ void Engine::copy_gdn_states(int slot, int position, bool into_ring) {
 void Engine::snapshot(int slot) {
     require_idle("snapshot");
     check_slot(slot);
+    settle_window();
     copy_gdn_states(slot, pos_, false);
     slot_pos_[slot] = pos_;
     mtp_snapshot(slot);
@@ -198,9 +199,9 @@ void Engine::restore(int slot) {
     require_idle("restore");
     check_slot(slot);
     if (slot_pos_[slot] < 0) throw std::invalid_argument("snapshot slot " + std::to_string(slot) + " is empty");
+    settle_window(true);
     pos_ = slot_pos_[slot];
     copy_gdn_states(slot, pos_, true);
-    verified_ = 0;
     mtp_restore(slot);
     write_position();
 }
@@ -261,7 +262,7 @@ ForwardStep Engine::open_window(const char* op, const int32_t* ids, int n, MtpSt
                                         std::to_string(dims_.vocab) + ")");
         }
     }
-    verified_ = 0;
+    settle_window();
     std::memcpy(h_io_, ids, size_t(n) * 4);
     h_io_[opt_.prefill_chunk] = pos_;
     LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_ids_, h_io_, size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
@@ -445,7 +446,7 @@ void Engine::decode_submit(int token) {
     }
     if (token >= 0 && queued_ > 0)  // the pinned input word would be rewritten before its copy ran
         throw std::logic_error("decode_submit: a token can be fed only when no step is queued");
-    verified_ = 0;
+    settle_window();
     feed_token(token);
     if (queued_ == 0) {
         prepare_decode_mtp();
@@ -485,7 +486,7 @@ std::vector<std::pair<std::string, double>> Engine::profile_decode(int steps, in
     require_weights();
     require_idle("profile_decode");
     if (steps < 1) throw std::invalid_argument("profile_decode: steps must be >= 1");
-    verified_ = 0;
+    settle_window();
     if (pos_ + steps > opt_.context_max) throw std::out_of_range("profile_decode: context full");
     feed_token(token);
     prepare_decode_mtp();
@@ -530,7 +531,7 @@ void Engine::fill_state_random(int depth, uint64_t seed) {
         throw std::out_of_range("fill_state_random: depth " + std::to_string(depth) +
                                 " outside the context of " + std::to_string(opt_.context_max));
     }
-    verified_ = 0;
+    settle_window(true);
     const size_t kv_elems = this->kv_elems();
     uint64_t s = seed;
     for (const KvCacheLayer& kv : state_.kv) {

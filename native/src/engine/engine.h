@@ -103,7 +103,7 @@ public:
     // ---- speculative verify (EngineOptions::verify_rows > 0) ----
     // Runs the window `ids` (2..verify_rows tokens: the last sampled token, then the drafts) at the
     // current position through the few-token forward (the decode step's kernels for T rows), keeping
-    // each row's GDN states, and returns each row's token drawn by the sampler with the current
+    // each row's GDN conv state and recurrent record (engine_verify.cu), and returns each row's token drawn by the sampler with the current
     // settings, row after row (row i sees rows < i in the presence set and draws with the next RNG
     // step): a draft is right where it equals its row's token, so keeping the drafts up to the first
     // that is not, plus that row's token, decodes exactly as plain steps would in distribution (and
@@ -117,7 +117,8 @@ public:
     // Keeps the first `keep` (1..n) rows of the last verify: the GDN states become those after row
     // keep - 1, the position verify's start + keep (the KV rows past it are rewritten later) and the
     // presence set holds the tokens of rows < keep only. May be called again with a smaller keep
-    // until the next forward (taking back kept drafts).
+    // until the next forward or snapshot (taking back kept drafts): the GDN recurrent states are
+    // rebuilt once, for the last keep, when the window is settled (settle_window).
     void accept(int keep);
     std::vector<float> verify_logits();  // fp32 logits [n, V] of the last verify's rows
     // `steps` un-graphed verify windows of `ids`, each accepted at its first row (the position
@@ -181,6 +182,7 @@ private:
     int pos_ = 0;       // the position once every queued decode step has run
     int verify_start_ = 0;  // the position where the last verify window began
     int verified_ = 0;      // rows of the last verify still held (0 after any other forward)
+    int window_keep_ = 0;   // rows of the held window whose recurrent states settle_window rebuilds (0: none)
     int32_t* d_verify_out_ = nullptr;  // [verify_rows] the rows' sampled tokens (inside verify_mem_)
     int queued_ = 0;    // decode steps submitted and not yet collected
     int oldest_ = 0;    // the out slot of the oldest queued step
@@ -224,7 +226,11 @@ private:
     void require_idle(const char* op) const;  // no decode step queued
     void feed_token(int token);  // token >= 0: the next step's input (else the last sampled id)
     void allocate_verify_rows();  // verify_mem_: the rows' tokens, the presence set's copy, the GDN records
-    void replay_gdn_records(int keep);  // accept: the GDN states after row keep - 1 from the window's records
+    // Ends the held verify window before anything else reads or writes the GDN states: the
+    // recurrent states after row window_keep_ - 1, rebuilt in place from the window's records
+    // (gdn_replay, one launch for every layer). `drop`: the states are about to be overwritten, so
+    // nothing is rebuilt.
+    void settle_window(bool drop = false);
     // The GDN states of ring slot position % slots <-> snapshot `slot` (into_ring: restore).
     void copy_gdn_states(int slot, int position, bool into_ring);
     // verify; with `timer`, un-graphed, its ops timed and the window's GPU time added to *body_ms.

@@ -107,7 +107,7 @@ std::vector<int32_t> Engine::mtp_draft(int token, int k) {
         throw std::out_of_range("mtp_draft: " + std::to_string(k) + " drafts from position " + std::to_string(pos_) +
                                 " exceed the context of " + std::to_string(opt_.context_max));
     }
-    verified_ = 0;  // the chain's passes overwrite the logits a verify window left
+    settle_window();  // the chain's passes overwrite the logits a verify window left
     move_held_row(0);  // where the chain's first step reads it
     h_mtp_[0] = token;
     for (int i = 0; i < k; ++i) h_mtp_[GEMV_MAX_T + 1 + i] = pos_ - 1 + i;

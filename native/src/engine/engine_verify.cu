@@ -8,9 +8,11 @@
 // ran for its rejected drafts.
 //
 // The GDN layers keep one recurrent state each, which the window leaves as it found it: it writes
-// the tokens' records instead (ops.h, GdnStates::records), and accept(keep) rebuilds the state after
-// row keep - 1 in place from them (gdn_replay, one launch for every layer): one state read and
-// written a round, where a ring of R + 1 states would cost R more states of memory.
+// the tokens' records instead (ops.h, GdnStates::records). The state after the kept rows is
+// rebuilt in place from them (gdn_replay, one launch for every layer) when the window is settled:
+// by the next forward or snapshot, once for the last accept (which may take drafts back), or for
+// the whole window when none came. One state read and written a round, where a ring of R + 1
+// states would cost R more states of memory.
 //
 // verify_mem_: the R row tokens (R = verify_rows), the presence set's copy, then per GDN layer R
 // tokens' records.
@@ -115,6 +117,7 @@ std::vector<int32_t> Engine::run_verify(const int32_t* ids, int n, bool mtp_draf
     verify_penalised_ = penalised;
     verify_start_ = pos_;
     verified_ = n;
+    window_keep_ = n;
     pos_ += n;
     write_position();
     return tokens;
@@ -125,19 +128,23 @@ void Engine::accept(int keep) {
     if (keep < 1 || keep > verified_) {
         throw std::invalid_argument("accept: keep " + std::to_string(keep) + " of a verify window of " +
                                     std::to_string(verified_) + " rows" +
-                                    (verified_ ? std::string() : std::string(" (none held: a forward ran since)")));
+                                    (verified_ ? std::string() : std::string(" (none held: a forward or snapshot ran since)")));
     }
     if (verify_penalised_ && keep < verified_) {  // the presence set without the dropped rows' tokens
         LAMPO_CUDA_CHECK(cudaMemcpyAsync(d_seen_, seen_backup_, dims_.vocab, cudaMemcpyDeviceToDevice, stream_));
         for (int i = 0; i < keep; ++i) LAMPO_CUDA_CHECK(cudaMemsetAsync(d_seen_ + verify_tokens_[i], 1, 1, stream_));
     }
     pos_ = verify_start_ + keep;  // the conv states after row keep - 1 are at slot pos_ % slots
-    replay_gdn_records(keep);     // the recurrent states after it, in place of the window's first
+    window_keep_ = keep;          // the recurrent states after it: settle_window
     if (mtp_hidden_) held_row_ = keep;  // hidden row keep - 1 of the window
     write_position();
 }
 
-void Engine::replay_gdn_records(int keep) {
+void Engine::settle_window(bool drop) {
+    const int keep = window_keep_;
+    verified_ = 0;
+    window_keep_ = 0;
+    if (drop || keep == 0) return;
     int first = 0;
     while (first < dims_.n_layers() && dims_.mixers[first] != MixerKind::GatedDeltaNet) ++first;
     if (first == dims_.n_layers()) return;

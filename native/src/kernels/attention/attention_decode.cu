@@ -164,17 +164,6 @@ bool decode_keys_as_m(int depth) {
     return depth >= env_number("LAMPO_ATTN_KEYS_M_FROM", 0, KEYS_AS_M_FROM, "a number of keys (0: from the start)");
 }
 
-// Splits per KV head of a verify window's attention (Tq > 1): decode_splits' one wave, or fewer with
-// LAMPO_ATTN_WINDOW_SPLITS=N (an A/B knob): each split writes Tq x group partial rows of 256 floats
-// and the combine merges them, so fewer, longer splits trade blocks in flight for those bytes.
-namespace {
-int window_splits(int splits) {
-    static const int asked =
-        int(std::min<long>(env_number("LAMPO_ATTN_WINDOW_SPLITS", 1, 0, "a positive number of splits"), COMBINE_MAX_SPLITS));
-    return asked ? std::min(asked, splits) : splits;
-}
-}  // namespace
-
 // Room for every Tq up to the given one: one token may take more splits (keys as M) than a window.
 size_t attn_decode_partial_floats(int Tq, int nq, int nkv, int D, int context_max) {
     const size_t one = size_t(decode_splits(context_max, nkv, keys_as_m(true, 1, nq / nkv))) * nq * (D + 2);
@@ -196,7 +185,6 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
     p.d_pos = d_pos;
     const bool keys_m = keys_as_m(keys_m_asked, Tq, p.group);
     p.nsplit = decode_splits(context_max, nkv, keys_m);
-    if (Tq > 1) p.nsplit = window_splits(p.nsplit);
     p.part_o = partial;
     p.part_ml = partial + size_t(p.nsplit) * Tq * nq * D;
     const int mt = ceil_div(Tq * p.group, 16);
