@@ -239,6 +239,10 @@ class Target:
         self._accept(keep, ids)
         self.position, self.next_token = start + keep, next_token
 
+    def settle(self) -> None:
+        """Finish the work the last accept left for the next forward (the CUDA engine rebuilds
+        the kept rows' GDN recurrent states then), so a timed window includes it."""
+
     def draft(self, k: int) -> list[int]:
         """k MTP drafts from the token to feed (the state is not advanced), each among ids [0,
         `draft_vocab`) (every id when 0)."""
@@ -342,6 +346,9 @@ class CudaTarget(Target):
 
     def _accept(self, keep: int, ids: list[int]) -> None:
         self.engine.accept(keep)
+
+    def settle(self) -> None:
+        self.engine.settle()
 
     def device(self) -> dict:
         info = self.native.device_info()

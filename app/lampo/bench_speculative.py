@@ -135,6 +135,7 @@ def measure_speculative(target, decode_row: dict, spec: SpecWorkload, n: int, rn
         def verify_once():
             own = target.verify([target.next_token, *(int(t) for t in rng.integers(0, target.cfg.real_vocab_size, k))])
             target.accept(k + 1, own[k])
+            target.settle()
 
         row = {"k": k, "verify_ms": median_ms(target, verify_once)}
         row["verify_cost"] = row["verify_ms"] / plain_ms

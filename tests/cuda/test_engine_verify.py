@@ -164,6 +164,12 @@ def test_misuse_is_refused_with_numbers(tiny):
     engine.prefill(np.asarray([5], np.int32), True)  # a forward since: the rows are gone
     with pytest.raises(ValueError, match="none held"):
         engine.accept(1)
+    engine.verify(np.asarray([1, 2, 3], np.int32))
+    engine.accept(2)
+    engine.settle()  # the window ended here, as a forward would end it
+    with pytest.raises(ValueError, match="none held"):
+        engine.accept(1)
+    assert engine.position == len(prompt) + 3 + 1 + 2  # the first window whole, the token, two rows
 
 
 def test_the_captured_window_equals_the_eager_launches(tiny, tmp_path):

@@ -345,6 +345,9 @@ void register_engine(py::module_& m) {
              "last mtp_draft's, judged by their own distribution when sampled; engine.h)")
         .def("accept", &Engine::accept, py::arg("keep"), release(),
              "Keep the first `keep` rows of the last verify window (states and position)")
+        .def("settle", &Engine::settle, release(),
+             "End the held verify window now (its kept rows' GDN states rebuilt, as the next forward "
+             "does first) and wait for it")
         .def("verify_logits", &verify_logits, "fp32 logits [n, V] of the last verify window's rows")
         .def("profile_verify", &profile_verify, py::arg("ids"), py::arg("steps"),
              "Un-graphed verify windows of `ids`, each accepted at its first row, timed per op family: "

@@ -120,6 +120,9 @@ public:
     // until the next forward or snapshot (taking back kept drafts): the GDN recurrent states are
     // rebuilt once, for the last keep, when the window is settled (settle_window).
     void accept(int keep);
+    // Ends the held window now, as the next forward would first (its kept rows' recurrent states
+    // rebuilt), and waits for it: a bench times a window with all the work it causes.
+    void settle();
     std::vector<float> verify_logits();  // fp32 logits [n, V] of the last verify's rows
     // `steps` un-graphed verify windows of `ids`, each accepted at its first row (the position
     // moves one token per window), timed per op family: {family: mean ms per window}, as

@@ -140,6 +140,12 @@ void Engine::accept(int keep) {
     write_position();
 }
 
+void Engine::settle() {
+    require_idle("settle");
+    settle_window();
+    LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 void Engine::settle_window(bool drop) {
     const int keep = window_keep_;
     verified_ = 0;
