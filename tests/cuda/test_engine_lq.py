@@ -2,6 +2,8 @@
 weights: a converted checkpoint as stored (the reference dequantizes it), a bf16 checkpoint
 quantized on the GPU while loading (the reference gets the numpy quantizer's weights), a converted
 one dequantized into bf16 blocks, and full-width 4-layer checkpoints written in the packed format.
+Checkpoints are converted on the GPU (`lampo convert`'s quantizer there: the numpy conversion's
+bytes, test_convert_gpu.py), which takes a fraction of numpy's time.
 
 MoE oracle, exact: the engine records the experts it chose per layer and token (set_record_routing),
 the reference replays them (ffn.Routing), so a router near-tie cannot move a row, and every row of
@@ -23,7 +25,7 @@ from lampo.models.checkpoint import Checkpoint, CheckpointError
 from lampo.models.finite_scan import scan_checkpoint
 from lampo.models.presets import get_preset
 from lampo.models.quant import layout
-from lampo.models.quant.convert import convert
+from lampo.models.quant.convert import convert as convert_with
 from lampo.models.quant.engine_formats import engine_tensor_bits, recipe_tensor_bits
 from lampo.models.quant.round_trip import quantized_weights
 from lampo.models.reference.ffn import Routing
@@ -38,6 +40,11 @@ pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(_native.device_count() < 1, reason="no CUDA device"),
 ]
+
+
+def convert(src: Path, out: Path, recipe: str) -> None:
+    """`lampo convert SRC OUT --recipe RECIPE --quantizer cuda`."""
+    convert_with(src, out, recipe, quantize_block=_native.LqBlockQuantizer().quantize)
 
 
 def lq_engine(ck: Checkpoint, bits: dict[str, int], context_max=1024, chunk=256, **options):
