@@ -50,7 +50,7 @@ Engine::Engine(const ModelDims& dims, const TensorNames& names, const TensorBits
     // Gated DeltaNet states of all layers in one block: per layer one recurrent state, then a ring
     // of verify_rows + 1 slots of the conv state (ops.h, GdnStates: slot pos % slots is the live
     // one; a verify window leaves the conv state after each of its tokens in the next slots, and
-    // for the recurrent state only records, from which accept rebuilds it in place).
+    // for the recurrent state only records, from which settle_window rebuilds it in place).
     const int slots = opt_.verify_rows + 1;
     const size_t gdn_layers = size_t(dims_.count(MixerKind::GatedDeltaNet));
     gdn_rec_bytes_ = size_t(dims_.gdn_v_heads) * dims_.gdn_k_dim * dims_.gdn_v_dim * 4;

@@ -103,11 +103,12 @@ public:
     // ---- speculative verify (EngineOptions::verify_rows > 0) ----
     // Runs the window `ids` (2..verify_rows tokens: the last sampled token, then the drafts) at the
     // current position through the few-token forward (the decode step's kernels for T rows), keeping
-    // each row's GDN conv state and recurrent record (engine_verify.cu), and returns each row's token drawn by the sampler with the current
-    // settings, row after row (row i sees rows < i in the presence set and draws with the next RNG
-    // step): a draft is right where it equals its row's token, so keeping the drafts up to the first
-    // that is not, plus that row's token, decodes exactly as plain steps would in distribution (and
-    // token for token when greedy). The position moves past the whole window.
+    // each row's GDN conv state and recurrent record (engine_verify.cu), and returns each row's
+    // token drawn by the sampler with the current settings, row after row (row i sees rows < i in
+    // the presence set and draws with the next RNG step): a draft is right where it equals its row's
+    // token, so keeping the drafts up to the first that is not, plus that row's token, decodes
+    // exactly as plain steps would in distribution (and token for token when greedy). The position
+    // moves past the whole window.
     // mtp_drafts: ids[1..n) are the drafts of the last mtp_draft, which a sampled reply (temperature
     // > 0) draws from the MTP layer's own distributions q: each row then keeps its draft with
     // probability min(1, p / q) and otherwise draws from max(0, p - q) (sample_verify_row), the

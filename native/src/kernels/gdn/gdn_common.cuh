@@ -28,8 +28,13 @@ inline void gdn_check_dims(const char* op, int T, int Hk, int Hv, int dk, int dv
                                     std::to_string(Hk) + " Hv=" + std::to_string(Hv));
 }
 
+// The recurrent state's ring size (GdnStates::recurrent_slots: 0 means the conv state's `slots`).
+__host__ __device__ __forceinline__ int gdn_recurrent_slots(const GdnStates& s) {
+    return s.recurrent_slots ? s.recurrent_slots : s.slots;
+}
+
 inline void gdn_check_states(const char* op, const GdnStates& s, int T, bool rows) {
-    const int rec_slots = s.recurrent_slots ? s.recurrent_slots : s.slots;
+    const int rec_slots = gdn_recurrent_slots(s);
     if (s.slots < 1 || rec_slots < 1 || (std::max(s.slots, rec_slots) > 1 && !s.pos))
         throw std::invalid_argument(std::string(op) + ": a state ring needs slots >= 1 and, with more than one, "
                                     "the device position; got slots=" + std::to_string(s.slots) +
@@ -44,7 +49,7 @@ inline void gdn_check_states(const char* op, const GdnStates& s, int T, bool row
 // The call's first position in the ring (ops.h, GdnStates): 0 when there is one slot, else read
 // through L2 (the fused step reads it before its PDL wait; d_pos is written between passes only).
 __device__ __forceinline__ int gdn_first_position(const GdnStates& s) {
-    return s.slots == 1 && s.recurrent_slots <= 1 ? 0 : __ldcg(s.pos);
+    return s.slots == 1 && gdn_recurrent_slots(s) == 1 ? 0 : __ldcg(s.pos);
 }
 // The conv state's slot before the token at position p, as an element offset of `slot_elems`.
 __device__ __forceinline__ size_t gdn_slot_offset(const GdnStates& s, int p, size_t slot_elems) {
@@ -52,7 +57,7 @@ __device__ __forceinline__ size_t gdn_slot_offset(const GdnStates& s, int p, siz
 }
 // The recurrent state's.
 __device__ __forceinline__ size_t gdn_recurrent_offset(const GdnStates& s, int p, size_t slot_elems) {
-    return size_t(p % (s.recurrent_slots ? s.recurrent_slots : s.slots)) * slot_elems;
+    return size_t(p % gdn_recurrent_slots(s)) * slot_elems;
 }
 
 // Per token and V head: g = -exp(A_log) * softplus(a + dt_bias) (<= 0), beta = sigmoid(b).
