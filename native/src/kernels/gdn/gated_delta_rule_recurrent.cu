@@ -68,63 +68,47 @@ __device__ __forceinline__ RecordOut record_out(float* records, int t, int Hk, i
     return r;
 }
 
-// One token of the delta rule for the block's 128 x 16 slice of head j, state S in registers, in
-// three steps with a block barrier after each of the first two (and one inside the third):
-// 1. token_norm_sums: thread tid brings q[tid], k[tid] (raw, before the l2 norms); each warp's
-//    sums of q.q, k.k and q.k go to `sums`;
-// 2. token_norms: q and k normed into the token's rows of shared memory (each thread its element
-//    tid), and by thread 0 the token's scalars (q.k of the normed rows, the decay, beta);
-// 3. token_update: both products of the old state, the rank-one step, the record; returns
-//    o[m0 .. m0+3] (meaningful in every thread; row group 0 stores it). v: this thread's 4 columns.
-// The steps of several tokens may be interleaved (every token's 1, one barrier, every token's 2,
-// one barrier, then the tokens' 3 in order), as long as consecutive tokens' updates use the two
-// halves of `dot` in turn: the one barrier inside an update then orders every reuse.
-struct TokenScalars {
-    float kq, decay, beta;
-};
+// One token of the delta rule for the block's 128 x 16 slice of head j, state S in registers.
+// Thread tid brings q[tid], k[tid] (raw, before the l2 norms) and v[m0 .. m0+3] of its column group;
+// the return value is o[m0 .. m0+3] (meaningful in every thread; row group 0 stores it). `rec`:
+// where the token's record goes (RecordOut).
+__device__ __forceinline__ float4 rec_token(float4 (&S)[REC_ROWS], float qv, float kv, float4 v,
+                                            float a, float b, float a_log, float dtb, const RecordOut& rec) {
+    __shared__ float q_s[GDN_D], k_s[GDN_D];
+    __shared__ float norm_part[REC_WARPS][3];
+    __shared__ float dot_part[REC_WARPS][4][8];
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int cg = tid & 3, rg = tid >> 2;
+    const float inv_sqrt_d = rsqrtf(float(GDN_D));
 
-__device__ __forceinline__ void token_norm_sums(float qv, float kv, float (&sums)[REC_WARPS][3]) {
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const float sq = warp_sum(qv * qv), sk = warp_sum(kv * kv), sqk = warp_sum(qv * kv);
     if (lane == 0) {
-        sums[warp][0] = sq;
-        sums[warp][1] = sk;
-        sums[warp][2] = sqk;
+        norm_part[warp][0] = sq;
+        norm_part[warp][1] = sk;
+        norm_part[warp][2] = sqk;
     }
-}
-
-__device__ __forceinline__ void token_norms(const float (&sums)[REC_WARPS][3], float qv, float kv, float* q_row,
-                                            float* k_row, TokenScalars& scalars, float a, float b, float a_log,
-                                            float dtb) {
-    const int tid = threadIdx.x;
+    __syncthreads();
     float tq = 0.f, tk = 0.f, tqk = 0.f;
 #pragma unroll
     for (int w = 0; w < REC_WARPS; ++w) {
-        tq += sums[w][0];
-        tk += sums[w][1];
-        tqk += sums[w][2];
+        tq += norm_part[w][0];
+        tk += norm_part[w][1];
+        tqk += norm_part[w][2];
     }
-    const float rq = rsqrtf(tq + GDN_L2_EPS) * rsqrtf(float(GDN_D)), rk = rsqrtf(tk + GDN_L2_EPS);
-    q_row[tid] = qv * rq;
-    k_row[tid] = kv * rk;
-    if (tid == 0) {
-        float g;
-        gdn_gates(a, b, a_log, dtb, g, scalars.beta);
-        scalars.decay = expf(g);
-        scalars.kq = tqk * rq * rk;
-    }
-}
+    const float rq = rsqrtf(tq + GDN_L2_EPS) * inv_sqrt_d, rk = rsqrtf(tk + GDN_L2_EPS);
+    q_s[tid] = qv * rq;
+    k_s[tid] = kv * rk;
+    const float kq = tqk * rq * rk;
+    float g, beta;
+    gdn_gates(a, b, a_log, dtb, g, beta);
+    const float decay = expf(g);
+    __syncthreads();
 
-__device__ __forceinline__ float4 token_update(float4 (&S)[REC_ROWS], const float* q_row, const float* k_row,
-                                               const TokenScalars& scalars, float4 v, float (&dot)[REC_WARPS][4][8],
-                                               const RecordOut& rec) {
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int cg = tid & 3, rg = tid >> 2;
     // Partial S^T k and S^T q over this thread's rows, then over all 32 row groups.
     float part[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int n = 0; n < REC_ROWS; ++n) {
-        const float kk = k_row[rg + 32 * n], qq = q_row[rg + 32 * n];
+        const float kk = k_s[rg + 32 * n], qq = q_s[rg + 32 * n];
         part[0] = fmaf(kk, S[n].x, part[0]);
         part[1] = fmaf(kk, S[n].y, part[1]);
         part[2] = fmaf(kk, S[n].z, part[2]);
@@ -141,7 +125,7 @@ __device__ __forceinline__ float4 token_update(float4 (&S)[REC_ROWS], const floa
     }
     if (lane < 4) {
 #pragma unroll
-        for (int p = 0; p < 8; ++p) dot[warp][cg][p] = part[p];
+        for (int p = 0; p < 8; ++p) dot_part[warp][cg][p] = part[p];
     }
     __syncthreads();
     float tot[8];
@@ -149,10 +133,9 @@ __device__ __forceinline__ float4 token_update(float4 (&S)[REC_ROWS], const floa
     for (int p = 0; p < 8; ++p) {
         tot[p] = 0.f;
 #pragma unroll
-        for (int w = 0; w < REC_WARPS; ++w) tot[p] += dot[w][cg][p];
+        for (int w = 0; w < REC_WARPS; ++w) tot[p] += dot_part[w][cg][p];
     }
 
-    const float decay = scalars.decay, beta = scalars.beta, kq = scalars.kq;
     float4 be;  // beta * e
     be.x = beta * (v.x - decay * tot[0]);
     be.y = beta * (v.y - decay * tot[1]);
@@ -160,25 +143,11 @@ __device__ __forceinline__ float4 token_update(float4 (&S)[REC_ROWS], const floa
     be.w = beta * (v.w - decay * tot[3]);
     const float4 out = make_float4(fmaf(decay, tot[4], be.x * kq), fmaf(decay, tot[5], be.y * kq),
                                    fmaf(decay, tot[6], be.z * kq), fmaf(decay, tot[7], be.w * kq));
-    rank_one_step(S, [&](int n) { return k_row[rg + 32 * n]; }, decay, be);
-    if (rec.k) *rec.k = k_row[tid];
+    rank_one_step(S, [&](int n) { return k_s[rg + 32 * n]; }, decay, be);
+    if (rec.k) *rec.k = k_s[tid];
     if (rec.be) *reinterpret_cast<float4*>(rec.be) = be;
     if (rec.decay) *rec.decay = decay;
     return out;
-}
-
-// The three steps of one token in order, with rows of its own (gdn_recurrent_kernel's token loop).
-__device__ __forceinline__ float4 rec_token(float4 (&S)[REC_ROWS], float qv, float kv, float4 v, float a, float b,
-                                            float a_log, float dtb, const RecordOut& rec) {
-    __shared__ float q_s[GDN_D], k_s[GDN_D];
-    __shared__ float sums[REC_WARPS][3];
-    __shared__ float dot[REC_WARPS][4][8];
-    __shared__ TokenScalars scalars;
-    token_norm_sums(qv, kv, sums);
-    __syncthreads();
-    token_norms(sums, qv, kv, q_s, k_s, scalars, a, b, a_log, dtb);
-    __syncthreads();
-    return token_update(S, q_s, k_s, scalars, v, dot, rec);
 }
 
 // Through L2 (__ldcg): the fused decode step reads the state before its PDL wait (common.cuh).
@@ -235,17 +204,15 @@ gdn_recurrent_kernel(const bf16* __restrict__ qkv, const bf16* __restrict__ a,
 //    forward pass (the rule in common.cuh): the ring position, the state slice and the conv states
 //    of those channels.
 // 2. after the wait, every token's inputs at once (their loads in flight together, each value kept in
-//    the shared memory of the thread that uses it; a and b by threads t < T); then, for every
-//    token in turn, conv + SiLU (the channels' last K-1 inputs kept in registers) and the warps'
-//    sums of the l2 norms (token_norm_sums); one barrier; every token's normed q and k
-//    (token_norms); one barrier; then the tokens' delta rule steps in order (token_update, one
-//    barrier each), each block storing its bf16 o slice of token t into rank 0's shared memory; one
-//    cluster barrier; and rank 0's first warp runs the gated RMSNorm of head j with z -> y for
-//    every token. Only the state updates are serial in the tokens. The states after token t go to
-//    their slot with rows, and after the last token always: the recurrent slice and the v
-//    channels' conv state by each block, the q/k channels' conv state (the same in every block of
-//    the K group) by the group's first block; with records, no recurrent slice (the window's first
-//    state stays where it is, for gdn_replay), and each token's record (record_out).
+//    the shared memory of the thread that uses it; a and b by threads t < T); then per token t:
+//    conv + SiLU of row t (the channels' last K-1 inputs kept in registers), the
+//    delta rule step of gdn_recurrent_kernel (rec_token), each block's bf16 o slice into rank 0's
+//    shared memory (two buffers, so one cluster barrier per token), and there rank 0's first warp
+//    runs the gated RMSNorm of head j with z -> y row t. The states after token t go to their slot
+//    with rows, and after the last token always: the recurrent slice and the v channels' conv state
+//    by each block, the q/k channels' conv state (the same in every block of the K group) by the
+//    group's first block; with records, no recurrent slice (the window's first state stays where it
+//    is, for gdn_replay), and each token's record (record_out).
 // 3. only when the last token's slot is the slot read (one slot, or T a multiple of the slots) is
 //    the q/k conv state written where the other blocks of the K group may still read it: then each
 //    block takes a ticket on counters[hk] after reading it, and the last one writes it.
@@ -289,16 +256,12 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
                         const bf16* __restrict__ z, const bf16* __restrict__ norm_w, bf16* __restrict__ y,
                         unsigned* counters, int T, int Hk, int Hv, float eps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    __shared__ float v_s[FUSED_MAX_T][REC_COLS];
-    __shared__ __align__(8) bf16 o_rows[FUSED_MAX_T][GDN_D];  // rank 0: head j's o of every token
+    __shared__ float v_s[REC_COLS];
+    __shared__ __align__(8) bf16 o_row[2][GDN_D];  // rank 0: head j's o of token t in buffer t % 2
     __shared__ bool last;
-    // xq_s, xk_s: the inputs, then the conv outputs, then the normed q and k rows
     __shared__ float xq_s[FUSED_MAX_T][REC_THREADS], xk_s[FUSED_MAX_T][REC_THREADS], xv_s[FUSED_MAX_T][REC_COLS];
     __shared__ float ab_s[FUSED_MAX_T][2];
     __shared__ float4 z_s[FUSED_MAX_T][32];
-    __shared__ float sums[FUSED_MAX_T][REC_WARPS][3];
-    __shared__ TokenScalars scalars[FUSED_MAX_T];
-    __shared__ float dot[2][REC_WARPS][4][8];
     // This block runs: its cluster peers may store into its shared memory once every block has
     // arrived (the wait before the first store below). Relaxed: the loads before the PDL wait stay
     // in flight.
@@ -333,8 +296,7 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
     if (tid < REC_COLS) load_hist<K>(conv_in, cv, hv);
     pdl_begin();
 
-    // 2. the tokens' inputs, their convs and norms, then the tokens' state updates.
-    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    // 2. the tokens' inputs, then the tokens.
 #pragma unroll
     for (int t = 0; t < FUSED_MAX_T; ++t) {
         if (t >= T) break;
@@ -348,10 +310,14 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
             ab_s[t][1] = __bfloat162float(b[size_t(t) * Hv + j]);
         }
     }
-    for (int t = 0; t < T; ++t) {  // conv + SiLU (conv_out is bf16 in the three-launch path)
+    cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+    unsigned ticket = 0;
+    for (int t = 0; t < T; ++t) {
         const bool keep = ROWS || t == T - 1;  // the states after token t go to slot p + 1 + t
         bf16* conv_out = states.conv + gdn_slot_offset(states, p + 1 + t, conv_slot);
         const float xq = xq_s[t][tid], xk = xk_s[t][tid];
+        const float4 zv = norm_lane ? z_s[t][tid] : float4{};
+        // conv + SiLU (conv_out is bf16 in the three-launch path)
         const float qv = round_to_bf16(conv_silu_step<K>(wq, hq, xq));
         const float kv = round_to_bf16(conv_silu_step<K>(wk, hkk, xk));
         shift_in<K>(hq, xq);
@@ -362,40 +328,28 @@ gdn_decode_fused_kernel(const bf16* __restrict__ x, const bf16* __restrict__ con
         }
         if (tid < REC_COLS) {
             const float xv = xv_s[t][tid];
-            v_s[t][tid] = round_to_bf16(conv_silu_step<K>(wv, hv, xv));
+            v_s[tid] = round_to_bf16(conv_silu_step<K>(wv, hv, xv));
             shift_in<K>(hv, xv);
             if (keep) store_hist<K>(conv_out, cv, hv);  // read by this block only
         }
-        xq_s[t][tid] = qv;
-        xk_s[t][tid] = kv;
-        token_norm_sums(qv, kv, sums[t]);
-    }
-    __syncthreads();  // sums and v_s are complete, and every q/k conv state read of this block is done
-    unsigned ticket = 0;
-    if (in_place && tid == 0) {
-        __threadfence();
-        ticket = atomicAdd(counters + hk, 1u);
-    }
-    for (int t = 0; t < T; ++t)
-        token_norms(sums[t], xq_s[t][tid], xk_s[t][tid], xq_s[t], xk_s[t], scalars[t], ab_s[t][0], ab_s[t][1], a_log,
-                    dtb);
-    __syncthreads();  // the normed rows and the scalars are complete
-    for (int t = 0; t < T; ++t) {
-        const float4 v = make_float4(v_s[t][cg * 4], v_s[t][cg * 4 + 1], v_s[t][cg * 4 + 2], v_s[t][cg * 4 + 3]);
+        __syncthreads();  // v_s is complete (and, at t = 0, every q/k conv state read of this block is done)
+        if (in_place && t == 0 && tid == 0) {
+            __threadfence();
+            ticket = atomicAdd(counters + hk, 1u);
+        }
+        const float4 v = make_float4(v_s[cg * 4], v_s[cg * 4 + 1], v_s[cg * 4 + 2], v_s[cg * 4 + 3]);
         const RecordOut rec = ROWS ? record_out(states.records, t, Hk, Hv, j, blockIdx.x, rg, m0) : RecordOut{};
-        const float4 out = token_update(S, xq_s[t], xk_s[t], scalars[t], v, dot[t & 1], rec);
+        const float4 out = rec_token(S, qv, kv, v, ab_s[t][0], ab_s[t][1], a_log, dtb, rec);  // its barriers order v_s's reuse
         if (!(ROWS && states.records) && (ROWS || t == T - 1))  // with records: the first state stays
             store_slice(S, states.recurrent + gdn_recurrent_offset(states, p + 1 + t, rec_slot) + j * head_elems, rg,
                         m0);
         if (t == 0) asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory");  // rank 0 runs
-        if (rg == 0) store_bf16x4(cluster.map_shared_rank(o_rows[t], 0) + m0, out);
-    }
-    cluster.sync();
-    if (norm_lane) {
-        for (int t = 0; t < T; ++t) {
-            const float4 o4 = load_bf16x4(o_rows[t] + tid * 4);
+        if (rg == 0) store_bf16x4(cluster.map_shared_rank(o_row[t & 1], 0) + m0, out);
+        cluster.sync();
+        if (norm_lane) {
+            const float4 o4 = load_bf16x4(o_row[t & 1] + tid * 4);
             const float r = gated_rms_scale(sumsq4(o4), GDN_D, eps);
-            store_bf16x4(y + (size_t(t) * Hv + j) * GDN_D + tid * 4, gated_norm4(o4, r, z_s[t][tid], nw));
+            store_bf16x4(y + (size_t(t) * Hv + j) * GDN_D + tid * 4, gated_norm4(o4, r, zv, nw));
         }
     }
 
