@@ -22,7 +22,8 @@
 #          measurements: quant/quality.py --model (KL vs bf16, q5/q4, ours vs round-to-nearest) and
 #          tests/gpu/spec_acceptance.py (MTP and n-gram drafts, k = 1..4: the engine's rounds first,
 #          alone on the GPU, then the numpy reference's, which first compares the engine's plain
-#          replies with its own). TRAINED_FULL_SIZE (default "35b-a3b 27b",
+#          replies with its own), and tests/gpu/expert_reuse.py (the distinct experts a window of
+#          T consecutive tokens reads with the model's routing, against uniform routing). TRAINED_FULL_SIZE (default "35b-a3b 27b",
 #          may be empty) names the full-size benches. Needs .gpu/qwen3.6
 #          (tokenizer.json, chat_template.jinja) carried. TRAINED_QUALITY=0 leaves out the quality
 #          run, TRAINED_REFERENCE_S (default 300) limits the numpy reference's rounds.
@@ -323,6 +324,9 @@ trained)
   timeout 240 $PY tests/gpu/spec_acceptance.py "$TRAINED" --tokens 256 --engine --json "$OUT/bench/spec-engine.json" \
     >"$OUT/bench/spec-engine.txt" 2>&1
   log "spec acceptance (engine) exit $?"
+  timeout 60 $PY tests/gpu/expert_reuse.py "$TRAINED" --text docs/architecture.md --json "$OUT/bench/expert-reuse.json" \
+    >"$OUT/bench/expert-reuse.txt" 2>&1
+  log "expert reuse exit $?"
   QUALITY=
   [ "${TRAINED_QUALITY:-1}" = 0 ] || { (timeout 300 $PY -m lampo.models.quant.quality --model "$TRAINED" \
      --text docs/architecture.md --tokens 256 --json "$OUT/bench/quality-trained.json" \
