@@ -1,6 +1,6 @@
 """tests/gpu/expert_reuse.py: distinct experts per window of consecutive tokens, against brute force
-and against the uniform-routing expectation, and the whole measurement on the tiny MoE model's
-numpy reference routing."""
+and against the uniform-routing expectation; the whole measurement on the tiny MoE model's numpy
+reference routing, and the CUDA branch's recorded routing on the fake native module."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ import json
 import shutil
 
 import numpy as np
+import test_engine_cuda_cpu as fake
+
+from lampo.engine import cuda
+from lampo.models.presets import get_preset
 
 
 def test_window_distinct_counts_each_windows_experts(gpu_script):
@@ -46,3 +50,31 @@ def test_measurement_on_the_reference_routing(gpu_script, tiny_moe_dir, qwen_dir
     for T, r in rows.items():
         assert r["layer_min"] <= r["distinct"] <= r["layer_max"] <= min(E, T * k)
         assert r["uniform"] == reuse.uniform_distinct(E, k, T)
+
+
+def test_the_engine_routing_of_one_prefill(gpu_script, tiny_moe_dir, monkeypatch):
+    """The CUDA branch on the fake native module: the engine records the routing of the one prefill
+    of every id, and its [layers, N, k] ids are what is measured."""
+    reuse = gpu_script("expert_reuse")
+    cfg = get_preset("tiny-moe")
+
+    class RoutingEngine(fake.FakeEngine):
+        def set_record_routing(self, on):
+            self.recording = on
+
+        def routing(self):
+            assert self.recording and self.calls[-1] == ("prefill", 40, True)
+            n = len(self.history)
+            return np.stack([(np.arange(n)[:, None] + np.arange(cfg.num_experts_per_tok) + layer) % cfg.num_experts
+                             for layer in range(cfg.num_hidden_layers)]).astype(np.int32)
+
+    native = fake.FakeNative(cfg)
+    native.Engine = lambda config, names, bits, **options: RoutingEngine(native, config, names, bits, **options)
+    monkeypatch.setattr(cuda, "load_native", lambda: native)
+    ids = np.arange(100, 140, dtype=np.int32)
+    routing = reuse.recorded_routing(tiny_moe_dir, ids, "cuda")
+    engine = native.engines[0]
+    assert engine.context_max > len(ids) and engine.prefill_chunk == len(ids) and engine.history == ids.tolist()
+    assert routing.shape == (cfg.num_hidden_layers, 40, cfg.num_experts_per_tok)
+    rows = reuse.measure(routing, cfg.num_experts)
+    assert [r["distinct"] for r in rows[:3]] == [min(cfg.num_experts, cfg.num_experts_per_tok + T - 1) for T in (1, 2, 3)]

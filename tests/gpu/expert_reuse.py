@@ -62,7 +62,8 @@ def recorded_routing(model_dir: Path, ids: np.ndarray, backend: str) -> np.ndarr
         from lampo.models.tensor_specs import engine_tensor_names
 
         native = load_native()
-        engine = native.Engine(cfg, engine_tensor_names(cfg), {}, context_max=len(ids) + 1, prefill_chunk=len(ids))
+        engine = native.Engine(cfg, engine_tensor_names(cfg), {}, context_max=len(ids) + 1,
+                               prefill_chunk=len(ids), snapshot_slots=1, vram_limit=0)
         load_weights(engine, ck)
     engine.set_record_routing(True)
     engine.prefill(ids, True)
