@@ -11,6 +11,7 @@ import numpy as np
 import test_engine_cuda_cpu as fake
 
 from lampo.engine import cuda
+from lampo.models.checkpoint import Checkpoint
 from lampo.models.presets import get_preset
 
 
@@ -72,7 +73,8 @@ def test_the_engine_routing_of_one_prefill(gpu_script, tiny_moe_dir, monkeypatch
     native.Engine = lambda config, names, bits, **options: RoutingEngine(native, config, names, bits, **options)
     monkeypatch.setattr(cuda, "load_native", lambda: native)
     ids = np.arange(100, 140, dtype=np.int32)
-    routing = reuse.recorded_routing(tiny_moe_dir, ids, "cuda")
+    with Checkpoint.open(tiny_moe_dir) as ck:
+        routing = reuse.recorded_routing(ck, ids, "cuda")
     engine = native.engines[0]
     assert engine.context_max > len(ids) and engine.prefill_chunk == len(ids) and engine.history == ids.tolist()
     assert routing.shape == (cfg.num_hidden_layers, 40, cfg.num_experts_per_tok)

@@ -45,26 +45,25 @@ def uniform_distinct(E: int, k: int, T: int) -> float:
     return E * (1.0 - (1.0 - k / E) ** T)
 
 
-def recorded_routing(model_dir: Path, ids: np.ndarray, backend: str) -> np.ndarray:
-    """The experts [moe layers, N, k] the model chooses for `ids` prefilled in one call."""
-    with Checkpoint.open(model_dir) as ck:
-        cfg = ck.config
-        if not cfg.is_moe:
-            raise ValueError(f"{model_dir}: not a MoE model")
-        if backend == "reference":
-            from lampo.models.reference.ffn import Routing
-            from lampo.models.reference.model import ReferenceModel
+def recorded_routing(ck: Checkpoint, ids: np.ndarray, backend: str) -> np.ndarray:
+    """The experts [moe layers, N, k] the model of the open checkpoint `ck` chooses for `ids`
+    prefilled in one call."""
+    cfg = ck.config
+    if not cfg.is_moe:
+        raise ValueError(f"{ck.model_dir}: not a MoE model")
+    if backend == "reference":
+        from lampo.models.reference.ffn import Routing
+        from lampo.models.reference.model import ReferenceModel
 
-            routing = Routing()
-            ReferenceModel.from_checkpoint(ck).prefill(ids, last_only=True, routing=routing)
-            return np.stack(routing.chosen)
-        from lampo.engine.cuda import load_native, load_weights
-        from lampo.models.tensor_specs import engine_tensor_names
+        routing = Routing()
+        ReferenceModel.from_checkpoint(ck).prefill(ids, last_only=True, routing=routing)
+        return np.stack(routing.chosen)
+    from lampo.engine.cuda import load_native, load_weights
+    from lampo.models.tensor_specs import engine_tensor_names
 
-        native = load_native()
-        engine = native.Engine(cfg, engine_tensor_names(cfg), {}, context_max=len(ids) + 1,
-                               prefill_chunk=len(ids), snapshot_slots=1, vram_limit=0)
-        load_weights(engine, ck)
+    engine = load_native().Engine(cfg, engine_tensor_names(cfg), {}, context_max=len(ids) + 1,
+                                  prefill_chunk=len(ids), snapshot_slots=1, vram_limit=0)
+    load_weights(engine, ck)
     engine.set_record_routing(True)
     engine.prefill(ids, True)
     return np.asarray(engine.routing())
@@ -96,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ids = np.asarray(Tokenizer.from_checkpoint(args.model).encode(args.text.read_text())[: args.tokens], np.int32)
     with Checkpoint.open(args.model) as ck:
         E = ck.config.num_experts
-    routing = recorded_routing(args.model, ids, args.backend)
+        routing = recorded_routing(ck, ids, args.backend)
     rows = measure(routing, E)
     print(f"{args.model.name}: {routing.shape[0]} MoE layers, top-{routing.shape[2]} of {E} experts, "
           f"{len(ids)} tokens of {args.text.name} ({args.backend})")
