@@ -121,6 +121,28 @@ def test_training_steps_reduce_the_loss(tm):
     assert 0.9 < r["router"].item() < float(cfg.num_experts)
 
 
+def test_micro_batches_sum_to_the_whole_batchs_gradients(tm):
+    """A step in forwards of one sequence each (an 80 GB GPU's step) gives the whole batch's main and
+    MTP losses and, but for the router's balance term (a function of each forward's tokens), its
+    gradients."""
+    cfg = tm.model_config(smoke=True, vocab_size=VOCAB)
+    ids = torch.as_tensor(np.random.default_rng(5).integers(0, VOCAB, (2, 32)))
+    grads, results = [], []
+    for micro in (2, 1):
+        model = tm.MeasureModel(cfg)
+        tm.init_weights(model, seed=0)
+        results.append(tm.step_losses(model, ids, micro))
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    whole, parts = results
+    assert parts["main"].item() == pytest.approx(whole["main"].item(), rel=1e-5)
+    assert parts["mtp"].item() == pytest.approx(whole["mtp"].item(), rel=1e-5)
+    assert grads[0].keys() == grads[1].keys()
+    head = "lm_head.weight"  # reached by the cross-entropies only
+    assert torch.allclose(grads[1][head], grads[0][head], rtol=1e-3, atol=1e-7)
+    norm = [torch.sqrt(sum((g.float() ** 2).sum() for g in gs.values())) for gs in grads]
+    assert norm[1].item() == pytest.approx(norm[0].item(), rel=0.05)
+
+
 def test_written_checkpoint_opens_and_matches(tm, tmp_path):
     cfg, model, _ = synthetic_model(tm, dense=False, seed=5)
     out = tm.write_checkpoint(model, tmp_path / "ckpt")

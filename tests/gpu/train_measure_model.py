@@ -504,6 +504,29 @@ def losses(model: MeasureModel, ids: torch.Tensor) -> dict[str, torch.Tensor]:
                 main_arg=main_arg.view(B, T - 1), mtp_arg=mtp_arg.view(B, T - 2))
 
 
+def step_losses(model: MeasureModel, ids: torch.Tensor, micro: int) -> dict[str, torch.Tensor]:
+    """One training step's backward over `ids` in forwards of `micro` sequences, each loss scaled by
+    its share of the batch (one forward when micro >= the batch: the plain step); returns the
+    batch's main, MTP and router losses (the micro-batches' means weighted by their sizes)."""
+    parts = []
+    for s in range(0, len(ids), micro):
+        chunk = ids[s:s + micro]
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=ids.is_cuda):
+            r = losses(model, chunk)
+        share = len(chunk) / len(ids)
+        (r["total"] * share if share < 1 else r["total"]).backward()
+        parts.append((share, r))
+    return {k: sum(share * r[k].detach() for share, r in parts) for k in ("main", "mtp", "router")}
+
+
+def micro_batch_for(device: torch.device, batch: int) -> int:
+    """Sequences per forward: the whole batch where the GPU has room (the 248,320-column logits of 32
+    sequences of 1,024 tokens fit an H200's 141 GB, not an 80 GB H100), else half of it."""
+    if device.type != "cuda" or torch.cuda.get_device_properties(device).total_memory >= 100 * 2**30:
+        return batch
+    return max(1, batch // 2)
+
+
 # ---- data ---------------------------------------------------------------------------------------
 def stable_hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
@@ -747,6 +770,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, help="training steps (default: as many as fit in --minutes)")
     p.add_argument("--minutes", type=float, default=4.0, help="training time when --steps is not given")
     p.add_argument("--batch", type=int, default=32, help="sequences per step")
+    p.add_argument("--micro-batch", type=int, default=0,
+                   help="sequences per forward, their gradients summed over the step (default: the whole\n"
+                        "batch on a GPU of at least 100 GiB, half of it on a smaller one)")
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=30)
@@ -794,6 +820,7 @@ def main(argv: list[str] | None = None) -> int:
     n_params = sum(p.numel() for p in model.parameters())
     fpt = flops_per_token(cfg, args.seq_len)
     tokens_per_step = args.batch * args.seq_len
+    micro = args.micro_batch or micro_batch_for(device, args.batch)
     est_step = fpt * tokens_per_step / (EST_TFLOPS * 1e12)
     plan = (f"{args.steps} steps, about {args.steps * est_step / 60:.1f} min" if args.steps
             else f"about {int(args.minutes * 60 / est_step)} steps in {args.minutes:g} min")
@@ -816,10 +843,8 @@ def main(argv: list[str] | None = None) -> int:
         ids = train_w[order[step * args.batch:(step + 1) * args.batch]]
         for group in opt.param_groups:
             group["lr"] = lr_at(step, total or 10**9, args.lr, args.warmup)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            r = losses(model, ids)
         opt.zero_grad(set_to_none=True)
-        r["total"].backward()
+        r = step_losses(model, ids, micro)
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
@@ -847,7 +872,7 @@ def main(argv: list[str] | None = None) -> int:
         for p_ in model.parameters():
             p_.copy_(p_.to(torch.bfloat16).float())
     t_eval = time.time()
-    held = evaluate(model, held_w, args.batch)
+    held = evaluate(model, held_w, micro)
     t_eval = time.time() - t_eval
     say(f"held-out: loss {held['loss']:.3f} top-1 {held['top1']:.3f}; MTP loss {held['mtp_loss']:.3f} "
         f"top-1 {held['mtp_top1']:.3f}, agreement with the trunk {held['mtp_agreement']:.3f}")
@@ -865,7 +890,8 @@ def main(argv: list[str] | None = None) -> int:
         params=dict(total=n_params,
                     embedding_and_head=2 * cfg.vocab_size * cfg.hidden_size,
                     mtp=sum(p_.numel() for p_ in model.mtp.parameters())),
-        training=dict(steps=total, batch=args.batch, seq_len=args.seq_len, tokens=total * tokens_per_step,
+        training=dict(steps=total, batch=args.batch, micro_batch=micro, seq_len=args.seq_len,
+                      tokens=total * tokens_per_step,
                       epochs=total * args.batch / len(train_w), lr=args.lr, warmup=args.warmup,
                       weight_decay=args.weight_decay, mtp_weight=MTP_WEIGHT, router_aux_weight=AUX_WEIGHT,
                       flops_per_token=fpt, wall_s=round(t_train, 1),
