@@ -57,6 +57,13 @@ def test_step_rows_give_each_launch_the_time_to_the_next_release(tl):
     assert down["handover_us"] is None and rows[1]["staged_us"] is None  # the last launch: no next release
 
 
+def test_a_windows_settling_replay_is_named_before_the_graphs_launches(tl):
+    graph = ["embedding", "gdn in projection", "lm_head"]
+    assert tl.pass_names(graph, 4, settles=True) == [tl.SETTLE_NAME, *graph]
+    assert tl.pass_names(graph, 3, settles=True) == graph  # nothing to settle: the graph alone
+    assert tl.pass_names(graph, 4, settles=False) == graph  # no GDN layers: the counts disagree, unnamed
+
+
 def test_hand_over_is_the_next_release_after_the_last_warp(tl):
     ev = step_events(tl)
     later = events(tl, [(10, 0, tl.RELEASED, 15800)])  # a launch after down
