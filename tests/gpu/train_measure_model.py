@@ -506,15 +506,15 @@ def losses(model: MeasureModel, ids: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def step_losses(model: MeasureModel, ids: torch.Tensor, micro: int) -> dict[str, torch.Tensor]:
     """One training step's backward over `ids` in forwards of `micro` sequences, each loss scaled by
-    its share of the batch (one forward when micro >= the batch: the plain step); returns the
-    batch's main, MTP and router losses (the micro-batches' means weighted by their sizes)."""
+    its share of the batch (one forward when micro >= the batch); returns the batch's main, MTP and
+    router losses (the micro-batches' means weighted by their sizes)."""
     parts = []
     for s in range(0, len(ids), micro):
         chunk = ids[s:s + micro]
         with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=ids.is_cuda):
             r = losses(model, chunk)
         share = len(chunk) / len(ids)
-        (r["total"] * share if share < 1 else r["total"]).backward()
+        (r["total"] * share).backward()  # share 1.0: the whole batch's gradients, exactly
         parts.append((share, r))
     return {k: sum(share * r[k].detach() for share, r in parts) for k in ("main", "mtp", "router")}
 
