@@ -6,13 +6,15 @@
 // [s * chunk, (s + 1) * chunk), chunk = max(64, ceil(L / nsplit) rounded up to 64); blocks past L
 // exit at once. A block runs the shared tensor-core core (attention_int8.cuh) for all Tq x group
 // query rows of its KV head, writing the unnormalised output, max and sum of its split. The combine
-// kernel (one block per (token, query head) and 32 dims, 16 warps sharing the splits) merges the
-// live splits and applies the sigmoid output gate. Needs head dim 256 and Tq * (nq / nkv) <= 64.
+// kernel (one block per (token, query head) and 32 dims, 64 for a verify window; 16 warps sharing
+// the splits) merges the live splits and applies the sigmoid output gate. Needs head dim 256 and
+// Tq * (nq / nkv) <= 64.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "kernels/attention/attention_int8.cuh"
 #include "kernels/launch_utils.cuh"
@@ -54,37 +56,51 @@ int decode_splits(int context_max, int nkv, bool keys_m) {
                                  COMBINE_MAX_SPLITS}));
 }
 
-// Block (row = t * nq + query head, 32 dims): the live length is known before the PDL wait (d_pos
-// is fixed for the forward pass, common.cuh), and every load goes out at once after it (thread s:
-// split s's max and sum; warp w: the outputs of splits w, w + 16, ...; warp 0 the gate); split
-// weights w_s = exp2(m_s - M) in shared memory, warp w accumulates its splits in ascending order,
-// then the warps' sums are added and normalised.
+// Block (row = t * nq + query head, 32 * DIMS dims, lane l: dims DIMS l .. DIMS l + DIMS - 1 of
+// them): the live length is known before the PDL wait (d_pos is fixed for the forward pass,
+// common.cuh), and every load goes out at once after it (thread s: split s's max and sum; warp w:
+// the outputs of splits w, w + 16, ...; warp 0 the gate); split weights w_s = exp2(m_s - M) in
+// shared memory, warp w accumulates its splits in ascending order, then the warps' sums are added
+// and normalised. Each dim's arithmetic is the same whatever DIMS: a verify window takes two dims
+// a lane (DIMS 2), half the blocks of 32 dims (the 27B's 4-token window: 384 blocks, not 768 in
+// one and a half waves), and its rows keep the step's bits.
+template <int DIMS>
 __global__ void __launch_bounds__(COMBINE_WARPS * 32)
 attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                            const bf16* __restrict__ gate, const int32_t* __restrict__ d_pos, bf16* __restrict__ out,
                            int Tq, int nq, int nsplit) {
+    static_assert(DIMS == 1 || DIMS == 2, "one or two dims a lane");
+    using Vec = std::conditional_t<DIMS == 2, float2, float>;
     __shared__ float weight[COMBINE_MAX_SPLITS];
-    __shared__ float acc_w[COMBINE_WARPS][32];
+    __shared__ float acc_w[COMBINE_WARPS][32 * DIMS];
     __shared__ float red[COMBINE_WARPS];
     __shared__ float M, l_total;
     const int row = blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int d = blockIdx.y * 32 + lane;
+    const int d = (blockIdx.y * 32 + lane) * DIMS;
     const int L = __ldcg(d_pos) + Tq;  // fixed for the forward pass (common.cuh): read before the wait
     const int chunk = attn::split_chunk(L, nsplit);
     const int live = (L + chunk - 1) / chunk;
     const size_t rows = size_t(Tq) * nq;
     const size_t idx = size_t(row) * attn::D + d;
+    auto dims_of = [](Vec v, int e) {
+        if constexpr (DIMS == 2) return e == 0 ? v.x : v.y;
+        else return v;
+    };
     pdl_begin();
-    const float g = warp == 0 ? sigmoid(__bfloat162float(gate[idx])) : 0.0f;  // with the other loads
+    float g[DIMS] = {};  // the output gate, loaded with the other loads
+    if (warp == 0) {
+#pragma unroll
+        for (int e = 0; e < DIMS; ++e) g[e] = sigmoid(__bfloat162float(gate[idx + e]));
+    }
 
     float2 ml = make_float2(-INFINITY, 0.0f);  // a split that saw no key: m = -inf -> weight 0
     if (threadIdx.x < live) ml = *reinterpret_cast<const float2*>(part_ml + (threadIdx.x * rows + row) * 2);
-    float o[COMBINE_PER_WARP];
+    Vec o[COMBINE_PER_WARP];
 #pragma unroll
     for (int j = 0; j < COMBINE_PER_WARP; ++j) {
         const int s = warp + j * COMBINE_WARPS;
-        o[j] = s < live ? part_o[(s * rows + row) * attn::D + d] : 0.0f;
+        o[j] = s < live ? *reinterpret_cast<const Vec*>(part_o + (s * rows + row) * attn::D + d) : Vec{};
     }
 
     const float m = warp_max(ml.x);
@@ -111,19 +127,25 @@ attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __rest
         for (int w = 0; w < COMBINE_WARPS; ++w) t += red[w];
         l_total = t;
     }
-    float acc = 0.0f;
 #pragma unroll
-    for (int j = 0; j < COMBINE_PER_WARP; ++j) {
-        const int s = warp + j * COMBINE_WARPS;
-        if (s < live) acc += weight[s] * o[j];
+    for (int e = 0; e < DIMS; ++e) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < COMBINE_PER_WARP; ++j) {
+            const int s = warp + j * COMBINE_WARPS;
+            if (s < live) acc += weight[s] * dims_of(o[j], e);
+        }
+        acc_w[warp][lane * DIMS + e] = acc;
     }
-    acc_w[warp][lane] = acc;
     __syncthreads();
     if (warp == 0) {
-        float sum = 0.0f;
 #pragma unroll
-        for (int w = 0; w < COMBINE_WARPS; ++w) sum += acc_w[w][lane];
-        out[idx] = __float2bfloat16(sum / l_total * g);
+        for (int e = 0; e < DIMS; ++e) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int w = 0; w < COMBINE_WARPS; ++w) sum += acc_w[w][lane * DIMS + e];
+            out[idx + e] = __float2bfloat16(sum / l_total * g[e]);
+        }
     }
 }
 
@@ -202,8 +224,12 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
         default: launch_decode<4, 1>(p, stream); break;
     }
     LAMPO_CHECK_LAUNCH(op);
-    launch_pdl("attn_decode_combine_kernel", attn_decode_combine_kernel, dim3(Tq * nq, attn::D / 32),
-               COMBINE_WARPS * 32, 0, stream, p.part_o, p.part_ml, gate, d_pos, out, Tq, nq, p.nsplit);
+    if (Tq == 1)
+        launch_pdl("attn_decode_combine_kernel", attn_decode_combine_kernel<1>, dim3(nq, attn::D / 32),
+                   COMBINE_WARPS * 32, 0, stream, p.part_o, p.part_ml, gate, d_pos, out, Tq, nq, p.nsplit);
+    else
+        launch_pdl("attn_decode_combine_kernel", attn_decode_combine_kernel<2>, dim3(Tq * nq, attn::D / 64),
+                   COMBINE_WARPS * 32, 0, stream, p.part_o, p.part_ml, gate, d_pos, out, Tq, nq, p.nsplit);
 }
 
 }  // namespace lampo
