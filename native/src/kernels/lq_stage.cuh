@@ -28,7 +28,7 @@ enum class LqXSource { Global, Shared };
 template <LqXSource SRC>
 __device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const bf16* x, int tokens, int in,
                                                 float centre, int thread, int threads, uint4* peer_xs = nullptr,
-                                                float* peer_start = nullptr, int first_quad = 0) {
+                                                float* peer_start = nullptr) {
     auto put_x = [&](int i, uint4 value) {
         xs[i] = value;
         if (peer_xs) peer_xs[i] = value;
@@ -39,13 +39,10 @@ __device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const b
     };
     const int tiles = in / LQ_TILE_COLS, items = 4 * tiles * tokens;
     for (int base = 0; base < items; base += threads) {  // every lane of a warp takes part in the shuffles
-        int i = base + thread + 4 * first_quad;
-        if (i >= items) i -= items;
-        const int q = i & 3, t = (i >> 2) % tiles, n = (i >> 2) / tiles;
+        const int i = base + thread, q = i & 3, t = (i >> 2) % tiles, n = (i >> 2) / tiles;
         uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
         float sum = 0.0f;
-        const bool live = base + thread < items;
-        if (live) {
+        if (i < items) {
             const uint32_t* row = reinterpret_cast<const uint32_t*>(x + size_t(n) * in + t * LQ_TILE_COLS) + q;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
@@ -62,7 +59,7 @@ __device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const b
         }
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (live) {
+        if (i < items) {
             put_x(2 * i, make_uint4(v[0], v[1], v[2], v[3]));
             put_x(2 * i + 1, make_uint4(v[4], v[5], v[6], v[7]));
             if (q == 0) put_start(t * 8 + n, -centre * sum);

@@ -415,10 +415,8 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
             thread += rank * blockDim.x;
             threads *= 2;
         }
-        const int stagers = PAIR ? gridDim.x / 2 : gridDim.x, stager = PAIR ? blockIdx.x / 2 : blockIdx.x;
-        const int quads = p.in / LQ_TILE_COLS * p.T;
         lq_stage_x_from<LqXSource::Global>(xs, start, p.x, p.T, p.in, lq_code_centre<BITS>(), thread, threads,
-                                           peer_xs, peer_start, int(int64_t(stager) * quads / stagers));
+                                           peer_xs, peer_start);
         if constexpr (IN == LqIn::Prenormed)  // the last warps, which have the fewest items to stage
             for (int t = WARPS - 1 - warp; t < p.T; t += WARPS) {
                 const float inv = lq_token_inv(p, t, lane);
