@@ -193,8 +193,27 @@ if [ "$MODE" = trained ]; then  # the GPU trains while the CPU builds
   log "training the measurement model (pid $TRAINER)"
 fi
 
+# TESTS=1 turns the tests on where a mode leaves them out, TESTS=0 off where it runs them
+case "$MODE" in files|profile|omit|fusions|ab|timeline|gemv) RUN_TESTS= ;; *) RUN_TESTS=1 ;; esac
+case "${TESTS:-}" in 0) RUN_TESTS= ;; "") ;; *) RUN_TESTS=1 ;; esac
+
+# TEST_PART=i/n: the i-th of n interleaved parts of tests/cuda's files (the whole suite no longer
+# fits one call beside anything else on an H100), instead of LAMPO_GPU_TESTS
+if [ -n "${TEST_PART:-}" ]; then
+  LAMPO_GPU_TESTS=$(ls tests/cuda/test_*.py | awk -v part="${TEST_PART%/*}" -v n="${TEST_PART#*/}" \
+    '(NR - part) % n == 0' | tr '\n' ' ')
+fi
+
+# The engine tests' full-width checkpoints (test_engine.py, test_engine_lq.py), written here all at
+# once while the build runs, where the tests of this tree or of the A/B variants include them (the
+# tests would otherwise write them one after another)
+full_width_tests() {  # full_width_tests PATHS...: whether the pytest paths run the full-width tests
+  case " $* " in *" tests/cuda "*|*" tests/cuda/ "*|*test_engine.py*|*test_engine_lq.py*) return 0 ;; esac
+  return 1
+}
 WRITERS=()
-if { [ "$MODE" = quick ] || [ "$MODE" = check ] || [ "$MODE" = lq ] || [ "$MODE" = final ]; } && [ "${TESTS:-}" != 0 ]; then
+if { [ -n "$RUN_TESTS" ] && full_width_tests "${LAMPO_GPU_TESTS:-tests/cuda}"; } ||
+   { [ "$MODE" = ab ] && full_width_tests "${VARIANT_TESTS:-}"; }; then
   for preset in qwen3.6-35b-a3b qwen3.6-27b; do
     $PY tests/gpu/full_width.py "$WORK/full-width" "$preset" >"$OUT/write-$preset.log" 2>&1 &
     WRITERS+=($!)
@@ -257,15 +276,6 @@ for pid in "${WRITERS[@]}"; do
 done
 [ ${#WRITERS[@]} -gt 0 ] && export LAMPO_FULL_WIDTH_DIR="$WORK/full-width" && log "full-width checkpoints written"
 
-# TESTS=1 turns the tests on where a mode leaves them out, TESTS=0 off where it runs them
-case "$MODE" in files|profile|omit|fusions|ab|timeline|gemv) RUN_TESTS= ;; *) RUN_TESTS=1 ;; esac
-case "${TESTS:-}" in 0) RUN_TESTS= ;; "") ;; *) RUN_TESTS=1 ;; esac
-# TEST_PART=i/n: the i-th of n interleaved parts of tests/cuda's files (the whole suite no longer
-# fits one call beside anything else on an H100), instead of LAMPO_GPU_TESTS
-if [ -n "${TEST_PART:-}" ]; then
-  LAMPO_GPU_TESTS=$(ls tests/cuda/test_*.py | awk -v part="${TEST_PART%/*}" -v n="${TEST_PART#*/}" \
-    '(NR - part) % n == 0' | tr '\n' ' ')
-fi
 if [ -n "$RUN_TESTS" ]; then
 log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
 timeout -s INT -k 30 "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
