@@ -224,12 +224,10 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
         default: launch_decode<4, 1>(p, stream); break;
     }
     LAMPO_CHECK_LAUNCH(op);
-    if (Tq == 1)
-        launch_pdl("attn_decode_combine_kernel", attn_decode_combine_kernel<1>, dim3(nq, attn::D / 32),
-                   COMBINE_WARPS * 32, 0, stream, p.part_o, p.part_ml, gate, d_pos, out, Tq, nq, p.nsplit);
-    else
-        launch_pdl("attn_decode_combine_kernel", attn_decode_combine_kernel<2>, dim3(Tq * nq, attn::D / 64),
-                   COMBINE_WARPS * 32, 0, stream, p.part_o, p.part_ml, gate, d_pos, out, Tq, nq, p.nsplit);
+    const int dims = Tq == 1 ? 1 : 2;  // dims a lane: two in a verify window
+    launch_pdl("attn_decode_combine_kernel", dims == 1 ? attn_decode_combine_kernel<1> : attn_decode_combine_kernel<2>,
+               dim3(Tq * nq, attn::D / (32 * dims)), COMBINE_WARPS * 32, 0, stream, p.part_o, p.part_ml, gate,
+               d_pos, out, Tq, nq, p.nsplit);
 }
 
 }  // namespace lampo
