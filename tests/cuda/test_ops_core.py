@@ -223,11 +223,23 @@ def test_attn_decode_int8_long(ops, live):
     run_decode(ops, 16, 2, 1, live, live, ("long", live))
 
 
+@pytest.mark.parametrize("tiled", ["1", "0"])  # the tiled form (where the GPU has its shared memory) / the shared core
 @pytest.mark.parametrize(
     "nq,nkv,T,pos0",
-    [(16, 2, 1, 0), (16, 2, 9, 0), (24, 4, 100, 77), (16, 2, 300, 1000), (24, 4, 33, 4000), (16, 2, 1024, 0)],
+    [
+        (16, 2, 1, 0),
+        (16, 2, 9, 0),
+        (24, 4, 100, 77),      # 21 tokens a tiled block (126 rows), its last block partial
+        (16, 2, 300, 1000),
+        (24, 4, 33, 4000),
+        (16, 2, 1024, 0),
+        (24, 4, 500, 1919),    # tiles past the first fully visible, the diagonal cut inside one
+        (4, 4, 130, 60),       # group 1: 128 tokens a tiled block
+        (64, 1, 40, 5),        # group 64: 2 tokens a tiled block, one a core block
+    ],
 )
-def test_attn_prefill_int8(ops, nq, nkv, T, pos0):
+def test_attn_prefill_int8(ops, monkeypatch, tiled, nq, nkv, T, pos0):
+    monkeypatch.setenv("LAMPO_ATTN_PREFILL_TILED", tiled)
     rng = rng_for("pre", nq, nkv, T, pos0)
     live = pos0 + T
     context_max = live + 64
@@ -519,9 +531,13 @@ def test_zz_timings(ops, monkeypatch):
             bench(f"decode attn nq={nq} nkv={nkv} L={L} Tq={Tq}{' keys as M' if keys_as_m else ''}",
                   lambda: ops.bench_attn_decode(nq, nkv, L, Tq, 50, keys_as_m),
                   lambda r: f"{r['us']:7.1f} us  {r['GBps']:6.0f} GB/s")
-    for nq, nkv, T, pos0 in ((16, 2, 8192, 0), (24, 4, 8192, 0), (16, 2, 1024, 65_536)):
-        bench(f"prefill attn nq={nq} nkv={nkv} T={T} pos0={pos0}", lambda: ops.bench_attn_prefill(nq, nkv, T, pos0, 3),
-              lambda r: f"{r['us'] / 1e3:7.2f} ms  {r['TFLOPs']:6.1f} TFLOP/s")
+    for tiled in ("1", "0"):
+        monkeypatch.setenv("LAMPO_ATTN_PREFILL_TILED", tiled)
+        for nq, nkv, T, pos0 in ((16, 2, 8192, 0), (24, 4, 8192, 0), (16, 2, 1024, 65_536), (16, 2, 2048, 259_952),
+                                 (24, 4, 2048, 259_952)):
+            bench(f"prefill attn {'tiled' if tiled == '1' else 'core '} nq={nq} nkv={nkv} T={T} pos0={pos0}",
+                  lambda: ops.bench_attn_prefill(nq, nkv, T, pos0, 3),
+                  lambda r: f"{r['us'] / 1e3:7.2f} ms  {r['TFLOPs']:6.1f} TFLOP/s")
     for temp, k, p in ((0.0, 0, 1.0), (0.6, 20, 0.95), (1.0, 0, 0.95)):
         bench(f"sample T={temp} top_k={k} top_p={p}", lambda: ops.bench_sample(V_FULL, V_REAL, temp, k, p, 50),
               lambda r: f"{r['us']:6.1f} us")

@@ -2,8 +2,8 @@
 // used by gemm.cu and the INT8 attention kernels (no sm_90a-only instructions).
 //   mma_bf16_16816 / mma_f16_16816: D[16x8] += A[16x16] * B[16x8], fp32 accumulators, fragment
 //     layouts of PTX mma.m16n8k16 (A: 4 regs, B: 2 regs, C/D: 4 floats).
-//   ldmatrix_x4: four 8x8 b16 matrices from shared memory, lane l gives the row address of
-//     matrix l/8.
+//   ldmatrix_x4 / ldmatrix_x4_trans: four 8x8 b16 matrices from shared memory (transposed), lane l
+//     gives the row address of matrix l/8.
 //   cp_async_16 / cp_async_8: global -> shared copies; `valid == false` zero-fills the destination
 //     without reading the source.
 #pragma once
@@ -36,6 +36,12 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row_addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(row_addr)));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(smem_addr(row_addr)));
 }
