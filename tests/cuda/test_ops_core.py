@@ -223,7 +223,7 @@ def test_attn_decode_int8_long(ops, live):
     run_decode(ops, 16, 2, 1, live, live, ("long", live))
 
 
-@pytest.mark.parametrize("tiled", ["1", "0"])  # the tiled form (where the GPU has its shared memory) / the shared core
+@pytest.mark.parametrize("tiled", ["1", "4", "0"])  # the widest tiled form that fits / 4 warps / the shared core
 @pytest.mark.parametrize(
     "nq,nkv,T,pos0",
     [
@@ -531,11 +531,11 @@ def test_zz_timings(ops, monkeypatch):
             bench(f"decode attn nq={nq} nkv={nkv} L={L} Tq={Tq}{' keys as M' if keys_as_m else ''}",
                   lambda: ops.bench_attn_decode(nq, nkv, L, Tq, 50, keys_as_m),
                   lambda r: f"{r['us']:7.1f} us  {r['GBps']:6.0f} GB/s")
-    for tiled in ("1", "0"):
+    for tiled, form in (("1", "tiled "), ("4", "tiled4"), ("0", "core  ")):
         monkeypatch.setenv("LAMPO_ATTN_PREFILL_TILED", tiled)
         for nq, nkv, T, pos0 in ((16, 2, 8192, 0), (24, 4, 8192, 0), (16, 2, 1024, 65_536), (16, 2, 2048, 259_952),
                                  (24, 4, 2048, 259_952)):
-            bench(f"prefill attn {'tiled' if tiled == '1' else 'core '} nq={nq} nkv={nkv} T={T} pos0={pos0}",
+            bench(f"prefill attn {form} nq={nq} nkv={nkv} T={T} pos0={pos0}",
                   lambda: ops.bench_attn_prefill(nq, nkv, T, pos0, 3),
                   lambda r: f"{r['us'] / 1e3:7.2f} ms  {r['TFLOPs']:6.1f} TFLOP/s")
     for temp, k, p in ((0.0, 0, 1.0), (0.6, 20, 0.95), (1.0, 0, 0.95)):

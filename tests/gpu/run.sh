@@ -16,7 +16,8 @@
 #          31GiB, with the MTP module, a 5-row verify window and four snapshot slots as `lampo chat`
 #          holds them; decode near 262,144 by random fill (LQ_BENCHES picks a subset: q5 bf16 vram long);
 #          LQ_BENCHES=prompts: q5 prompts of PROMPT_TOKENS (default 65536) of PROMPT_MODELS (default both)
-#          with each prefill attention form of PROMPT_FORMS (default "tiled core": LAMPO_ATTN_PREFILL_TILED)
+#          with each prefill attention form of PROMPT_FORMS (default "tiled core"; tiled4 the 4-warp tiled
+#          form of a desktop GPU: LAMPO_ATTN_PREFILL_TILED)
 #   trained  tests/gpu/train_measure_model.py trains the measurement model (TRAIN_MINUTES, default 3)
 #          on the GPU while the extension builds and pytest -m cuda runs (LAMPO_TRAINED_DIR points
 #          the tests at it once written); then lampo bench on it (bf16 and q5) and the full-size q5
@@ -373,7 +374,8 @@ lq)
         bench 27b-q5-vram 60 --preset qwen3.6-27b --random-weights --weights q5 --vram-limit 31GiB \
           --context 262144 --prompt 2048 --depths 2048 --profile-steps 0 --mtp --speculate-accept 0.8 --draft-k 4 ;;
   prompts) for m in ${PROMPT_MODELS:-35b-a3b 27b}; do for f in ${PROMPT_FORMS:-tiled core}; do
-        export LAMPO_ATTN_PREFILL_TILED=$([ "$f" = core ] && echo 0 || echo 1)
+        case "$f" in core) export LAMPO_ATTN_PREFILL_TILED=0 ;; tiled4) export LAMPO_ATTN_PREFILL_TILED=4 ;;
+          *) export LAMPO_ATTN_PREFILL_TILED=1 ;; esac
         bench "$m-q5-prompt-$f" "${PROMPT_LIMIT:-150}" --preset "qwen3.6-$m" --random-weights --weights q5 \
           --prompt "${PROMPT_TOKENS:-65536}" --depths 0 --decode-tokens 16 --profile-steps 0
       done; done; unset LAMPO_ATTN_PREFILL_TILED ;;
