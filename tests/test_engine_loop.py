@@ -4,10 +4,12 @@ both backends share (validation, snapshots, stop ids, text streaming, Stats paci
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 
 from lampo.engine.protocol import ContextOverflow, Done, GenerationRequest, PrefillProgress, Stats, TokenEvent
+from lampo.engine import loop as loop_module
 from lampo.engine.loop import Decoded, GenerationLoop, SyncDecode, chunk_ends
 from lampo.models.sampling_params import GREEDY, SamplingParams
 from lampo.engine.prefix_cache import PrefixCache
@@ -189,6 +191,33 @@ def test_stats_are_paced_while_decoding():
         events = run(loop, FakeSteps(), list(range(1, 11)), max_tokens=6)
         assert sum(isinstance(e, Stats) for e in events) == expected  # after prefill, per step, final
         assert [e.done for e in events if isinstance(e, PrefillProgress)] == [4, 8, 10]
+
+
+def test_prefill_progress_gives_the_time_left_of_calls_that_cost_more_at_later_positions(monkeypatch):
+    """A token at position p costing a + b * p (the attention reads every earlier key): from the
+    second call on, the events' time left is the remaining positions' cost, where the rate so far
+    would promise an earlier end."""
+    clock = [100.0]
+    monkeypatch.setattr(loop_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+
+    def cost(pos):
+        return 0.001 + 0.0005 * pos
+
+    class TimedSteps(FakeSteps):
+        def prefill(self, ids, last):
+            start = len(self.history)
+            clock[0] += sum(cost(p) for p in range(start, start + len(ids)))
+            return super().prefill(ids, last)
+
+    loop, _, _ = make_loop()
+    progress = [e for e in run(loop, TimedSteps(), list(range(1, 15)), max_tokens=1) if isinstance(e, PrefillProgress)]
+    assert [e.done for e in progress] == [4, 8, 12, 14]
+    assert progress[0].seconds_left == pytest.approx((14 - 4) / progress[0].tokens_per_second)  # one call: its rate
+    for e in progress[1:]:
+        assert e.seconds_left == pytest.approx(sum(cost(p) for p in range(e.done, 14)))
+    assert progress[-1].seconds_left == 0.0
+    e = progress[1]
+    assert (e.total - e.done) / e.tokens_per_second < 0.8 * e.seconds_left
 
 
 def test_a_failure_forgets_every_state_and_recovers():

@@ -90,7 +90,7 @@ class _PrefillLine:
     def show(self, event: PrefillProgress) -> None:
         self.last = event
         if self.live:
-            text = prefill_text(event.done, event.total, event.tokens_per_second)
+            text = prefill_text(event.done, event.total, event.tokens_per_second, event.seconds_left)
             self.out.write(f"\r\x1b[2K\x1b[2m{text} · Ctrl-C stops\x1b[0m")
             self.out.flush()
             self.shown = True

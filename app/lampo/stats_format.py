@@ -25,11 +25,14 @@ def _rate(tokens_per_second: float) -> str:
     return f"{tokens_per_second:,.0f}" if tokens_per_second >= 100 else f"{tokens_per_second:.1f}"
 
 
-def prefill_text(done: int, total: int, tokens_per_second: float) -> str:
-    """`prefill 12,288 / 51,200 tokens · 2,310 tok/s · ETA 17 s` (no rate or ETA before one is known)."""
+def prefill_text(done: int, total: int, tokens_per_second: float, seconds_left: float = -1.0) -> str:
+    """`prefill 12,288 / 51,200 tokens · 2,310 tok/s · ETA 17 s` (no rate or ETA before one is known).
+    The ETA is `seconds_left` where the engine fitted one (later tokens cost more), else the time
+    the remaining tokens take at the rate so far."""
     parts = [f"prefill {done:,} / {total:,} tokens"]
     if tokens_per_second > 0:
-        parts += [f"{_rate(tokens_per_second)} tok/s", f"ETA {(total - done) / tokens_per_second:,.0f} s"]
+        eta = seconds_left if seconds_left >= 0 else (total - done) / tokens_per_second
+        parts += [f"{_rate(tokens_per_second)} tok/s", f"ETA {eta:,.0f} s"]
     return " · ".join(parts)
 
 

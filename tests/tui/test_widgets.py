@@ -77,6 +77,9 @@ def test_prefill_label_has_rate_and_eta_when_known():
     assert prefill_label(1000, 5000, 2000.0) == "prefill 1,000 / 5,000 tokens · 2,000 tok/s · ETA 2 s · Esc cancels"
     assert prefill_label(0, 64, 0.0) == "prefill 0 / 64 tokens · Esc cancels"
     assert prefill_label(0, 64, 0.0, "f8") == "prefill 0 / 64 tokens · f8 cancels"
+    # the engine's fitted time left (later tokens cost more) over the rate so far
+    assert prefill_label(1000, 5000, 2000.0, seconds_left=9.4) == (
+        "prefill 1,000 / 5,000 tokens · 2,000 tok/s · ETA 9 s · Esc cancels")
 
 
 def test_reply_footer_and_code_blocks():

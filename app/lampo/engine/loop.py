@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 from lampo.engine.protocol import ContextOverflow, Done, DoneReason, Event, GenerationRequest, PrefillProgress, Stats, TokenEvent
+from lampo.engine.prefill_eta import PrefillEta
 from lampo.engine.prefix_cache import PrefixCache
 
 LIVE_WINDOW_S = 0.5  # live tok/s is measured over this trailing window
@@ -263,11 +264,19 @@ class _Counters:
         self.prompt_ms = self.ttft_ms = self.predicted_ms = self.live = 0.0
         self._vram = (0, 0)
         self._marks: deque[tuple[float, int]] = deque()  # (time, tokens) over the live window
+        self._eta: PrefillEta | None = None  # from the first prefill call, which fixes its start
+        self._t_call = self.t0  # when the last prefill call ended
 
     def prefilled(self, n: int, todo: int) -> PrefillProgress:
-        elapsed = time.perf_counter() - self.t0
+        now = time.perf_counter()
+        elapsed = now - self.t0
+        if self._eta is None:
+            self._eta = PrefillEta(self.cached_n)
+        self._eta.add(self.cached_n + n, now - self._t_call)
+        self._t_call = now
         self.prompt_n, self.prompt_ms = n, elapsed * 1000.0
-        return PrefillProgress(n, todo, n / elapsed if elapsed > 0 else 0.0)
+        return PrefillProgress(n, todo, n / elapsed if elapsed > 0 else 0.0,
+                               self._eta.seconds_left(self.cached_n + todo))
 
     def first_token(self) -> None:
         """Prefill is over and the first token is sampled."""

@@ -44,6 +44,7 @@ class PrefillProgress:
     done: int  # prompt tokens processed so far in this call (excluding the reused prefix)
     total: int  # prompt tokens this call must process
     tokens_per_second: float = 0.0
+    seconds_left: float = -1.0  # fitted to the calls so far (engine/prefill_eta.py); < 0: not known
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Shown (class `-active`) from the first `PrefillProgress` event of a reply until its first token
 or its end. The rate comes from the backend when it reports one, else from `clock` (injectable
-so tests and snapshots are deterministic) since the first event.
+so tests and snapshots are deterministic) since the first event; the ETA is the backend's fitted
+time left where it gives one (stats_format.prefill_text).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from lampo.engine.protocol import PrefillProgress
 from lampo.stats_format import prefill_text
 
 
-def prefill_label(done: int, total: int, rate: float, stop_key: str = "Esc") -> str:
+def prefill_label(done: int, total: int, rate: float, stop_key: str = "Esc", seconds_left: float = -1.0) -> str:
     """`prefill 12,288 / 51,200 tokens · 2,310 tok/s · ETA 17 s · Esc cancels`."""
-    return f"{prefill_text(done, total, rate)} · {stop_key} cancels"
+    return f"{prefill_text(done, total, rate, seconds_left)} · {stop_key} cancels"
 
 
 class PrefillProgressBar(Horizontal):
@@ -44,7 +45,8 @@ class PrefillProgressBar(Horizontal):
             rate = (event.done - done0) / (now - t0)
         self.add_class("-active")
         self.query_one(ProgressBar).update(total=max(event.total, 1), progress=event.done)
-        self.query_one("#prefill-label", Static).update(prefill_label(event.done, event.total, rate, self._stop_key))
+        self.query_one("#prefill-label", Static).update(
+            prefill_label(event.done, event.total, rate, self._stop_key, event.seconds_left))
 
     def hide(self) -> None:
         self._first = None
