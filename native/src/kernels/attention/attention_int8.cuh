@@ -131,6 +131,27 @@ struct Stage {
 __device__ __forceinline__ int k_swizzle(int key) { return (key & 1) << 2; }
 __device__ __forceinline__ int v_swizzle(int key) { return ((key >> 1) & 3) << 1; }
 
+// Eight bf16 values (a 16-byte row chunk) as eight fp16 values, in order.
+__device__ __forceinline__ uint4 bf16x8_to_half(uint4 raw) {
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+    uint32_t h[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) h[k] = pack_half2(__uint_as_float(w[k] << 16), __uint_as_float(w[k] & 0xffff0000u));
+    return make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+// A rows-as-M warp's output accumulators (rows r and r + 8 of its M-tile, 256 dims) scaled by their
+// rows' online-softmax factors, where the max moved for some row of the warp.
+__device__ __forceinline__ void rescale_rows(float (&o)[32][4], const float (&alpha)[2]) {
+    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
+            o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
+        }
+    }
+}
+
 // One online-softmax step of a row (a query): the new running max from the step's max `mx` (already
 // reduced over the lanes that share the row), the base the step's exponentials take (0 while
 // nothing is visible) and the factor `alpha` the earlier sum and outputs take.
@@ -204,13 +225,7 @@ __device__ __forceinline__ void attend16(WarpState& s, const Stage& st, const ui
             s.l[e >> 1] += sc[nt][e];
         }
     }
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // the max moved for some row
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            s.o[j][0] *= alpha[0]; s.o[j][1] *= alpha[0];
-            s.o[j][2] *= alpha[1]; s.o[j][3] *= alpha[1];
-        }
-    }
+    rescale_rows(s.o, alpha);
     const uint32_t pa[4] = {pack_half2(sc[0][0], sc[0][1]), pack_half2(sc[0][2], sc[0][3]),
                             pack_half2(sc[1][0], sc[1][1]), pack_half2(sc[1][2], sc[1][3])};
     // ---- O += P V: lane reads keys kb + 2c, +1, +8, +9, 16 bytes at dims 128 h + 16 r
@@ -463,14 +478,7 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
             }
         }
 #pragma unroll
-        for (int g = 0; g < Q_GROUP; ++g) {
-            const uint32_t w[4] = {raw[g].x, raw[g].y, raw[g].z, raw[g].w};
-            uint32_t hv[4];
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                hv[k] = pack_half2(__uint_as_float(w[k] << 16), __uint_as_float(w[k] & 0xffff0000u));
-            qfrag[threadIdx.x + (g0 + g) * NT] = make_uint4(hv[0], hv[1], hv[2], hv[3]);
-        }
+        for (int g = 0; g < Q_GROUP; ++g) qfrag[threadIdx.x + (g0 + g) * NT] = bf16x8_to_half(raw[g]);
     }
 
     const int mt = warp % MT, kg = warp / MT;

@@ -99,11 +99,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attn_prefill_tiled_kernel(const
             const int t = t0 + row / p.group, qh = kvh * p.group + row % p.group;
             raw = *reinterpret_cast<const uint4*>(p.q + (size_t(t) * p.nq + qh) * D + chunk * 8);
         }
-        const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-        uint32_t h[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) h[k] = attn::pack_half2(__uint_as_float(w[k] << 16), __uint_as_float(w[k] & 0xffff0000u));
-        *reinterpret_cast<uint4*>(q16 + chunk_at(row, chunk)) = make_uint4(h[0], h[1], h[2], h[3]);
+        *reinterpret_cast<uint4*>(q16 + chunk_at(row, chunk)) = attn::bf16x8_to_half(raw);
     }
 
     const int r = lane >> 2, c = lane & 3;
@@ -189,13 +185,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attn_prefill_tiled_kernel(const
                 l[e >> 1] += sc[j][e];
             }
         }
-        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // the max moved for some row
-#pragma unroll
-            for (int j = 0; j < 32; ++j) {
-                o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
-                o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
-            }
-        }
+        attn::rescale_rows(o, alpha);
         // ---- O += P V: k-steps of 16 keys (P's A fragment from S's n-tiles 2kk, 2kk + 1), 32 n-tiles of dims
 #pragma unroll
         for (int kk = 0; kk < NJ / 2; ++kk) {
