@@ -180,18 +180,26 @@ def attention_ref(q_bits, gate_bits, cache, live, positions):
     return o * activations.sigmoid(from_bf16(gate_bits))
 
 
-def run_decode(ops, nq, nkv, Tq, live, context_max, seed_key):
-    """Both forms where the call has two: one token of at most 8 query rows a KV head also runs its
-    keys as the mma's M (what a decode step takes from decode_keys_as_m's depth on)."""
+def run_decode(ops, monkeypatch, nq, nkv, Tq, live, context_max, seed_key):
+    """Every form the call has: one token of at most 8 query rows a KV head also runs its keys as the
+    mma's M (what a decode step takes from decode_keys_as_m's depth on); a window whose rows fill two
+    to four M-tiles runs the tiled form (where the GPU's blocks hold it) and the shared core's
+    (LAMPO_ATTN_WINDOW_TILED=0)."""
     rng = rng_for("dec", *seed_key)
     cache = make_cache(rng, nkv, context_max, live)
     q = bf16_randn(rng, (Tq, nq, D), 2.0)
     gate = bf16_randn(rng, (Tq, nq * D), 2.0)
     pos0 = live - Tq
     want = attention_ref(q, gate, cache, live, pos0 + np.arange(Tq))
-    for keys_as_m in (False, True) if Tq == 1 and nq // nkv <= 8 else (False,):
+    forms = [(False, "1")]
+    if Tq == 1 and nq // nkv <= 8:
+        forms.append((True, "1"))
+    if Tq * (nq // nkv) > 16:
+        forms.append((False, "0"))
+    for keys_as_m, window_tiled in forms:
+        monkeypatch.setenv("LAMPO_ATTN_WINDOW_TILED", window_tiled)
         out = ops.attn_decode_int8(q, gate, *cache, pos0, keys_as_m=keys_as_m)
-        check_bf16(out, want, what=f"decode L={live} Tq={Tq} keys_as_m={keys_as_m}")
+        check_bf16(out, want, what=f"decode L={live} Tq={Tq} keys_as_m={keys_as_m} window_tiled={window_tiled}")
 
 
 @pytest.mark.parametrize(
@@ -203,6 +211,8 @@ def run_decode(ops, nq, nkv, Tq, live, context_max, seed_key):
         (16, 2, 3, 500, 512),     # 24 rows: 2 M-tiles
         (24, 4, 8, 300, 320),     # 48 rows: 3 M-tiles
         (16, 2, 8, 1000, 1024),   # 64 rows: 4 M-tiles
+        (16, 2, 5, 3000, 3072),   # 40 rows: 3 M-tiles, splits of a few tiles
+        (24, 4, 4, 70_000, 70_016),  # the 27B's 4-token window: 24 rows, splits of many tiles
         (16, 2, 4, 8448, 8512),   # 2 KV heads, context_max >= 132 * 64: 132 splits (H200) of 64 keys exactly
         (16, 2, 1, 8449, 8512),   # one past: chunks of 128
         (24, 4, 1, 4224, 4288),   # 4 KV heads: 66 splits (H200) of 64 keys exactly
@@ -213,14 +223,14 @@ def run_decode(ops, nq, nkv, Tq, live, context_max, seed_key):
         (24, 4, 1, 12_673, 12_736),  # 6 query rows of 8 as N, 99 splits
     ],
 )
-def test_attn_decode_int8(ops, nq, nkv, Tq, live, context_max):
-    run_decode(ops, nq, nkv, Tq, live, context_max, (nq, nkv, Tq, live))
+def test_attn_decode_int8(ops, monkeypatch, nq, nkv, Tq, live, context_max):
+    run_decode(ops, monkeypatch, nq, nkv, Tq, live, context_max, (nq, nkv, Tq, live))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("live", [65_536, 262_144])
-def test_attn_decode_int8_long(ops, live):
-    run_decode(ops, 16, 2, 1, live, live, ("long", live))
+@pytest.mark.parametrize("live,Tq", [(65_536, 1), (262_144, 1), (262_144, 4)])
+def test_attn_decode_int8_long(ops, monkeypatch, live, Tq):
+    run_decode(ops, monkeypatch, 16, 2, Tq, live, live, ("long", live, Tq))
 
 
 @pytest.mark.parametrize("tiled", ["1", "4", "0"])  # the widest tiled form that fits / 4 warps / the shared core
@@ -525,10 +535,14 @@ def test_zz_timings(ops, monkeypatch):
                             (4096, 34_816, 5120)):
             bench(f"GEMM  {T} x [{out},{inn}] {path}", lambda: ops.bench_linear(out, inn, T, 10),
                   lambda r: f"{r['us']:9.1f} us  {r['TFLOPs']:6.1f} TFLOP/s")
-    for nq, nkv, L, Tq in ((16, 2, 65_536, 1), (16, 2, 262_144, 1), (24, 4, 262_144, 1), (16, 2, 262_144, 4),
+    for nq, nkv, L, Tq in ((16, 2, 65_536, 1), (16, 2, 262_144, 1), (24, 4, 262_144, 1), (16, 2, 8192, 4),
+                           (24, 4, 8192, 4), (16, 2, 262_144, 4), (24, 4, 262_144, 4), (16, 2, 262_144, 5),
                            (16, 2, 4096, 1)):
-        for keys_as_m in (False, True) if Tq == 1 else (False,):
-            bench(f"decode attn nq={nq} nkv={nkv} L={L} Tq={Tq}{' keys as M' if keys_as_m else ''}",
+        forms = [(False, "1"), (True, "1")] if Tq == 1 else [(False, "1"), (False, "0")]
+        for keys_as_m, window_tiled in forms:
+            monkeypatch.setenv("LAMPO_ATTN_WINDOW_TILED", window_tiled)
+            form = " keys as M" if keys_as_m else "" if Tq == 1 else " tiled" if window_tiled == "1" else " core"
+            bench(f"decode attn nq={nq} nkv={nkv} L={L} Tq={Tq}{form}",
                   lambda: ops.bench_attn_decode(nq, nkv, L, Tq, 50, keys_as_m),
                   lambda r: f"{r['us']:7.1f} us  {r['GBps']:6.0f} GB/s")
     for tiled, form in (("1", "tiled "), ("4", "tiled4"), ("0", "core  ")):

@@ -5,7 +5,9 @@
 // each block reads the live length L = d_pos[0] + Tq from device memory and takes keys
 // [s * chunk, (s + 1) * chunk), chunk = max(64, ceil(L / nsplit) rounded up to 64); blocks past L
 // exit at once. A block runs the shared tensor-core core (attention_int8.cuh) for all Tq x group
-// query rows of its KV head, writing the unnormalised output, max and sum of its split. The combine
+// query rows of its KV head, writing the unnormalised output, max and sum of its split; a verify
+// window whose rows fill two to four M-tiles takes the tiled form instead (attention_window.cu:
+// each key dequantized once for all M-tiles) where the GPU's blocks hold its shared memory. The combine
 // kernel (one block per (token, query head) and 32 dims, 64 for a verify window; 16 warps sharing
 // the splits) merges the live splits and applies the sigmoid output gate. Needs head dim 256 and
 // Tq * (nq / nkv) <= 64.
@@ -17,6 +19,7 @@
 #include <type_traits>
 
 #include "kernels/attention/attention_int8.cuh"
+#include "kernels/attention/attention_window.h"
 #include "kernels/launch_utils.cuh"
 
 namespace lampo {
@@ -47,14 +50,19 @@ bool keys_as_m(bool asked, int Tq, int group) {
     return asked && Tq == 1 && group <= 8;
 }
 
-// Splits per KV head: as many as make one wave of blocks of the form on every SM, at most one per
-// 64 keys and COMBINE_MAX_SPLITS. A second wave of blocks as long as the first only queues (the
-// 27B's four KV heads in 132 splits each: step 7.311 against 7.242 ms at 8,192 in one wave, H200 q5).
-int decode_splits(int context_max, int nkv, bool keys_m) {
-    const int per_sm = keys_m ? decode_blocks_per_sm<true>() : decode_blocks_per_sm<false>();
+// Splits per KV head: as many as make one wave of blocks of the form (per_sm of them on every SM),
+// at most one per 64 keys and COMBINE_MAX_SPLITS. A second wave of blocks as long as the first only
+// queues (the 27B's four KV heads in 132 splits each: step 7.311 against 7.242 ms at 8,192 in one
+// wave, H200 q5).
+int decode_splits(int context_max, int nkv, int per_sm) {
     return std::max(1, std::min({ceil_div(per_sm * sm_count(), nkv), ceil_div(context_max, attn::KEYS),
                                  COMBINE_MAX_SPLITS}));
 }
+
+// Whether a window of `mt` M-tiles takes the tiled form (attention_window.cu): where it fits, unless
+// the environment sets LAMPO_ATTN_WINDOW_TILED=0 (the core's form, for A/B runs and the tests of
+// both forms in one process: read at every call).
+bool window_tiled(int mt) { return !env_switched_off("LAMPO_ATTN_WINDOW_TILED") && attn_window_tiled_fits(mt); }
 
 // Block (row = t * nq + query head, 32 * DIMS dims, lane l: dims DIMS l .. DIMS l + DIMS - 1 of
 // them): the live length is known before the PDL wait (d_pos is fixed for the forward pass,
@@ -188,8 +196,12 @@ bool decode_keys_as_m(int depth) {
 
 // Room for every Tq up to the given one: one token may take more splits (keys as M) than a window.
 size_t attn_decode_partial_floats(int Tq, int nq, int nkv, int D, int context_max) {
-    const size_t one = size_t(decode_splits(context_max, nkv, keys_as_m(true, 1, nq / nkv))) * nq * (D + 2);
-    return std::max(one, size_t(decode_splits(context_max, nkv, false)) * Tq * nq * (D + 2));
+    const int one_per_sm = keys_as_m(true, 1, nq / nkv) ? decode_blocks_per_sm<true>() : decode_blocks_per_sm<false>();
+    int window_per_sm = decode_blocks_per_sm<false>();
+    for (int mt = 2; mt <= 4; ++mt)
+        if (attn_window_tiled_fits(mt)) window_per_sm = std::max(window_per_sm, attn_window_tiled_blocks_per_sm(mt));
+    const size_t one = size_t(decode_splits(context_max, nkv, one_per_sm)) * nq * (D + 2);
+    return std::max(one, size_t(decode_splits(context_max, nkv, window_per_sm)) * Tq * nq * (D + 2));
 }
 
 void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, const int8_t* v_cache,
@@ -206,22 +218,30 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
     p.nq = nq; p.nkv = nkv; p.group = nq / nkv; p.context_max = context_max; p.T = Tq;
     p.d_pos = d_pos;
     const bool keys_m = keys_as_m(keys_m_asked, Tq, p.group);
-    p.nsplit = decode_splits(context_max, nkv, keys_m);
+    const int mt = ceil_div(Tq * p.group, 16);
+    const bool tiled = window_tiled(mt);
+    p.nsplit = decode_splits(context_max, nkv,
+                             tiled    ? attn_window_tiled_blocks_per_sm(mt)
+                             : keys_m ? decode_blocks_per_sm<true>()
+                                      : decode_blocks_per_sm<false>());
     p.part_o = partial;
     p.part_ml = partial + size_t(p.nsplit) * Tq * nq * D;
-    const int mt = ceil_div(Tq * p.group, 16);
-    switch (mt) {
-        case 1:
-            if (keys_m) {
-                launch_decode<1, 4, true>(p, stream);
-                keys_as_m_launch_count.fetch_add(1, std::memory_order_relaxed);
-            } else {
-                launch_decode<1, 4>(p, stream);
-            }
-            break;
-        case 2: launch_decode<2, 2>(p, stream); break;
-        case 3: launch_decode<3, 1>(p, stream); break;
-        default: launch_decode<4, 1>(p, stream); break;
+    if (tiled) {
+        attn_window_tiled(p, mt, stream);
+    } else {
+        switch (mt) {
+            case 1:
+                if (keys_m) {
+                    launch_decode<1, 4, true>(p, stream);
+                    keys_as_m_launch_count.fetch_add(1, std::memory_order_relaxed);
+                } else {
+                    launch_decode<1, 4>(p, stream);
+                }
+                break;
+            case 2: launch_decode<2, 2>(p, stream); break;
+            case 3: launch_decode<3, 1>(p, stream); break;
+            default: launch_decode<4, 1>(p, stream); break;
+        }
     }
     LAMPO_CHECK_LAUNCH(op);
     const int dims = Tq == 1 ? 1 : 2;  // dims a lane: two in a verify window

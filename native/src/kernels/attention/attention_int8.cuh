@@ -371,6 +371,77 @@ __device__ __forceinline__ void attend16_keys(KeysState& s, const Stage& st, con
     }
 }
 
+// A decode block's keys [kbeg, kend): split blockIdx.x of the live length d_pos[0] + T
+// (split_chunk); none where kbeg >= kend. pos_first = d_pos[0], the first position the pass appends.
+// d_pos and the keys below it come from earlier forward passes (common.cuh): read before the wait.
+struct DecodeKeys {
+    int pos_first, kbeg, kend;
+};
+__device__ __forceinline__ DecodeKeys decode_keys(const Params& p) {
+    const int p0 = __ldcg(p.d_pos);
+    const int L = p0 + p.T;
+    const int chunk = split_chunk(L, p.nsplit), kbeg = blockIdx.x * chunk;
+    return {p0, kbeg, min(L, kbeg + chunk)};
+}
+
+// A decode block's leading tiles of `keys` keys (at most `most`) that hold only keys below
+// pos_first, the first position the pass appends: their INT8 rows may stream in before the PDL wait.
+__device__ __forceinline__ int early_tiles(int kbeg, int kend, int pos_first, int ntiles, int most, int keys) {
+    int early = 0;
+    while (early < most && early < ntiles && min(kbeg + (early + 1) * keys, kend) <= pos_first) ++early;
+    return early;
+}
+
+// Warms in L2 the K and V scale lines of keys kbeg .. kbeg + keys - 1 (clamped to kend - 1), before
+// the PDL wait: the scales' 8-byte copies go through L1, so they wait for the wait.
+template <int NT>
+__device__ __forceinline__ void prefetch_scale_lines(const Params& p, size_t head_row0, int kbeg, int kend, int keys) {
+    const int lines = keys * GROUPS * 2 / 128 + 1;  // 128-byte lines a scale run touches
+    for (int e = threadIdx.x; e < 2 * lines; e += NT) {
+        const int key = min(kbeg + (e % lines) * (128 / (GROUPS * 2)), kend - 1);
+        const half* sc = (e < lines ? p.k_scale : p.v_scale) + (head_row0 + key) * GROUPS;
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(sc));
+    }
+}
+
+// The end of a block whose KG warps of each M-tile kept their own online softmax over a share of the
+// keys: their states, in the merge area (row rho of warp group k at mo[(k * MT * 16 + rho) *
+// MERGE_STRIDE + d + d / 32], its max and sum at mml[(k * MT * 16 + rho) * 2]), merged per row, then
+// stored: the prefill's output bf16(o / l * sigmoid(gate)), or a decode split's unnormalised output
+// with its max and sum (Params::part_o / part_ml). Every thread of the block takes part.
+template <int MT, int KG, bool PREFILL>
+__device__ __forceinline__ void merge_and_store(const float* mo, const float* mml, const Params& p, int nrows, int t0,
+                                                int split, int kvh) {
+    constexpr int NT = MT * KG * 32;
+    for (int e = threadIdx.x; e < nrows * D; e += NT) {
+        const int row = e / D, d = e % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int k = 0; k < KG; ++k) M = fmaxf(M, mml[(k * MT * 16 + row) * 2]);
+        float acc = 0.0f, l = 0.0f;
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int k = 0; k < KG; ++k) {
+                const float w = exp2f(mml[(k * MT * 16 + row) * 2] - M);
+                acc += w * mo[(k * MT * 16 + row) * MERGE_STRIDE + d + (d >> 5)];
+                l += w * mml[(k * MT * 16 + row) * 2 + 1];
+            }
+        }
+        const int t = t0 + row / p.group, qh = kvh * p.group + row % p.group;
+        const size_t idx = (size_t(t) * p.nq + qh) * D + d;
+        if (PREFILL) {
+            p.out[idx] = __float2bfloat16(acc / l * sigmoid(__bfloat162float(p.gate[idx])));
+        } else {
+            const size_t prow = (size_t(split) * p.T + t) * p.nq + qh;
+            p.part_o[prow * D + d] = acc;
+            if (d == 0) {
+                p.part_ml[prow * 2] = M;
+                p.part_ml[prow * 2 + 1] = l;
+            }
+        }
+    }
+}
+
 template <int MT, int KG, bool PREFILL, bool KEYS_M = false>
 __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p) {
     static_assert(!KEYS_M || (MT == 1 && !PREFILL), "keys as M: the decode step's one M-tile of rows");
@@ -389,17 +460,15 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
         pos_first = p.pos0 + t0;
         kbeg = 0;
         kend = pos_first + ntok;
-    } else {  // d_pos and the keys below it come from earlier forward passes (common.cuh)
-        const int p0 = __ldcg(p.d_pos);
-        const int L = p0 + p.T;
-        const int chunk = split_chunk(L, p.nsplit);
+    } else {
+        const DecodeKeys keys = decode_keys(p);
+        if (keys.kbeg >= keys.kend) return;
         split = blockIdx.x;
-        kbeg = split * chunk;
-        if (kbeg >= L) return;
-        kend = min(L, kbeg + chunk);
+        kbeg = keys.kbeg;
+        kend = keys.kend;
         t0 = 0;
         ntok = p.T;
-        pos_first = p0;
+        pos_first = keys.pos_first;
     }
     const int nrows = ntok * p.group;
 
@@ -435,17 +504,10 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
     // pos_first) stream in before the wait (cp.async.cg, through L2) and their scale lines are
     // warmed in L2 (the scales' 8-byte copies go through L1, so they wait for the wait).
     const int ntiles = (kend - kbeg + KEYS - 1) / KEYS;
-    int early = 0;
-    if (!PREFILL)
-        while (early < STAGES && early < ntiles && min(kbeg + (early + 1) * KEYS, kend) <= pos_first) ++early;
+    const int early = PREFILL ? 0 : early_tiles(kbeg, kend, pos_first, ntiles, STAGES, KEYS);
     if (early > 0) {
         for (int s = 0; s < early; ++s) load_kv(s, s);
-        const int lines = early * KEYS * GROUPS * 2 / 128 + 1;  // 128-byte lines a scale run touches
-        for (int e = threadIdx.x; e < 2 * lines; e += NT) {
-            const int key = min(kbeg + (e % lines) * (128 / (GROUPS * 2)), kend - 1);
-            const half* sc = (e < lines ? p.k_scale : p.v_scale) + (head_row0 + key) * GROUPS;
-            asm volatile("prefetch.global.L2 [%0];\n" ::"l"(sc));
-        }
+        prefetch_scale_lines<NT>(p, head_row0, kbeg, kend, early * KEYS);
     }
     pdl_begin();
 
@@ -567,33 +629,7 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
         }
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < nrows * D; e += NT) {
-        const int row = e / D, d = e % D;
-        float M = -INFINITY;
-#pragma unroll
-        for (int k = 0; k < KG; ++k) M = fmaxf(M, mml[(k * MT * 16 + row) * 2]);
-        float acc = 0.0f, l = 0.0f;
-        if (M != -INFINITY) {
-#pragma unroll
-            for (int k = 0; k < KG; ++k) {
-                const float w = exp2f(mml[(k * MT * 16 + row) * 2] - M);
-                acc += w * mo[(k * MT * 16 + row) * MERGE_STRIDE + d + (d >> 5)];
-                l += w * mml[(k * MT * 16 + row) * 2 + 1];
-            }
-        }
-        const int t = t0 + row / p.group, qh = kvh * p.group + row % p.group;
-        const size_t idx = (size_t(t) * p.nq + qh) * D + d;
-        if (PREFILL) {
-            p.out[idx] = __float2bfloat16(acc / l * sigmoid(__bfloat162float(p.gate[idx])));
-        } else {
-            const size_t prow = (size_t(split) * p.T + t) * p.nq + qh;
-            p.part_o[prow * D + d] = acc;
-            if (d == 0) {
-                p.part_ml[prow * 2] = M;
-                p.part_ml[prow * 2 + 1] = l;
-            }
-        }
-    }
+    merge_and_store<MT, KG, PREFILL>(mo, mml, p, nrows, t0, split, kvh);
 }
 
 }  // namespace attn

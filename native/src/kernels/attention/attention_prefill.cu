@@ -20,7 +20,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "kernels/attention/attention_int8.cuh"
+#include "kernels/attention/attention_f16_tiles.cuh"
 #include "kernels/launch_utils.cuh"
 
 namespace lampo {
@@ -28,20 +28,8 @@ namespace {
 
 namespace tiled {
 using attn::D;
-using attn::GROUPS;
-constexpr int ROW_BYTES = D * 2;  // an fp16 row of 256 dims
-constexpr int STAGES = 2;         // INT8 stages
-
-// One INT8 stage of KEYS_T keys: K rows, V rows, K scales, V scales.
-template <int KEYS_T>
-struct Int8Stage {
-    static constexpr int BYTES = 2 * KEYS_T * D + 2 * KEYS_T * GROUPS * 2;
-    uint8_t* base;
-    __device__ int8_t* k() const { return reinterpret_cast<int8_t*>(base); }
-    __device__ int8_t* v() const { return reinterpret_cast<int8_t*>(base + KEYS_T * D); }
-    __device__ half* k_scale() const { return reinterpret_cast<half*>(base + 2 * KEYS_T * D); }
-    __device__ half* v_scale() const { return reinterpret_cast<half*>(base + 2 * KEYS_T * D + KEYS_T * GROUPS * 2); }
-};
+using namespace attn::tiles;
+constexpr int STAGES = 2;  // INT8 stages
 
 // Shared memory of a form: Q's fp16 rows, the fp16 K and V tiles, the INT8 stages.
 template <int WARPS, int KEYS_T>
@@ -49,13 +37,10 @@ constexpr size_t smem_bytes() {
     return size_t(WARPS * 16) * ROW_BYTES + size_t(2 * KEYS_T) * ROW_BYTES + size_t(STAGES) * Int8Stage<KEYS_T>::BYTES;
 }
 
-// Byte offset of 16-byte chunk `chunk` (0..31) of fp16 row `row`.
-__device__ __forceinline__ int chunk_at(int row, int chunk) { return row * ROW_BYTES + ((chunk ^ (row & 7)) << 4); }
-
 template <int WARPS, int KEYS_T>
 __global__ void __launch_bounds__(WARPS * 32, 1) attn_prefill_tiled_kernel(const attn::Params p) {
     static_assert(KEYS_T % 16 == 0 && KEYS_T <= 64, "whole k-steps of 16 keys");
-    constexpr int NT = WARPS * 32, NJ = KEYS_T / 8;  // threads; n-tiles of S
+    constexpr int NT = WARPS * 32;
     extern __shared__ __align__(16) uint8_t smem[];
     uint8_t* q16 = smem;
     uint8_t* k16 = smem + WARPS * 16 * ROW_BYTES;
@@ -68,147 +53,46 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attn_prefill_tiled_kernel(const
     const int ntiles = (kend + KEYS_T - 1) / KEYS_T;
     const size_t head_row0 = size_t(kvh) * p.context_max;
 
-    auto load_int8 = [&](int it) {  // tile it's INT8 rows and scales into stage it % 2, zero past kend
-        const int key0 = it * KEYS_T;
-        const Int8Stage<KEYS_T> st{pipe + (it % STAGES) * Int8Stage<KEYS_T>::BYTES};
-        for (int e = threadIdx.x; e < 2 * KEYS_T * 16; e += NT) {
-            const bool is_v = e >= KEYS_T * 16;
-            const int key = (e >> 4) % KEYS_T, ch = e & 15;
-            const bool valid = key0 + key < kend;
-            const size_t row = head_row0 + (valid ? key0 + key : 0);
-            cp_async_16((is_v ? st.v() : st.k()) + key * D + ch * 16, (is_v ? p.v_cache : p.k_cache) + row * D + ch * 16,
-                        valid);
-        }
-        for (int e = threadIdx.x; e < 2 * KEYS_T; e += NT) {
-            const bool is_v = e >= KEYS_T;
-            const int key = e % KEYS_T;
-            const bool valid = key0 + key < kend;
-            const size_t row = head_row0 + (valid ? key0 + key : 0);
-            cp_async_8((is_v ? st.v_scale() : st.k_scale()) + key * GROUPS, (is_v ? p.v_scale : p.k_scale) + row * GROUPS,
-                       valid);
-        }
+    auto stage = [&](int it) { return Int8Stage<KEYS_T>{pipe + (it % STAGES) * Int8Stage<KEYS_T>::BYTES}; };
+    auto load_int8 = [&](int it) {  // tile it's INT8 rows and scales into its stage, zero past kend
+        load_rows<KEYS_T, NT>(stage(it), p, head_row0, it * KEYS_T, kend);
+        load_scales<KEYS_T, NT>(stage(it), p, head_row0, it * KEYS_T, kend);
     };
     load_int8(0);
     cp_async_commit();
+    load_q<WARPS * 16, NT>(q16, p, t0, nrows, kvh);
 
-    // Q -> fp16 rows (zero past the block's rows): thread e takes 8 dims (one 16-byte chunk)
-    for (int e = threadIdx.x; e < WARPS * 16 * 32; e += NT) {
-        const int row = e >> 5, chunk = e & 31;
-        uint4 raw = make_uint4(0u, 0u, 0u, 0u);
-        if (row < nrows) {
-            const int t = t0 + row / p.group, qh = kvh * p.group + row % p.group;
-            raw = *reinterpret_cast<const uint4*>(p.q + (size_t(t) * p.nq + qh) * D + chunk * 8);
-        }
-        *reinterpret_cast<uint4*>(q16 + chunk_at(row, chunk)) = attn::bf16x8_to_half(raw);
-    }
-
-    const int r = lane >> 2, c = lane & 3;
+    const int r = (lane >> 2), c = lane & 3;
     const int row0 = warp * 16 + r, row1 = row0 + 8;
     const int lim0 = row0 < nrows ? pos_first + row0 / p.group : -1;  // the last key each row sees
     const int lim1 = row1 < nrows ? pos_first + row1 / p.group : -1;
     const int warp_lim = __reduce_max_sync(0xffffffffu, max(lim0, lim1));
     const int warp_min = __reduce_min_sync(0xffffffffu, row0 < nrows ? lim0 : INT_MAX);  // every row's
-    // ldmatrix row addresses: matrix l / 8 of the four
-    const int mi = lane >> 3, lr = lane & 7;
-    const int q_row = warp * 16 + (mi & 1) * 8 + lr, q_chunk = mi >> 1;          // A: rows, then dims + 8
-    const int k_key = (mi >> 1) * 8 + lr, k_chunk = mi & 1;                       // B of S: keys + 8, dims + 8
-    const int v_key = (mi & 1) * 8 + lr, v_chunk = mi >> 1;                       // B of PV (trans): keys + 8, dims + 8
 
-    float o[32][4];
+    attn::WarpState s;
 #pragma unroll
-    for (int j = 0; j < 32; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int j = 0; j < 32; ++j) s.o[j][0] = s.o[j][1] = s.o[j][2] = s.o[j][3] = 0.0f;
+    s.m[0] = s.m[1] = -INFINITY;
+    s.l[0] = s.l[1] = 0.0f;
 
     for (int it = 0; it < ntiles; ++it) {
         if (it + 1 < ntiles) load_int8(it + 1);  // its stage held tile it - 1, dequantized before the last barrier
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();  // tile it's INT8 bytes are in; every warp is done with the fp16 tile of it - 1
-        {  // dequantize: thread e takes 8 dims (8 INT8 bytes) of one key of K or V -> one fp16 chunk
-            const Int8Stage<KEYS_T> st{pipe + (it % STAGES) * Int8Stage<KEYS_T>::BYTES};
-            for (int e = threadIdx.x; e < 2 * KEYS_T * 32; e += NT) {
-                const bool is_v = e >= KEYS_T * 32;
-                const int key = (e >> 5) % KEYS_T, chunk = e & 31;
-                const uint2 raw = *reinterpret_cast<const uint2*>((is_v ? st.v() : st.k()) + key * D + chunk * 8);
-                const __half2 s = __half2half2((is_v ? st.v_scale() : st.k_scale())[key * GROUPS + (chunk >> 3)]);
-                const uint32_t lo = raw.x ^ 0x80808080u, hi = raw.y ^ 0x80808080u;
-                *reinterpret_cast<uint4*>((is_v ? v16 : k16) + chunk_at(key, chunk)) =
-                    make_uint4(attn::dequant2(lo, 0x4140, s), attn::dequant2(lo, 0x4342, s), attn::dequant2(hi, 0x4140, s),
-                               attn::dequant2(hi, 0x4342, s));
-            }
-        }
+        dequantize<KEYS_T, NT>(stage(it), k16, v16);
         __syncthreads();  // the fp16 tile is written
         const int key0 = it * KEYS_T;
         if (key0 > warp_lim) continue;  // causal: nothing of this tile is visible to the warp's rows
-
-        // ---- S = Q K^T: 16 rows x KEYS_T keys (n-tile j: keys 8j .. 8j + 7), 16 k-steps over the dims
-        float sc[NJ][4];
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-#pragma unroll 4  // fully unrolled it spills (255 registers)
-        for (int s = 0; s < 16; ++s) {
-            uint32_t a[4];
-            ldmatrix_x4(a, q16 + chunk_at(q_row, 2 * s + q_chunk));
-#pragma unroll
-            for (int jj = 0; jj < NJ / 2; ++jj) {
-                uint32_t b[4];
-                ldmatrix_x4(b, k16 + chunk_at(16 * jj + k_key, 2 * s + k_chunk));
-                mma_f16_16816(sc[2 * jj], a, b[0], b[1]);
-                mma_f16_16816(sc[2 * jj + 1], a, b[2], b[3]);
-            }
-        }
-        // ---- online softmax (log2 domain); element e: row r (+8 for e >= 2), key 8j + 2c + e % 2
-        const bool masked = key0 + KEYS_T - 1 > warp_min;  // some key of the tile is past some row's position
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float v = sc[j][e] * attn::SCALE_LOG2;
-                if (masked && key0 + 8 * j + 2 * c + (e & 1) > (e < 2 ? lim0 : lim1)) v = -INFINITY;
-                sc[j][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
-            }
-        }
-        float alpha[2], base[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            attn::softmax_rebase(m[h], l[h], mx[h], base[h], alpha[h]);
-        }
-#pragma unroll
-        for (int j = 0; j < NJ; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                sc[j][e] = exp2f(sc[j][e] - base[e >> 1]);
-                l[e >> 1] += sc[j][e];
-            }
-        }
-        attn::rescale_rows(o, alpha);
-        // ---- O += P V: k-steps of 16 keys (P's A fragment from S's n-tiles 2kk, 2kk + 1), 32 n-tiles of dims
-#pragma unroll
-        for (int kk = 0; kk < NJ / 2; ++kk) {
-            const uint32_t pa[4] = {attn::pack_half2(sc[2 * kk][0], sc[2 * kk][1]),
-                                    attn::pack_half2(sc[2 * kk][2], sc[2 * kk][3]),
-                                    attn::pack_half2(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
-                                    attn::pack_half2(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
-#pragma unroll
-            for (int nn = 0; nn < 16; ++nn) {
-                uint32_t b[4];
-                ldmatrix_x4_trans(b, v16 + chunk_at(16 * kk + v_key, 2 * nn + v_chunk));
-                mma_f16_16816(o[2 * nn], pa, b[0], b[1]);
-                mma_f16_16816(o[2 * nn + 1], pa, b[2], b[3]);
-            }
-        }
+        attend_tile<KEYS_T / 8>(s, q16, k16, v16, warp * 16, 0, key0, lim0, lim1, key0 + KEYS_T - 1 > warp_min, lane);
     }
     cp_async_wait<0>();
 
     // ---- out = bf16(o / l * sigmoid(gate)): lane (r, c) holds dims 8j + 2c, + 1 of rows r and r + 8
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+        s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 1);
+        s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 2);
         const int row = h ? row1 : row0;
         if (row >= nrows) continue;
         const int t = t0 + row / p.group, qh = kvh * p.group + row % p.group;
@@ -217,8 +101,8 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attn_prefill_tiled_kernel(const
         for (int j = 0; j < 32; ++j) {
             const size_t idx = base_idx + 8 * j;
             const __nv_bfloat162 g = *reinterpret_cast<const __nv_bfloat162*>(p.gate + idx);
-            const float y0 = o[j][2 * h] / l[h] * sigmoid(__low2float(g));
-            const float y1 = o[j][2 * h + 1] / l[h] * sigmoid(__high2float(g));
+            const float y0 = s.o[j][2 * h] / s.l[h] * sigmoid(__low2float(g));
+            const float y1 = s.o[j][2 * h + 1] / s.l[h] * sigmoid(__high2float(g));
             *reinterpret_cast<__nv_bfloat162*>(p.out + idx) = __floats2bfloat162_rn(y0, y1);
         }
     }

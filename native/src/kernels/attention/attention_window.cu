@@ -1,0 +1,162 @@
+// attention_window.cu - a verify window's attention with every tile of keys dequantized once per
+// block: flash-decoding over the INT8 KV cache for Tq query tokens whose Tq * group rows fill two to
+// four M-tiles of 16 (the 27B's 4-token window: 24 rows, the 35B-A3B's: 32). The shared core
+// (attention_int8.cuh) dequantizes each key in registers once per M-tile; here the block's threads
+// dequantize a tile into fp16 shared memory once (attention_f16_tiles.cuh) and every M-tile's warps
+// read it. Same splits and partial outputs as the core's decode form, so attention_decode.cu's
+// combine merges either.
+//
+// Block (split s, KV head kvh) of MT * KG warps: warp w takes M-tile w % MT and keys
+// (w / MT) * 64 / KG .. + 64 / KG - 1 of each 64-key tile, with its own online softmax; at the end
+// the KG warps of an M-tile merge through shared memory (merge_and_store). The INT8 tiles stream
+// in by cp.async (two stages); the split's leading tiles that hold only keys below d_pos[0] are
+// requested before the PDL wait (the rule in common.cuh). Two block barriers a tile: the INT8 tile
+// is in / the fp16 tile is written.
+#include <algorithm>
+#include <climits>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/attention/attention_f16_tiles.cuh"
+#include "kernels/attention/attention_window.h"
+#include "kernels/launch_utils.cuh"
+
+namespace lampo {
+namespace {
+using namespace attn;
+using namespace attn::tiles;
+
+constexpr int STAGES = 2;  // INT8 stages of KEYS (64) keys, the splits' unit (split_chunk)
+
+// Warps per M-tile, each taking 64 / KG keys of a tile: 8, 6 and 8 warps for 2, 3 and 4 M-tiles.
+__host__ __device__ constexpr int key_groups(int mt) { return mt <= 2 ? 4 : 2; }
+
+constexpr size_t smem_bytes(int mt) {
+    const size_t loop = size_t(mt * 16 + 2 * KEYS) * ROW_BYTES + size_t(STAGES) * Int8Stage<KEYS>::BYTES;
+    const size_t merge = merge_bytes(mt, key_groups(mt));
+    return loop > merge ? loop : merge;
+}
+
+template <int MT>
+__global__ void __launch_bounds__(MT * key_groups(MT) * 32, 1) attn_window_tiled_kernel(const Params p) {
+    constexpr int KG = key_groups(MT), NT = MT * KG * 32, SUB = KEYS / KG;
+    extern __shared__ __align__(16) uint8_t smem[];
+    uint8_t* q16 = smem;
+    uint8_t* k16 = q16 + MT * 16 * ROW_BYTES;
+    uint8_t* v16 = k16 + KEYS * ROW_BYTES;
+    uint8_t* pipe = v16 + KEYS * ROW_BYTES;
+    const int kvh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const DecodeKeys keys = decode_keys(p);
+    if (keys.kbeg >= keys.kend) return;
+    const int kbeg = keys.kbeg, kend = keys.kend, nrows = p.T * p.group;
+    const int ntiles = (kend - kbeg + KEYS - 1) / KEYS;
+    const size_t head_row0 = size_t(kvh) * p.context_max;
+    auto stage = [&](int it) { return Int8Stage<KEYS>{pipe + (it % STAGES) * Int8Stage<KEYS>::BYTES}; };
+
+    const int early = early_tiles(kbeg, kend, keys.pos_first, ntiles, STAGES, KEYS);
+    for (int it = 0; it < early; ++it) load_rows<KEYS, NT>(stage(it), p, head_row0, kbeg + it * KEYS, kend);
+    if (early > 0) prefetch_scale_lines<NT>(p, head_row0, kbeg, kend, early * KEYS);
+    pdl_begin();
+    if (early == 0) load_rows<KEYS, NT>(stage(0), p, head_row0, kbeg, kend);
+    load_scales<KEYS, NT>(stage(0), p, head_row0, kbeg, kend);
+    cp_async_commit();
+    load_q<MT * 16, NT>(q16, p, 0, nrows, kvh);
+
+    const int mt = warp % MT, kg = warp / MT, r = lane >> 2, c = lane & 3;
+    const int row0 = mt * 16 + r, row1 = row0 + 8;
+    const int lim0 = row0 < nrows ? min(keys.pos_first + row0 / p.group, kend - 1) : -1;  // the last key each row sees
+    const int lim1 = row1 < nrows ? min(keys.pos_first + row1 / p.group, kend - 1) : -1;
+    const int warp_lim = __reduce_max_sync(0xffffffffu, max(lim0, lim1));
+    const int warp_min = __reduce_min_sync(0xffffffffu, row0 < nrows ? lim0 : INT_MAX);  // every row's
+
+    WarpState s;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) s.o[j][0] = s.o[j][1] = s.o[j][2] = s.o[j][3] = 0.0f;
+    s.m[0] = s.m[1] = -INFINITY;
+    s.l[0] = s.l[1] = 0.0f;
+
+    for (int it = 0; it < ntiles; ++it) {
+        if (it + 1 < ntiles) {  // its stage held tile it - 1, dequantized before the last barrier
+            const int key0 = kbeg + (it + 1) * KEYS;
+            if (it + 1 >= early) load_rows<KEYS, NT>(stage(it + 1), p, head_row0, key0, kend);
+            load_scales<KEYS, NT>(stage(it + 1), p, head_row0, key0, kend);
+        }
+        cp_async_commit();
+        cp_async_wait<1>();
+        __syncthreads();  // tile it's INT8 bytes are in; every warp is done with the fp16 tile of it - 1
+        dequantize<KEYS, NT>(stage(it), k16, v16);
+        __syncthreads();  // the fp16 tile is written
+        const int key = kbeg + it * KEYS + kg * SUB;  // the warp's first key of the tile
+        if (key <= warp_lim)
+            attend_tile<SUB / 8>(s, q16, k16, v16, mt * 16, kg * SUB, key, lim0, lim1, key + SUB - 1 > warp_min, lane);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the merge area lies over Q, the fp16 tiles and the stages
+
+    // ---- the KG warps of each M-tile merged, a split's partial output stored
+    float* mo = reinterpret_cast<float*>(smem);     // [KG][MT * 16][MERGE_STRIDE]
+    float* mml = mo + KG * MT * 16 * MERGE_STRIDE;  // [KG][MT * 16][2]
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 1);
+        s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 2);
+    }
+    float* o0 = mo + (kg * MT * 16 + row0) * MERGE_STRIDE;
+    float* o1 = mo + (kg * MT * 16 + row1) * MERGE_STRIDE;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int d = 8 * j + 2 * c + e;
+            o0[d + (d >> 5)] = s.o[j][e];
+            o1[d + (d >> 5)] = s.o[j][2 + e];
+        }
+    }
+    if (c == 0) {
+        mml[(kg * MT * 16 + row0) * 2] = s.m[0];
+        mml[(kg * MT * 16 + row0) * 2 + 1] = s.l[0];
+        mml[(kg * MT * 16 + row1) * 2] = s.m[1];
+        mml[(kg * MT * 16 + row1) * 2 + 1] = s.l[1];
+    }
+    __syncthreads();
+    merge_and_store<MT, KG, false>(mo, mml, p, nrows, 0, blockIdx.x, kvh);
+}
+
+// f(kernel, threads, shared bytes) for the form of `mt` M-tiles.
+template <class F>
+auto with_form(int mt, F&& f) {
+    switch (mt) {
+        case 2: return f(attn_window_tiled_kernel<2>, 2 * key_groups(2) * 32, smem_bytes(2));
+        case 3: return f(attn_window_tiled_kernel<3>, 3 * key_groups(3) * 32, smem_bytes(3));
+        case 4: return f(attn_window_tiled_kernel<4>, 4 * key_groups(4) * 32, smem_bytes(4));
+        default: throw std::logic_error("attn_window_tiled: 2 to 4 M-tiles, got " + std::to_string(mt));
+    }
+}
+
+}  // namespace
+
+bool attn_window_tiled_fits(int mt) { return mt >= 2 && mt <= 4 && smem_bytes(mt) <= smem_optin_bytes(); }
+
+int attn_window_tiled_blocks_per_sm(int mt) {
+    static int blocks[5] = {};  // by mt; 0: not asked yet
+    int& n = blocks[std::clamp(mt, 0, 4)];
+    if (!n) {
+        n = with_form(mt, [](auto kernel, int threads, size_t smem) {
+            allow_dynamic_smem(kernel, smem, "attn_window_tiled");
+            int per_sm = 0;
+            LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+            return std::max(per_sm, 1);
+        });
+    }
+    return n;
+}
+
+void attn_window_tiled(const attn::Params& p, int mt, cudaStream_t stream) {
+    with_form(mt, [&](auto kernel, int threads, size_t smem) {
+        allow_dynamic_smem(kernel, smem, "attn_window_tiled");
+        launch_pdl("attn_window_tiled_kernel", kernel, dim3(p.nsplit, p.nkv), threads, smem, stream, p);
+        return 0;
+    });
+}
+
+}  // namespace lampo
