@@ -183,8 +183,8 @@ def attention_ref(q_bits, gate_bits, cache, live, positions):
 def run_decode(ops, monkeypatch, nq, nkv, Tq, live, context_max, seed_key):
     """Every form the call has: one token of at most 8 query rows a KV head also runs its keys as the
     mma's M (what a decode step takes from decode_keys_as_m's depth on); a window whose rows fill two
-    to four M-tiles runs the tiled form (where the GPU's blocks hold it) and the shared core's
-    (LAMPO_ATTN_WINDOW_TILED=0)."""
+    to four M-tiles runs the tiled forms (64-key tiles where the GPU's blocks hold them, and 32-key
+    tiles: LAMPO_ATTN_WINDOW_TILED=32) and the shared core's (=0)."""
     rng = rng_for("dec", *seed_key)
     cache = make_cache(rng, nkv, context_max, live)
     q = bf16_randn(rng, (Tq, nq, D), 2.0)
@@ -195,7 +195,7 @@ def run_decode(ops, monkeypatch, nq, nkv, Tq, live, context_max, seed_key):
     if Tq == 1 and nq // nkv <= 8:
         forms.append((True, "1"))
     if Tq * (nq // nkv) > 16:
-        forms.append((False, "0"))
+        forms += [(False, "32"), (False, "0")]
     for keys_as_m, window_tiled in forms:
         monkeypatch.setenv("LAMPO_ATTN_WINDOW_TILED", window_tiled)
         out = ops.attn_decode_int8(q, gate, *cache, pos0, keys_as_m=keys_as_m)
@@ -538,10 +538,11 @@ def test_zz_timings(ops, monkeypatch):
     for nq, nkv, L, Tq in ((16, 2, 65_536, 1), (16, 2, 262_144, 1), (24, 4, 262_144, 1), (16, 2, 8192, 4),
                            (24, 4, 8192, 4), (16, 2, 262_144, 4), (24, 4, 262_144, 4), (16, 2, 262_144, 5),
                            (16, 2, 4096, 1)):
-        forms = [(False, "1"), (True, "1")] if Tq == 1 else [(False, "1"), (False, "0")]
+        forms = [(False, "1"), (True, "1")] if Tq == 1 else [(False, "1"), (False, "32"), (False, "0")]
         for keys_as_m, window_tiled in forms:
             monkeypatch.setenv("LAMPO_ATTN_WINDOW_TILED", window_tiled)
-            form = " keys as M" if keys_as_m else "" if Tq == 1 else " tiled" if window_tiled == "1" else " core"
+            form = (" keys as M" if keys_as_m else "" if Tq == 1
+                    else {"1": " tiled", "32": " tiled32", "0": " core"}[window_tiled])
             bench(f"decode attn nq={nq} nkv={nkv} L={L} Tq={Tq}{form}",
                   lambda: ops.bench_attn_decode(nq, nkv, L, Tq, 50, keys_as_m),
                   lambda r: f"{r['us']:7.1f} us  {r['GBps']:6.0f} GB/s")

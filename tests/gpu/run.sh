@@ -42,8 +42,9 @@
 #          launches of tests/gpu/op_profile.py for the shapes in KERNEL_SHAPES ("OUT,IN,BITS[,T] ...")
 #   gemv   build (no tests unless TESTS=1) + tests/gpu/gemv_sweep.py: every LQ matrix of both models at
 #          1 and 4 tokens, and per (in, bits, tokens) the fixed cost of a launch and its streaming rate
-#   final  build + pytest -m cuda (the engine tests again with LAMPO_DECODE_FUSION=none and =all;
-#          TESTS=0 skips the tests, for a tree already tested in an earlier call)
+#   final  build + pytest -m cuda (the engine tests again with LAMPO_DECODE_FUSION=none and =all, as
+#          with TESTS=1 in any mode, unless FUSION_TESTS=0; TESTS=0 skips the tests, for a tree
+#          already tested in an earlier call)
 #          + full-size benches that fit one call (35B-A3B real depths to 262,144; 27B prefill 8,192
 #          and real depths 8,192 / 262,144; 35B-A3B decode unfolded and with every fusion, for the A/B)
 #          (FINAL_MODELS, default "35b-a3b 27b", picks the full-size benches: 35b-a3b alone for a
@@ -284,7 +285,7 @@ log "pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda}"
 timeout -s INT -k 30 "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TESTS:-tests/cuda} -q -rs -s \
   --durations=12 -p no:cacheprovider >"$OUT/pytest.log" 2>&1
 log "pytest exit $?: $(tail -1 "$OUT/pytest.log")"
-if [ "$MODE" = final ] || [ "${TESTS:-0}" != 0 ]; then  # the engine's other decode-step forms
+if { [ "$MODE" = final ] || [ "${TESTS:-0}" != 0 ]; } && [ "${FUSION_TESTS:-1}" != 0 ]; then  # the engine's other decode-step forms
   for f in none all; do
     LAMPO_DECODE_FUSION=$f timeout 200 $PY -m pytest -m cuda tests/cuda/test_engine.py -q -rs -p no:cacheprovider \
       >"$OUT/pytest-fusion-$f.log" 2>&1

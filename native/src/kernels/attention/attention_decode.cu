@@ -59,10 +59,18 @@ int decode_splits(int context_max, int nkv, int per_sm) {
                                  COMBINE_MAX_SPLITS}));
 }
 
-// Whether a window of `mt` M-tiles takes the tiled form (attention_window.cu): where it fits, unless
-// the environment sets LAMPO_ATTN_WINDOW_TILED=0 (the core's form, for A/B runs and the tests of
-// both forms in one process: read at every call).
-bool window_tiled(int mt) { return !env_switched_off("LAMPO_ATTN_WINDOW_TILED") && attn_window_tiled_fits(mt); }
+// The form a call of `mt` M-tiles takes (attention_window.cu): the tiled form with 64-key tiles
+// where the GPU lets a block hold it, else with 32-key tiles, else (or for one M-tile) the core's;
+// LAMPO_ATTN_WINDOW_TILED=0 / 32 asks for the core's / the 32-key form (read at every call, for A/B
+// runs and the tests of every form in one process).
+WindowForm window_form(int mt) {
+    const char* env = std::getenv("LAMPO_ATTN_WINDOW_TILED");
+    const std::string asked = env ? env : "";
+    if (asked == "0") return WindowForm::Core;
+    if (asked != "32" && attn_window_tiled_fits(WindowForm::Tiled64, mt)) return WindowForm::Tiled64;
+    if (attn_window_tiled_fits(WindowForm::Tiled32, mt)) return WindowForm::Tiled32;
+    return WindowForm::Core;
+}
 
 // Block (row = t * nq + query head, 32 * DIMS dims, lane l: dims DIMS l .. DIMS l + DIMS - 1 of
 // them): the live length is known before the PDL wait (d_pos is fixed for the forward pass,
@@ -198,8 +206,10 @@ bool decode_keys_as_m(int depth) {
 size_t attn_decode_partial_floats(int Tq, int nq, int nkv, int D, int context_max) {
     const int one_per_sm = keys_as_m(true, 1, nq / nkv) ? decode_blocks_per_sm<true>() : decode_blocks_per_sm<false>();
     int window_per_sm = decode_blocks_per_sm<false>();
-    for (int mt = 2; mt <= 4; ++mt)
-        if (attn_window_tiled_fits(mt)) window_per_sm = std::max(window_per_sm, attn_window_tiled_blocks_per_sm(mt));
+    for (WindowForm form : {WindowForm::Tiled64, WindowForm::Tiled32})
+        for (int mt = 2; mt <= 4; ++mt)
+            if (attn_window_tiled_fits(form, mt))
+                window_per_sm = std::max(window_per_sm, attn_window_tiled_blocks_per_sm(form, mt));
     const size_t one = size_t(decode_splits(context_max, nkv, one_per_sm)) * nq * (D + 2);
     return std::max(one, size_t(decode_splits(context_max, nkv, window_per_sm)) * Tq * nq * (D + 2));
 }
@@ -219,15 +229,16 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
     p.d_pos = d_pos;
     const bool keys_m = keys_as_m(keys_m_asked, Tq, p.group);
     const int mt = ceil_div(Tq * p.group, 16);
-    const bool tiled = window_tiled(mt);
+    const WindowForm form = window_form(mt);
+    const bool tiled = form != WindowForm::Core;
     p.nsplit = decode_splits(context_max, nkv,
-                             tiled    ? attn_window_tiled_blocks_per_sm(mt)
+                             tiled    ? attn_window_tiled_blocks_per_sm(form, mt)
                              : keys_m ? decode_blocks_per_sm<true>()
                                       : decode_blocks_per_sm<false>());
     p.part_o = partial;
     p.part_ml = partial + size_t(p.nsplit) * Tq * nq * D;
     if (tiled) {
-        attn_window_tiled(p, mt, stream);
+        attn_window_tiled(form, p, mt, stream);
     } else {
         switch (mt) {
             case 1:

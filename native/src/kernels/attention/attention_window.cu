@@ -7,11 +7,12 @@
 // combine merges either.
 //
 // Block (split s, KV head kvh) of MT * KG warps: warp w takes M-tile w % MT and keys
-// (w / MT) * 64 / KG .. + 64 / KG - 1 of each 64-key tile, with its own online softmax; at the end
-// the KG warps of an M-tile merge through shared memory (merge_and_store). The INT8 tiles stream
-// in by cp.async (two stages); the split's leading tiles that hold only keys below d_pos[0] are
-// requested before the PDL wait (the rule in common.cuh). Two block barriers a tile: the INT8 tile
-// is in / the fp16 tile is written.
+// (w / MT) * KEYS_T / KG .. + KEYS_T / KG - 1 of each tile of KEYS_T keys, with its own online
+// softmax; at the end the KG warps of an M-tile merge through shared memory (merge_and_store). The
+// INT8 tiles stream in by cp.async (two stages); the split's leading tiles that hold only keys
+// below d_pos[0] are requested before the PDL wait (the rule in common.cuh). Two block barriers a
+// tile: the INT8 tile is in / the fp16 tile is written. Two tile sizes: 64 keys (146-162 KiB a
+// block: an H100 / H200) and 32 keys (81-97 KiB: what a block may hold on an RTX 3090 / 4090 / 5090).
 #include <algorithm>
 #include <climits>
 #include <stdexcept>
@@ -26,39 +27,44 @@ namespace {
 using namespace attn;
 using namespace attn::tiles;
 
-constexpr int STAGES = 2;  // INT8 stages of KEYS (64) keys, the splits' unit (split_chunk)
+constexpr int STAGES = 2;  // INT8 stages; a split's keys are a multiple of KEYS (64: split_chunk)
 
-// Warps per M-tile, each taking 64 / KG keys of a tile: 8, 6 and 8 warps for 2, 3 and 4 M-tiles.
-__host__ __device__ constexpr int key_groups(int mt) { return mt <= 2 ? 4 : 2; }
+// Warps per M-tile, each taking KEYS_T / KG keys (at least 16) of a tile: with 64-key tiles 8, 6 and
+// 8 warps for 2, 3 and 4 M-tiles; with 32-key tiles 4, 3 and 4 (their merge area fits 99 KiB).
+__host__ __device__ constexpr int key_groups(int mt, int keys_t) {
+    return keys_t == KEYS ? (mt <= 2 ? 4 : 2) : (mt <= 2 ? 2 : 1);
+}
 
-constexpr size_t smem_bytes(int mt) {
-    const size_t loop = size_t(mt * 16 + 2 * KEYS) * ROW_BYTES + size_t(STAGES) * Int8Stage<KEYS>::BYTES;
-    const size_t merge = merge_bytes(mt, key_groups(mt));
+constexpr size_t tiled_smem_bytes(int mt, int keys_t) {
+    const size_t loop = size_t(mt * 16 + 2 * keys_t) * ROW_BYTES +
+                        size_t(STAGES) * (keys_t == KEYS ? Int8Stage<KEYS>::BYTES : Int8Stage<KEYS / 2>::BYTES);
+    const size_t merge = merge_bytes(mt, key_groups(mt, keys_t));
     return loop > merge ? loop : merge;
 }
 
-template <int MT>
-__global__ void __launch_bounds__(MT * key_groups(MT) * 32, 1) attn_window_tiled_kernel(const Params p) {
-    constexpr int KG = key_groups(MT), NT = MT * KG * 32, SUB = KEYS / KG;
+template <int MT, int KEYS_T>
+__global__ void __launch_bounds__(MT * key_groups(MT, KEYS_T) * 32, 1) attn_window_tiled_kernel(const Params p) {
+    static_assert(KEYS % KEYS_T == 0, "whole tiles in a split");
+    constexpr int KG = key_groups(MT, KEYS_T), NT = MT * KG * 32, SUB = KEYS_T / KG;
     extern __shared__ __align__(16) uint8_t smem[];
     uint8_t* q16 = smem;
     uint8_t* k16 = q16 + MT * 16 * ROW_BYTES;
-    uint8_t* v16 = k16 + KEYS * ROW_BYTES;
-    uint8_t* pipe = v16 + KEYS * ROW_BYTES;
+    uint8_t* v16 = k16 + KEYS_T * ROW_BYTES;
+    uint8_t* pipe = v16 + KEYS_T * ROW_BYTES;
     const int kvh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const DecodeKeys keys = decode_keys(p);
     if (keys.kbeg >= keys.kend) return;
     const int kbeg = keys.kbeg, kend = keys.kend, nrows = p.T * p.group;
-    const int ntiles = (kend - kbeg + KEYS - 1) / KEYS;
+    const int ntiles = (kend - kbeg + KEYS_T - 1) / KEYS_T;
     const size_t head_row0 = size_t(kvh) * p.context_max;
-    auto stage = [&](int it) { return Int8Stage<KEYS>{pipe + (it % STAGES) * Int8Stage<KEYS>::BYTES}; };
+    auto stage = [&](int it) { return Int8Stage<KEYS_T>{pipe + (it % STAGES) * Int8Stage<KEYS_T>::BYTES}; };
 
-    const int early = early_tiles(kbeg, kend, keys.pos_first, ntiles, STAGES, KEYS);
-    for (int it = 0; it < early; ++it) load_rows<KEYS, NT>(stage(it), p, head_row0, kbeg + it * KEYS, kend);
-    if (early > 0) prefetch_scale_lines<NT>(p, head_row0, kbeg, kend, early * KEYS);
+    const int early = early_tiles(kbeg, kend, keys.pos_first, ntiles, STAGES, KEYS_T);
+    for (int it = 0; it < early; ++it) load_rows<KEYS_T, NT>(stage(it), p, head_row0, kbeg + it * KEYS_T, kend);
+    if (early > 0) prefetch_scale_lines<NT>(p, head_row0, kbeg, kend, early * KEYS_T);
     pdl_begin();
-    if (early == 0) load_rows<KEYS, NT>(stage(0), p, head_row0, kbeg, kend);
-    load_scales<KEYS, NT>(stage(0), p, head_row0, kbeg, kend);
+    if (early == 0) load_rows<KEYS_T, NT>(stage(0), p, head_row0, kbeg, kend);
+    load_scales<KEYS_T, NT>(stage(0), p, head_row0, kbeg, kend);
     cp_async_commit();
     load_q<MT * 16, NT>(q16, p, 0, nrows, kvh);
 
@@ -77,16 +83,16 @@ __global__ void __launch_bounds__(MT * key_groups(MT) * 32, 1) attn_window_tiled
 
     for (int it = 0; it < ntiles; ++it) {
         if (it + 1 < ntiles) {  // its stage held tile it - 1, dequantized before the last barrier
-            const int key0 = kbeg + (it + 1) * KEYS;
-            if (it + 1 >= early) load_rows<KEYS, NT>(stage(it + 1), p, head_row0, key0, kend);
-            load_scales<KEYS, NT>(stage(it + 1), p, head_row0, key0, kend);
+            const int key0 = kbeg + (it + 1) * KEYS_T;
+            if (it + 1 >= early) load_rows<KEYS_T, NT>(stage(it + 1), p, head_row0, key0, kend);
+            load_scales<KEYS_T, NT>(stage(it + 1), p, head_row0, key0, kend);
         }
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();  // tile it's INT8 bytes are in; every warp is done with the fp16 tile of it - 1
-        dequantize<KEYS, NT>(stage(it), k16, v16);
+        dequantize<KEYS_T, NT>(stage(it), k16, v16);
         __syncthreads();  // the fp16 tile is written
-        const int key = kbeg + it * KEYS + kg * SUB;  // the warp's first key of the tile
+        const int key = kbeg + it * KEYS_T + kg * SUB;  // the warp's first key of the tile
         if (key <= warp_lim)
             attend_tile<SUB / 8>(s, q16, k16, v16, mt * 16, kg * SUB, key, lim0, lim1, key + SUB - 1 > warp_min, lane);
     }
@@ -122,26 +128,35 @@ __global__ void __launch_bounds__(MT * key_groups(MT) * 32, 1) attn_window_tiled
     merge_and_store<MT, KG, false>(mo, mml, p, nrows, 0, blockIdx.x, kvh);
 }
 
-// f(kernel, threads, shared bytes) for the form of `mt` M-tiles.
-template <class F>
-auto with_form(int mt, F&& f) {
+// f(kernel, threads, shared bytes) for the form of `mt` M-tiles and keys_t-key tiles.
+template <int KEYS_T, class F>
+auto with_form_keys(int mt, F&& f) {
     switch (mt) {
-        case 2: return f(attn_window_tiled_kernel<2>, 2 * key_groups(2) * 32, smem_bytes(2));
-        case 3: return f(attn_window_tiled_kernel<3>, 3 * key_groups(3) * 32, smem_bytes(3));
-        case 4: return f(attn_window_tiled_kernel<4>, 4 * key_groups(4) * 32, smem_bytes(4));
+        case 2: return f(attn_window_tiled_kernel<2, KEYS_T>, 2 * key_groups(2, KEYS_T) * 32, tiled_smem_bytes(2, KEYS_T));
+        case 3: return f(attn_window_tiled_kernel<3, KEYS_T>, 3 * key_groups(3, KEYS_T) * 32, tiled_smem_bytes(3, KEYS_T));
+        case 4: return f(attn_window_tiled_kernel<4, KEYS_T>, 4 * key_groups(4, KEYS_T) * 32, tiled_smem_bytes(4, KEYS_T));
         default: throw std::logic_error("attn_window_tiled: 2 to 4 M-tiles, got " + std::to_string(mt));
     }
+}
+template <class F>
+auto with_form(WindowForm form, int mt, F&& f) {
+    if (form == WindowForm::Tiled64) return with_form_keys<KEYS>(mt, f);
+    if (form == WindowForm::Tiled32) return with_form_keys<KEYS / 2>(mt, f);
+    throw std::logic_error("attn_window_tiled: the core's form has no tiles");
 }
 
 }  // namespace
 
-bool attn_window_tiled_fits(int mt) { return mt >= 2 && mt <= 4 && smem_bytes(mt) <= smem_optin_bytes(); }
+bool attn_window_tiled_fits(WindowForm form, int mt) {
+    if (mt < 2 || mt > 4 || form == WindowForm::Core) return false;
+    return tiled_smem_bytes(mt, form == WindowForm::Tiled64 ? KEYS : KEYS / 2) <= smem_optin_bytes();
+}
 
-int attn_window_tiled_blocks_per_sm(int mt) {
-    static int blocks[5] = {};  // by mt; 0: not asked yet
-    int& n = blocks[std::clamp(mt, 0, 4)];
+int attn_window_tiled_blocks_per_sm(WindowForm form, int mt) {
+    static int blocks[3][5] = {};  // by form and mt; 0: not asked yet
+    int& n = blocks[int(form)][std::clamp(mt, 0, 4)];
     if (!n) {
-        n = with_form(mt, [](auto kernel, int threads, size_t smem) {
+        n = with_form(form, mt, [](auto kernel, int threads, size_t smem) {
             allow_dynamic_smem(kernel, smem, "attn_window_tiled");
             int per_sm = 0;
             LAMPO_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
@@ -151,8 +166,8 @@ int attn_window_tiled_blocks_per_sm(int mt) {
     return n;
 }
 
-void attn_window_tiled(const attn::Params& p, int mt, cudaStream_t stream) {
-    with_form(mt, [&](auto kernel, int threads, size_t smem) {
+void attn_window_tiled(WindowForm form, const attn::Params& p, int mt, cudaStream_t stream) {
+    with_form(form, mt, [&](auto kernel, int threads, size_t smem) {
         allow_dynamic_smem(kernel, smem, "attn_window_tiled");
         launch_pdl("attn_window_tiled_kernel", kernel, dim3(p.nsplit, p.nkv), threads, smem, stream, p);
         return 0;

@@ -8,16 +8,20 @@
 
 namespace lampo {
 
-// Whether a window whose rows fill `mt` M-tiles of 16 (Tq * group rows) may take the tiled form:
-// 2 <= mt <= 4 (one M-tile has no key to dequantize twice) and the GPU lets a block hold its shared
-// memory (about 146-162 KiB: an H100 / H200, not a desktop card's 99 KiB).
-bool attn_window_tiled_fits(int mt);
+// A verify window's attention: the shared core's form, or the tiled form with 64-key tiles (146-162
+// KiB a block) or 32-key tiles (81-97 KiB).
+enum class WindowForm { Core, Tiled64, Tiled32 };
 
-// Blocks of the tiled form for `mt` M-tiles resident on one SM (its splits make one wave of them).
-int attn_window_tiled_blocks_per_sm(int mt);
+// Whether a window whose rows fill `mt` M-tiles of 16 (Tq * group rows) may take the tiled `form`:
+// 2 <= mt <= 4 (one M-tile has no key to dequantize twice) and the GPU lets a block hold its shared
+// memory.
+bool attn_window_tiled_fits(WindowForm form, int mt);
+
+// Blocks of that form resident on one SM (its splits make one wave of them).
+int attn_window_tiled_blocks_per_sm(WindowForm form, int mt);
 
 // The tiled form over p's splits: grid (p.nsplit, p.nkv), Params::part_o / part_ml written as the
-// core's decode form writes them. mt as above, where attn_window_tiled_fits(mt).
-void attn_window_tiled(const attn::Params& p, int mt, cudaStream_t stream);
+// core's decode form writes them; where attn_window_tiled_fits(form, mt).
+void attn_window_tiled(WindowForm form, const attn::Params& p, int mt, cudaStream_t stream);
 
 }  // namespace lampo
