@@ -183,19 +183,19 @@ def attention_ref(q_bits, gate_bits, cache, live, positions):
 def run_decode(ops, monkeypatch, nq, nkv, Tq, live, context_max, seed_key):
     """Every form the call has: one token of at most 8 query rows a KV head also runs its keys as the
     mma's M (what a decode step takes from decode_keys_as_m's depth on); a window whose rows fill two
-    to four M-tiles runs the tiled forms (64-key tiles where the GPU's blocks hold them, and 32-key
-    tiles: LAMPO_ATTN_WINDOW_TILED=32) and the shared core's (=0)."""
+    to four M-tiles runs the tiled forms (LAMPO_ATTN_WINDOW_TILED=64: 64-key tiles where the GPU's
+    blocks hold them; =32: 32-key tiles) and the shared core's (=0) beside the engine's choice."""
     rng = rng_for("dec", *seed_key)
     cache = make_cache(rng, nkv, context_max, live)
     q = bf16_randn(rng, (Tq, nq, D), 2.0)
     gate = bf16_randn(rng, (Tq, nq * D), 2.0)
     pos0 = live - Tq
     want = attention_ref(q, gate, cache, live, pos0 + np.arange(Tq))
-    forms = [(False, "1")]
+    forms = [(False, "")]
     if Tq == 1 and nq // nkv <= 8:
-        forms.append((True, "1"))
+        forms.append((True, ""))
     if Tq * (nq // nkv) > 16:
-        forms += [(False, "32"), (False, "0")]
+        forms += [(False, "64"), (False, "32"), (False, "0")]
     for keys_as_m, window_tiled in forms:
         monkeypatch.setenv("LAMPO_ATTN_WINDOW_TILED", window_tiled)
         out = ops.attn_decode_int8(q, gate, *cache, pos0, keys_as_m=keys_as_m)
@@ -536,13 +536,13 @@ def test_zz_timings(ops, monkeypatch):
             bench(f"GEMM  {T} x [{out},{inn}] {path}", lambda: ops.bench_linear(out, inn, T, 10),
                   lambda r: f"{r['us']:9.1f} us  {r['TFLOPs']:6.1f} TFLOP/s")
     for nq, nkv, L, Tq in ((16, 2, 65_536, 1), (16, 2, 262_144, 1), (24, 4, 262_144, 1), (16, 2, 8192, 4),
-                           (24, 4, 8192, 4), (16, 2, 262_144, 4), (24, 4, 262_144, 4), (16, 2, 262_144, 5),
-                           (16, 2, 4096, 1)):
-        forms = [(False, "1"), (True, "1")] if Tq == 1 else [(False, "1"), (False, "32"), (False, "0")]
+                           (24, 4, 8192, 4), (16, 2, 262_144, 4), (24, 4, 262_144, 4), (16, 2, 8192, 5),
+                           (16, 2, 262_144, 5), (16, 2, 8192, 8), (16, 2, 262_144, 8), (16, 2, 4096, 1)):
+        forms = [(False, ""), (True, "")] if Tq == 1 else [(False, "64"), (False, "32"), (False, "0")]
         for keys_as_m, window_tiled in forms:
             monkeypatch.setenv("LAMPO_ATTN_WINDOW_TILED", window_tiled)
             form = (" keys as M" if keys_as_m else "" if Tq == 1
-                    else {"1": " tiled", "32": " tiled32", "0": " core"}[window_tiled])
+                    else {"64": " tiled64", "32": " tiled32", "0": " core"}[window_tiled])
             bench(f"decode attn nq={nq} nkv={nkv} L={L} Tq={Tq}{form}",
                   lambda: ops.bench_attn_decode(nq, nkv, L, Tq, 50, keys_as_m),
                   lambda r: f"{r['us']:7.1f} us  {r['GBps']:6.0f} GB/s")

@@ -6,8 +6,8 @@
 // [s * chunk, (s + 1) * chunk), chunk = max(64, ceil(L / nsplit) rounded up to 64); blocks past L
 // exit at once. A block runs the shared tensor-core core (attention_int8.cuh) for all Tq x group
 // query rows of its KV head, writing the unnormalised output, max and sum of its split; a verify
-// window whose rows fill two to four M-tiles takes the tiled form instead (attention_window.cu:
-// each key dequantized once for all M-tiles) where the GPU's blocks hold its shared memory. The combine
+// window whose rows fill three or four M-tiles takes the tiled form instead (attention_window.cu:
+// each key dequantized once for all M-tiles; window_form). The combine
 // kernel (one block per (token, query head) and 32 dims, 64 for a verify window; 16 warps sharing
 // the splits) merges the live splits and applies the sigmoid output gate. Needs head dim 256 and
 // Tq * (nq / nkv) <= 64.
@@ -59,14 +59,18 @@ int decode_splits(int context_max, int nkv, int per_sm) {
                                  COMBINE_MAX_SPLITS}));
 }
 
-// The form a call of `mt` M-tiles takes (attention_window.cu): the tiled form with 64-key tiles
-// where the GPU lets a block hold it, else with 32-key tiles, else (or for one M-tile) the core's;
-// LAMPO_ATTN_WINDOW_TILED=0 / 32 asks for the core's / the 32-key form (read at every call, for A/B
-// runs and the tests of every form in one process).
+// The form a call of `mt` M-tiles takes. From three M-tiles on (the 35B-A3B's 5-token window: 40
+// rows) the tiled form (attention_window.cu) with 64-key tiles where the GPU lets a block hold them,
+// else with 32-key tiles; the core's form below that: with two M-tiles the core's two blocks a SM
+// read the cache faster than the tiled form's dequantization shared by the block (H100, q5: the
+// 27B's 4-token window 13.31 against 14.96 ms at 261,873 keys, docs/benchmarks.md), with three its
+// warps each dequantize every key. LAMPO_ATTN_WINDOW_TILED=0 / 64 / 32 asks for the core's form /
+// 64-key / 32-key tiles from two M-tiles on (read at every call, for A/B runs and the tests of every
+// form in one process).
 WindowForm window_form(int mt) {
     const char* env = std::getenv("LAMPO_ATTN_WINDOW_TILED");
     const std::string asked = env ? env : "";
-    if (asked == "0") return WindowForm::Core;
+    if (asked == "0" || (asked.empty() && mt < 3)) return WindowForm::Core;
     if (asked != "32" && attn_window_tiled_fits(WindowForm::Tiled64, mt)) return WindowForm::Tiled64;
     if (attn_window_tiled_fits(WindowForm::Tiled32, mt)) return WindowForm::Tiled32;
     return WindowForm::Core;
