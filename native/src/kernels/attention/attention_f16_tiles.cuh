@@ -35,6 +35,17 @@ struct Int8Stage {
     __device__ half* v_scale() const { return reinterpret_cast<half*>(base + 2 * KEYS_T * D + KEYS_T * GROUPS * 2); }
 };
 
+// A tiled block's shared memory: Q's q_rows fp16 rows, the fp16 K and V tiles of keys_t keys, then
+// `stages` INT8 stages.
+struct TileSmem {
+    uint8_t *q16, *k16, *v16, *pipe;
+    __device__ TileSmem(uint8_t* smem, int q_rows, int keys_t)
+        : q16(smem), k16(smem + q_rows * ROW_BYTES), v16(k16 + keys_t * ROW_BYTES), pipe(v16 + keys_t * ROW_BYTES) {}
+    static constexpr size_t bytes(int q_rows, int keys_t, int stages, int stage_bytes) {
+        return size_t(q_rows + 2 * keys_t) * ROW_BYTES + size_t(stages) * stage_bytes;
+    }
+};
+
 // The INT8 K and V rows of keys key0 .. key0 + KEYS_T - 1 of the KV head whose rows start at
 // head_row0, by cp.async.cg (through L2); keys >= kend are zero-filled. Threads of the block share
 // the 16-byte copies.
@@ -137,12 +148,7 @@ __device__ __forceinline__ void attend_tile(WarpState& s, const uint8_t* q16, co
         }
     }
     float alpha[2], base[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        softmax_rebase(s.m[h], s.l[h], mx[h], base[h], alpha[h]);
-    }
+    rebase_rows(s, mx, base, alpha);
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
 #pragma unroll

@@ -170,6 +170,17 @@ struct WarpState {
     float l[2];
 };
 
+// A rows-as-M step's rebase of the warp's two rows: each row's max over the step (mx, this lane's
+// part) reduced over the four lanes that share the row, then softmax_rebase.
+__device__ __forceinline__ void rebase_rows(WarpState& s, float (&mx)[2], float (&base)[2], float (&alpha)[2]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        softmax_rebase(s.m[h], s.l[h], mx[h], base[h], alpha[h]);
+    }
+}
+
 // One step of 16 keys (stage rows kb .. kb + 15, global key index key0 + kb ...) for one warp.
 __device__ __forceinline__ void attend16(WarpState& s, const Stage& st, const uint4* __restrict__ qw, int kb,
                                          int key0, int lim0, int lim1, int lane) {
@@ -211,12 +222,7 @@ __device__ __forceinline__ void attend16(WarpState& s, const Stage& st, const ui
         }
     }
     float alpha[2], base[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        softmax_rebase(s.m[h], s.l[h], mx[h], base[h], alpha[h]);
-    }
+    rebase_rows(s, mx, base, alpha);
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
@@ -401,6 +407,35 @@ __device__ __forceinline__ void prefetch_scale_lines(const Params& p, size_t hea
         const int key = min(kbeg + (e % lines) * (128 / (GROUPS * 2)), kend - 1);
         const half* sc = (e < lines ? p.k_scale : p.v_scale) + (head_row0 + key) * GROUPS;
         asm volatile("prefetch.global.L2 [%0];\n" ::"l"(sc));
+    }
+}
+
+// A rows-as-M warp's state into the merge area (merge_and_store's layout), its rows r and r + 8
+// at slot row `slot0` and slot0 + 8: the row sums over the four lanes of a row first; dim(j, e) is
+// the output dim of element e (and e + 2, the row + 8) of accumulator j.
+template <class Dim>
+__device__ __forceinline__ void put_rows_state(float* mo, float* mml, WarpState& s, int slot0, int c, Dim dim) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 1);
+        s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 2);
+    }
+    float* o0 = mo + slot0 * MERGE_STRIDE;
+    float* o1 = mo + (slot0 + 8) * MERGE_STRIDE;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int d = dim(j, e);
+            o0[d + (d >> 5)] = s.o[j][e];
+            o1[d + (d >> 5)] = s.o[j][2 + e];
+        }
+    }
+    if (c == 0) {
+        mml[slot0 * 2] = s.m[0];
+        mml[slot0 * 2 + 1] = s.l[0];
+        mml[(slot0 + 8) * 2] = s.m[1];
+        mml[(slot0 + 8) * 2 + 1] = s.l[1];
     }
 }
 
@@ -604,29 +639,9 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
                 mml[(kg * 16 + 2 * c + e) * 2 + 1] = s.l[e];
             }
         }
-    } else {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 1);
-            s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 2);
-        }
-        float* o0 = mo + (kg * MT * 16 + row0) * MERGE_STRIDE;
-        float* o1 = mo + (kg * MT * 16 + row1) * MERGE_STRIDE;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int d = 128 * (j >> 4) + 16 * (2 * c + e) + (j & 15);
-                o0[d + (d >> 5)] = s.o[j][e];
-                o1[d + (d >> 5)] = s.o[j][2 + e];
-            }
-        }
-        if (c == 0) {
-            mml[(kg * MT * 16 + row0) * 2] = s.m[0];
-            mml[(kg * MT * 16 + row0) * 2 + 1] = s.l[0];
-            mml[(kg * MT * 16 + row1) * 2] = s.m[1];
-            mml[(kg * MT * 16 + row1) * 2 + 1] = s.l[1];
-        }
+    } else {  // the output dims as attend16 permuted them
+        put_rows_state(mo, mml, s, kg * MT * 16 + row0, c,
+                       [c](int j, int e) { return 128 * (j >> 4) + 16 * (2 * c + e) + (j & 15); });
     }
     __syncthreads();
     merge_and_store<MT, KG, PREFILL>(mo, mml, p, nrows, t0, split, kvh);

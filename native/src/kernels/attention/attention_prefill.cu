@@ -34,7 +34,7 @@ constexpr int STAGES = 2;  // INT8 stages
 // Shared memory of a form: Q's fp16 rows, the fp16 K and V tiles, the INT8 stages.
 template <int WARPS, int KEYS_T>
 constexpr size_t smem_bytes() {
-    return size_t(WARPS * 16) * ROW_BYTES + size_t(2 * KEYS_T) * ROW_BYTES + size_t(STAGES) * Int8Stage<KEYS_T>::BYTES;
+    return TileSmem::bytes(WARPS * 16, KEYS_T, STAGES, Int8Stage<KEYS_T>::BYTES);
 }
 
 template <int WARPS, int KEYS_T>
@@ -42,10 +42,7 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attn_prefill_tiled_kernel(const
     static_assert(KEYS_T % 16 == 0 && KEYS_T <= 64, "whole k-steps of 16 keys");
     constexpr int NT = WARPS * 32;
     extern __shared__ __align__(16) uint8_t smem[];
-    uint8_t* q16 = smem;
-    uint8_t* k16 = smem + WARPS * 16 * ROW_BYTES;
-    uint8_t* v16 = k16 + KEYS_T * ROW_BYTES;
-    uint8_t* pipe = v16 + KEYS_T * ROW_BYTES;
+    const TileSmem sm(smem, WARPS * 16, KEYS_T);
     const int kvh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int tile = gridDim.x - 1 - blockIdx.x;  // longest key ranges first
     const int t0 = tile * p.tile_tokens, ntok = min(p.tile_tokens, p.T - t0);
@@ -53,14 +50,14 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attn_prefill_tiled_kernel(const
     const int ntiles = (kend + KEYS_T - 1) / KEYS_T;
     const size_t head_row0 = size_t(kvh) * p.context_max;
 
-    auto stage = [&](int it) { return Int8Stage<KEYS_T>{pipe + (it % STAGES) * Int8Stage<KEYS_T>::BYTES}; };
+    auto stage = [&](int it) { return Int8Stage<KEYS_T>{sm.pipe + (it % STAGES) * Int8Stage<KEYS_T>::BYTES}; };
     auto load_int8 = [&](int it) {  // tile it's INT8 rows and scales into its stage, zero past kend
         load_rows<KEYS_T, NT>(stage(it), p, head_row0, it * KEYS_T, kend);
         load_scales<KEYS_T, NT>(stage(it), p, head_row0, it * KEYS_T, kend);
     };
     load_int8(0);
     cp_async_commit();
-    load_q<WARPS * 16, NT>(q16, p, t0, nrows, kvh);
+    load_q<WARPS * 16, NT>(sm.q16, p, t0, nrows, kvh);
 
     const int r = (lane >> 2), c = lane & 3;
     const int row0 = warp * 16 + r, row1 = row0 + 8;
@@ -80,11 +77,12 @@ __global__ void __launch_bounds__(WARPS * 32, 1) attn_prefill_tiled_kernel(const
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();  // tile it's INT8 bytes are in; every warp is done with the fp16 tile of it - 1
-        dequantize<KEYS_T, NT>(stage(it), k16, v16);
+        dequantize<KEYS_T, NT>(stage(it), sm.k16, sm.v16);
         __syncthreads();  // the fp16 tile is written
         const int key0 = it * KEYS_T;
         if (key0 > warp_lim) continue;  // causal: nothing of this tile is visible to the warp's rows
-        attend_tile<KEYS_T / 8>(s, q16, k16, v16, warp * 16, 0, key0, lim0, lim1, key0 + KEYS_T - 1 > warp_min, lane);
+        attend_tile<KEYS_T / 8>(s, sm.q16, sm.k16, sm.v16, warp * 16, 0, key0, lim0, lim1, key0 + KEYS_T - 1 > warp_min,
+                                lane);
     }
     cp_async_wait<0>();
 

@@ -36,8 +36,8 @@ __host__ __device__ constexpr int key_groups(int mt, int keys_t) {
 }
 
 constexpr size_t tiled_smem_bytes(int mt, int keys_t) {
-    const size_t loop = size_t(mt * 16 + 2 * keys_t) * ROW_BYTES +
-                        size_t(STAGES) * (keys_t == KEYS ? Int8Stage<KEYS>::BYTES : Int8Stage<KEYS / 2>::BYTES);
+    const size_t loop = TileSmem::bytes(mt * 16, keys_t, STAGES,
+                                        keys_t == KEYS ? Int8Stage<KEYS>::BYTES : Int8Stage<KEYS / 2>::BYTES);
     const size_t merge = merge_bytes(mt, key_groups(mt, keys_t));
     return loop > merge ? loop : merge;
 }
@@ -47,17 +47,14 @@ __global__ void __launch_bounds__(MT * key_groups(MT, KEYS_T) * 32, 1) attn_wind
     static_assert(KEYS % KEYS_T == 0, "whole tiles in a split");
     constexpr int KG = key_groups(MT, KEYS_T), NT = MT * KG * 32, SUB = KEYS_T / KG;
     extern __shared__ __align__(16) uint8_t smem[];
-    uint8_t* q16 = smem;
-    uint8_t* k16 = q16 + MT * 16 * ROW_BYTES;
-    uint8_t* v16 = k16 + KEYS_T * ROW_BYTES;
-    uint8_t* pipe = v16 + KEYS_T * ROW_BYTES;
+    const TileSmem sm(smem, MT * 16, KEYS_T);
     const int kvh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const DecodeKeys keys = decode_keys(p);
     if (keys.kbeg >= keys.kend) return;
     const int kbeg = keys.kbeg, kend = keys.kend, nrows = p.T * p.group;
     const int ntiles = (kend - kbeg + KEYS_T - 1) / KEYS_T;
     const size_t head_row0 = size_t(kvh) * p.context_max;
-    auto stage = [&](int it) { return Int8Stage<KEYS_T>{pipe + (it % STAGES) * Int8Stage<KEYS_T>::BYTES}; };
+    auto stage = [&](int it) { return Int8Stage<KEYS_T>{sm.pipe + (it % STAGES) * Int8Stage<KEYS_T>::BYTES}; };
 
     const int early = early_tiles(kbeg, kend, keys.pos_first, ntiles, STAGES, KEYS_T);
     for (int it = 0; it < early; ++it) load_rows<KEYS_T, NT>(stage(it), p, head_row0, kbeg + it * KEYS_T, kend);
@@ -66,7 +63,7 @@ __global__ void __launch_bounds__(MT * key_groups(MT, KEYS_T) * 32, 1) attn_wind
     if (early == 0) load_rows<KEYS_T, NT>(stage(0), p, head_row0, kbeg, kend);
     load_scales<KEYS_T, NT>(stage(0), p, head_row0, kbeg, kend);
     cp_async_commit();
-    load_q<MT * 16, NT>(q16, p, 0, nrows, kvh);
+    load_q<MT * 16, NT>(sm.q16, p, 0, nrows, kvh);
 
     const int mt = warp % MT, kg = warp / MT, r = lane >> 2, c = lane & 3;
     const int row0 = mt * 16 + r, row1 = row0 + 8;
@@ -90,11 +87,12 @@ __global__ void __launch_bounds__(MT * key_groups(MT, KEYS_T) * 32, 1) attn_wind
         cp_async_commit();
         cp_async_wait<1>();
         __syncthreads();  // tile it's INT8 bytes are in; every warp is done with the fp16 tile of it - 1
-        dequantize<KEYS_T, NT>(stage(it), k16, v16);
+        dequantize<KEYS_T, NT>(stage(it), sm.k16, sm.v16);
         __syncthreads();  // the fp16 tile is written
         const int key = kbeg + it * KEYS_T + kg * SUB;  // the warp's first key of the tile
         if (key <= warp_lim)
-            attend_tile<SUB / 8>(s, q16, k16, v16, mt * 16, kg * SUB, key, lim0, lim1, key + SUB - 1 > warp_min, lane);
+            attend_tile<SUB / 8>(s, sm.q16, sm.k16, sm.v16, mt * 16, kg * SUB, key, lim0, lim1, key + SUB - 1 > warp_min,
+                                 lane);
     }
     cp_async_wait<0>();
     __syncthreads();  // the merge area lies over Q, the fp16 tiles and the stages
@@ -102,28 +100,7 @@ __global__ void __launch_bounds__(MT * key_groups(MT, KEYS_T) * 32, 1) attn_wind
     // ---- the KG warps of each M-tile merged, a split's partial output stored
     float* mo = reinterpret_cast<float*>(smem);     // [KG][MT * 16][MERGE_STRIDE]
     float* mml = mo + KG * MT * 16 * MERGE_STRIDE;  // [KG][MT * 16][2]
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 1);
-        s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 2);
-    }
-    float* o0 = mo + (kg * MT * 16 + row0) * MERGE_STRIDE;
-    float* o1 = mo + (kg * MT * 16 + row1) * MERGE_STRIDE;
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            const int d = 8 * j + 2 * c + e;
-            o0[d + (d >> 5)] = s.o[j][e];
-            o1[d + (d >> 5)] = s.o[j][2 + e];
-        }
-    }
-    if (c == 0) {
-        mml[(kg * MT * 16 + row0) * 2] = s.m[0];
-        mml[(kg * MT * 16 + row0) * 2 + 1] = s.l[0];
-        mml[(kg * MT * 16 + row1) * 2] = s.m[1];
-        mml[(kg * MT * 16 + row1) * 2 + 1] = s.l[1];
-    }
+    put_rows_state(mo, mml, s, kg * MT * 16 + row0, c, [c](int j, int e) { return 8 * j + 2 * c + e; });
     __syncthreads();
     merge_and_store<MT, KG, false>(mo, mml, p, nrows, 0, blockIdx.x, kvh);
 }
