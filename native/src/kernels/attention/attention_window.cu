@@ -1,10 +1,16 @@
 // attention_window.cu - a verify window's attention with every tile of keys dequantized once per
 // block: flash-decoding over the INT8 KV cache for Tq query tokens whose Tq * group rows fill two to
-// four M-tiles of 16 (the 27B's 4-token window: 24 rows, the 35B-A3B's: 32). The shared core
+// four M-tiles of 16 (the 35B-A3B's 5-token window: 40 rows). The shared core
 // (attention_int8.cuh) dequantizes each key in registers once per M-tile; here the block's threads
 // dequantize a tile into fp16 shared memory once (attention_f16_tiles.cuh) and every M-tile's warps
 // read it. Same splits and partial outputs as the core's decode form, so attention_decode.cu's
-// combine merges either.
+// combine merges either. The engine takes it from three M-tiles on (attention_decode.cu,
+// window_form): with two, the core's two blocks a SM read a deep cache faster.
+//
+//   q [Tq, nq, 256] bf16; K, V [nkv, context_max, 256] INT8 with fp16 scales [nkv, context_max, 4];
+//   live keys L = d_pos[0] + Tq, token t sees keys [0, d_pos[0] + t]. Split s of nsplit:
+//   part_o [s, t, head, 256] = sum over its keys k of exp2(x_k - m) v_k (fp32, unnormalised),
+//   part_ml [s, t, head] = (m, sum of exp2(x_k - m)), x_k = q . k_k / 16 * log2(e) (base 2).
 //
 // Block (split s, KV head kvh) of MT * KG warps: warp w takes M-tile w % MT and keys
 // (w / MT) * KEYS_T / KG .. + KEYS_T / KG - 1 of each tile of KEYS_T keys, with its own online
