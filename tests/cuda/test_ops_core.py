@@ -195,7 +195,7 @@ def run_decode(ops, monkeypatch, nq, nkv, Tq, live, context_max, seed_key):
     if Tq == 1 and nq // nkv <= 8:
         forms.append((True, ""))
     if Tq * (nq // nkv) > 16:
-        forms += [(False, "64"), (False, "db"), (False, "32"), (False, "0")]
+        forms += [(False, "64"), (False, "32"), (False, "0")]
     for keys_as_m, window_tiled in forms:
         monkeypatch.setenv("LAMPO_ATTN_WINDOW_TILED", window_tiled)
         out = ops.attn_decode_int8(q, gate, *cache, pos0, keys_as_m=keys_as_m)
@@ -538,11 +538,11 @@ def test_zz_timings(ops, monkeypatch):
     for nq, nkv, L, Tq in ((16, 2, 65_536, 1), (16, 2, 262_144, 1), (24, 4, 262_144, 1), (16, 2, 8192, 4),
                            (24, 4, 8192, 4), (16, 2, 262_144, 4), (24, 4, 262_144, 4), (16, 2, 8192, 5),
                            (16, 2, 262_144, 5), (16, 2, 8192, 8), (16, 2, 262_144, 8), (16, 2, 4096, 1)):
-        forms = [(False, ""), (True, "")] if Tq == 1 else [(False, "64"), (False, "db"), (False, "32"), (False, "0")]
+        forms = [(False, ""), (True, "")] if Tq == 1 else [(False, "64"), (False, "32"), (False, "0")]
         for keys_as_m, window_tiled in forms:
             monkeypatch.setenv("LAMPO_ATTN_WINDOW_TILED", window_tiled)
             form = (" keys as M" if keys_as_m else "" if Tq == 1
-                    else {"64": " tiled64", "db": " tiled64db", "32": " tiled32", "0": " core"}[window_tiled])
+                    else {"64": " tiled64", "32": " tiled32", "0": " core"}[window_tiled])
             bench(f"decode attn nq={nq} nkv={nkv} L={L} Tq={Tq}{form}",
                   lambda: ops.bench_attn_decode(nq, nkv, L, Tq, 50, keys_as_m),
                   lambda r: f"{r['us']:7.1f} us  {r['GBps']:6.0f} GB/s")

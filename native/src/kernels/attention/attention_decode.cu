@@ -71,7 +71,6 @@ WindowForm window_form(int mt) {
     const char* env = std::getenv("LAMPO_ATTN_WINDOW_TILED");
     const std::string asked = env ? env : "";
     if (asked == "0" || (asked.empty() && mt < 3)) return WindowForm::Core;
-    if (asked == "db" && attn_window_tiled_fits(WindowForm::Tiled64Db, mt)) return WindowForm::Tiled64Db;
     if (asked != "32" && attn_window_tiled_fits(WindowForm::Tiled64, mt)) return WindowForm::Tiled64;
     if (attn_window_tiled_fits(WindowForm::Tiled32, mt)) return WindowForm::Tiled32;
     return WindowForm::Core;
@@ -211,7 +210,7 @@ bool decode_keys_as_m(int depth) {
 size_t attn_decode_partial_floats(int Tq, int nq, int nkv, int D, int context_max) {
     const int one_per_sm = keys_as_m(true, 1, nq / nkv) ? decode_blocks_per_sm<true>() : decode_blocks_per_sm<false>();
     int window_per_sm = decode_blocks_per_sm<false>();
-    for (WindowForm form : {WindowForm::Tiled64, WindowForm::Tiled32, WindowForm::Tiled64Db})
+    for (WindowForm form : {WindowForm::Tiled64, WindowForm::Tiled32})
         for (int mt = 2; mt <= 4; ++mt)
             if (attn_window_tiled_fits(form, mt))
                 window_per_sm = std::max(window_per_sm, attn_window_tiled_blocks_per_sm(form, mt));

@@ -41,22 +41,19 @@ __host__ __device__ constexpr int key_groups(int mt, int keys_t) {
     return keys_t == KEYS ? (mt <= 2 ? 4 : 2) : (mt <= 2 ? 2 : 1);
 }
 
-// bufs: fp16 tiles single- or double-buffered.
-constexpr size_t tiled_smem_bytes(int mt, int keys_t, int bufs) {
-    const size_t loop = TileSmem::bytes(mt * 16, bufs * keys_t, STAGES,
+constexpr size_t tiled_smem_bytes(int mt, int keys_t) {
+    const size_t loop = TileSmem::bytes(mt * 16, keys_t, STAGES,
                                         keys_t == KEYS ? Int8Stage<KEYS>::BYTES : Int8Stage<KEYS / 2>::BYTES);
     const size_t merge = merge_bytes(mt, key_groups(mt, keys_t));
     return loop > merge ? loop : merge;
 }
 
-template <int MT, int KEYS_T, int BUFS>
+template <int MT, int KEYS_T>
 __global__ void __launch_bounds__(MT * key_groups(MT, KEYS_T) * 32, 1) attn_window_tiled_kernel(const Params p) {
     static_assert(KEYS % KEYS_T == 0, "whole tiles in a split");
     constexpr int KG = key_groups(MT, KEYS_T), NT = MT * KG * 32, SUB = KEYS_T / KG;
     extern __shared__ __align__(16) uint8_t smem[];
-    const TileSmem sm(smem, MT * 16, BUFS * KEYS_T);
-    auto k16 = [&](int it) { return sm.k16 + (it % BUFS) * KEYS_T * ROW_BYTES; };  // tile it's fp16 tiles
-    auto v16 = [&](int it) { return sm.v16 + (it % BUFS) * KEYS_T * ROW_BYTES; };
+    const TileSmem sm(smem, MT * 16, KEYS_T);
     const int kvh = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const DecodeKeys keys = decode_keys(p);
     if (keys.kbeg >= keys.kend) return;
@@ -87,42 +84,21 @@ __global__ void __launch_bounds__(MT * key_groups(MT, KEYS_T) * 32, 1) attn_wind
     s.m[0] = s.m[1] = -INFINITY;
     s.l[0] = s.l[1] = 0.0f;
 
-    auto load_int8 = [&](int it) {  // tile it's INT8 rows (unless requested before the wait) and scales
-        const int key0 = kbeg + it * KEYS_T;
-        if (it >= early) load_rows<KEYS_T, NT>(stage(it), p, head_row0, key0, kend);
-        load_scales<KEYS_T, NT>(stage(it), p, head_row0, key0, kend);
-    };
-    auto attend = [&](int it) {
-        const int key = kbeg + it * KEYS_T + kg * SUB;  // the warp's first key of the tile
-        if (key <= warp_lim)
-            attend_tile<SUB / 8>(s, sm.q16, k16(it), v16(it), mt * 16, kg * SUB, key, lim0, lim1,
-                                 key + SUB - 1 > warp_min, lane);
-    };
-    if constexpr (BUFS == 1) {  // two barriers a tile: the INT8 tile is in / the fp16 tile is written
-        for (int it = 0; it < ntiles; ++it) {
-            if (it + 1 < ntiles) load_int8(it + 1);  // its stage held tile it - 1, dequantized before the last barrier
-            cp_async_commit();
-            cp_async_wait<1>();
-            __syncthreads();  // tile it's INT8 bytes are in; every warp is done with the fp16 tile of it - 1
-            dequantize<KEYS_T, NT>(stage(it), k16(it), v16(it));
-            __syncthreads();  // the fp16 tile is written
-            attend(it);
+    for (int it = 0; it < ntiles; ++it) {
+        if (it + 1 < ntiles) {  // its stage held tile it - 1, dequantized before the last barrier
+            const int key0 = kbeg + (it + 1) * KEYS_T;
+            if (it + 1 >= early) load_rows<KEYS_T, NT>(stage(it + 1), p, head_row0, key0, kend);
+            load_scales<KEYS_T, NT>(stage(it + 1), p, head_row0, key0, kend);
         }
-    } else {  // one barrier a tile: the next tile is dequantized into the other fp16 buffer beside this one's products
-        if (ntiles > 1) load_int8(1);
         cp_async_commit();
         cp_async_wait<1>();
-        __syncthreads();  // tile 0's INT8 bytes are in
-        dequantize<KEYS_T, NT>(stage(0), k16(0), v16(0));
-        for (int it = 0; it < ntiles; ++it) {
-            cp_async_wait<0>();
-            __syncthreads();  // tile it's fp16 tiles and tile it + 1's INT8 bytes are in; every warp is done with
-                              // tile it - 1's fp16 tiles and tile it's stage
-            if (it + 2 < ntiles) load_int8(it + 2);
-            cp_async_commit();
-            if (it + 1 < ntiles) dequantize<KEYS_T, NT>(stage(it + 1), k16(it + 1), v16(it + 1));
-            attend(it);
-        }
+        __syncthreads();  // tile it's INT8 bytes are in; every warp is done with the fp16 tile of it - 1
+        dequantize<KEYS_T, NT>(stage(it), sm.k16, sm.v16);
+        __syncthreads();  // the fp16 tile is written
+        const int key = kbeg + it * KEYS_T + kg * SUB;  // the warp's first key of the tile
+        if (key <= warp_lim)
+            attend_tile<SUB / 8>(s, sm.q16, sm.k16, sm.v16, mt * 16, kg * SUB, key, lim0, lim1, key + SUB - 1 > warp_min,
+                                 lane);
     }
     cp_async_wait<0>();
     __syncthreads();  // the merge area lies over Q, the fp16 tiles and the stages
@@ -135,22 +111,20 @@ __global__ void __launch_bounds__(MT * key_groups(MT, KEYS_T) * 32, 1) attn_wind
     merge_and_store<MT, KG, false>(mo, mml, p, nrows, 0, blockIdx.x, kvh);
 }
 
-// f(kernel, threads, shared bytes) for the form of `mt` M-tiles, keys_t-key tiles and BUFS fp16 buffers.
-template <int KEYS_T, int BUFS, class F>
+// f(kernel, threads, shared bytes) for the form of `mt` M-tiles and keys_t-key tiles.
+template <int KEYS_T, class F>
 auto with_form_keys(int mt, F&& f) {
-    auto form = [&](auto kernel, int m) { return f(kernel, m * key_groups(m, KEYS_T) * 32, tiled_smem_bytes(m, KEYS_T, BUFS)); };
     switch (mt) {
-        case 2: return form(attn_window_tiled_kernel<2, KEYS_T, BUFS>, 2);
-        case 3: return form(attn_window_tiled_kernel<3, KEYS_T, BUFS>, 3);
-        case 4: return form(attn_window_tiled_kernel<4, KEYS_T, BUFS>, 4);
+        case 2: return f(attn_window_tiled_kernel<2, KEYS_T>, 2 * key_groups(2, KEYS_T) * 32, tiled_smem_bytes(2, KEYS_T));
+        case 3: return f(attn_window_tiled_kernel<3, KEYS_T>, 3 * key_groups(3, KEYS_T) * 32, tiled_smem_bytes(3, KEYS_T));
+        case 4: return f(attn_window_tiled_kernel<4, KEYS_T>, 4 * key_groups(4, KEYS_T) * 32, tiled_smem_bytes(4, KEYS_T));
         default: throw std::logic_error("attn_window_tiled: 2 to 4 M-tiles, got " + std::to_string(mt));
     }
 }
 template <class F>
 auto with_form(WindowForm form, int mt, F&& f) {
-    if (form == WindowForm::Tiled64) return with_form_keys<KEYS, 1>(mt, f);
-    if (form == WindowForm::Tiled64Db) return with_form_keys<KEYS, 2>(mt, f);
-    if (form == WindowForm::Tiled32) return with_form_keys<KEYS / 2, 1>(mt, f);
+    if (form == WindowForm::Tiled64) return with_form_keys<KEYS>(mt, f);
+    if (form == WindowForm::Tiled32) return with_form_keys<KEYS / 2>(mt, f);
     throw std::logic_error("attn_window_tiled: the core's form has no tiles");
 }
 
@@ -158,12 +132,11 @@ auto with_form(WindowForm form, int mt, F&& f) {
 
 bool attn_window_tiled_fits(WindowForm form, int mt) {
     if (mt < 2 || mt > 4 || form == WindowForm::Core) return false;
-    return tiled_smem_bytes(mt, form == WindowForm::Tiled32 ? KEYS / 2 : KEYS, form == WindowForm::Tiled64Db ? 2 : 1) <=
-           smem_optin_bytes();
+    return tiled_smem_bytes(mt, form == WindowForm::Tiled64 ? KEYS : KEYS / 2) <= smem_optin_bytes();
 }
 
 int attn_window_tiled_blocks_per_sm(WindowForm form, int mt) {
-    static int blocks[4][5] = {};  // by form and mt; 0: not asked yet
+    static int blocks[3][5] = {};  // by form and mt; 0: not asked yet
     int& n = blocks[int(form)][std::clamp(mt, 0, 4)];
     if (!n) {
         n = with_form(form, mt, [](auto kernel, int threads, size_t smem) {

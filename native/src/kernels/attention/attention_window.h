@@ -9,8 +9,8 @@
 namespace lampo {
 
 // A verify window's attention: the shared core's form, or the tiled form with 64-key tiles (146-162
-// KiB a block; double-buffered fp16 tiles 210-226 KiB) or 32-key tiles (81-97 KiB).
-enum class WindowForm { Core, Tiled64, Tiled32, Tiled64Db };
+// KiB a block) or 32-key tiles (81-97 KiB).
+enum class WindowForm { Core, Tiled64, Tiled32 };
 
 // Whether a window whose rows fill `mt` M-tiles of 16 (Tq * group rows) may take the tiled `form`:
 // 2 <= mt <= 4 (one M-tile has no key to dequantize twice) and the GPU lets a block hold its shared
