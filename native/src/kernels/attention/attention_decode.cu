@@ -6,9 +6,8 @@
 // [s * chunk, (s + 1) * chunk), chunk = max(64, ceil(L / nsplit) rounded up to 64); blocks past L
 // exit at once. A block runs the shared tensor-core core (attention_int8.cuh) for all Tq x group
 // query rows of its KV head, writing the unnormalised output, max and sum of its split; a verify
-// window whose rows fill two M-tiles runs it in warp pairs (each V dequantized once for both), one of
-// three or four M-tiles takes the tiled form instead (attention_window.cu: each key dequantized once
-// for all M-tiles; window_form). The combine
+// window whose rows fill three or four M-tiles takes the tiled form instead (attention_window.cu:
+// each key dequantized once for all M-tiles; window_form). The combine
 // kernel (one block per (token, query head) and 32 dims, 64 for a verify window; 16 warps sharing
 // the splits) merges the live splits and applies the sigmoid output gate. Needs head dim 256 and
 // Tq * (nq / nkv) <= 64.
@@ -36,7 +35,7 @@ constexpr int COMBINE_MAX_SPLITS = COMBINE_WARPS * COMBINE_PER_WARP;  // <= the 
 template <bool KEYS_M>
 int decode_blocks_per_sm() {
     static const int blocks = [] {
-        auto kernel = attn::attn_int8_kernel<1, 4, false, KEYS_M ? attn::Warps::Keys : attn::Warps::Rows>;
+        auto kernel = attn::attn_int8_kernel<1, 4, false, KEYS_M>;
         const size_t smem = attn::smem_bytes(1, 4);
         allow_dynamic_smem(kernel, smem, "attn_decode_int8");
         int per_sm = 0;
@@ -62,18 +61,16 @@ int decode_splits(int context_max, int nkv, int per_sm) {
 
 // The form a call of `mt` M-tiles takes. From three M-tiles on (the 35B-A3B's 5-token window: 40
 // rows) the tiled form (attention_window.cu) with 64-key tiles where the GPU lets a block hold them,
-// else with 32-key tiles; with two (the 4-token windows) the core's form in warp pairs, each warp
-// holding both M-tiles for half the dims: two blocks a SM read a deep cache faster than the tiled
-// form's dequantization shared by the block (H100, q5: the 27B's 4-token window 13.31 against 14.96
-// ms at 261,873 keys, docs/benchmarks.md), and the pairs dequantize each V once where a warp per
-// M-tile dequantizes it twice. LAMPO_ATTN_WINDOW_TILED=0 / pairs / 64 / 32 asks for the core's form
-// with a warp per M-tile / the pairs (two M-tiles; more take the default) / 64-key / 32-key tiles
-// from two M-tiles on (read at every call, for A/B runs and the tests of every form in one process).
+// else with 32-key tiles; the core's form below that: with two M-tiles the core's two blocks a SM
+// read the cache faster than the tiled form's dequantization shared by the block (H100, q5: the
+// 27B's 4-token window 13.31 against 14.96 ms at 261,873 keys, docs/benchmarks.md), with three its
+// warps each dequantize every key. LAMPO_ATTN_WINDOW_TILED=0 / 64 / 32 asks for the core's form /
+// 64-key / 32-key tiles from two M-tiles on (read at every call, for A/B runs and the tests of every
+// form in one process).
 WindowForm window_form(int mt) {
     const char* env = std::getenv("LAMPO_ATTN_WINDOW_TILED");
     const std::string asked = env ? env : "";
-    if (asked == "0" || mt < 2) return WindowForm::Core;
-    if (mt == 2 && (asked.empty() || asked == "pairs")) return WindowForm::Pairs;
+    if (asked == "0" || (asked.empty() && mt < 3)) return WindowForm::Core;
     if (asked != "32" && attn_window_tiled_fits(WindowForm::Tiled64, mt)) return WindowForm::Tiled64;
     if (attn_window_tiled_fits(WindowForm::Tiled32, mt)) return WindowForm::Tiled32;
     return WindowForm::Core;
@@ -172,9 +169,9 @@ attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __rest
     }
 }
 
-template <int MT, int KG, attn::Warps FORM = attn::Warps::Rows>
+template <int MT, int KG, bool KEYS_M = false>
 void launch_decode(const attn::Params& p, cudaStream_t stream) {
-    auto kernel = attn::attn_int8_kernel<MT, KG, false, FORM>;
+    auto kernel = attn::attn_int8_kernel<MT, KG, false, KEYS_M>;
     const size_t smem = attn::smem_bytes(MT, KG);
     allow_dynamic_smem(kernel, smem, "attn_decode_int8");
     launch_pdl("attn_int8_kernel", kernel, dim3(p.nsplit, p.nkv), MT * KG * 32, smem, stream, p);
@@ -237,7 +234,7 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
     const bool keys_m = keys_as_m(keys_m_asked, Tq, p.group);
     const int mt = ceil_div(Tq * p.group, 16);
     const WindowForm form = window_form(mt);
-    const bool tiled = form == WindowForm::Tiled64 || form == WindowForm::Tiled32;
+    const bool tiled = form != WindowForm::Core;
     p.nsplit = decode_splits(context_max, nkv,
                              tiled    ? attn_window_tiled_blocks_per_sm(form, mt)
                              : keys_m ? decode_blocks_per_sm<true>()
@@ -250,16 +247,13 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
         switch (mt) {
             case 1:
                 if (keys_m) {
-                    launch_decode<1, 4, attn::Warps::Keys>(p, stream);
+                    launch_decode<1, 4, true>(p, stream);
                     keys_as_m_launch_count.fetch_add(1, std::memory_order_relaxed);
                 } else {
                     launch_decode<1, 4>(p, stream);
                 }
                 break;
-            case 2:
-                if (form == WindowForm::Pairs) launch_decode<2, 2, attn::Warps::Pairs>(p, stream);
-                else launch_decode<2, 2>(p, stream);
-                break;
+            case 2: launch_decode<2, 2>(p, stream); break;
             case 3: launch_decode<3, 1>(p, stream); break;
             default: launch_decode<4, 1>(p, stream); break;
         }

@@ -148,7 +148,7 @@ __device__ __forceinline__ void attend_tile(WarpState& s, const uint8_t* q16, co
         }
     }
     float alpha[2], base[2];
-    rebase_rows(s.m, s.l, mx, base, alpha);
+    rebase_rows(s, mx, base, alpha);
 #pragma unroll
     for (int j = 0; j < NJ; ++j) {
 #pragma unroll

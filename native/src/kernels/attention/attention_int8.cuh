@@ -140,13 +140,12 @@ __device__ __forceinline__ uint4 bf16x8_to_half(uint4 raw) {
     return make_uint4(h[0], h[1], h[2], h[3]);
 }
 
-// A rows-as-M warp's output accumulators (rows r and r + 8 of its M-tile; N n-tiles of 8 dims) scaled
-// by their rows' online-softmax factors, where the max moved for some row of the warp.
-template <int N>
-__device__ __forceinline__ void rescale_rows(float (&o)[N][4], const float (&alpha)[2]) {
+// A rows-as-M warp's output accumulators (rows r and r + 8 of its M-tile, 256 dims) scaled by their
+// rows' online-softmax factors, where the max moved for some row of the warp.
+__device__ __forceinline__ void rescale_rows(float (&o)[32][4], const float (&alpha)[2]) {
     if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-        for (int j = 0; j < N; ++j) {
+        for (int j = 0; j < 32; ++j) {
             o[j][0] *= alpha[0]; o[j][1] *= alpha[0];
             o[j][2] *= alpha[1]; o[j][3] *= alpha[1];
         }
@@ -171,109 +170,14 @@ struct WarpState {
     float l[2];
 };
 
-// A rows-as-M step's rebase of the warp's two rows (running max m, sum l): each row's max over the
-// step (mx, this lane's part) reduced over the four lanes that share the row, then softmax_rebase.
-__device__ __forceinline__ void rebase_rows(float (&m)[2], float (&l)[2], float (&mx)[2], float (&base)[2],
-                                            float (&alpha)[2]) {
+// A rows-as-M step's rebase of the warp's two rows: each row's max over the step (mx, this lane's
+// part) reduced over the four lanes that share the row, then softmax_rebase.
+__device__ __forceinline__ void rebase_rows(WarpState& s, float (&mx)[2], float (&base)[2], float (&alpha)[2]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
         mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-        softmax_rebase(m[h], l[h], mx[h], base[h], alpha[h]);
-    }
-}
-
-// The A fragments of one M-tile's Q (qw: its 512 entries) for the four k-steps over scale group i's
-// dims (the lane's 16 bytes of each key, attention_int8.cuh's head comment).
-__device__ __forceinline__ void q_fragments(const uint4* __restrict__ qw, int i, int lane, uint32_t (&a)[4][4]) {
-    const uint4 qa = qw[((i * 2 + 0) * 2 + 0) * 32 + lane];
-    const uint4 qb = qw[((i * 2 + 0) * 2 + 1) * 32 + lane];
-    const uint4 qc = qw[((i * 2 + 1) * 2 + 0) * 32 + lane];
-    const uint4 qd = qw[((i * 2 + 1) * 2 + 1) * 32 + lane];
-    const uint32_t f[4][4] = {{qa.x, qc.x, qa.y, qc.y}, {qa.z, qc.z, qa.w, qc.w},
-                              {qb.x, qd.x, qb.y, qd.y}, {qb.z, qd.z, qb.w, qd.w}};
-#pragma unroll
-    for (int t = 0; t < 4; ++t)
-#pragma unroll
-        for (int u = 0; u < 4; ++u) a[t][u] = f[t][u];
-}
-
-// The B fragments of stage key `key` for the four k-steps over scale group i (lane (r, c): 16 INT8
-// bytes at dims 64 i + 16 c), dequantized: b[t] = k-step t's two registers.
-__device__ __forceinline__ void k_fragments(const Stage& st, int key, int i, int c, uint32_t (&b)[4][2]) {
-    const uint4 kw = *reinterpret_cast<const uint4*>(st.k() + key * D + (((4 * i + c) ^ k_swizzle(key)) * 16));
-    const __half2 ks = __half2half2(st.k_scale()[key * GROUPS + i]);
-    const uint32_t w[4] = {kw.x ^ 0x80808080u, kw.y ^ 0x80808080u, kw.z ^ 0x80808080u, kw.w ^ 0x80808080u};
-#pragma unroll
-    for (int t = 0; t < 4; ++t) {
-        b[t][0] = dequant2(w[t], 0x4140, ks);
-        b[t][1] = dequant2(w[t], 0x4342, ks);
-    }
-}
-
-// A rows-as-M step's scores sc (n-tile nt: keys kb + 8 nt ..; element e: row r (+8 for e >= 2), key
-// 2c + e % 2; key index key0 + kb ...) into P's A fragment `pa` for the P V k-step: masked beyond each
-// row's last key (lim0 / lim1), the rows' running max m and sum l rebased, alpha the factors their
-// outputs take.
-__device__ __forceinline__ void scores_to_p(float (&m)[2], float (&l)[2], float (&sc)[2][4], int key0, int kb,
-                                            int lim0, int lim1, int c, uint32_t (&pa)[4], float (&alpha)[2]) {
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int key = key0 + kb + 8 * nt + 2 * c + (e & 1);
-            const float v = sc[nt][e] * SCALE_LOG2;
-            sc[nt][e] = key <= (e < 2 ? lim0 : lim1) ? v : -INFINITY;
-            mx[e >> 1] = fmaxf(mx[e >> 1], sc[nt][e]);
-        }
-    }
-    float base[2];
-    rebase_rows(m, l, mx, base, alpha);
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            sc[nt][e] = exp2f(sc[nt][e] - base[e >> 1]);
-            l[e >> 1] += sc[nt][e];
-        }
-    }
-    pa[0] = pack_half2(sc[0][0], sc[0][1]);
-    pa[1] = pack_half2(sc[0][2], sc[0][3]);
-    pa[2] = pack_half2(sc[1][0], sc[1][1]);
-    pa[3] = pack_half2(sc[1][2], sc[1][3]);
-}
-
-// The B fragments of the P V k-step over stage keys kb .. kb + 15 for the output dims of half h (lane
-// (r, c) reads keys kb + 2c, +1, +8, +9, 16 bytes at dims 128 h + 16 r), dequantized: f(j, b0, b1) for
-// the half's n-tile j = 0..15 (accumulator 16 h + j of a warp that holds every dim).
-template <class F>
-__device__ __forceinline__ void v_fragments(const Stage& st, int kb, int h, int lane, F&& f) {
-    const int r = lane >> 2, c = lane & 3;
-    const int k0 = kb + 2 * c;
-    const int off = ((8 * h + r) ^ v_swizzle(k0)) * 16;  // the same swizzle for the four keys
-    const half* vs = st.v_scale();
-    const uint4 A0 = *reinterpret_cast<const uint4*>(st.v() + (k0 + 0) * D + off);
-    const uint4 A1 = *reinterpret_cast<const uint4*>(st.v() + (k0 + 1) * D + off);
-    const uint4 A2 = *reinterpret_cast<const uint4*>(st.v() + (k0 + 8) * D + off);
-    const uint4 A3 = *reinterpret_cast<const uint4*>(st.v() + (k0 + 9) * D + off);
-    const int g = 2 * h + (r >> 2);
-    const __half2 s01 = __halves2half2(vs[(k0 + 0) * GROUPS + g], vs[(k0 + 1) * GROUPS + g]);
-    const __half2 s89 = __halves2half2(vs[(k0 + 8) * GROUPS + g], vs[(k0 + 9) * GROUPS + g]);
-    const uint32_t w0[4] = {A0.x, A0.y, A0.z, A0.w};
-    const uint32_t w1[4] = {A1.x, A1.y, A1.z, A1.w};
-    const uint32_t w2[4] = {A2.x, A2.y, A2.z, A2.w};
-    const uint32_t w3[4] = {A3.x, A3.y, A3.z, A3.w};
-#pragma unroll
-    for (int wi = 0; wi < 4; ++wi) {
-        // interleave the two keys of each B register: [k0 b0, k1 b0, k0 b1, k1 b1], ...
-        const uint32_t t01[2] = {prmt(w0[wi], w1[wi], 0x5140) ^ 0x80808080u, prmt(w0[wi], w1[wi], 0x7362) ^ 0x80808080u};
-        const uint32_t t89[2] = {prmt(w2[wi], w3[wi], 0x5140) ^ 0x80808080u, prmt(w2[wi], w3[wi], 0x7362) ^ 0x80808080u};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const uint32_t sel = (e & 1) ? 0x4342 : 0x4140;
-            f(4 * wi + e, dequant2(t01[e >> 1], sel, s01), dequant2(t89[e >> 1], sel, s89));
-        }
+        softmax_rebase(s.m[h], s.l[h], mx[h], base[h], alpha[h]);
     }
 }
 
@@ -285,69 +189,82 @@ __device__ __forceinline__ void attend16(WarpState& s, const Stage& st, const ui
     // ---- S = Q K^T over the 256 head dims (four 16-byte chunks per lane, four k-steps each)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        uint32_t a[4][4];
-        q_fragments(qw, i, lane, a);
+        const uint4 qa = qw[((i * 2 + 0) * 2 + 0) * 32 + lane];
+        const uint4 qb = qw[((i * 2 + 0) * 2 + 1) * 32 + lane];
+        const uint4 qc = qw[((i * 2 + 1) * 2 + 0) * 32 + lane];
+        const uint4 qd = qw[((i * 2 + 1) * 2 + 1) * 32 + lane];
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
-            uint32_t b[4][2];
-            k_fragments(st, kb + 8 * nt + r, i, c, b);
-#pragma unroll
-            for (int t = 0; t < 4; ++t) mma_f16_16816(sc[nt], a[t], b[t][0], b[t][1]);
+            const int key = kb + 8 * nt + r;
+            const uint4 kw = *reinterpret_cast<const uint4*>(st.k() + key * D + (((4 * i + c) ^ k_swizzle(key)) * 16));
+            const __half2 ks = __half2half2(st.k_scale()[key * GROUPS + i]);
+            const uint32_t w[4] = {kw.x ^ 0x80808080u, kw.y ^ 0x80808080u, kw.z ^ 0x80808080u, kw.w ^ 0x80808080u};
+            const uint32_t a0[4] = {qa.x, qc.x, qa.y, qc.y};
+            const uint32_t a1[4] = {qa.z, qc.z, qa.w, qc.w};
+            const uint32_t a2[4] = {qb.x, qd.x, qb.y, qd.y};
+            const uint32_t a3[4] = {qb.z, qd.z, qb.w, qd.w};
+            mma_f16_16816(sc[nt], a0, dequant2(w[0], 0x4140, ks), dequant2(w[0], 0x4342, ks));
+            mma_f16_16816(sc[nt], a1, dequant2(w[1], 0x4140, ks), dequant2(w[1], 0x4342, ks));
+            mma_f16_16816(sc[nt], a2, dequant2(w[2], 0x4140, ks), dequant2(w[2], 0x4342, ks));
+            mma_f16_16816(sc[nt], a3, dequant2(w[3], 0x4140, ks), dequant2(w[3], 0x4342, ks));
         }
     }
-    // ---- online softmax (log2 domain), then O += P V over both halves of the dims
-    uint32_t pa[4];
-    float alpha[2];
-    scores_to_p(s.m, s.l, sc, key0, kb, lim0, lim1, c, pa, alpha);
+    // ---- online softmax (log2 domain); accumulator element e: row r (+8 for e >= 2), key 2c + e%2
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int key = key0 + kb + 8 * nt + 2 * c + (e & 1);
+            const float v = sc[nt][e] * SCALE_LOG2;
+            sc[nt][e] = key <= (e < 2 ? lim0 : lim1) ? v : -INFINITY;
+            mx[e >> 1] = fmaxf(mx[e >> 1], sc[nt][e]);
+        }
+    }
+    float alpha[2], base[2];
+    rebase_rows(s, mx, base, alpha);
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            sc[nt][e] = exp2f(sc[nt][e] - base[e >> 1]);
+            s.l[e >> 1] += sc[nt][e];
+        }
+    }
     rescale_rows(s.o, alpha);
+    const uint32_t pa[4] = {pack_half2(sc[0][0], sc[0][1]), pack_half2(sc[0][2], sc[0][3]),
+                            pack_half2(sc[1][0], sc[1][1]), pack_half2(sc[1][2], sc[1][3])};
+    // ---- O += P V: lane reads keys kb + 2c, +1, +8, +9, 16 bytes at dims 128 h + 16 r
+    const int k0 = kb + 2 * c;
+    const int swz = v_swizzle(k0);  // the same for the four keys
+    const half* vs = st.v_scale();
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-        v_fragments(st, kb, h, lane, [&](int j, uint32_t b0, uint32_t b1) { mma_f16_16816(s.o[16 * h + j], pa, b0, b1); });
-}
-
-// Online-softmax state of one warp of a pair (the window form of two M-tiles): rows r and r + 8 of
-// both M-tiles (o[m], m[m], l[m]: M-tile m), the 128 output dims of the warp's half.
-struct PairState {
-    float o[2][16][4];
-    float m[2][2];
-    float l[2][2];
-};
-
-// One step of 16 keys for one warp of a pair: the keys dequantized once for both M-tiles' scores (the
-// pair's other warp computes the same), V dequantized once for both M-tiles' outputs of the warp's
-// half h of the dims. Every product and sum is the one attend16 takes for that M-tile and dim, in the
-// same order. lim[m][0 / 1]: the last key rows r / r + 8 of M-tile m see.
-__device__ __forceinline__ void attend16_pair(PairState& s, const Stage& st, const uint4* __restrict__ qfrag, int kb,
-                                              int key0, const int (&lim)[2][2], int h, int lane) {
-    const int r = lane >> 2, c = lane & 3;
-    float sc[2][2][4] = {};
+    for (int h = 0; h < 2; ++h) {
+        const int off = ((8 * h + r) ^ swz) * 16;
+        const uint4 A0 = *reinterpret_cast<const uint4*>(st.v() + (k0 + 0) * D + off);
+        const uint4 A1 = *reinterpret_cast<const uint4*>(st.v() + (k0 + 1) * D + off);
+        const uint4 A2 = *reinterpret_cast<const uint4*>(st.v() + (k0 + 8) * D + off);
+        const uint4 A3 = *reinterpret_cast<const uint4*>(st.v() + (k0 + 9) * D + off);
+        const int g = 2 * h + (r >> 2);
+        const __half2 s01 = __halves2half2(vs[(k0 + 0) * GROUPS + g], vs[(k0 + 1) * GROUPS + g]);
+        const __half2 s89 = __halves2half2(vs[(k0 + 8) * GROUPS + g], vs[(k0 + 9) * GROUPS + g]);
+        const uint32_t w0[4] = {A0.x, A0.y, A0.z, A0.w};
+        const uint32_t w1[4] = {A1.x, A1.y, A1.z, A1.w};
+        const uint32_t w2[4] = {A2.x, A2.y, A2.z, A2.w};
+        const uint32_t w3[4] = {A3.x, A3.y, A3.z, A3.w};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        uint32_t a0[4][4], a1[4][4];
-        q_fragments(qfrag, i, lane, a0);
-        q_fragments(qfrag + 512, i, lane, a1);
+        for (int wi = 0; wi < 4; ++wi) {
+            // interleave the two keys of each B register: [k0 b0, k1 b0, k0 b1, k1 b1], ...
+            const uint32_t t01[2] = {prmt(w0[wi], w1[wi], 0x5140) ^ 0x80808080u, prmt(w0[wi], w1[wi], 0x7362) ^ 0x80808080u};
+            const uint32_t t89[2] = {prmt(w2[wi], w3[wi], 0x5140) ^ 0x80808080u, prmt(w2[wi], w3[wi], 0x7362) ^ 0x80808080u};
 #pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-            uint32_t b[4][2];
-            k_fragments(st, kb + 8 * nt + r, i, c, b);
-#pragma unroll
-            for (int t = 0; t < 4; ++t) {
-                mma_f16_16816(sc[0][nt], a0[t], b[t][0], b[t][1]);
-                mma_f16_16816(sc[1][nt], a1[t], b[t][0], b[t][1]);
+            for (int e = 0; e < 4; ++e) {
+                const uint32_t sel = (e & 1) ? 0x4342 : 0x4140;
+                mma_f16_16816(s.o[16 * h + 4 * wi + e], pa, dequant2(t01[e >> 1], sel, s01),
+                              dequant2(t89[e >> 1], sel, s89));
             }
         }
     }
-    uint32_t pa[2][4];
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-        float alpha[2];
-        scores_to_p(s.m[m], s.l[m], sc[m], key0, kb, lim[m][0], lim[m][1], c, pa[m], alpha);
-        rescale_rows(s.o[m], alpha);
-    }
-    v_fragments(st, kb, h, lane, [&](int j, uint32_t b0, uint32_t b1) {
-        mma_f16_16816(s.o[0][j], pa[0], b0, b1);
-        mma_f16_16816(s.o[1][j], pa[1], b0, b1);
-    });
 }
 
 // Online-softmax state of one warp in the keys-as-M form: queries 2c, 2c + 1 of its lane (c = lane
@@ -493,34 +410,32 @@ __device__ __forceinline__ void prefetch_scale_lines(const Params& p, size_t hea
     }
 }
 
-// A rows-as-M warp's state of one M-tile into the merge area (merge_and_store's layout): its rows r
-// and r + 8 (N accumulators o, running max m, sum l) at slot row `slot0` and slot0 + 8, the row sums
-// over the four lanes of a row first; dim(j, e) is the output dim of element e (and e + 2, the row +
-// 8) of accumulator j. with_ml: this warp writes the rows' max and sum (one warp of a pair does).
-template <int N, class Dim>
-__device__ __forceinline__ void put_rows_state(float* mo, float* mml, const float (&o)[N][4], const float (&m)[2],
-                                               float (&l)[2], int slot0, int c, bool with_ml, Dim dim) {
+// A rows-as-M warp's state into the merge area (merge_and_store's layout), its rows r and r + 8
+// at slot row `slot0` and slot0 + 8: the row sums over the four lanes of a row first; dim(j, e) is
+// the output dim of element e (and e + 2, the row + 8) of accumulator j.
+template <class Dim>
+__device__ __forceinline__ void put_rows_state(float* mo, float* mml, WarpState& s, int slot0, int c, Dim dim) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+        s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 1);
+        s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 2);
     }
     float* o0 = mo + slot0 * MERGE_STRIDE;
     float* o1 = mo + (slot0 + 8) * MERGE_STRIDE;
 #pragma unroll
-    for (int j = 0; j < N; ++j) {
+    for (int j = 0; j < 32; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int d = dim(j, e);
-            o0[d + (d >> 5)] = o[j][e];
-            o1[d + (d >> 5)] = o[j][2 + e];
+            o0[d + (d >> 5)] = s.o[j][e];
+            o1[d + (d >> 5)] = s.o[j][2 + e];
         }
     }
-    if (with_ml && c == 0) {
-        mml[slot0 * 2] = m[0];
-        mml[slot0 * 2 + 1] = l[0];
-        mml[(slot0 + 8) * 2] = m[1];
-        mml[(slot0 + 8) * 2 + 1] = l[1];
+    if (c == 0) {
+        mml[slot0 * 2] = s.m[0];
+        mml[slot0 * 2 + 1] = s.l[0];
+        mml[(slot0 + 8) * 2] = s.m[1];
+        mml[(slot0 + 8) * 2 + 1] = s.l[1];
     }
 }
 
@@ -562,17 +477,9 @@ __device__ __forceinline__ void merge_and_store(const float* mo, const float* mm
     }
 }
 
-// How a block's warps share its rows and dims: Rows, warp w takes M-tile w % MT and every dim; Keys,
-// the keys-as-M form (one M-tile of at most 8 rows); Pairs (a verify window of two M-tiles), warp w
-// takes both M-tiles and dims 128 (w % 2) .. + 127, so the warps w, w ^ 1 dequantize each V once
-// between them instead of once per M-tile. In every form warp w takes key group w / MT of each tile.
-enum class Warps { Rows, Keys, Pairs };
-
-template <int MT, int KG, bool PREFILL, Warps FORM = Warps::Rows>
+template <int MT, int KG, bool PREFILL, bool KEYS_M = false>
 __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p) {
-    constexpr bool KEYS_M = FORM == Warps::Keys, PAIRS = FORM == Warps::Pairs;
     static_assert(!KEYS_M || (MT == 1 && !PREFILL), "keys as M: the decode step's one M-tile of rows");
-    static_assert(!PAIRS || (MT == 2 && !PREFILL), "pairs: a verify window's two M-tiles");
     constexpr int NT = MT * KG * 32;
     extern __shared__ __align__(16) uint8_t smem[];
     uint4* qfrag = reinterpret_cast<uint4*>(smem);
@@ -671,30 +578,18 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
         for (int g = 0; g < Q_GROUP; ++g) qfrag[threadIdx.x + (g0 + g) * NT] = bf16x8_to_half(raw[g]);
     }
 
-    const int mt = warp % MT, kg = warp / MT;  // Pairs: mt is the warp's half of the dims
-    auto row_lim = [&](int row) { return row < nrows ? min(pos_first + row / p.group, kend - 1) : -1; };  // its last key
-    const int row0 = (PAIRS ? 0 : mt * 16) + (lane >> 2), row1 = row0 + 8;
-    const int lim[2][2] = {{row_lim(row0), row_lim(row1)}, {row_lim(row0 + 16), row_lim(row1 + 16)}};  // [M-tile][row]
-    const int lim0 = lim[0][0], lim1 = lim[0][1];
-    const int lane_lim = PAIRS ? max(max(lim0, lim1), max(lim[1][0], lim[1][1])) : max(lim0, lim1);
-    const int warp_lim = __reduce_max_sync(0xffffffffu, lane_lim);
-    const uint4* qw = qfrag + (PAIRS ? 0 : mt * 512);
+    const int mt = warp % MT, kg = warp / MT;
+    const int row0 = mt * 16 + (lane >> 2), row1 = row0 + 8;
+    const int lim0 = row0 < nrows ? min(pos_first + row0 / p.group, kend - 1) : -1;
+    const int lim1 = row1 < nrows ? min(pos_first + row1 / p.group, kend - 1) : -1;
+    const int warp_lim = __reduce_max_sync(0xffffffffu, max(lim0, lim1));
+    const uint4* qw = qfrag + mt * 512;
 
-    std::conditional_t<KEYS_M, KeysState, std::conditional_t<PAIRS, PairState, WarpState>> s;
-    if constexpr (PAIRS) {
+    std::conditional_t<KEYS_M, KeysState, WarpState> s;
 #pragma unroll
-        for (int m = 0; m < 2; ++m) {
-#pragma unroll
-            for (int j = 0; j < 16; ++j) s.o[m][j][0] = s.o[m][j][1] = s.o[m][j][2] = s.o[m][j][3] = 0.0f;
-            s.m[m][0] = s.m[m][1] = -INFINITY;
-            s.l[m][0] = s.l[m][1] = 0.0f;
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < int(sizeof(s.o) / sizeof(s.o[0])); ++j) s.o[j][0] = s.o[j][1] = s.o[j][2] = s.o[j][3] = 0.0f;
-        s.m[0] = s.m[1] = -INFINITY;
-        s.l[0] = s.l[1] = 0.0f;
-    }
+    for (int j = 0; j < int(sizeof(s.o) / sizeof(s.o[0])); ++j) s.o[j][0] = s.o[j][1] = s.o[j][2] = s.o[j][3] = 0.0f;
+    s.m[0] = s.m[1] = -INFINITY;
+    s.l[0] = s.l[1] = 0.0f;
 
     for (int it = 0; it < ntiles; ++it) {
         cp_async_wait<STAGES - 2>();
@@ -712,7 +607,6 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
             const int kb = kg * (KEYS / KG) + sub * 16;
             if (key0 + kb > warp_lim) break;  // causal: nothing visible from here on for this warp
             if constexpr (KEYS_M) attend16_keys(s, st, qw, kb, key0, warp_lim, lane);
-            else if constexpr (PAIRS) attend16_pair(s, st, qw, kb, key0, lim, mt, lane);
             else attend16(s, st, qw, kb, key0, lim0, lim1, lane);
         }
     }
@@ -745,13 +639,8 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
                 mml[(kg * 16 + 2 * c + e) * 2 + 1] = s.l[e];
             }
         }
-    } else if constexpr (PAIRS) {  // the output dims of half mt as attend16 permuted them
-#pragma unroll
-        for (int m = 0; m < 2; ++m)
-            put_rows_state(mo, mml, s.o[m], s.m[m], s.l[m], kg * MT * 16 + m * 16 + row0, c, mt == 0,
-                           [c, mt](int j, int e) { return 128 * mt + 16 * (2 * c + e) + j; });
     } else {  // the output dims as attend16 permuted them
-        put_rows_state(mo, mml, s.o, s.m, s.l, kg * MT * 16 + row0, c, true,
+        put_rows_state(mo, mml, s, kg * MT * 16 + row0, c,
                        [c](int j, int e) { return 128 * (j >> 4) + 16 * (2 * c + e) + (j & 15); });
     }
     __syncthreads();

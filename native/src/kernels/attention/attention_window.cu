@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(MT * key_groups(MT, KEYS_T) * 32, 1) attn_wind
     // ---- the KG warps of each M-tile merged, a split's partial output stored
     float* mo = reinterpret_cast<float*>(smem);     // [KG][MT * 16][MERGE_STRIDE]
     float* mml = mo + KG * MT * 16 * MERGE_STRIDE;  // [KG][MT * 16][2]
-    put_rows_state(mo, mml, s.o, s.m, s.l, kg * MT * 16 + row0, c, true, [c](int j, int e) { return 8 * j + 2 * c + e; });
+    put_rows_state(mo, mml, s, kg * MT * 16 + row0, c, [c](int j, int e) { return 8 * j + 2 * c + e; });
     __syncthreads();
     merge_and_store<MT, KG, false>(mo, mml, p, nrows, 0, blockIdx.x, kvh);
 }
@@ -125,18 +125,18 @@ template <class F>
 auto with_form(WindowForm form, int mt, F&& f) {
     if (form == WindowForm::Tiled64) return with_form_keys<KEYS>(mt, f);
     if (form == WindowForm::Tiled32) return with_form_keys<KEYS / 2>(mt, f);
-    throw std::logic_error("attn_window_tiled: the core's forms have no tiles");
+    throw std::logic_error("attn_window_tiled: the core's form has no tiles");
 }
 
 }  // namespace
 
 bool attn_window_tiled_fits(WindowForm form, int mt) {
-    if (mt < 2 || mt > 4 || (form != WindowForm::Tiled64 && form != WindowForm::Tiled32)) return false;
+    if (mt < 2 || mt > 4 || form == WindowForm::Core) return false;
     return tiled_smem_bytes(mt, form == WindowForm::Tiled64 ? KEYS : KEYS / 2) <= smem_optin_bytes();
 }
 
 int attn_window_tiled_blocks_per_sm(WindowForm form, int mt) {
-    static int blocks[4][5] = {};  // by form and mt; 0: not asked yet
+    static int blocks[3][5] = {};  // by form and mt; 0: not asked yet
     int& n = blocks[int(form)][std::clamp(mt, 0, 4)];
     if (!n) {
         n = with_form(form, mt, [](auto kernel, int threads, size_t smem) {

@@ -8,10 +8,9 @@
 
 namespace lampo {
 
-// A verify window's attention: the shared core's form with a warp per M-tile (Core) or, for two
-// M-tiles, in warp pairs that each hold both M-tiles for half the dims (Pairs: attention_int8.cuh's
-// Warps::Pairs), or the tiled form with 64-key tiles (146-162 KiB a block) or 32-key tiles (81-97 KiB).
-enum class WindowForm { Core, Pairs, Tiled64, Tiled32 };
+// A verify window's attention: the shared core's form, or the tiled form with 64-key tiles (146-162
+// KiB a block) or 32-key tiles (81-97 KiB).
+enum class WindowForm { Core, Tiled64, Tiled32 };
 
 // Whether a window whose rows fill `mt` M-tiles of 16 (Tq * group rows) may take the tiled `form`:
 // 2 <= mt <= 4 (one M-tile has no key to dequantize twice) and the GPU lets a block hold its shared
