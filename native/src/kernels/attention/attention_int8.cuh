@@ -185,9 +185,7 @@ __device__ __forceinline__ void rebase_rows(WarpState& s, float (&mx)[2], float 
 __device__ __forceinline__ void attend16(WarpState& s, const Stage& st, const uint4* __restrict__ qw, int kb,
                                          int key0, int lim0, int lim1, int lane) {
     const int r = lane >> 2, c = lane & 3;
-    // sc: the even k-steps of each chunk, sc_odd the odd ones (two chains of 8 products per n-tile
-    // instead of one of 16, added at the end)
-    float sc[2][4] = {}, sc_odd[2][4] = {};
+    float sc[2][4] = {};
     // ---- S = Q K^T over the 256 head dims (four 16-byte chunks per lane, four k-steps each)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -206,15 +204,11 @@ __device__ __forceinline__ void attend16(WarpState& s, const Stage& st, const ui
             const uint32_t a2[4] = {qb.x, qd.x, qb.y, qd.y};
             const uint32_t a3[4] = {qb.z, qd.z, qb.w, qd.w};
             mma_f16_16816(sc[nt], a0, dequant2(w[0], 0x4140, ks), dequant2(w[0], 0x4342, ks));
-            mma_f16_16816(sc_odd[nt], a1, dequant2(w[1], 0x4140, ks), dequant2(w[1], 0x4342, ks));
+            mma_f16_16816(sc[nt], a1, dequant2(w[1], 0x4140, ks), dequant2(w[1], 0x4342, ks));
             mma_f16_16816(sc[nt], a2, dequant2(w[2], 0x4140, ks), dequant2(w[2], 0x4342, ks));
-            mma_f16_16816(sc_odd[nt], a3, dequant2(w[3], 0x4140, ks), dequant2(w[3], 0x4342, ks));
+            mma_f16_16816(sc[nt], a3, dequant2(w[3], 0x4140, ks), dequant2(w[3], 0x4342, ks));
         }
     }
-#pragma unroll
-    for (int nt = 0; nt < 2; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sc[nt][e] += sc_odd[nt][e];
     // ---- online softmax (log2 domain); accumulator element e: row r (+8 for e >= 2), key 2c + e%2
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -293,7 +287,7 @@ __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
 __device__ __forceinline__ void attend16_keys(KeysState& s, const Stage& st, const uint4* __restrict__ qw, int kb,
                                               int key0, int lim, int lane) {
     const int r = lane >> 2, c = lane & 3;
-    float sc[4] = {}, sc_odd[4] = {};  // the even / odd k-steps: two chains of 8 products, added at the end
+    float sc[4] = {};
     // ---- S^T = K Q^T over the 256 head dims: per scale group i, four k-steps
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -313,11 +307,9 @@ __device__ __forceinline__ void attend16_keys(KeysState& s, const Stage& st, con
         for (int t = 0; t < 4; ++t) {
             const uint32_t a[4] = {dequant2(wa[t], 0x4140, sa), dequant2(wb[t], 0x4140, sb),
                                    dequant2(wa[t], 0x4342, sa), dequant2(wb[t], 0x4342, sb)};
-            mma_f16_16816(t & 1 ? sc_odd : sc, a, q_lo[t], q_hi[t]);
+            mma_f16_16816(sc, a, q_lo[t], q_hi[t]);
         }
     }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) sc[e] += sc_odd[e];
     // ---- online softmax per query (log2 domain); sc[e]: key r (+8 for e >= 2), query 2c + e % 2
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
