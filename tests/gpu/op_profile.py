@@ -1,7 +1,9 @@
-"""Run LQ GEMV launches for Nsight Compute (tests/gpu/run.sh kernel): one call per shape and width,
-random packed weights, so `ncu -k regex:gemv_lq` profiles each launch alone.
+"""Run single launches for Nsight Compute (tests/gpu/run.sh kernel): an LQ GEMV per OUT,IN,BITS[,T]
+(random packed weights, `ncu -k regex:gemv_lq`), or the split-KV decode attention per
+attn:NQ,NKV,L,TQ (NQ query heads, NKV KV heads, L live keys, TQ query tokens; a synthetic INT8
+cache; the engine's form for that call, `ncu -k regex:attn_`), so that ncu profiles each alone.
 
-    python3 tests/gpu/op_profile.py OUT,IN,BITS[,T] ...
+    python3 tests/gpu/op_profile.py OUT,IN,BITS[,T] ... attn:NQ,NKV,L,TQ ...
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ from lampo.models.quant import layout
 def main(argv: list[str]) -> int:
     rng = np.random.default_rng(0)
     for spec in argv:
+        if spec.startswith("attn:"):
+            nq, nkv, length, Tq = (int(v) for v in spec[len("attn:") :].split(","))
+            ops.bench_attn_decode(nq, nkv, length, Tq, 1)
+            print(f"attn_decode_int8 nq={nq} nkv={nkv} L={length} Tq={Tq}: launched", file=sys.stderr)
+            continue
         out, inn, bits, *rest = (int(v) for v in spec.split(","))
         T = rest[0] if rest else 1
         packed = rng.integers(0, 256, layout.packed_bytes(out, inn, bits), dtype=np.uint8)

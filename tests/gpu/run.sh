@@ -38,8 +38,9 @@
 #          drafts among the first SPEC_DRAFT_VOCAB ids (default 98304, a Latin-script conversation's;
 #          empty: every id), the chain timed over every id too; SPEC_DEPTHS (default 8192, e.g.
 #          8192,262000) the depths, SPEC_K (default 1,2,3,4; the bench takes 1..7) the draft counts
-#   kernel build + pytest -m cuda (LAMPO_GPU_TESTS) + Nsight Compute (--set full) over the LQ GEMV
-#          launches of tests/gpu/op_profile.py for the shapes in KERNEL_SHAPES ("OUT,IN,BITS[,T] ...")
+#   kernel build + pytest -m cuda (LAMPO_GPU_TESTS) + Nsight Compute (--set full) over the launches
+#          of tests/gpu/op_profile.py for the shapes in KERNEL_SHAPES ("OUT,IN,BITS[,T] ..." LQ GEMVs,
+#          "attn:NQ,NKV,L,TQ ..." decode attention) whose kernel names match KERNEL_REGEX (default gemv_lq)
 #   gemv   build (no tests unless TESTS=1) + tests/gpu/gemv_sweep.py: every LQ matrix of both models at
 #          1 and 4 tokens, and per (in, bits, tokens) the fixed cost of a launch and its streaming rate
 #   final  build + pytest -m cuda (the engine tests again with LAMPO_DECODE_FUSION=none and =all, as
@@ -393,7 +394,7 @@ spec)
       ${vocab:+--draft-vocab $vocab}
   done ;;
 kernel)
-  timeout 300 ncu --set full -k regex:gemv_lq --clock-control none \
+  timeout 300 ncu --set full -k "regex:${KERNEL_REGEX:-gemv_lq}" --clock-control none \
     $PY tests/gpu/op_profile.py ${KERNEL_SHAPES:-248320,2048,4 8192,2048,5} >"$OUT/bench/ncu-kernel.txt" 2>&1
   log "ncu exit $?" ;;
 gemv)
