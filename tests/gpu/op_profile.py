@@ -1,7 +1,8 @@
 """Run single launches for Nsight Compute (tests/gpu/run.sh kernel): an LQ GEMV per OUT,IN,BITS[,T]
 (random packed weights, `ncu -k regex:gemv_lq`), or the split-KV decode attention per
 attn:NQ,NKV,L,TQ (NQ query heads, NKV KV heads, L live keys, TQ query tokens; a synthetic INT8
-cache; the engine's form for that call, `ncu -k regex:attn_`), so that ncu profiles each alone.
+cache; the engine's form for that call, `ncu -k regex:attn_int8_kernel`: the combine after it is
+another kernel), so that ncu profiles each alone.
 
     python3 tests/gpu/op_profile.py OUT,IN,BITS[,T] ... attn:NQ,NKV,L,TQ ...
 """
