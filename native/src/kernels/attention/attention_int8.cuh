@@ -509,17 +509,32 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
 
     // ---- K/V tile loader (cp.async, zero-fill beyond kend): the INT8 rows, then their scales
     const size_t head_row0 = size_t(kvh) * p.context_max;
+    // Thread t copies 16-byte chunk t % 16 of key rows t / 16 + ROWS j of K and V: fixed chunk, fixed
+    // swizzles (ROWS a multiple of 8) and a fixed stride, so a tile wholly below kend (every tile but
+    // a split's last) takes one copy per row and no per-row arithmetic.
+    constexpr int ROWS = NT / 16;  // key rows one pass of the block's threads covers
+    const int ch = threadIdx.x % 16, first = threadIdx.x / 16;
     auto load_kv = [&](int tile, int slot) {
         const int key0 = kbeg + tile * KEYS;
         const Stage st{pipe + slot * STAGE_BYTES};
-        for (int e = threadIdx.x; e < 2 * KEYS * 16; e += NT) {
-            const bool is_v = e >= KEYS * 16;
-            const int key = (e >> 4) & (KEYS - 1), ch = e & 15;
-            const bool valid = key0 + key < kend;
-            const size_t row = head_row0 + (valid ? key0 + key : 0);
-            const int8_t* src = (is_v ? p.v_cache : p.k_cache) + row * D + ch * 16;
-            int8_t* dst = (is_v ? st.v() : st.k()) + key * D + ((ch ^ (is_v ? v_swizzle(key) : k_swizzle(key))) * 16);
-            cp_async_16(dst, src, valid);
+        auto copy = [&](int key, size_t row, bool valid) {  // key row `key` of the stage from cache row `row`
+            cp_async_16(st.k() + key * D + ((ch ^ k_swizzle(key)) * 16), p.k_cache + row * D + ch * 16, valid);
+            cp_async_16(st.v() + key * D + ((ch ^ v_swizzle(key)) * 16), p.v_cache + row * D + ch * 16, valid);
+        };
+        constexpr int PASSES = (KEYS + ROWS - 1) / ROWS;
+        if (key0 + KEYS <= kend) {  // the whole tile is live (the same branch for every thread)
+            const size_t row = head_row0 + key0 + first;
+#pragma unroll
+            for (int j = 0; j < PASSES; ++j)
+                if (KEYS % ROWS == 0 || first + j * ROWS < KEYS) copy(first + j * ROWS, row + j * ROWS, true);
+        } else {
+#pragma unroll
+            for (int j = 0; j < PASSES; ++j) {
+                const int key = first + j * ROWS;
+                if (KEYS % ROWS != 0 && key >= KEYS) break;
+                const bool valid = key0 + key < kend;
+                copy(key, head_row0 + (valid ? key0 + key : 0), valid);
+            }
         }
     };
     auto load_scales = [&](int tile, int slot) {
