@@ -126,7 +126,7 @@ size_t Engine::kv_layer_bytes() const { return 2 * (align256(kv_elems()) + align
 
 KvCacheLayer Engine::kv_layer_at(char* p) const {
     const size_t kv_bytes = align256(kv_elems()), scale_bytes = align256(kv_elems() / KV_GROUP * 2);
-    return KvCacheLayer{reinterpret_cast<int8_t*>(p), reinterpret_cast<int8_t*>(p + kv_bytes),
+    return KvCacheLayer{reinterpret_cast<uint8_t*>(p), reinterpret_cast<uint8_t*>(p + kv_bytes),
                         reinterpret_cast<half*>(p + 2 * kv_bytes), reinterpret_cast<half*>(p + 2 * kv_bytes + scale_bytes)};
 }
 
@@ -536,8 +536,8 @@ void Engine::fill_state_random(int depth, uint64_t seed) {
     uint64_t s = seed;
     for (const KvCacheLayer& kv : state_.kv) {
         if (!kv.k) continue;
-        fill_uniform_int8(kv.k, kv_elems, ++s, stream_);
-        fill_uniform_int8(kv.v, kv_elems, ++s, stream_);
+        fill_kv_codes(kv.k, kv_elems, ++s, stream_);
+        fill_kv_codes(kv.v, kv_elems, ++s, stream_);
         fill_uniform_f16(kv.k_scale, kv_elems / KV_GROUP, 0.002f, 0.02f, ++s, stream_);
         fill_uniform_f16(kv.v_scale, kv_elems / KV_GROUP, 0.002f, 0.02f, ++s, stream_);
         LAMPO_CHECK_LAUNCH("fill_state_random (KV cache)");

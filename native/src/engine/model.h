@@ -123,9 +123,9 @@ struct ModelWeights {
 };
 
 // ---- conversation state (device pointers; owned by the Engine) ---------------------------------
-struct KvCacheLayer {        // [nkv, context_max, D] int8 + [nkv, context_max, D/64] fp16 scales
-    int8_t* k = nullptr;
-    int8_t* v = nullptr;
+struct KvCacheLayer {        // [nkv, context_max, D] INT8 (offset binary, ops.h) + [nkv, context_max, D/64] fp16 scales
+    uint8_t* k = nullptr;
+    uint8_t* v = nullptr;
     half* k_scale = nullptr;
     half* v_scale = nullptr;
 };

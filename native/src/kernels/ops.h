@@ -54,13 +54,15 @@ void residual_add(float* residual, const bf16* delta, int rows, int n, cudaStrea
 
 // ---- attention_prep.cu ---------------------------------------------------------------------
 // INT8 KV cache, one fp16 scale per group of 64 values (symmetric, scale = max|x|/127, q =
-// clip(rint(x / scale), -127, 127); bit-exact with kv_int8.quantize_int8_g64):
-//   cache  [nkv, context_max, D] int8 ; scales [nkv, context_max, D/64] fp16
+// clip(rint(x / scale), -127, 127); bit-exact with kv_int8.quantize_int8_g64), each q stored offset
+// binary as the byte q + 128, which the readers' fp16 conversion (0x6400 | byte = 1152 + q) takes
+// as it is:
+//   cache  [nkv, context_max, D] uint8 ; scales [nkv, context_max, D/64] fp16
 constexpr int KV_GROUP = 64;
 struct KvAppendTarget {
     const bf16* v = nullptr;       // [T, nkv, D] the new value rows
-    int8_t* k_cache = nullptr;
-    int8_t* v_cache = nullptr;
+    uint8_t* k_cache = nullptr;
+    uint8_t* v_cache = nullptr;
     half* k_scale = nullptr;
     half* v_scale = nullptr;
     int context_max = 0;           // rows at positions >= context_max are not written
@@ -95,7 +97,7 @@ void attn_prep(const bf16* qg, const bf16* k_raw, const bf16* q_norm_w, const bf
 size_t attn_decode_partial_floats(int Tq, int nq, int nkv, int D, int context_max);
 bool decode_keys_as_m(int depth);
 long long attn_keys_as_m_launches();
-void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, const int8_t* v_cache,
+void attn_decode_int8(const bf16* q, const bf16* gate, const uint8_t* k_cache, const uint8_t* v_cache,
                       const half* k_scale, const half* v_scale, const int32_t* d_pos, bf16* out,
                       float* partial, int Tq, int nq, int nkv, int D, int context_max, bool keys_as_m,
                       cudaStream_t stream);
@@ -104,8 +106,8 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, co
 // Flash-style causal attention for a prefill chunk of T rows at positions pos0 .. pos0+T-1 over
 // cache rows [0, pos0 + t] (the chunk's rows already appended). Same I/O and gating as decode;
 // no score matrix is materialised. pos0 is a host int (prefill is not graph-captured).
-void attn_prefill_int8(const bf16* q, const bf16* gate, const int8_t* k_cache,
-                       const int8_t* v_cache, const half* k_scale, const half* v_scale, int pos0,
+void attn_prefill_int8(const bf16* q, const bf16* gate, const uint8_t* k_cache,
+                       const uint8_t* v_cache, const half* k_scale, const half* v_scale, int pos0,
                        bf16* out, int T, int nq, int nkv, int D, int context_max, cudaStream_t stream);
 
 // ---- Gated DeltaNet states ----------------------------------------------------------------

@@ -128,6 +128,24 @@ CacheArgs check_cache(const char* op, const Arr<int8_t>& kc, const Arr<int8_t>& 
     return c;
 }
 
+// The cache codes travel as the reference's signed q; the engine keeps each as the byte q + 128
+// (offset binary, ops.h).
+DeviceBuffer upload_kv_codes(const Arr<int8_t>& a) {
+    py::array_t<uint8_t> bytes(std::vector<py::ssize_t>(a.shape(), a.shape() + a.ndim()));
+    const int8_t* src = a.data();
+    uint8_t* dst = bytes.mutable_data();
+    for (py::ssize_t i = 0; i < a.size(); ++i) dst[i] = uint8_t(int(src[i]) + 128);
+    return upload(Arr<uint8_t>(bytes));
+}
+py::array_t<int8_t> download_kv_codes(const DeviceBuffer& buf, const Shape& shape) {
+    const auto bytes = download<uint8_t>(buf, shape);
+    py::array_t<int8_t> codes(shape);
+    const uint8_t* src = bytes.data();
+    int8_t* dst = codes.mutable_data();
+    for (py::ssize_t i = 0; i < codes.size(); ++i) dst[i] = int8_t(int(src[i]) - 128);
+    return codes;
+}
+
 // fp16 scales travel as uint16 bit patterns inside the binding (numpy float16 <-> half).
 Arr<uint16_t> half_bits(const py::array& a) {
     return Arr<uint16_t>(py::array(a).attr("view")(py::dtype("uint16")));
@@ -167,11 +185,11 @@ py::tuple py_attn_prep(Arr<uint16_t> qg, Arr<uint16_t> k_raw, Arr<uint16_t> q_no
         require(v.size() == py::ssize_t(T) * nkv * D, op, "v must hold [T, nkv, D] values");
         require(pos0 >= 0 && pos0 + T <= c.context_max, op, "rows past context_max");
         d_v = upload(v);
-        d_kc = upload(kc);
-        d_vc = upload(vc);
+        d_kc = upload_kv_codes(kc);
+        d_vc = upload_kv_codes(vc);
         d_ks = upload(ks);
         d_vs = upload(vs);
-        append = {as_bf16(d_v), d_kc.as<int8_t>(), d_vc.as<int8_t>(), d_ks.as<half>(), d_vs.as<half>(), c.context_max};
+        append = {as_bf16(d_v), d_kc.as<uint8_t>(), d_vc.as<uint8_t>(), d_ks.as<half>(), d_vs.as<half>(), c.context_max};
     }
     OpStream st;
     attn_prep(as_bf16(d_qg), as_bf16(d_k), as_bf16(d_qw), as_bf16(d_kw), d_pos.as<int32_t>(), as_bf16(d_q),
@@ -183,7 +201,7 @@ py::tuple py_attn_prep(Arr<uint16_t> qg, Arr<uint16_t> k_raw, Arr<uint16_t> q_no
     if (kv.is_none()) return prep;
     const Shape cs{c.nkv, c.context_max, c.D}, ss{c.nkv, c.context_max, c.D / KV_GROUP};
     auto f16 = [](py::array_t<uint16_t> a) { return py::array(a).attr("view")(py::dtype("float16")); };
-    return py::make_tuple(prep[0], prep[1], prep[2], download<int8_t>(d_kc, cs), download<int8_t>(d_vc, cs),
+    return py::make_tuple(prep[0], prep[1], prep[2], download_kv_codes(d_kc, cs), download_kv_codes(d_vc, cs),
                           f16(download<uint16_t>(d_ks, ss)), f16(download<uint16_t>(d_vs, ss)));
 }
 
@@ -200,8 +218,8 @@ py::array_t<uint16_t> py_attn_int8(bool decode, Arr<uint16_t> q, Arr<uint16_t> g
     require(pos0 >= 0 && pos0 + T <= c.context_max, op, "query positions past context_max");
     auto d_q = upload(q);
     auto d_g = upload(gate);
-    auto d_kc = upload(k_cache);
-    auto d_vc = upload(v_cache);
+    auto d_kc = upload_kv_codes(k_cache);
+    auto d_vc = upload_kv_codes(v_cache);
     auto d_ks = upload(ks);
     auto d_vs = upload(vs);
     auto d_out = poisoned(size_t(T) * nq * c.D * 2);
@@ -209,12 +227,12 @@ py::array_t<uint16_t> py_attn_int8(bool decode, Arr<uint16_t> q, Arr<uint16_t> g
     if (decode) {
         auto d_pos = device_int(pos0);
         auto d_part = poisoned(attn_decode_partial_floats(T, nq, c.nkv, c.D, c.context_max) * 4);
-        attn_decode_int8(as_bf16(d_q), as_bf16(d_g), d_kc.as<int8_t>(), d_vc.as<int8_t>(), d_ks.as<half>(),
+        attn_decode_int8(as_bf16(d_q), as_bf16(d_g), d_kc.as<uint8_t>(), d_vc.as<uint8_t>(), d_ks.as<half>(),
                          d_vs.as<half>(), d_pos.as<int32_t>(), as_bf16(d_out), d_part.as<float>(), T, nq, c.nkv, c.D,
                          c.context_max, keys_as_m, st.s);
         st.finish(op);
     } else {
-        attn_prefill_int8(as_bf16(d_q), as_bf16(d_g), d_kc.as<int8_t>(), d_vc.as<int8_t>(), d_ks.as<half>(),
+        attn_prefill_int8(as_bf16(d_q), as_bf16(d_g), d_kc.as<uint8_t>(), d_vc.as<uint8_t>(), d_ks.as<half>(),
                           d_vs.as<half>(), pos0, as_bf16(d_out), T, nq, c.nkv, c.D, c.context_max, st.s);
         st.finish(op);
     }
@@ -415,14 +433,14 @@ py::dict py_bench_attn_decode(int nq, int nkv, int length, int Tq, int iters, bo
     const int D = 256;
     const int context_max = (length + 63) / 64 * 64;
     const size_t rows = size_t(nkv) * context_max;
-    auto kc = filled(rows * D, 0x05), vc = filled(rows * D, 0x07);
+    auto kc = filled(rows * D, 0x85), vc = filled(rows * D, 0x87);  // codes 5 and 7
     auto ks = filled(rows * D / KV_GROUP * 2, 0x20), vs = filled(rows * D / KV_GROUP * 2, 0x21);
     auto q = filled(size_t(Tq) * nq * D * 2, 0x3c), gate = filled(size_t(Tq) * nq * D * 2, 0x3c);
     auto out = filled(size_t(Tq) * nq * D * 2, 0);
     auto pos = device_int(length - Tq);
     DeviceBuffer part(attn_decode_partial_floats(Tq, nq, nkv, D, context_max) * 4);
     const double us = time_graph(iters, [&](int, cudaStream_t s) {
-        attn_decode_int8(as_bf16(q), as_bf16(gate), kc.as<int8_t>(), vc.as<int8_t>(), ks.as<half>(), vs.as<half>(),
+        attn_decode_int8(as_bf16(q), as_bf16(gate), kc.as<uint8_t>(), vc.as<uint8_t>(), ks.as<half>(), vs.as<half>(),
                          pos.as<int32_t>(), as_bf16(out), part.as<float>(), Tq, nq, nkv, D, context_max, keys_as_m, s);
     });
     const double bytes = 2.0 * nkv * double(length) * (D + D / KV_GROUP * 2);
@@ -436,12 +454,12 @@ py::dict py_bench_attn_prefill(int nq, int nkv, int T, int pos0, int iters) {
     const int D = 256;
     const int context_max = (pos0 + T + 63) / 64 * 64;
     const size_t rows = size_t(nkv) * context_max;
-    auto kc = filled(rows * D, 0x05), vc = filled(rows * D, 0x07);
+    auto kc = filled(rows * D, 0x85), vc = filled(rows * D, 0x87);  // codes 5 and 7
     auto ks = filled(rows * D / KV_GROUP * 2, 0x20), vs = filled(rows * D / KV_GROUP * 2, 0x21);
     auto q = filled(size_t(T) * nq * D * 2, 0x3c), gate = filled(size_t(T) * nq * D * 2, 0x3c);
     auto out = filled(size_t(T) * nq * D * 2, 0);
     const double us = time_graph(iters, [&](int, cudaStream_t s) {
-        attn_prefill_int8(as_bf16(q), as_bf16(gate), kc.as<int8_t>(), vc.as<int8_t>(), ks.as<half>(), vs.as<half>(),
+        attn_prefill_int8(as_bf16(q), as_bf16(gate), kc.as<uint8_t>(), vc.as<uint8_t>(), ks.as<half>(), vs.as<half>(),
                           pos0, as_bf16(out), T, nq, nkv, D, context_max, s);
     });
     // causal pairs (query, visible key) x 4 D flops (QK^T and PV) per query head

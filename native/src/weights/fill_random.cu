@@ -22,10 +22,10 @@ __global__ void fill_uniform_kernel(T* dst, size_t n, float lo, float span, uint
     }
 }
 
-__global__ void fill_int8_kernel(int8_t* dst, size_t n, uint64_t seed) {
+__global__ void fill_kv_codes_kernel(uint8_t* dst, size_t n, uint64_t seed) {
     const size_t stride = size_t(gridDim.x) * blockDim.x;
     for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-        dst[i] = int8_t(int(random_unit(seed, i) * 255.0f) - 127);
+        dst[i] = uint8_t(int(random_unit(seed, i) * 255.0f) - 127 + 128);
     }
 }
 
@@ -50,8 +50,8 @@ void fill_uniform_f32(float* dst, size_t n, float lo, float hi, uint64_t seed, c
 void fill_uniform_f16(half* dst, size_t n, float lo, float hi, uint64_t seed, cudaStream_t stream) {
     fill_uniform(dst, n, lo, hi, seed, stream);
 }
-void fill_uniform_int8(int8_t* dst, size_t n, uint64_t seed, cudaStream_t stream) {
-    fill_int8_kernel<<<grid_for(n), 256, 0, stream>>>(dst, n, seed);
+void fill_kv_codes(uint8_t* dst, size_t n, uint64_t seed, cudaStream_t stream) {
+    fill_kv_codes_kernel<<<grid_for(n), 256, 0, stream>>>(dst, n, seed);
 }
 
 }  // namespace lampo

@@ -192,6 +192,7 @@ private:
 void fill_uniform_bf16(bf16* dst, size_t n, float lo, float hi, uint64_t seed, cudaStream_t stream);
 void fill_uniform_f32(float* dst, size_t n, float lo, float hi, uint64_t seed, cudaStream_t stream);
 void fill_uniform_f16(half* dst, size_t n, float lo, float hi, uint64_t seed, cudaStream_t stream);
-void fill_uniform_int8(int8_t* dst, size_t n, uint64_t seed, cudaStream_t stream);
+// Uniform INT8 KV cache codes q in [-127, 127], stored offset binary (q + 128, ops.h).
+void fill_kv_codes(uint8_t* dst, size_t n, uint64_t seed, cudaStream_t stream);
 
 }  // namespace lampo

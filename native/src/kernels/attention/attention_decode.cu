@@ -218,7 +218,7 @@ size_t attn_decode_partial_floats(int Tq, int nq, int nkv, int D, int context_ma
     return std::max(one, size_t(decode_splits(context_max, nkv, window_per_sm)) * Tq * nq * (D + 2));
 }
 
-void attn_decode_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, const int8_t* v_cache,
+void attn_decode_int8(const bf16* q, const bf16* gate, const uint8_t* k_cache, const uint8_t* v_cache,
                       const half* k_scale, const half* v_scale, const int32_t* d_pos, bf16* out, float* partial,
                       int Tq, int nq, int nkv, int D, int context_max, bool keys_m_asked, cudaStream_t stream) {
     const char* op = "attn_decode_int8";

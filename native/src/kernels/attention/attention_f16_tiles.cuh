@@ -29,8 +29,8 @@ template <int KEYS_T>
 struct Int8Stage {
     static constexpr int BYTES = 2 * KEYS_T * D + 2 * KEYS_T * GROUPS * 2;
     uint8_t* base;
-    __device__ int8_t* k() const { return reinterpret_cast<int8_t*>(base); }
-    __device__ int8_t* v() const { return reinterpret_cast<int8_t*>(base + KEYS_T * D); }
+    __device__ uint8_t* k() const { return base; }
+    __device__ uint8_t* v() const { return base + KEYS_T * D; }
     __device__ half* k_scale() const { return reinterpret_cast<half*>(base + 2 * KEYS_T * D); }
     __device__ half* v_scale() const { return reinterpret_cast<half*>(base + 2 * KEYS_T * D + KEYS_T * GROUPS * 2); }
 };
@@ -84,9 +84,8 @@ __device__ __forceinline__ void dequantize(const Int8Stage<KEYS_T>& st, uint8_t*
         const int key = (e >> 5) % KEYS_T, chunk = e & 31;
         const uint2 raw = *reinterpret_cast<const uint2*>((is_v ? st.v() : st.k()) + key * D + chunk * 8);
         const __half2 s = __half2half2((is_v ? st.v_scale() : st.k_scale())[key * GROUPS + (chunk >> 3)]);
-        const uint32_t lo = raw.x ^ 0x80808080u, hi = raw.y ^ 0x80808080u;
-        *reinterpret_cast<uint4*>((is_v ? v16 : k16) + chunk_at(key, chunk)) =
-            make_uint4(dequant2(lo, 0x4140, s), dequant2(lo, 0x4342, s), dequant2(hi, 0x4140, s), dequant2(hi, 0x4342, s));
+        *reinterpret_cast<uint4*>((is_v ? v16 : k16) + chunk_at(key, chunk)) = make_uint4(
+            dequant2(raw.x, 0x4140, s), dequant2(raw.x, 0x4342, s), dequant2(raw.y, 0x4140, s), dequant2(raw.y, 0x4342, s));
     }
 }
 

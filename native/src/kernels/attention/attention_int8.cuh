@@ -17,7 +17,7 @@
 //  - P V: keys are the reduction axis and P comes straight from the Q K^T accumulators (the usual
 //    FA2 register reuse). The output dim is permuted instead: n-tile j, column n holds dim
 //    128 (j / 16) + 16 n + j % 16, so lane (r, c) reads 16 contiguous bytes of each of its keys.
-//  INT8 -> fp16 is exact (magic-number trick, 0x6400 | (q ^ 0x80) = 1152 + q), then one fp16
+//  INT8 -> fp16 is exact (magic-number trick on the offset-binary byte, 0x6400 | (q + 128) = 1152 + q), then one fp16
 //  multiply by the scale (single rounding); p in [0, 1] as fp16. Softmax is in fp32, base 2.
 // At the end the KG warps of an M-tile merge (max, sum, output) through shared memory, over the Q
 // fragments and the pipeline that no warp reads any more.
@@ -63,8 +63,8 @@ constexpr float SCALE_LOG2 = 0.0625f * 1.4426950408889634f;  // 1/sqrt(D) * log2
 struct Params {
     const bf16* q;     // [T, nq, D]
     const bf16* gate;  // [T, nq * D]
-    const int8_t* k_cache;
-    const int8_t* v_cache;
+    const uint8_t* k_cache;  // offset binary (ops.h)
+    const uint8_t* v_cache;
     const half* k_scale;
     const half* v_scale;
     int nq, nkv, group, context_max;
@@ -105,8 +105,8 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
     return __byte_perm(a, b, sel);
 }
 
-// Two INT8 values (bytes 0,1 of `u` when sel = 0x4140, bytes 2,3 when 0x4342; `u` already XOR
-// 0x80 per byte) -> fp16x2 of q * scale.
+// Two INT8 values (offset-binary bytes 0,1 of `u` when sel = 0x4140, bytes 2,3 when 0x4342) -> fp16x2
+// of q * scale.
 __device__ __forceinline__ uint32_t dequant2(uint32_t u, uint32_t sel, __half2 scale) {
     const uint32_t magic = prmt(u, 0x64646464u, sel);
     __half2 v = __hsub2(*reinterpret_cast<const __half2*>(&magic), __half2half2(__ushort_as_half(0x6480)));
@@ -122,8 +122,8 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 // Shared-memory layout of one pipeline stage (byte offsets).
 struct Stage {
     uint8_t* base;
-    __device__ int8_t* k() const { return reinterpret_cast<int8_t*>(base); }
-    __device__ int8_t* v() const { return reinterpret_cast<int8_t*>(base + KEYS * D); }
+    __device__ uint8_t* k() const { return base; }
+    __device__ uint8_t* v() const { return base + KEYS * D; }
     __device__ half* k_scale() const { return reinterpret_cast<half*>(base + 2 * KEYS * D); }
     __device__ half* v_scale() const { return reinterpret_cast<half*>(base + 2 * KEYS * D + KEYS * GROUPS * 2); }
 };
@@ -198,7 +198,7 @@ __device__ __forceinline__ void attend16(WarpState& s, const Stage& st, const ui
             const int key = kb + 8 * nt + r;
             const uint4 kw = *reinterpret_cast<const uint4*>(st.k() + key * D + (((4 * i + c) ^ k_swizzle(key)) * 16));
             const __half2 ks = __half2half2(st.k_scale()[key * GROUPS + i]);
-            const uint32_t w[4] = {kw.x ^ 0x80808080u, kw.y ^ 0x80808080u, kw.z ^ 0x80808080u, kw.w ^ 0x80808080u};
+            const uint32_t w[4] = {kw.x, kw.y, kw.z, kw.w};
             const uint32_t a0[4] = {qa.x, qc.x, qa.y, qc.y};
             const uint32_t a1[4] = {qa.z, qc.z, qa.w, qc.w};
             const uint32_t a2[4] = {qb.x, qd.x, qb.y, qd.y};
@@ -255,8 +255,8 @@ __device__ __forceinline__ void attend16(WarpState& s, const Stage& st, const ui
 #pragma unroll
         for (int wi = 0; wi < 4; ++wi) {
             // interleave the two keys of each B register: [k0 b0, k1 b0, k0 b1, k1 b1], ...
-            const uint32_t t01[2] = {prmt(w0[wi], w1[wi], 0x5140) ^ 0x80808080u, prmt(w0[wi], w1[wi], 0x7362) ^ 0x80808080u};
-            const uint32_t t89[2] = {prmt(w2[wi], w3[wi], 0x5140) ^ 0x80808080u, prmt(w2[wi], w3[wi], 0x7362) ^ 0x80808080u};
+            const uint32_t t01[2] = {prmt(w0[wi], w1[wi], 0x5140), prmt(w0[wi], w1[wi], 0x7362)};
+            const uint32_t t89[2] = {prmt(w2[wi], w3[wi], 0x5140), prmt(w2[wi], w3[wi], 0x7362)};
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 const uint32_t sel = (e & 1) ? 0x4342 : 0x4140;
@@ -301,8 +301,8 @@ __device__ __forceinline__ void attend16_keys(KeysState& s, const Stage& st, con
         const uint4 kk = *reinterpret_cast<const uint4*>(st.k() + key_b * D + chunk);
         const __half2 sa = __half2half2(st.k_scale()[key_a * GROUPS + i]);
         const __half2 sb = __half2half2(st.k_scale()[key_b * GROUPS + i]);
-        const uint32_t wa[4] = {ka.x ^ 0x80808080u, ka.y ^ 0x80808080u, ka.z ^ 0x80808080u, ka.w ^ 0x80808080u};
-        const uint32_t wb[4] = {kk.x ^ 0x80808080u, kk.y ^ 0x80808080u, kk.z ^ 0x80808080u, kk.w ^ 0x80808080u};
+        const uint32_t wa[4] = {ka.x, ka.y, ka.z, ka.w};
+        const uint32_t wb[4] = {kk.x, kk.y, kk.z, kk.w};
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
             const uint32_t a[4] = {dequant2(wa[t], 0x4140, sa), dequant2(wb[t], 0x4140, sb),
@@ -364,8 +364,8 @@ __device__ __forceinline__ void attend16_keys(KeysState& s, const Stage& st, con
         for (int u = 0; u < 4; ++u) {
             const uint4* src = u & 1 ? vh : vl;
             const uint32_t a = word(src[(u >> 1) * 2], wi), b = word(src[(u >> 1) * 2 + 1], wi);
-            t[u][0] = prmt(a, b, 0x5140) ^ 0x80808080u;
-            t[u][1] = prmt(a, b, 0x7362) ^ 0x80808080u;
+            t[u][0] = prmt(a, b, 0x5140);
+            t[u][1] = prmt(a, b, 0x7362);
         }
 #pragma unroll
         for (int e = 0; e < 4; ++e) {

@@ -133,7 +133,7 @@ void launch_tiled(attn::Params p, const char* op, cudaStream_t stream) {
 
 }  // namespace
 
-void attn_prefill_int8(const bf16* q, const bf16* gate, const int8_t* k_cache, const int8_t* v_cache,
+void attn_prefill_int8(const bf16* q, const bf16* gate, const uint8_t* k_cache, const uint8_t* v_cache,
                        const half* k_scale, const half* v_scale, int pos0, bf16* out, int T, int nq, int nkv,
                        int D, int context_max, cudaStream_t stream) {
     const char* op = "attn_prefill_int8";
