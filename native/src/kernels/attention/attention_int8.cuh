@@ -27,7 +27,10 @@
 // accumulators instead of 128 (room for a third block per SM). Lane (r, c) loads what it loads in
 // the rows-as-M form: its 16 bytes of keys r and r + 8 in each scale group are the A operand of
 // four k-steps (dims 4s, 4s + 1 of the lane's 16 at k 2c, 2c + 1; dims 4s + 2, 4s + 3 at k 2c + 8,
-// 2c + 9), Q's row r the B operand (the rows-as-M Q fragments of rows 0-7 are exactly that). The
+// 2c + 9), Q's row r the B operand (the rows-as-M Q fragments of rows 0-7 are exactly that). Those
+// four k-steps take the keys' unscaled codes 1152 + q into a group's own accumulators, and the
+// group's score is scale * (that - 1152 * sum of the group's Q) in fp32: no fp16 work per K value
+// but the byte permute, and no rounding of q * scale to fp16. The
 // S^T accumulators (key r / r + 8, queries 2c, 2c + 1) become P^T's B fragment (keys 2c, 2c + 1 /
 // 2c + 8, 2c + 9, query r) by one 8x8 transpose each (movmatrix). O^T's m-tile j row rho is dim
 // 32 (rho % 8) + 16 (rho / 8) + j, so lane (r, c) reads the 32 bytes of dims 32r .. 32r + 31 (one
@@ -105,10 +108,13 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
     return __byte_perm(a, b, sel);
 }
 
-// Two INT8 values (offset-binary bytes 0,1 of `u` when sel = 0x4140, bytes 2,3 when 0x4342) -> fp16x2
-// of q * scale.
+// fp16x2 of the codes 1152 + q of two offset-binary INT8 values (bytes 0,1 of `u` when sel = 0x4140,
+// bytes 2,3 when 0x4342): exact, no scale.
+__device__ __forceinline__ uint32_t codes2(uint32_t u, uint32_t sel) { return prmt(u, 0x64646464u, sel); }
+
+// The same two values -> fp16x2 of q * scale.
 __device__ __forceinline__ uint32_t dequant2(uint32_t u, uint32_t sel, __half2 scale) {
-    const uint32_t magic = prmt(u, 0x64646464u, sel);
+    const uint32_t magic = codes2(u, sel);
     __half2 v = __hsub2(*reinterpret_cast<const __half2*>(&magic), __half2half2(__ushort_as_half(0x6480)));
     v = __hmul2(v, scale);
     return *reinterpret_cast<uint32_t*>(&v);
@@ -272,8 +278,32 @@ __device__ __forceinline__ void attend16(WarpState& s, const Stage& st, const ui
 struct KeysState {
     float o[16][4];
     float m[2];
-    float l[2];  // this lane's keys only: summed over the lanes of a query at the end
+    float l[2];      // this lane's keys only: summed over the lanes of a query at the end
+    float qz[4][2];  // 1152 * the sum of those queries' fp16 dims in scale group i (attend16_keys)
 };
+
+// KeysState::qz from the warp's Q fragments (attend16_keys' layout; every lane of the warp calls).
+__device__ __forceinline__ void keys_q_sums(KeysState& s, const uint4* __restrict__ qw, int lane) {
+    const int c = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float sum = 0.0f;  // query lane / 4, the lane's 16 dims of group i
+#pragma unroll
+        for (int part = 0; part < 2; ++part) {
+            const uint4 q = qw[((i * 2 + 0) * 2 + part) * 32 + lane];
+            const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
+                sum += f.x + f.y;
+            }
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        s.qz[i][0] = 1152.0f * __shfl_sync(0xffffffffu, sum, 8 * c);
+        s.qz[i][1] = 1152.0f * __shfl_sync(0xffffffffu, sum, 8 * c + 4);
+    }
+}
 
 // The transpose of an 8x8 b16 matrix whose row r, columns 2c, 2c + 1 lane (r, c) holds.
 __device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
@@ -288,7 +318,8 @@ __device__ __forceinline__ void attend16_keys(KeysState& s, const Stage& st, con
                                               int key0, int lim, int lane) {
     const int r = lane >> 2, c = lane & 3;
     float sc[4] = {};
-    // ---- S^T = K Q^T over the 256 head dims: per scale group i, four k-steps
+    // ---- S^T = K Q^T over the 256 head dims: per scale group i, four k-steps on the keys' codes
+    //      (1152 + q, exact in fp16), then sc += scale (codes . Q - 1152 sum(Q)) in fp32
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const uint4 qa = qw[((i * 2 + 0) * 2 + 0) * 32 + lane];  // query r, the lane's dims 0..7 of group i
@@ -299,16 +330,21 @@ __device__ __forceinline__ void attend16_keys(KeysState& s, const Stage& st, con
         const int chunk = ((4 * i + c) ^ k_swizzle(key_a)) * 16;
         const uint4 ka = *reinterpret_cast<const uint4*>(st.k() + key_a * D + chunk);
         const uint4 kk = *reinterpret_cast<const uint4*>(st.k() + key_b * D + chunk);
-        const __half2 sa = __half2half2(st.k_scale()[key_a * GROUPS + i]);
-        const __half2 sb = __half2half2(st.k_scale()[key_b * GROUPS + i]);
+        const float sa = __half2float(st.k_scale()[key_a * GROUPS + i]);
+        const float sb = __half2float(st.k_scale()[key_b * GROUPS + i]);
         const uint32_t wa[4] = {ka.x, ka.y, ka.z, ka.w};
         const uint32_t wb[4] = {kk.x, kk.y, kk.z, kk.w};
+        float g[4] = {};
 #pragma unroll
         for (int t = 0; t < 4; ++t) {
-            const uint32_t a[4] = {dequant2(wa[t], 0x4140, sa), dequant2(wb[t], 0x4140, sb),
-                                   dequant2(wa[t], 0x4342, sa), dequant2(wb[t], 0x4342, sb)};
-            mma_f16_16816(sc, a, q_lo[t], q_hi[t]);
+            const uint32_t a[4] = {codes2(wa[t], 0x4140), codes2(wb[t], 0x4140), codes2(wa[t], 0x4342),
+                                   codes2(wb[t], 0x4342)};
+            mma_f16_16816(g, a, q_lo[t], q_hi[t]);
         }
+        sc[0] = fmaf(sa, g[0] - s.qz[i][0], sc[0]);
+        sc[1] = fmaf(sa, g[1] - s.qz[i][1], sc[1]);
+        sc[2] = fmaf(sb, g[2] - s.qz[i][0], sc[2]);
+        sc[3] = fmaf(sb, g[3] - s.qz[i][1], sc[3]);
     }
     // ---- online softmax per query (log2 domain); sc[e]: key r (+8 for e >= 2), query 2c + e % 2
     float mx[2] = {-INFINITY, -INFINITY};
@@ -605,6 +641,10 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
     for (int j = 0; j < int(sizeof(s.o) / sizeof(s.o[0])); ++j) s.o[j][0] = s.o[j][1] = s.o[j][2] = s.o[j][3] = 0.0f;
     s.m[0] = s.m[1] = -INFINITY;
     s.l[0] = s.l[1] = 0.0f;
+    if constexpr (KEYS_M) {  // the Q sums read every lane's fragments
+        __syncthreads();
+        keys_q_sums(s, qw, lane);
+    }
 
     for (int it = 0; it < ntiles; ++it) {
         cp_async_wait<STAGES - 2>();
