@@ -13,12 +13,14 @@
 //  - Q K^T: the head dim is the reduction axis, so it may be permuted freely as long as Q and K
 //    agree. Lane (r = lane/4, c = lane%4) reads 16 contiguous INT8 bytes of key r (dims
 //    64i + 16c .. +16, i = 0..3, all inside scale group i) which are four k-steps of its B
-//    fragment; the Q fragments are pre-permuted the same way in shared memory (fp16).
+//    fragment; the Q fragments are pre-permuted the same way in shared memory (fp16), each k-step's
+//    A fragment one 16-byte entry.
 //  - P V: keys are the reduction axis and P comes straight from the Q K^T accumulators (the usual
 //    FA2 register reuse). The output dim is permuted instead: n-tile j, column n holds dim
 //    128 (j / 16) + 16 n + j % 16, so lane (r, c) reads 16 contiguous bytes of each of its keys.
-//  INT8 -> fp16 is exact (magic-number trick on the offset-binary byte, 0x6400 | (q + 128) = 1152 + q), then one fp16
-//  multiply by the scale (single rounding); p in [0, 1] as fp16. Softmax is in fp32, base 2.
+//  INT8 -> fp16 is exact (magic-number trick on the offset-binary byte: 0x6400 | (q + 128) =
+//  1152 + q), then one fp16 multiply by the scale (single rounding); p in [0, 1] as fp16. Softmax
+//  is in fp32, base 2.
 // At the end the KG warps of an M-tile merge (max, sum, output) through shared memory, over the Q
 // fragments and the pipeline that no warp reads any more.
 // Keys as M (KEYS_M, the decode step: one token, at most 8 query rows): S^T = K Q^T with the 16
@@ -27,7 +29,7 @@
 // accumulators instead of 128 (room for a third block per SM). Lane (r, c) loads what it loads in
 // the rows-as-M form: its 16 bytes of keys r and r + 8 in each scale group are the A operand of
 // four k-steps (dims 4s, 4s + 1 of the lane's 16 at k 2c, 2c + 1; dims 4s + 2, 4s + 3 at k 2c + 8,
-// 2c + 9), Q's row r the B operand (the rows-as-M Q fragments of rows 0-7 are exactly that). Those
+// 2c + 9), Q's row r the B operand (Q's dims stored in the lane's order, not as A fragments). Those
 // four k-steps take the keys' unscaled codes 1152 + q into a group's own accumulators, and the
 // group's score is scale * (that - 1152 * sum of the group's Q) in fp32: no fp16 work per K value
 // but the byte permute, and no rounding of q * scale to fp16. The
@@ -195,24 +197,21 @@ __device__ __forceinline__ void attend16(WarpState& s, const Stage& st, const ui
     // ---- S = Q K^T over the 256 head dims (four 16-byte chunks per lane, four k-steps each)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const uint4 qa = qw[((i * 2 + 0) * 2 + 0) * 32 + lane];
-        const uint4 qb = qw[((i * 2 + 0) * 2 + 1) * 32 + lane];
-        const uint4 qc = qw[((i * 2 + 1) * 2 + 0) * 32 + lane];
-        const uint4 qd = qw[((i * 2 + 1) * 2 + 1) * 32 + lane];
+        uint32_t a[4][4];  // k-step t's A fragment, as stored (one 16-byte load each, no register moves)
+#pragma unroll
+        for (int t = 0; t < 4; ++t) {
+            const uint4 q = qw[(i * 4 + t) * 32 + lane];
+            a[t][0] = q.x; a[t][1] = q.y; a[t][2] = q.z; a[t][3] = q.w;
+        }
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
             const int key = kb + 8 * nt + r;
             const uint4 kw = *reinterpret_cast<const uint4*>(st.k() + key * D + (((4 * i + c) ^ k_swizzle(key)) * 16));
             const __half2 ks = __half2half2(st.k_scale()[key * GROUPS + i]);
             const uint32_t w[4] = {kw.x, kw.y, kw.z, kw.w};
-            const uint32_t a0[4] = {qa.x, qc.x, qa.y, qc.y};
-            const uint32_t a1[4] = {qa.z, qc.z, qa.w, qc.w};
-            const uint32_t a2[4] = {qb.x, qd.x, qb.y, qd.y};
-            const uint32_t a3[4] = {qb.z, qd.z, qb.w, qd.w};
-            mma_f16_16816(sc[nt], a0, dequant2(w[0], 0x4140, ks), dequant2(w[0], 0x4342, ks));
-            mma_f16_16816(sc[nt], a1, dequant2(w[1], 0x4140, ks), dequant2(w[1], 0x4342, ks));
-            mma_f16_16816(sc[nt], a2, dequant2(w[2], 0x4140, ks), dequant2(w[2], 0x4342, ks));
-            mma_f16_16816(sc[nt], a3, dequant2(w[3], 0x4140, ks), dequant2(w[3], 0x4342, ks));
+#pragma unroll
+            for (int t = 0; t < 4; ++t)
+                mma_f16_16816(sc[nt], a[t], dequant2(w[t], 0x4140, ks), dequant2(w[t], 0x4342, ks));
         }
     }
     // ---- online softmax (log2 domain); accumulator element e: row r (+8 for e >= 2), key 2c + e%2
@@ -606,8 +605,11 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
     }
     cp_async_commit();
 
-    // ---- Q -> fp16 fragments: entry (((mt * 4 + i) * 2 + hh) * 2 + part) * 32 + ln holds
-    //      8 dims 64 i + 16 (ln % 4) + 8 part of row mt * 16 + hh * 8 + ln / 4
+    // ---- Q -> fp16 fragments. Thread e converts 8 dims 64 i + 16 (ln % 4) + 8 part of row
+    //      mt * 16 + hh * 8 + ln / 4 (e = (((mt * 4 + i) * 2 + hh) * 2 + part) * 32 + ln). Keys as M
+    //      keep them so, at entry e. Rows as M store mma A fragments: entry ((mt * 4 + i) * 4 + t) * 32
+    //      + ln is k-step t of group i for lane ln = (r, c): {row r, row r + 8} x dims 64 i + 16 c +
+    //      4 t + {0, 1}, then the same rows' dims + {2, 3}.
     constexpr int Q_PER_THREAD = MT * 512 / NT, Q_GROUP = Q_PER_THREAD < 4 ? Q_PER_THREAD : 4;
     static_assert(MT * 512 % NT == 0 && Q_PER_THREAD % Q_GROUP == 0, "whole groups of Q entries per thread");
 #pragma unroll
@@ -626,7 +628,20 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
             }
         }
 #pragma unroll
-        for (int g = 0; g < Q_GROUP; ++g) qfrag[threadIdx.x + (g0 + g) * NT] = bf16x8_to_half(raw[g]);
+        for (int g = 0; g < Q_GROUP; ++g) {
+            const int e = threadIdx.x + (g0 + g) * NT;
+            const uint4 h = bf16x8_to_half(raw[g]);
+            if constexpr (KEYS_M) {
+                qfrag[e] = h;
+            } else {
+                const int ln = e & 31, part = (e >> 5) & 1, hh = (e >> 6) & 1, i = (e >> 7) & 3, mt = e >> 9;
+                uint32_t* a = reinterpret_cast<uint32_t*>(qfrag + ((mt * 4 + i) * 4 + 2 * part) * 32 + ln);
+                a[hh] = h.x;  // k-step 2 part
+                a[2 + hh] = h.y;
+                a[128 + hh] = h.z;  // k-step 2 part + 1, 32 entries on
+                a[128 + 2 + hh] = h.w;
+            }
+        }
     }
 
     const int mt = warp % MT, kg = warp / MT;
