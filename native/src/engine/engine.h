@@ -243,8 +243,8 @@ private:
     double timed_ms(const std::function<void()>& body);  // GPU time of the launches `body` queues
     static std::vector<std::pair<std::string, double>> family_means(const OpTimer& timer, int steps,
                                                                     double total_ms);
-    // An attention layer's INT8 KV cache: K and V [nkv, context_max, D] int8, then their fp16
-    // scales per KV_GROUP values, each piece 256-byte aligned.
+    // An attention layer's INT8 KV cache: K and V [nkv, context_max, D] offset-binary bytes (ops.h),
+    // then their fp16 scales per KV_GROUP values, each piece 256-byte aligned.
     size_t kv_elems() const;
     size_t kv_layer_bytes() const;
     KvCacheLayer kv_layer_at(char* p) const;  // the layer carved from kv_layer_bytes() at p
