@@ -189,7 +189,8 @@ py::tuple py_attn_prep(Arr<uint16_t> qg, Arr<uint16_t> k_raw, Arr<uint16_t> q_no
         d_vc = upload_kv_codes(vc);
         d_ks = upload(ks);
         d_vs = upload(vs);
-        append = {as_bf16(d_v), d_kc.as<uint8_t>(), d_vc.as<uint8_t>(), d_ks.as<half>(), d_vs.as<half>(), c.context_max};
+        append = {as_bf16(d_v), d_kc.as<uint8_t>(), d_vc.as<uint8_t>(), d_ks.as<half>(), d_vs.as<half>(),
+                  c.context_max};
     }
     OpStream st;
     attn_prep(as_bf16(d_qg), as_bf16(d_k), as_bf16(d_qw), as_bf16(d_kw), d_pos.as<int32_t>(), as_bf16(d_q),

@@ -84,8 +84,9 @@ __device__ __forceinline__ void dequantize(const Int8Stage<KEYS_T>& st, uint8_t*
         const int key = (e >> 5) % KEYS_T, chunk = e & 31;
         const uint2 raw = *reinterpret_cast<const uint2*>((is_v ? st.v() : st.k()) + key * D + chunk * 8);
         const __half2 s = __half2half2((is_v ? st.v_scale() : st.k_scale())[key * GROUPS + (chunk >> 3)]);
-        *reinterpret_cast<uint4*>((is_v ? v16 : k16) + chunk_at(key, chunk)) = make_uint4(
-            dequant2(raw.x, 0x4140, s), dequant2(raw.x, 0x4342, s), dequant2(raw.y, 0x4140, s), dequant2(raw.y, 0x4342, s));
+        *reinterpret_cast<uint4*>((is_v ? v16 : k16) + chunk_at(key, chunk)) =
+            make_uint4(dequant2(raw.x, 0x4140, s), dequant2(raw.x, 0x4342, s), dequant2(raw.y, 0x4140, s),
+                       dequant2(raw.y, 0x4342, s));
     }
 }
 
