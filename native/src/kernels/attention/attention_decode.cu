@@ -45,9 +45,13 @@ int decode_blocks_per_sm() {
     return blocks;
 }
 
-// Whether a call asked for keys as M (attention_int8.cuh) can take it: one token of at most 8 rows.
+// Whether a call asked for keys as M (attention_int8.cuh) can take it: one token of at most 8 rows,
+// on a GPU that holds more of its blocks on an SM than of the rows-as-M form's. That extra block's
+// loads in flight are all it gains: with as many blocks a SM it lost at every depth (H200, both
+// capped at two; docs/design/kernels-core.md), as it would where an SM has about 100 KiB of shared
+// memory and holds one block of either form.
 bool keys_as_m(bool asked, int Tq, int group) {
-    return asked && Tq == 1 && group <= 8;
+    return asked && Tq == 1 && group <= 8 && decode_blocks_per_sm<true>() > decode_blocks_per_sm<false>();
 }
 
 // Splits per KV head: as many as make one wave of blocks of the form (per_sm of them on every SM),
