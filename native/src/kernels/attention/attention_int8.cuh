@@ -512,6 +512,13 @@ __device__ __forceinline__ void merge_and_store(const float* mo, const float* mm
     }
 }
 
+// Q entry e of the block's fragment build: 8 dims 64 i + 16 (ln % 4) + 8 part of row
+// mt * 16 + hh * 8 + ln / 4, where e = (((mt * 4 + i) * 2 + hh) * 2 + part) * 32 + ln.
+struct QChunk {
+    int ln, part, hh, i, mt;
+    __device__ explicit QChunk(int e) : ln(e & 31), part((e >> 5) & 1), hh((e >> 6) & 1), i((e >> 7) & 3), mt(e >> 9) {}
+};
+
 template <int MT, int KG, bool PREFILL, bool KEYS_M = false>
 __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p) {
     static_assert(!KEYS_M || (MT == 1 && !PREFILL), "keys as M: the decode step's one M-tile of rows");
@@ -605,11 +612,10 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
     }
     cp_async_commit();
 
-    // ---- Q -> fp16 fragments. Thread e converts 8 dims 64 i + 16 (ln % 4) + 8 part of row
-    //      mt * 16 + hh * 8 + ln / 4 (e = (((mt * 4 + i) * 2 + hh) * 2 + part) * 32 + ln). Keys as M
-    //      keep them so, at entry e. Rows as M store mma A fragments: entry ((mt * 4 + i) * 4 + t) * 32
-    //      + ln is k-step t of group i for lane ln = (r, c): {row r, row r + 8} x dims 64 i + 16 c +
-    //      4 t + {0, 1}, then the same rows' dims + {2, 3}.
+    // ---- Q -> fp16 fragments. Thread e converts QChunk(e). Keys as M keep it so, at entry e. Rows
+    //      as M store mma A fragments: entry ((mt * 4 + i) * 4 + t) * 32 + ln is k-step t of group i
+    //      for lane ln = (r, c): {row r, row r + 8} x dims 64 i + 16 c + 4 t + {0, 1}, then the same
+    //      rows' dims + {2, 3}.
     constexpr int Q_PER_THREAD = MT * 512 / NT, Q_GROUP = Q_PER_THREAD < 4 ? Q_PER_THREAD : 4;
     static_assert(MT * 512 % NT == 0 && Q_PER_THREAD % Q_GROUP == 0, "whole groups of Q entries per thread");
 #pragma unroll
@@ -617,14 +623,13 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
         uint4 raw[Q_GROUP];
 #pragma unroll
         for (int g = 0; g < Q_GROUP; ++g) {
-            const int e = threadIdx.x + (g0 + g) * NT;
-            const int ln = e & 31, part = (e >> 5) & 1, hh = (e >> 6) & 1, i = (e >> 7) & 3, mt = e >> 9;
-            const int row = mt * 16 + hh * 8 + (ln >> 2);
+            const QChunk qc(threadIdx.x + (g0 + g) * NT);
+            const int row = qc.mt * 16 + qc.hh * 8 + (qc.ln >> 2);
             raw[g] = make_uint4(0u, 0u, 0u, 0u);
             if (row < nrows) {
                 const int t = t0 + row / p.group, qh = kvh * p.group + row % p.group;
-                raw[g] = *reinterpret_cast<const uint4*>(p.q + (size_t(t) * p.nq + qh) * D + 64 * i + 16 * (ln & 3) +
-                                                         8 * part);
+                raw[g] = *reinterpret_cast<const uint4*>(p.q + (size_t(t) * p.nq + qh) * D + 64 * qc.i +
+                                                         16 * (qc.ln & 3) + 8 * qc.part);
             }
         }
 #pragma unroll
@@ -634,12 +639,12 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
             if constexpr (KEYS_M) {
                 qfrag[e] = h;
             } else {
-                const int ln = e & 31, part = (e >> 5) & 1, hh = (e >> 6) & 1, i = (e >> 7) & 3, mt = e >> 9;
-                uint32_t* a = reinterpret_cast<uint32_t*>(qfrag + ((mt * 4 + i) * 4 + 2 * part) * 32 + ln);
-                a[hh] = h.x;  // k-step 2 part
-                a[2 + hh] = h.y;
-                a[128 + hh] = h.z;  // k-step 2 part + 1, 32 entries on
-                a[128 + 2 + hh] = h.w;
+                const QChunk qc(e);
+                uint32_t* a = reinterpret_cast<uint32_t*>(qfrag + ((qc.mt * 4 + qc.i) * 4 + 2 * qc.part) * 32 + qc.ln);
+                a[qc.hh] = h.x;  // k-step 2 part
+                a[2 + qc.hh] = h.y;
+                a[128 + qc.hh] = h.z;  // k-step 2 part + 1, 32 entries on
+                a[128 + 2 + qc.hh] = h.w;
             }
         }
     }
