@@ -92,7 +92,8 @@ void attn_prep(const bf16* qg, const bf16* k_raw, const bf16* q_norm_w, const bf
 // `keys_as_m`: one token of at most 8 query rows a KV head runs the keys as the mma's M dimension
 // (fewer registers: three blocks per SM on an H200 against two; faster over deep contexts, slower
 // over short ones); ignored for other calls. decode_keys_as_m(depth) says which form a one-token
-// pass after `depth` keys should take: from 49,152 on, or from LAMPO_ATTN_KEYS_M_FROM (0: always).
+// pass after `depth` keys should take: from 49,152 on, or from LAMPO_ATTN_KEYS_M_FROM (0: always),
+// on a GPU that holds more of its blocks on an SM than of the rows-as-M form's (never elsewhere).
 // attn_keys_as_m_launches counts the launches of that form so far, eager or captured into a graph.
 size_t attn_decode_partial_floats(int Tq, int nq, int nkv, int D, int context_max);
 bool decode_keys_as_m(int depth);

@@ -45,13 +45,18 @@ int decode_blocks_per_sm() {
     return blocks;
 }
 
+// Whether this GPU holds more keys-as-M blocks on an SM than rows-as-M ones. That extra block's
+// loads in flight are all the form gains: with as many blocks a SM it lost at every depth (H200,
+// both capped at two; docs/design/kernels-core.md), as it would where an SM has about 100 KiB of
+// shared memory and holds one block of either form.
+bool keys_as_m_gains() {
+    return decode_blocks_per_sm<true>() > decode_blocks_per_sm<false>();
+}
+
 // Whether a call asked for keys as M (attention_int8.cuh) can take it: one token of at most 8 rows,
-// on a GPU that holds more of its blocks on an SM than of the rows-as-M form's. That extra block's
-// loads in flight are all it gains: with as many blocks a SM it lost at every depth (H200, both
-// capped at two; docs/design/kernels-core.md), as it would where an SM has about 100 KiB of shared
-// memory and holds one block of either form.
+// on a GPU where the form gains.
 bool keys_as_m(bool asked, int Tq, int group) {
-    return asked && Tq == 1 && group <= 8 && decode_blocks_per_sm<true>() > decode_blocks_per_sm<false>();
+    return asked && Tq == 1 && group <= 8 && keys_as_m_gains();
 }
 
 // Splits per KV head: as many as make one wave of blocks of the form (per_sm of them on every SM),
@@ -207,7 +212,8 @@ long env_number(const char* name, long least, long unset, const char* meaning) {
 }  // namespace
 
 bool decode_keys_as_m(int depth) {
-    return depth >= env_number("LAMPO_ATTN_KEYS_M_FROM", 0, KEYS_AS_M_FROM, "a number of keys (0: from the start)");
+    return depth >= env_number("LAMPO_ATTN_KEYS_M_FROM", 0, KEYS_AS_M_FROM, "a number of keys (0: from the start)") &&
+           keys_as_m_gains();
 }
 
 // Room for every Tq up to the given one: one token may take more splits (keys as M) than a window.
