@@ -44,7 +44,8 @@
 #   gemv   build (no tests unless TESTS=1) + tests/gpu/gemv_sweep.py: every LQ matrix of both models at
 #          1 and 4 tokens, and per (in, bits, tokens) the fixed cost of a launch and its streaming rate
 #   final  build + pytest -m cuda (the engine tests again with LAMPO_DECODE_FUSION=none and =all, as
-#          with TESTS=1 in any mode, unless FUSION_TESTS=0; TESTS=0 skips the tests, for a tree
+#          with TESTS=1 in any mode, unless FUSION_TESTS=0; FUSION_TEST_FILES names other test files
+#          for those two runs; TESTS=0 skips the tests, for a tree
 #          already tested in an earlier call)
 #          + full-size benches that fit one call (35B-A3B real depths to 262,144; 27B prefill 8,192
 #          and real depths 8,192 / 262,144; 35B-A3B decode unfolded and with every fusion, for the A/B)
@@ -288,9 +289,10 @@ timeout -s INT -k 30 "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TE
 log "pytest exit $?: $(tail -1 "$OUT/pytest.log")"
 if { [ "$MODE" = final ] || [ "${TESTS:-0}" != 0 ]; } && [ "${FUSION_TESTS:-1}" != 0 ]; then  # the engine's other decode-step forms
   for f in none all; do
-    LAMPO_DECODE_FUSION=$f timeout 200 $PY -m pytest -m cuda tests/cuda/test_engine.py -q -rs -p no:cacheprovider \
-      >"$OUT/pytest-fusion-$f.log" 2>&1
-    log "pytest (LAMPO_DECODE_FUSION=$f) tests/cuda/test_engine.py exit $?: $(tail -1 "$OUT/pytest-fusion-$f.log")"
+    LAMPO_DECODE_FUSION=$f timeout 200 $PY -m pytest -m cuda ${FUSION_TEST_FILES:-tests/cuda/test_engine.py} -q -rs \
+      -p no:cacheprovider >"$OUT/pytest-fusion-$f.log" 2>&1
+    log "pytest (LAMPO_DECODE_FUSION=$f) ${FUSION_TEST_FILES:-tests/cuda/test_engine.py} exit $?:" \
+      "$(tail -1 "$OUT/pytest-fusion-$f.log")"
   done
 fi
 fi
