@@ -288,11 +288,11 @@ timeout -s INT -k 30 "${TEST_TIMEOUT:-300}" $PY -m pytest -m cuda ${LAMPO_GPU_TE
   --durations=12 -p no:cacheprovider >"$OUT/pytest.log" 2>&1
 log "pytest exit $?: $(tail -1 "$OUT/pytest.log")"
 if { [ "$MODE" = final ] || [ "${TESTS:-0}" != 0 ]; } && [ "${FUSION_TESTS:-1}" != 0 ]; then  # the engine's other decode-step forms
+  fusion_files=${FUSION_TEST_FILES:-tests/cuda/test_engine.py}
   for f in none all; do
-    LAMPO_DECODE_FUSION=$f timeout 200 $PY -m pytest -m cuda ${FUSION_TEST_FILES:-tests/cuda/test_engine.py} -q -rs \
-      -p no:cacheprovider >"$OUT/pytest-fusion-$f.log" 2>&1
-    log "pytest (LAMPO_DECODE_FUSION=$f) ${FUSION_TEST_FILES:-tests/cuda/test_engine.py} exit $?:" \
-      "$(tail -1 "$OUT/pytest-fusion-$f.log")"
+    LAMPO_DECODE_FUSION=$f timeout 200 $PY -m pytest -m cuda $fusion_files -q -rs -p no:cacheprovider \
+      >"$OUT/pytest-fusion-$f.log" 2>&1
+    log "pytest (LAMPO_DECODE_FUSION=$f) $fusion_files exit $?: $(tail -1 "$OUT/pytest-fusion-$f.log")"
   done
 fi
 fi
