@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from lampo import paths
@@ -37,16 +38,29 @@ def _model_dir(args: argparse.Namespace, settings) -> Path:
     return ensure_demo_checkpoint()
 
 
-def _backend(kind: str, model_dir: Path, context_max: int, args: argparse.Namespace,
-             speculation: Speculation) -> tuple[Backend, object]:
-    """(backend, tokenizer) for kind auto|cuda|reference."""
+def open_checkpoint_backend(kind: str, model_dir: Path, options: dict, say) -> Backend:
+    """The backend of kind auto|cuda|reference for `model_dir` (`options`: open_backend's context_max,
+    weights, vram_limit and speculation), with the checkpoint's tokenizer."""
     from lampo.engine.picker import open_backend
     from lampo.models.tokenizer import Tokenizer
 
-    tokenizer = Tokenizer.from_checkpoint(model_dir)
-    backend = open_backend(kind, model_dir, context_max=context_max, tokenizer=tokenizer, say=_say,
-                           weights=args.weights, vram_limit=args.vram_limit, speculation=speculation)
-    return backend, tokenizer
+    return open_backend(kind, model_dir, tokenizer=Tokenizer.from_checkpoint(model_dir), say=say, **options)
+
+
+def _backend(kind: str, model_dir: Path, context_max: int, args: argparse.Namespace,
+             speculation: Speculation) -> tuple[Backend, object]:
+    """(backend, tokenizer). For the terminal interface the backend runs in a process of its own:
+    the interface's rendering would otherwise hold up its generation loop (engine/process_backend.py)."""
+    from lampo.models.tokenizer import Tokenizer
+
+    options = dict(context_max=context_max, weights=args.weights, vram_limit=args.vram_limit, speculation=speculation)
+    if sys.stdin.isatty() and not args.plain:
+        from lampo.engine.process_backend import ProcessBackend
+
+        backend = ProcessBackend(partial(open_checkpoint_backend, kind, model_dir, options), say=_say)
+    else:
+        backend = open_checkpoint_backend(kind, model_dir, options, _say)
+    return backend, Tokenizer.from_checkpoint(model_dir)
 
 
 def run_chat(args: argparse.Namespace) -> int:

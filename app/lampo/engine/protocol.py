@@ -117,6 +117,9 @@ class ContextOverflow(ValueError):
             f"document or start a new chat"
         )
 
+    def __reduce__(self):  # pickled with its numbers (it crosses from a backend process)
+        return type(self), (self.prompt_tokens, self.max_new, self.context_max)
+
 
 @runtime_checkable
 class Backend(Protocol):
