@@ -19,7 +19,7 @@ decode step and the last, and the tokens per second the device work alone would 
 100 % is time the GPU would sit idle waiting for the host.
 
 Run as a script (numbers for docs/benchmarks.md):
-    python tests/tui/bench_host_overlap.py [--tokens 3000] [--ui] [--json FILE]
+    python tests/tui/bench_host_overlap.py [--tokens 3000] [--ui] [--repeat N] [--json FILE]
 As CPU tests (small sizes; they assert completeness, not speed):
     pytest tests/tui/bench_host_overlap.py
 """
@@ -287,25 +287,27 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=3000)
     p.add_argument("--accept", type=float, default=0.8)
-    p.add_argument("--modes", default="plain,mtp:3,auto")
+    p.add_argument("--modes", default="plain,mtp:3", help="speculation settings (plain: off), comma-separated")
     p.add_argument("--profiles", default=",".join(PROFILES))
     p.add_argument("--ui", action="store_true", help="also stream through the chat app (headless)")
+    p.add_argument("--repeat", type=int, default=1, help="rounds of every measurement, one after another")
     p.add_argument("--json")
     args = p.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp)
         checkpoint = write_checkpoint(home / "tiny-dense", get_preset("tiny-dense"), seed=0)
-        for name in args.profiles.split(","):
-            for mode in args.modes.split(","):
-                runs = [run_loop(checkpoint, PROFILES[name], mode, args.tokens, args.accept)]
-                if args.ui:
-                    runs += [run_ui(checkpoint, PROFILES[name], mode, args.tokens, args.accept, home, own)
-                             for own in (False, True)]
-                for r in runs:
-                    r["profile"] = name
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
+        for round_ in range(1, args.repeat + 1):
+            for name in args.profiles.split(","):
+                for mode in args.modes.split(","):
+                    runs = [run_loop(checkpoint, PROFILES[name], mode, args.tokens, args.accept)]
+                    if args.ui:
+                        runs += [run_ui(checkpoint, PROFILES[name], mode, args.tokens, args.accept, home, own)
+                                 for own in (False, True)]
+                    for r in runs:
+                        r |= {"profile": name, "round": round_}
+                        rows.append(r)
+                        print(json.dumps(r), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "tokens": args.tokens, "accept": args.accept}, indent=1))
     return 0
