@@ -33,7 +33,7 @@ import numpy as np
 from lampo.engine.loop import Decoded
 from lampo.models.draft_policy import DRAFTERS, DraftPolicy
 from lampo.models.draft_vocab import DraftVocab
-from lampo.models.speculative import accept_greedy, ngram_drafts
+from lampo.models.speculative import ngram_drafts
 
 
 def round_policy(mode: str, k_max: int, fixed_k: int | None) -> DraftPolicy:
@@ -83,14 +83,13 @@ class NativeSpeculativeSteps:
         self._round = self._rounds.submit(self._run_round, drafter, fed, k, ngram[:k])
 
     def _run_round(self, drafter: str, fed: int, k: int, ngram: list[int]) -> tuple[list[int], int, int]:
-        """On the round thread: draft, verify, accept; (drafts, kept, the round's own token)."""
-        drafts = [int(t) for t in self._engine.mtp_draft(fed, k)] if drafter == "mtp" else ngram
-        targets = self._engine.verify(np.asarray([fed, *drafts], np.int32), drafter == "mtp")
-        kept, nxt = accept_greedy(drafts, lambda i: int(targets[i]))
-        self._engine.accept(kept + 1)
+        """On the round thread: draft, verify, accept in one engine call; (drafts, kept, the round's
+        own token)."""
+        drafts, kept, nxt = self._engine.speculative_round(fed, np.asarray(ngram, np.int32), k, drafter == "mtp")
+        drafts = [int(t) for t in drafts]
         self._policy.record_time(drafter, len(drafts), self._clock() - self._started)
         self._policy.record(drafter, len(drafts), kept)
-        return drafts, kept, nxt
+        return drafts, int(kept), int(nxt)
 
     def decode_collect(self) -> Decoded:
         if self._round is None:
