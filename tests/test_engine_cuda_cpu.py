@@ -21,7 +21,6 @@ from lampo.models.checkpoint import Checkpoint
 from lampo.models.config import ModelConfig
 from lampo.models.presets import get_preset
 from lampo.models.sampling_params import GREEDY
-from lampo.models.speculative import accept_greedy
 from lampo.models.tensor_specs import engine_tensor_names, expected_tensors
 
 STOP = 248046
@@ -137,13 +136,6 @@ class FakeEngine:
         assert 1 <= keep <= rows
         self.calls.append(("accept", keep))
         self.history = self.history[:start] + self.history[start:start + rows][:keep]  # `pending` stays
-
-    def speculative_round(self, token, given, k, mtp):  # the binding's composition of the three calls
-        drafts = [int(t) for t in (self.mtp_draft(token, k) if mtp else given)]
-        rows = self.verify(np.asarray([token, *drafts], np.int32), mtp)
-        kept, own = accept_greedy(drafts, lambda i: int(rows[i]))
-        self.accept(kept + 1)
-        return np.asarray(drafts, np.int32), kept, own
 
     def mtp_draft(self, token, k):
         """The model's own continuation of the history and `token`, except that every draft at a

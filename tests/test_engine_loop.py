@@ -7,7 +7,6 @@ import threading
 from types import SimpleNamespace
 
 import pytest
-from helpers import TagTokenizer
 
 from lampo.engine.protocol import ContextOverflow, Done, GenerationRequest, PrefillProgress, Stats, TokenEvent
 from lampo.engine import loop as loop_module
@@ -244,8 +243,6 @@ class DraftingSteps(FakeSteps):
     keeps the next `pattern` number of them (cycling; the kept ones are the true tokens), so the
     stream must equal FakeSteps' whatever the pattern. `log`: (drafted, kept) per step."""
 
-    asynchronous = True  # as the CUDA engine's: the loop queues the step after a round before its drafts stream
-
     def __init__(self, pattern, context_max, **kw):
         super().__init__(**kw)
         self.pattern, self.context_max = list(pattern), context_max
@@ -305,50 +302,17 @@ def test_kept_drafts_stream_as_plain_decoding_would(pattern, max_tokens, stop_at
 
 @pytest.mark.parametrize("cancel_after", [1, 2, 3, 4, 5, 7])
 def test_cancel_inside_a_round_keeps_exactly_the_streamed_tokens(cancel_after):
-    """The step after a round is queued before its kept drafts stream, so a cancel among them takes
-    effect after them: the reply is plain decoding's, at most the round in flight longer than the
-    cancel (and the tokens without text of their own that the consumer had not seen yet)."""
     prompt = list(range(1, 11))
     steps = DraftingSteps((4,), 64)
     events, loop = run_with(steps, prompt, 30, 64, cancel_after=cancel_after)
     plain_steps = FakeSteps()
-    plain, _ = run_with(plain_steps, prompt, 30, 64)
+    plain, _ = run_with(plain_steps, prompt, 30, 64, cancel_after=cancel_after)
     ids = token_ids(events)
-    assert events[-1].reason == "cancelled" and ids == token_ids(plain)[:len(ids)]
-    assert cancel_after <= len(ids) <= cancel_after + 2 * 5 and len(ids) < 30
-    assert loop.cache.current == tuple(steps.history) == tuple(prompt + ids)
+    assert events[-1].reason == "cancelled" and ids == token_ids(plain) and len(ids) < 30
+    assert loop.cache.current == tuple(steps.history) == tuple(prompt + ids) == tuple(plain_steps.history)
 
 
-def test_the_step_after_a_round_is_queued_before_its_kept_drafts_stream():
-    """With room for all of them, the loop queues the step that feeds a round's last token as soon
-    as the round is collected; with a stop id among them it waits, and streams up to the stop."""
-    class Recording(DraftingSteps):
-        def __init__(self, *a, **kw):
-            super().__init__(*a, **kw)
-            self.order: list[str] = []
-
-        def decode_submit(self, fed, max_drafts):
-            self.order.append("submit")
-            super().decode_submit(fed, max_drafts)
-
-    prompt = list(range(1, 11))
-    steps = Recording((4,), 64)
-    loop = GenerationLoop(TagTokenizer(), PrefixCache(2), label="fake", forget=lambda: None)  # text for every id
-    order = steps.order
-    request = GenerationRequest(tuple(prompt), SamplingParams(**{**GREEDY.to_dict(), "max_tokens": 30}), stop_ids=(STOP,))
-    for event in loop.start(request, threading.Event(), steps, 64):
-        if isinstance(event, TokenEvent):
-            order.append("token")
-    # the first submit feeds the prefill's token; after it every round of 4 kept drafts + 1 is queued
-    # before its five tokens stream
-    assert order[:3] == ["submit", "token", "submit"] and order[3:8] == ["token"] * 5 and order[8] == "submit"
-    stopped, _ = run_with(DraftingSteps((4,), 64, stop_at=13), prompt, 30, 64)
-    assert stopped[-1].reason == "stop"
-
-
-def test_a_stream_closed_inside_a_round_leaves_the_state_the_cache_says():
-    """The step after the round was queued before its drafts streamed: they and that step's fed
-    token stay in the state, and the cache holds them (the next call resumes from what matches)."""
+def test_a_stream_closed_inside_a_round_takes_the_unstreamed_drafts_back():
     prompt = list(range(1, 11))
     steps = DraftingSteps((4,), 64)
     loop, _, _ = make_loop()
@@ -360,10 +324,7 @@ def test_a_stream_closed_inside_a_round_leaves_the_state_the_cache_says():
         if len(shown) >= 3:  # the first round kept 4 drafts: some are still unstreamed
             break
     stream.close()
-    plain, _ = run_with(FakeSteps(), prompt, 50, 64)
-    assert loop.cache.current == tuple(steps.history)
-    assert steps.history[:len(prompt) + len(shown)] == prompt + shown
-    assert steps.history[len(prompt):] == token_ids(plain)[:len(steps.history) - len(prompt)]
+    assert loop.cache.current == tuple(steps.history) == tuple(prompt + shown)  # as plain decoding leaves it
 
 
 def test_drafts_are_asked_only_where_the_reply_has_room():

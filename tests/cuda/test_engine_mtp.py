@@ -290,37 +290,3 @@ def test_the_captured_chain_and_windows_equal_the_eager_launches(tiny, tmp_path)
     for (ids, got), (want_ids, want) in zip(seen["graph"], seen["eager"]):
         assert ids == want_ids
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
-
-
-@pytest.mark.parametrize("mtp", [True, False])
-def test_a_round_in_one_call_equals_its_three_calls(tiny, mtp):
-    """Engine.speculative_round (the chat's rounds: draft, verify, accept without the GIL between
-    them) gives the drafts, kept count and own token of mtp_draft, verify and accept called one by
-    one, and leaves the same state: the rounds after it and a plain step agree too."""
-    _d, engine, _ref, _moe = tiny
-    prompt = [int(t) for t in np.random.default_rng(6).integers(0, REAL_VOCAB, 37)]
-    given = np.asarray([int(t) for t in np.random.default_rng(7).integers(0, REAL_VOCAB, 3)], np.int32)
-
-    def by_calls(token):
-        drafts = [int(t) for t in engine.mtp_draft(token, 3)] if mtp else [int(t) for t in given]
-        rows = [int(t) for t in engine.verify(np.asarray([token, *drafts], np.int32), mtp)]
-        kept = next((i for i, d in enumerate(drafts) if rows[i] != d), len(drafts))
-        engine.accept(kept + 1)
-        return drafts, kept, rows[kept]
-
-    def in_one_call(token):
-        drafts, kept, own = engine.speculative_round(token, given, 3, mtp)
-        return [int(t) for t in drafts], int(kept), int(own)
-
-    results = []
-    for round_ in (by_calls, in_one_call):
-        token = start(engine, prompt)
-        got = []
-        for _ in range(3):
-            drafts, kept, own = round_(token)
-            got.append((drafts, kept, own))
-            token = own
-        engine.decode_submit(token)
-        got.append(engine.decode_collect())
-        results.append(got)
-    assert results[0] == results[1]

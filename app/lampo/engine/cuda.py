@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -228,7 +227,6 @@ class CudaBackend:
                               tensor_bits=engine_bits(cfg, self.weight_format, self._ck.lq, mtp), vram_limit=vram_limit)
         self._policy = (round_policy(self.speculation.mode, verify_rows - 1, self.speculation.drafts)
                         if self.speculation.on else None)
-        self._rounds = ThreadPoolExecutor(1, thread_name_prefix="lampo-rounds") if self._policy else None
         self._on_load = on_load
         self._engine = self._build_engine()
         self._loop = GenerationLoop(tokenizer, PrefixCache(snapshot_slots), label="CUDA", forget=lambda: self._engine.reset(),
@@ -252,15 +250,13 @@ class CudaBackend:
             raise RuntimeError("generate: the backend is closed")
         steps = NativeSteps(self._engine, self._native, request.sampling)
         if self._policy is not None:
-            steps = NativeSpeculativeSteps(steps, self._engine, request.prompt_ids, self._policy, self._rounds)
+            steps = NativeSpeculativeSteps(steps, self._engine, request.prompt_ids, self._policy)
         return self._loop.start(request, cancel, steps, self._info.context_max)
 
     def reset(self) -> None:
         self._loop.reset()
 
     def close(self) -> None:
-        if self._rounds is not None:
-            self._rounds.shutdown()
         self._engine = None
         self._ck.close()
 
@@ -278,8 +274,6 @@ class CudaBackend:
 class NativeSteps:
     """The native engine as one call's `EngineSteps`; it samples on the GPU with the request's
     settings, set at `begin`."""
-
-    asynchronous = True  # a decode step is queued on the GPU (decode_submit) and waited for (decode_collect)
 
     def __init__(self, engine, native, sampling: SamplingParams):
         self.chunk = engine.prefill_chunk

@@ -16,10 +16,7 @@ adapter per call, and the loop does the rest, following `PrefixCache`'s engine l
   events and waits for its consumer (`decode_submit`, then `decode_collect`). A speculative step
   returns the drafts it kept (already fed) before its own next token; they are streamed one by one
   under the same checks, and the ones a stop leaves unstreamed are taken back (`rewind`), so the
-  engine's state always holds exactly the ids the cache says. When no check can end the reply
-  among them (no stop id, room left in `max_tokens` and the context), an asynchronous engine's
-  step that feeds the last one is queued before they stream, so the device runs it meanwhile; a
-  cancel then takes effect once they are out. Text goes through the tokenizer's
+  engine's state always holds exactly the ids the cache says. Text goes through the tokenizer's
   `StreamDecoder`; ids whose text is not complete yet travel with the next `TokenEvent`.
 - `Stats` after prefill, while decoding (at most one per `stats_interval_s`) and before `Done`;
   live tok/s is measured over the last `LIVE_WINDOW_S` seconds; the draft counts are the reply's
@@ -57,7 +54,6 @@ class EngineSteps(Protocol):
     when it is made); `begin` starts a reply (seed, presence-penalty set) after the resume."""
 
     chunk: int  # most tokens per prefill call
-    asynchronous: bool  # decode_submit starts the step on a device and returns before it is done
 
     def begin(self) -> None: ...
 
@@ -95,7 +91,6 @@ class SyncDecode:
     time, where an asynchronous engine would report a failed step."""
 
     _submitted: tuple[int, int]
-    asynchronous = False
 
     def decode_submit(self, fed: int, max_drafts: int) -> None:
         self._submitted = (fed, max_drafts)
@@ -193,28 +188,18 @@ class GenerationLoop:
         yield run.stats()
 
         # ---- decode: `queue` holds the sampled tokens not streamed yet; the engine has fed all
-        # but the last (drafts a speculative step kept), the cache all but the last `ahead` of
-        # them and none once ahead is 0 ----
+        # but the last (drafts a speculative step kept), the cache none of them ----
         decoder = self._tokenizer.stream_decoder()
         stop_ids = set(self._tokenizer.stop_ids if request.stop_ids is None else request.stop_ids)
         max_tokens = request.sampling.max_tokens
         n, pending, last_stats = 0, [], run.t_first
         reason: DoneReason
-
-        def room(n: int) -> int:  # drafts a step may verify after n tokens
-            return min(max_tokens - n - 1, run.context_max - len(prompt) - n)
-
-        def streams_whole(queue: list[int], n: int) -> bool:  # no check can end the reply inside `queue`
-            after = n + len(queue)
-            return after < max_tokens and len(prompt) + after - 1 < run.context_max and stop_ids.isdisjoint(queue)
-
         queue = [token]
-        queued = False  # a step feeding `fed` runs on the engine
-        fed, ahead = token, 0
+        queued = False  # a step feeding `token` runs on the engine
         try:
             while True:
                 token = queue[0]
-                if cancel.is_set() and not queued:  # with a step queued ahead, its kept drafts stream first
+                if cancel.is_set():
                     reason = "cancelled"
                     break
                 if len(prompt) + n >= run.context_max:
@@ -228,14 +213,11 @@ class GenerationLoop:
                 if more:  # `token` is fed: by a step started now, or already (a kept draft)
                     del queue[0]
                     if queue:
-                        if ahead:
-                            ahead -= 1
-                        else:
-                            cache.append([token])
-                            run.context_used += 1
-                    elif not queued:
-                        steps.decode_submit(token, room(n))
-                        queued, fed = True, token
+                        cache.append([token])
+                        run.context_used += 1
+                    else:
+                        steps.decode_submit(token, min(max_tokens - n - 1, run.context_max - len(prompt) - n))
+                        queued = True
                 pending.append(token)
                 text = decoder.push(token)
                 if text:
@@ -245,27 +227,20 @@ class GenerationLoop:
                 if not more:
                     reason = "length"
                     break
-                if queued and not queue:
+                if queued:
                     queued = False
                     step = steps.decode_collect()
                     run.decoded(step)
                     queue = list(step.tokens)
-                    cache.append([fed])
+                    cache.append([token])
                     run.context_used += 1
-                    if steps.asynchronous and len(queue) > 1 and streams_whole(queue, n) and not cancel.is_set():
-                        # the next step goes now, and the kept drafts stream while it runs
-                        cache.append(queue[:-1])
-                        run.context_used += len(queue) - 1
-                        ahead = len(queue) - 1
-                        steps.decode_submit(queue[-1], room(n + len(queue)))
-                        queued, fed = True, queue[-1]
                 if now - last_stats >= self._stats_interval:
                     last_stats = now
                     yield run.stats()
         finally:
-            if queued:  # the stream was closed while a step ran: the state did take `fed`
+            if queued:  # the stream was closed while a step ran: the state did take `token`
                 queue = list(steps.decode_collect().tokens)
-                cache.append([fed])
+                cache.append([token])
             if len(queue) > 1:  # kept drafts that were not streamed: out of the state again
                 steps.rewind(len(queue) - 1)
         tail = decoder.flush()

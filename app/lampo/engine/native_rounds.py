@@ -26,14 +26,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from concurrent.futures import Executor, Future
 
 import numpy as np
 
 from lampo.engine.loop import Decoded
 from lampo.models.draft_policy import DRAFTERS, DraftPolicy
 from lampo.models.draft_vocab import DraftVocab
-from lampo.models.speculative import ngram_drafts
+from lampo.models.speculative import accept_greedy, ngram_drafts
 
 
 def round_policy(mode: str, k_max: int, fixed_k: int | None) -> DraftPolicy:
@@ -46,23 +45,20 @@ def round_policy(mode: str, k_max: int, fixed_k: int | None) -> DraftPolicy:
 
 class NativeSpeculativeSteps:
     """Wraps a `NativeSteps` (`plain`), replacing its decode step by verify rounds of the drafters
-    `policy.mode` allows (MTP only where the engine holds the module). A round (draft, verify,
-    accept: engine calls that wait for the GPU) runs on `rounds`, an executor of one thread, so
-    that the loop streams the tokens before it meanwhile, as the GPU runs a plain step while they
-    stream. Each step's wall time goes to the policy (`DraftPolicy.record_time`): a plain step
-    from its submit to its collect, a round from its submit to its accept."""
+    `policy.mode` allows (MTP only where the engine holds the module). Each step's wall time goes
+    to the policy (`DraftPolicy.record_time`): a plain step from its submit to its collect (the GPU
+    runs it while the loop streams the previous token), a round as its drafting, verify and accept
+    calls."""
 
-    asynchronous = True  # a round runs on `rounds` (a thread) while the loop streams
-
-    def __init__(self, plain, engine, prompt: Sequence[int], policy: DraftPolicy, rounds: Executor,
-                 clock=time.perf_counter):
-        self._plain, self._engine, self._policy, self._rounds, self._clock = plain, engine, policy, rounds, clock
+    def __init__(self, plain, engine, prompt: Sequence[int], policy: DraftPolicy, clock=time.perf_counter):
+        self._plain, self._engine, self._policy, self._clock = plain, engine, policy, clock
         self._mtp = policy.mode in ("auto", "mtp") and engine.has_mtp
         self._ngram = policy.mode in ("auto", "ngram")
         self._context = list(prompt)  # the prompt, then every token fed or kept
         self._vocab = DraftVocab(engine.real_vocab_size, self._context) if self._mtp else None
-        self._round: Future | None = None  # the submitted round: (drafts, kept, its own token)
+        self._round: tuple[str, int, list[int]] | None = None  # (drafter, fed, drafts) of the submitted round
         self._started = 0.0  # when the submitted step began
+        self._draft_s = 0.0  # the submitted round's drafting time
         self._kept = 0  # drafts the last round kept and that are still in the state
 
     def __getattr__(self, name):  # the protocol's other steps (begin, prefill, snapshot...) are the plain ones
@@ -80,16 +76,9 @@ class NativeSpeculativeSteps:
             return
         if drafter == "mtp" and self._engine.draft_vocab != self._vocab.size:
             self._engine.draft_vocab = self._vocab.size
-        self._round = self._rounds.submit(self._run_round, drafter, fed, k, ngram[:k])
-
-    def _run_round(self, drafter: str, fed: int, k: int, ngram: list[int]) -> tuple[list[int], int, int]:
-        """On the round thread: draft, verify, accept in one engine call; (drafts, kept, the round's
-        own token)."""
-        drafts, kept, nxt = self._engine.speculative_round(fed, np.asarray(ngram, np.int32), k, drafter == "mtp")
-        drafts = [int(t) for t in drafts]
-        self._policy.record_time(drafter, len(drafts), self._clock() - self._started)
-        self._policy.record(drafter, len(drafts), kept)
-        return drafts, int(kept), int(nxt)
+        drafts = [int(t) for t in self._engine.mtp_draft(fed, k)] if drafter == "mtp" else ngram[:k]
+        self._round = (drafter, fed, drafts)
+        self._draft_s = self._clock() - self._started
 
     def decode_collect(self) -> Decoded:
         if self._round is None:
@@ -97,8 +86,13 @@ class NativeSpeculativeSteps:
             step = self._plain.decode_collect()
             self._policy.record_time(None, 0, self._clock() - self._started)
             return step
-        drafts, kept, nxt = self._round.result()
-        self._round = None
+        drafter, fed, drafts = self._round
+        started = self._clock()
+        targets = self._engine.verify(np.asarray([fed, *drafts], np.int32), drafter == "mtp")
+        kept, nxt = accept_greedy(drafts, lambda i: int(targets[i]))
+        self._engine.accept(kept + 1)
+        self._policy.record_time(drafter, len(drafts), self._draft_s + self._clock() - started)
+        self._policy.record(drafter, len(drafts), kept)
         self._kept = kept
         self._grow(drafts[:kept])
         return Decoded((*drafts[:kept], nxt), len(drafts))

@@ -196,30 +196,6 @@ py::array_t<int32_t> mtp_draft(Engine& e, int token, int k) {
     return out;
 }
 
-// A speculative round in one call, without the GIL between its steps: the k drafts (the MTP chain's
-// from `token` when mtp, else `given`), their verify window [token, drafts], and the accept of the
-// drafts up to the first that differs from its row's token. Returns (drafts, kept, the row token
-// after the kept drafts: the round's own).
-py::tuple speculative_round(Engine& e, int token, const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& given,
-                            int k, bool mtp) {
-    if (given.ndim() != 1) throw std::invalid_argument("speculative_round: given must be a 1-D array");
-    std::vector<int32_t> drafts(given.data(), given.data() + given.size());
-    int kept = 0, own = 0;
-    {
-        py::gil_scoped_release release;
-        if (mtp) drafts = e.mtp_draft(token, k);
-        std::vector<int32_t> ids{token};
-        ids.insert(ids.end(), drafts.begin(), drafts.end());
-        const std::vector<int32_t> rows = e.verify(ids.data(), int(ids.size()), mtp);
-        while (kept < int(drafts.size()) && drafts[kept] == rows[kept]) ++kept;
-        own = rows[kept];
-        e.accept(kept + 1);
-    }
-    py::array_t<int32_t> out(drafts.size());
-    std::copy(drafts.begin(), drafts.end(), out.mutable_data());
-    return py::make_tuple(out, kept, own);
-}
-
 py::array_t<float> verify_logits(Engine& e) {
     std::vector<float> v;
     {
@@ -376,11 +352,6 @@ void register_engine(py::module_& m) {
         .def("profile_verify", &profile_verify, py::arg("ids"), py::arg("steps"),
              "Un-graphed verify windows of `ids`, each accepted at its first row, timed per op family: "
              "{family: mean ms per window}")
-        .def("speculative_round", &speculative_round, py::arg("token"), py::arg("given"), py::arg("k"),
-             py::arg("mtp"),
-             "mtp_draft (when mtp, else the drafts `given`), verify of the token and the drafts, accept of "
-             "the drafts up to the first that differs from its row's token, in one call without the GIL: "
-             "(drafts, kept, the round's own token)")
         .def_property_readonly("has_mtp", &Engine::has_mtp,
                                "Whether the MTP module is loaded (its roles were in tensor_names)")
         .def("mtp_draft", &mtp_draft, py::arg("token"), py::arg("k"),
