@@ -5,6 +5,7 @@ survives a consumer that stops early, and turns the child's death into an error 
 from __future__ import annotations
 
 import os
+import re
 import threading
 from functools import partial
 
@@ -40,6 +41,7 @@ class Dying(ScriptedBackend):
 
 
 def dying(say):
+    print("engine: about to crash")  # the child's output: in the log, not on the terminal
     return Dying(["abcdef"], context_max=64)
 
 
@@ -105,11 +107,13 @@ def test_a_start_up_error_is_raised_by_the_constructor_after_the_lines_said():
     assert said == ["about to fail"]
 
 
-def test_a_dead_child_fails_the_call_and_every_later_one():
-    b = ProcessBackend(dying)
+def test_a_dead_child_fails_the_call_and_every_later_one(tmp_path, capfd):
+    log = tmp_path / "backend.log"
+    b = ProcessBackend(dying, log=log)
     try:
-        with pytest.raises(BackendProcessError, match="exit code 3"):
+        with pytest.raises(BackendProcessError, match=re.escape(f"(exit code 3); its output is in {log}")):
             list(b.generate(request(), threading.Event()))
+        assert "about to crash" in log.read_text() and "about to crash" not in capfd.readouterr().out
         with pytest.raises(BackendProcessError):
             b.generate(request(), threading.Event())
     finally:

@@ -57,7 +57,8 @@ def _backend(kind: str, model_dir: Path, context_max: int, args: argparse.Namesp
     if sys.stdin.isatty() and not args.plain:
         from lampo.engine.process_backend import ProcessBackend
 
-        backend = ProcessBackend(partial(open_checkpoint_backend, kind, model_dir, options), say=_say)
+        backend = ProcessBackend(partial(open_checkpoint_backend, kind, model_dir, options), say=_say,
+                                 log=paths.backend_log_file())
     else:
         backend = open_checkpoint_backend(kind, model_dir, options, _say)
     return backend, Tokenizer.from_checkpoint(model_dir)

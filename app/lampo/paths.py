@@ -78,6 +78,11 @@ def tokenizer_file() -> Path:
     return ensure_tokenizer_json(cache_dir() / "tokenizer" / "qwen3.6-tokenizer.json")
 
 
+def backend_log_file() -> Path:
+    """What the chat's backend process prints (engine/process_backend.py)."""
+    return cache_dir() / "backend.log"
+
+
 def history_file() -> Path:
     """prompt_toolkit input history of plain mode."""
     return data_dir() / "plain_history"

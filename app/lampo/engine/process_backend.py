@@ -11,7 +11,8 @@ while the interface is busy, so the GPU never waits for a frame.
 
 The child is started with `spawn` (no inherited threads or CUDA state) and builds the backend
 with `factory(say)`, a picklable callable; its `say` lines come back as they are said, and an
-exception there is raised by the constructor. `generate` raises what the child's `generate`
+exception there is raised by the constructor. Whatever the child prints (warnings, native
+messages) goes to `log`, which the interface's terminal never sees. `generate` raises what the child's `generate`
 raised before any work (ContextOverflow, a bad request) and then yields its events; `cancel` is
 passed on while it streams. A consumer that stops early cancels the child's call and waits for
 its end, so the next call starts clean. If the child dies (a crash in the engine), the running
@@ -22,8 +23,10 @@ the partial reply), and so does every later call.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import threading
+from pathlib import Path
 from typing import Callable, Iterator
 
 from lampo.engine.protocol import BackendInfo, Event, GenerationRequest
@@ -44,8 +47,14 @@ def _portable(e: BaseException) -> BaseException:
         return RuntimeError(f"{type(e).__name__}: {e}")
 
 
-def _serve(conn, factory, cancel) -> None:
-    """The child: build the backend, then answer the parent's requests until it closes."""
+def _serve(conn, factory, cancel, log: Path | None) -> None:
+    """The child: build the backend, then answer the parent's requests until it closes. Its
+    stdout and stderr (Python's and native code's) go to `log`, not to the interface's terminal."""
+    if log is not None:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     try:
         backend = factory(lambda text: conn.send(("say", text)))
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises it
@@ -83,12 +92,14 @@ def _serve(conn, factory, cancel) -> None:
 
 class ProcessBackend:
     def __init__(self, factory: Callable[[Callable[[str], None]], object], *,
-                 say: Callable[[str], None] | None = None):
+                 say: Callable[[str], None] | None = None, log: Path | None = None):
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._cancel = ctx.Event()
         self._lock = threading.Lock()  # one exchange with the child at a time
-        self._proc = ctx.Process(target=_serve, args=(child, factory, self._cancel), name="lampo-backend", daemon=True)
+        self._log = log
+        self._proc = ctx.Process(target=_serve, args=(child, factory, self._cancel, log), name="lampo-backend",
+                                 daemon=True)
         self._proc.start()
         child.close()
         while True:
@@ -108,7 +119,8 @@ class ProcessBackend:
         return self._info
 
     def _ended(self) -> BackendProcessError:
-        return BackendProcessError(f"the backend process ended (exit code {self._proc.exitcode})")
+        where = f"; its output is in {self._log}" if self._log is not None else ""
+        return BackendProcessError(f"the backend process ended (exit code {self._proc.exitcode}){where}")
 
     def _send(self, message) -> None:
         try:
