@@ -51,7 +51,7 @@ def _serve(conn, factory, cancel, log: Path | None) -> None:
     """The child: build the backend, then answer the parent's requests until it closes. Its
     stdout and stderr (Python's and native code's) go to `log`, not to the interface's terminal."""
     if log is not None:
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # this run's output only
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
