@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
 from functools import partial
 
@@ -14,6 +15,7 @@ from helpers.scripted_backend import ScriptedBackend
 
 from lampo.engine.process_backend import BackendProcessError, ProcessBackend
 from lampo.engine.protocol import ContextOverflow, Done, GenerationRequest, Stats, TokenEvent
+from lampo.engine.speculation import Speculation
 from lampo.models.sampling_params import GREEDY, SamplingParams
 
 
@@ -118,3 +120,27 @@ def test_a_dead_child_fails_the_call_and_every_later_one(tmp_path, capfd):
             b.generate(request(), threading.Event())
     finally:
         b.close()
+
+
+@pytest.mark.parametrize("tty, plain, apart", [(True, False, True), (True, True, False), (False, False, False)])
+def test_lampo_chat_runs_the_backend_apart_for_the_terminal_interface_only(monkeypatch, tmp_path, tty, plain, apart):
+    """`lampo chat` on a terminal (the TUI) builds the backend in a ProcessBackend whose output goes
+    to backend.log; --plain and pipe mode build it in their own process."""
+    from lampo import chat_entry
+    from lampo.cli import build_parser
+    from lampo.engine import process_backend
+
+    monkeypatch.setenv("LAMPO_HOME", str(tmp_path))
+    made = []
+    monkeypatch.setattr(process_backend, "ProcessBackend",
+                        lambda factory, say=None, log=None: made.append((factory, log)) or "apart")
+    monkeypatch.setattr(chat_entry, "open_checkpoint_backend", lambda *a: "here")
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: tty)
+    monkeypatch.setattr("lampo.models.tokenizer.Tokenizer.from_checkpoint", lambda d: "tokenizer")
+    args = build_parser().parse_args(["chat", *(["--plain"] if plain else [])])
+    backend, tokenizer = chat_entry._backend("auto", tmp_path, 4096, args, Speculation())
+    assert (backend, tokenizer) == ("apart" if apart else "here", "tokenizer")
+    if apart:
+        (factory, log), = made
+        assert factory.func is chat_entry.open_checkpoint_backend and factory.args[:2] == ("auto", tmp_path)
+        assert log == tmp_path / "cache" / "backend.log"
