@@ -30,6 +30,10 @@
 #          may be empty) names the full-size benches. Needs .gpu/qwen3.6
 #          (tokenizer.json, chat_template.jinja) carried. TRAINED_QUALITY=0 leaves out the quality
 #          run, TRAINED_REFERENCE_S (default 300) limits the numpy reference's rounds.
+#   app    the measurement model trained as in trained, then tests/gpu/app_speed.py: the chat app's
+#          decode tok/s (headless Textual) with the CUDA backend in the app's process and in a
+#          ProcessBackend, against the generation loop alone (APP_TOKENS, APP_ROUNDS, APP_LIMIT;
+#          Textual's dependencies in .gpu/pylib)
 #   spec   build + pytest -m cuda (LAMPO_GPU_TESTS; the verify window's and the MTP module's tests
 #          are tests/cuda/test_engine_verify.py and test_engine_mtp.py) + the speculative benches:
 #          35B-A3B and 27B at q5, decode at 8,192 (random fill), the verify window's and the MTP
@@ -127,7 +131,7 @@
 # DIR/timeline; its SOURCES must equal this tree's engine sources id) instead of building them here.
 set -uo pipefail
 MODE=${1:-quick}
-case "$MODE" in quick|check|lq|trained|kernel|gemv|files|full|final|profile|omit|fusions|ab|probe|stream|handover|ordering|timeline|spec) ;; *) echo "usage: $0 quick|check|lq|trained|kernel|gemv|files|full|final|profile|omit|fusions|ab|probe|stream|handover|ordering|timeline|spec" >&2; exit 2 ;; esac
+case "$MODE" in quick|check|lq|trained|app|kernel|gemv|files|full|final|profile|omit|fusions|ab|probe|stream|handover|ordering|timeline|spec) ;; *) echo "usage: $0 quick|check|lq|trained|app|kernel|gemv|files|full|final|profile|omit|fusions|ab|probe|stream|handover|ordering|timeline|spec" >&2; exit 2 ;; esac
 
 ROOT=$(pwd)
 OUT=${OUT:-$ROOT/.gpu/out}
@@ -191,7 +195,7 @@ if [ "$MODE" = probe ] || [ "$MODE" = stream ]; then  # a standalone probe: its 
   exit 0
 fi
 
-if [ "$MODE" = trained ]; then  # the GPU trains while the CPU builds
+if [ "$MODE" = trained ] || [ "$MODE" = app ]; then  # the GPU trains while the CPU builds
   TRAINED="$WORK/measure-moe"
   (timeout 480 $PY tests/gpu/train_measure_model.py --out "$TRAINED" --minutes "${TRAIN_MINUTES:-3}" \
      >"$OUT/bench/train.txt" 2>&1; cp "$TRAINED/results.json" "$OUT/bench/train-results.json") &
@@ -364,6 +368,11 @@ trained)
   done
   [ -n "$QUALITY" ] && { wait "$QUALITY"; log "quality exit $?"; }
   wait "$SPEC"; log "spec acceptance (numpy reference) exit $?" ;;
+app)
+  wait "$TRAINER"; log "training exit $? ($(tail -1 "$OUT/bench/train.txt"))"
+  timeout "${APP_LIMIT:-300}" $PY tests/gpu/app_speed.py "$TRAINED" --tokens "${APP_TOKENS:-512}" \
+    --rounds "${APP_ROUNDS:-2}" --json "$OUT/bench/app-speed.json" >"$OUT/bench/app-speed.txt" 2>&1
+  log "app speed exit $?" ;;
 lq)
   for b in ${LQ_BENCHES:-q5 bf16 vram long}; do case "$b" in
   q5) for m in 35b-a3b 27b; do

@@ -253,11 +253,20 @@ async def _run_ui(checkpoint, profile, mode, n_tokens, accept, home, own_process
         backend = ProcessBackend(partial(reporting_backend, path, args))
     else:
         backend = reporting_backend(path, args, None)
-    session = ChatSession(backend, real_tokenizer(), Store(home / f"overlap-{mode}-{own_process}.sqlite3"),
-                          sampling=SamplingParams(**{**GREEDY.to_dict(), "max_tokens": n_tokens + 8}), thinking=False)
+    session = await reply_in_app(backend, real_tokenizer(), home, "Write me a long answer.", n_tokens + 8)
+    backend.close()
+    return report(json.loads(path.read_text()), mode, accept, session.last_done,
+                  "ui, backend in its own process" if own_process else "ui")
+
+
+async def reply_in_app(backend, tokenizer, home: Path, message: str, max_tokens: int) -> ChatSession:
+    """The chat app (headless, 120 x 40) sends `message` and streams the backend's greedy reply to
+    the end; returns the session (its store closed)."""
+    session = ChatSession(backend, tokenizer, Store(home / f"app-{time.monotonic_ns()}.sqlite3"),
+                          sampling=SamplingParams(**{**GREEDY.to_dict(), "max_tokens": max_tokens}), thinking=False)
     app = LampoApp(session, Settings(), export_dir=home)
     async with app.run_test(size=(120, 40)) as pilot:
-        app.prompt.load_text("Write me a long answer.")
+        app.prompt.load_text(message)
         app.prompt.action_submit()
         while not app.generating:
             await asyncio.sleep(0.001)
@@ -266,9 +275,7 @@ async def _run_ui(checkpoint, profile, mode, n_tokens, accept, home, own_process
         await app.workers.wait_for_complete()
         await pilot.pause()
     session.store.close()
-    backend.close()
-    return report(json.loads(path.read_text()), mode, accept, session.last_done,
-                  "ui, backend in its own process" if own_process else "ui")
+    return session
 
 
 def report(account: dict, mode: str, accept: float, done, consumer: str) -> dict:
