@@ -38,13 +38,14 @@ def _model_dir(args: argparse.Namespace, settings) -> Path:
     return ensure_demo_checkpoint()
 
 
-def open_checkpoint_backend(kind: str, model_dir: Path, options: dict, say) -> Backend:
+def open_checkpoint_backend(kind: str, model_dir: Path, options: dict, say, tokenizer=None) -> Backend:
     """The backend of kind auto|cuda|reference for `model_dir` (`options`: open_backend's context_max,
-    weights, vram_limit and speculation), with the checkpoint's tokenizer."""
+    weights, vram_limit and speculation), with `tokenizer`, else the checkpoint's (read here)."""
     from lampo.engine.picker import open_backend
     from lampo.models.tokenizer import Tokenizer
 
-    return open_backend(kind, model_dir, tokenizer=Tokenizer.from_checkpoint(model_dir), say=say, **options)
+    tokenizer = tokenizer or Tokenizer.from_checkpoint(model_dir)
+    return open_backend(kind, model_dir, tokenizer=tokenizer, say=say, **options)
 
 
 def _backend(kind: str, model_dir: Path, context_max: int, args: argparse.Namespace,
@@ -54,14 +55,15 @@ def _backend(kind: str, model_dir: Path, context_max: int, args: argparse.Namesp
     from lampo.models.tokenizer import Tokenizer
 
     options = dict(context_max=context_max, weights=args.weights, vram_limit=args.vram_limit, speculation=speculation)
-    if sys.stdin.isatty() and not args.plain:
+    tokenizer = Tokenizer.from_checkpoint(model_dir)
+    if sys.stdin.isatty() and not args.plain:  # the child reads the tokenizer itself
         from lampo.engine.process_backend import ProcessBackend
 
         backend = ProcessBackend(partial(open_checkpoint_backend, kind, model_dir, options), say=_say,
                                  log=paths.backend_log_file())
     else:
-        backend = open_checkpoint_backend(kind, model_dir, options, _say)
-    return backend, Tokenizer.from_checkpoint(model_dir)
+        backend = open_checkpoint_backend(kind, model_dir, options, _say, tokenizer)
+    return backend, tokenizer
 
 
 def run_chat(args: argparse.Namespace) -> int:

@@ -116,11 +116,6 @@ class DeviceModel:
         while time.perf_counter() < until:
             pass
 
-    @property
-    def busy_share(self) -> float:
-        total = self.busy_s + self.idle_s
-        return self.busy_s / total if total else 0.0
-
 
 class TimedEngine(fake.FakeEngine):
     """The fake engine on a `DeviceModel`: the reply is `native.reply` (then the stop id), MTP
@@ -134,9 +129,7 @@ class TimedEngine(fake.FakeEngine):
     def _sample(self) -> int:
         if self.reply_start is None:
             self.reply_start = len(self.history)
-        i = len(self.history) - self.reply_start
-        reply = self.native.reply
-        return reply[i] if i < len(reply) else fake.STOP
+        return self._sample_at(self.history)
 
     def decode_submit(self, token=-1):
         super().decode_submit(token)
@@ -159,6 +152,7 @@ class TimedEngine(fake.FakeEngine):
         return fake.np.asarray(drafts, fake.np.int32)
 
     def _sample_at(self, history) -> int:
+        """The reply's token after `history` (the stop id past its end)."""
         i = len(history) - self.reply_start
         reply = self.native.reply
         return reply[i] if i < len(reply) else fake.STOP

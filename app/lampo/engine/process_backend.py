@@ -4,16 +4,17 @@ The interface renders Markdown, lays out and paints in Python, holding the inter
 most of every frame while a reply streams. A backend in the same process runs its generation loop
 in a worker thread that needs that lock between every pair of engine calls (to queue the next
 decode step, to draft, to verify), so the GPU waits for the interface: measured with the chat app
-on a modelled GPU, the 35B-A3B's 517 tok/s step gave 94 tok/s on the screen
-(docs/benchmarks.md, "The chat app on a modelled GPU"). Here the backend lives in a child process
-whose generation loop has its interpreter to itself; the events cross a pipe, which buffers them
-while the interface is busy, so the GPU never waits for a frame.
+on a modelled GPU, the 35B-A3B's 517 tok/s step gave 146 tok/s on the screen, 502 with the
+backend apart (docs/benchmarks.md, "The chat app on a modelled GPU"). Here the backend lives in a
+child process whose generation loop has its interpreter to itself; the events cross a pipe, which
+buffers them while the interface is busy, so the GPU never waits for a frame.
 
 The child is started with `spawn` (no inherited threads or CUDA state) and builds the backend
 with `factory(say)`, a picklable callable; its `say` lines come back as they are said, and an
 exception there is raised by the constructor. Whatever the child prints (warnings, native
-messages) goes to `log`, which the interface's terminal never sees. `generate` raises what the child's `generate`
-raised before any work (ContextOverflow, a bad request) and then yields its events; `cancel` is
+messages) goes to `log`, which the interface's terminal never sees. `generate` raises what the
+child's `generate` raised before any work (ContextOverflow, a bad request) and then yields its
+events; `cancel` is
 passed on while it streams. A consumer that stops early cancels the child's call and waits for
 its end, so the next call starts clean. If the child dies (a crash in the engine), the running
 call raises `BackendProcessError` with its exit code, as any failed call does (the session keeps
