@@ -3,7 +3,8 @@
 Names and shapes follow the published checkpoints (architecture doc §3): linear weights are
 [out, in]; the MoE expert banks are fused 3-D tensors without a `.weight` suffix
 (`mlp.experts.gate_up_proj` [E, 2I, H], rows 0..I-1 gate then I..2I-1 up; `mlp.experts.down_proj`
-[E, H, I]); the GDN conv weight is [conv_dim, 1, K]. Matrices must be BF16; 1-D tensors (norm
+[E, H, I]; `expert_parts` names the per-expert matrices a checkpoint may hold instead, as the FP8
+releases do); the GDN conv weight is [conv_dim, 1, K]. Matrices must be BF16; 1-D tensors (norm
 weights, `A_log`, `dt_bias`) may be BF16 or F32, since published checkpoints differ there.
 `model.visual.*` and anything else not listed is not needed by the text engine.
 
@@ -214,6 +215,21 @@ def mtp_tensors(cfg: ModelConfig) -> dict[str, TensorSpec]:
             out[mtp_layer_prefix(i) + rel] = spec
     out[MTP_PREFIX + "norm.weight"] = _vector(h)
     return out
+
+
+def expert_parts(name: str, spec: TensorSpec) -> list[tuple[str, TensorSpec]] | None:
+    """The per-expert matrices whose rows, in order, make the fused expert bank `name` of `spec`
+    (`experts.{e}.gate_proj.weight` then `experts.{e}.up_proj.weight` for each e of gate_up_proj
+    [E, 2I, H]; `experts.{e}.down_proj.weight` of down_proj [E, H, I]); None for any other tensor."""
+    gate_up, down = (n.rpartition(".")[2] for n in ROUTED_EXPERT_TENSORS)
+    base, _, leaf = name.rpartition(".")
+    if not base.endswith("mlp.experts") or leaf not in (gate_up, down):
+        return None
+    e, rows, cols = spec.shape
+    if leaf == gate_up:
+        part = _matrix(rows // 2, cols)
+        return [(f"{base}.{i}.{proj}_proj.weight", part) for i in range(e) for proj in ("gate", "up")]
+    return [(f"{base}.{i}.down_proj.weight", _matrix(rows, cols)) for i in range(e)]
 
 
 def expected_tensors(cfg: ModelConfig, include_mtp: bool = True) -> dict[str, TensorSpec]:

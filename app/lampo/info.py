@@ -129,6 +129,10 @@ def describe(model: str | Path, context_max: int | None = None, vram: float | No
                                    f"{ckpt.total_bytes / 1e9:.2f} GB, {mtp}, {len(ckpt.ignored)} tensors ignored"))
         if ckpt.lq is not None:
             rows.append(("weights", f"converted, LQ recipe {ckpt.lq.recipe} ({ckpt.total_bytes / 1e9:.2f} GB packed)"))
+        elif ckpt.fp8_block is not None:
+            bo, bi = ckpt.fp8_block
+            rows.append(("weights", f"FP8 (e4m3, {bo}x{bi} blocks): read as bf16, quantized to LQ on load "
+                                    f"(or --weights bf16)"))
     with_mtp = ckpt.has_mtp if ckpt is not None else True
     rows += [
         ("params, text", f"{counts.total_text:,} ({short_count(counts.total_text)})"),

@@ -32,6 +32,7 @@ import numpy as np
 
 from lampo.models.bf16 import from_bf16
 from lampo.models.checkpoint import INDEX_NAME, Checkpoint
+from lampo.models.checkpoint_parts import Assembled
 from lampo.models.quant import layout
 from lampo.models.quant.checkpoint_format import FORMAT_FILE, LqFormat, LqTensor, partial_dir
 from lampo.models.quant.quantizer import quantize
@@ -132,7 +133,11 @@ def _write_shards(ck: Checkpoint, tensors: dict[str, LqTensor], work: Path, shar
 
 def _blocks(ck: Checkpoint, name: str, t: LqTensor, quantize_block: QuantizeBlock) -> Iterator[tuple[bytes, bytes]]:
     """(source bytes, output bytes) of one tensor, block by block in file order."""
-    stored = ck.stored(name)
+    source = ck.source(name)
+    if isinstance(source, Assembled):
+        yield from _assembled_blocks(ck, source, t, quantize_block)
+        return
+    stored = source
     with open(stored.path, "rb") as f:
         f.seek(stored.start)
 
@@ -148,8 +153,25 @@ def _blocks(ck: Checkpoint, name: str, t: LqTensor, quantize_block: QuantizeBloc
                 yield data, data
             return
         *banks, n, k = t.shape
-        rows = max(layout.TILE_ROWS, BLOCK_ELEMENTS // k // layout.TILE_ROWS * layout.TILE_ROWS)
+        rows = _block_rows(k)
         for _ in range(math.prod(banks)):
             for first in range(0, n, rows):
                 data = read(min(rows, n - first) * k * 2)
                 yield data, quantize_block(np.frombuffer(data, "<u2").reshape(-1, k), t.bits)
+
+
+def _block_rows(k: int) -> int:
+    """Rows of k columns quantized per block: whole tiles of about BLOCK_ELEMENTS."""
+    return max(layout.TILE_ROWS, BLOCK_ELEMENTS // k // layout.TILE_ROWS * layout.TILE_ROWS)
+
+
+def _assembled_blocks(ck: Checkpoint, source: Assembled, t: LqTensor,
+                      quantize_block: QuantizeBlock) -> Iterator[tuple[bytes, bytes]]:
+    """`_blocks` of a tensor assembled from parts (FP8 matrices, experts' matrices): each part's
+    stored bytes go with its first block; its rows, as bf16, are quantized (or copied) in blocks.
+    A part holds whole tiles of rows (every part of a bank is whole experts' rows)."""
+    rows = _block_rows(t.shape[-1])
+    for data, bf16 in source.row_blocks(ck.view):
+        for first in range(0, bf16.shape[0], rows):
+            block = np.ascontiguousarray(bf16[first:first + rows])
+            yield (data if first == 0 else b""), (quantize_block(block, t.bits) if t.quantized else block.tobytes())

@@ -165,13 +165,14 @@ def create_engine(native, cfg: ModelConfig, *, context_max: int, prefill_chunk: 
 
 def load_weights(engine, ck: Checkpoint, progress: LoadProgress | None = None) -> int:
     """Copy every tensor the engine needs from the checkpoint, shard by shard in file order, as
-    stored (packed LQ tensors with their width; the engine converts what its format differs in);
+    stored (packed LQ tensors with their width; an FP8 or per-expert one as the bf16 tensor it
+    assembles to; the engine converts what its format differs in);
     returns the bytes read. Tensors the engine does not use (MTP, unless it runs it) are skipped.
     The engine then counts the NaN/Inf values of every tensor in VRAM; any found raise
     CheckpointError naming the file and tensor."""
     wanted = {name for name, _shape, _format in engine.weight_specs()}
     todo = [(path, [n for n in names if n in wanted]) for path, names in ck.shards()]
-    total = sum(ck.raw(n).nbytes for _path, names in todo for n in names)
+    total = sum(ck.raw_nbytes(n) for _path, names in todo for n in names)
     done = 0
     for _path, names in todo:
         for name in names:
