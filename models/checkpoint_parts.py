@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lampo.models.bf16 import from_bf16
-from lampo.models.fp8 import dequantize_bf16
+from lampo.models.fp8 import dequantize_bf16, on_threads
 from lampo.models.safetensors_io import StoredTensor
 
 View = Callable[[StoredTensor], np.ndarray]  # bf16 as uint16 bits, F32 as float32, FP8 codes as uint8
@@ -32,6 +32,10 @@ class Fp8Matrix:
     codes: StoredTensor
     scales: StoredTensor
     block: tuple[int, int]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.codes.shape
 
     @property
     def stored(self) -> tuple[StoredTensor, ...]:
@@ -85,11 +89,13 @@ class Assembled:
     def bf16(self, view: View) -> np.ndarray:
         """The whole tensor as bf16 bits (a new array)."""
         out = np.empty(self.shape, dtype=np.uint16)
-        flat, row = out.reshape(-1, self.shape[-1]), 0
-        for part in self.parts:
-            rows = _part_bf16(part, view)
-            flat[row:row + rows.shape[0]] = rows
-            row += rows.shape[0]
+        flat = out.reshape(-1, self.shape[-1])
+        starts = np.cumsum([0] + [p.shape[0] for p in self.parts])
+
+        def task(i: int) -> None:
+            flat[starts[i]:starts[i + 1]] = _part_bf16(self.parts[i], view)
+
+        on_threads(task, range(len(self.parts)))
         return out
 
     def row_blocks(self, view: View) -> Iterator[tuple[bytes, np.ndarray]]:

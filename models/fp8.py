@@ -109,11 +109,27 @@ def encode_e4m3(x: np.ndarray) -> np.ndarray:
     return code
 
 
+_VALUES = decode_e4m3(np.arange(256, dtype=np.uint8))  # every code's value: decoding is a lookup
+
+
 def _dequantize_rows(q: np.ndarray, scale: np.ndarray, block: tuple[int, int]) -> np.ndarray:
     rows, cols = q.shape
-    f = decode_e4m3(q)
-    f *= np.repeat(np.repeat(scale, block[0], axis=0)[:rows], block[1], axis=1)[:, :cols]
+    f = _VALUES[q]
+    if rows % block[0] == 0 and cols % block[1] == 0:
+        f.reshape(rows // block[0], block[0], cols // block[1], block[1])[...] *= scale[:, None, :, None]
+    else:
+        f *= np.repeat(np.repeat(scale, block[0], axis=0)[:rows], block[1], axis=1)[:, :cols]
     return to_bf16(f)
+
+
+def on_threads(task, items) -> None:
+    """`task(item)` for every item, on up to one thread per CPU (numpy's loops release the GIL)."""
+    items = list(items)
+    if len(items) == 1:
+        task(items[0])
+        return
+    with ThreadPoolExecutor(min(len(items), os.cpu_count() or 1)) as pool:
+        list(pool.map(task, items))  # list(): a task's error is raised here
 
 
 def dequantize_bf16(q: np.ndarray, scale: np.ndarray, block: tuple[int, int]) -> np.ndarray:
@@ -123,17 +139,13 @@ def dequantize_bf16(q: np.ndarray, scale: np.ndarray, block: tuple[int, int]) ->
     if scale.shape != scale_shape(q.shape, block):
         raise ValueError(f"fp8: scales of shape {scale.shape} for a [{rows}, {cols}] matrix in blocks of {block}")
     step = max(1, _ROWS_PER_TASK // max(cols, 1) // block[0]) * block[0]
-    starts = range(0, rows, step)
-    if len(starts) == 1:
-        return _dequantize_rows(q, scale, block)
     out = np.empty((rows, cols), dtype=np.uint16)
 
     def task(r0: int) -> None:
         r1 = min(rows, r0 + step)
         out[r0:r1] = _dequantize_rows(q[r0:r1], scale[r0 // block[0]:-(-r1 // block[0])], block)
 
-    with ThreadPoolExecutor(min(len(starts), os.cpu_count() or 1)) as pool:
-        list(pool.map(task, starts))
+    on_threads(task, range(0, rows, step))
     return out
 
 

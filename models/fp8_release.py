@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from lampo.models.bf16 import to_bf16
+from lampo.models.bf16 import from_bf16, to_bf16
 from lampo.models.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint
-from lampo.models.fp8 import FP8, quantize_blocks, scale_name
+from lampo.models.fp8 import FP8, dequantize_bf16, quantize_blocks, scale_name
 from lampo.models.safetensors_io import build_header
 from lampo.models.synthetic import plan_shards
 from lampo.models.tensor_specs import BF16, EMBED, F32, LM_HEAD, MATRIX_DTYPES, MTP_PREFIX, TensorSpec, expert_parts
@@ -46,29 +46,42 @@ def is_fp8(name: str, spec: TensorSpec) -> bool:
             and not name.endswith(BF16_LEAVES))
 
 
+def release_parts(name: str, spec: TensorSpec, w: np.ndarray) -> Iterator[tuple[str, TensorSpec, np.ndarray]]:
+    """(name, spec, values) of each tensor the releases store for the bf16-layout tensor `name` of
+    `spec` and values `w`: its experts' matrices for an expert bank, else the tensor itself."""
+    parts = expert_parts(name, spec)
+    if parts is None:
+        yield name, spec, w
+        return
+    rows = w.reshape(-1, spec.shape[-1])
+    for i, (part, part_spec) in enumerate(parts):
+        n = part_spec.shape[0]
+        yield part, part_spec, rows[i * n:(i + 1) * n]
+
+
+def fp8_round_trip(name: str, spec: TensorSpec, w: np.ndarray, block: tuple[int, int]) -> np.ndarray:
+    """The values Lampo reads for `name` from an FP8 release of the weights `w` (float32): `w`
+    itself where the release keeps it in bf16."""
+    out = []
+    for part, part_spec, values in release_parts(name, spec, w):
+        if is_fp8(part, part_spec):
+            values = from_bf16(dequantize_bf16(*quantize_blocks(values, block), block))
+        out.append(values)
+    return np.concatenate(out).reshape(w.shape) if len(out) > 1 else out[0]
+
+
 def _release_tensors(ck: Checkpoint, block: tuple[int, int] | None) -> Iterator[tuple[str, str, np.ndarray]]:
     """(name, dtype, data) of every tensor of the FP8 layout (bf16 throughout without a `block`),
     in checkpoint order."""
     for name in ck.names():
         spec = ck.spec(name)
-        w = ck.tensor_f32(name)
-        parts = expert_parts(name, spec)
-        if parts is None:
-            yield from _release_tensor(name, spec, w, block)
-            continue
-        rows = w.reshape(-1, spec.shape[-1])
-        for i, (part, part_spec) in enumerate(parts):
-            n = part_spec.shape[0]
-            yield from _release_tensor(part, part_spec, rows[i * n:(i + 1) * n], block)
-
-
-def _release_tensor(name: str, spec: TensorSpec, w: np.ndarray, block: tuple[int, int] | None):
-    if block is not None and is_fp8(name, spec):
-        codes, scales = quantize_blocks(w, block)
-        yield name, FP8, codes
-        yield scale_name(name), F32, scales
-    else:
-        yield name, spec.dtype, (to_bf16(w) if spec.dtype == BF16 else w.astype("<f4"))
+        for part, part_spec, values in release_parts(name, spec, ck.tensor_f32(name)):
+            if block is not None and is_fp8(part, part_spec):
+                codes, scales = quantize_blocks(values, block)
+                yield part, FP8, codes
+                yield scale_name(part), F32, scales
+            else:
+                yield part, spec.dtype, (to_bf16(values) if spec.dtype == BF16 else values.astype("<f4"))
 
 
 def publish_fp8(src: Path | str, out: Path | str, block: tuple[int, int] | None = (128, 128),

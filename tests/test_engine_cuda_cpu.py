@@ -305,6 +305,29 @@ def test_load_weights_walks_the_shards_and_skips_mtp(tiny_dense_dir):
     assert engine.calls[-2:] == [("finish_loading",), ("nonfinite_census",)]
 
 
+def test_an_fp8_checkpoint_reaches_the_engine_as_its_bf16_twin(tiny_moe_dir, tmp_path):
+    from helpers.fp8_checkpoints import bf16_twin
+    from lampo.models.fp8_release import publish_fp8
+
+    fp8 = publish_fp8(tiny_moe_dir, tmp_path / "fp8", block=(64, 64))
+    twin = bf16_twin(fp8, tmp_path / "twin")
+    arrays = []
+    for model_dir in (fp8, twin):
+        ck = Checkpoint.open(model_dir)
+        native = FakeNative(ck.config)
+        engine = native.Engine(ck.config, engine_tensor_names(ck.config, True), {}, context_max=64, prefill_chunk=4,
+                               snapshot_slots=1, vram_limit=0)
+        got = {}
+        engine.load_tensor = lambda name, array, bits=0: got.setdefault(name, (np.array(array), bits))
+        seen = []
+        n = load_weights(engine, ck, lambda done, total: seen.append((done, total)))
+        assert seen[-1] == (n, n) and set(got) == {name for name, _s, _d in engine.weight_specs()}
+        arrays.append(got)
+    for name, (array, bits) in arrays[1].items():
+        assert bits == 0 and arrays[0][name][1] == 0
+        np.testing.assert_array_equal(arrays[0][name][0], array, err_msg=name)
+
+
 # ---- generation -------------------------------------------------------------------------------
 def test_generation_streams_the_model_and_reuses_the_prefix(backend):
     b, native = backend

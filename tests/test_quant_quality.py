@@ -139,3 +139,15 @@ def test_the_runner_measures_a_checkpoint(tmp_path, tokenizer, monkeypatch):
     doc = json.loads(out.read_text())
     assert doc["weights"] == "checkpoint" and doc["vocab"] == get_preset("tiny-dense").vocab_size
     assert {r["method"] for r in doc["rows"] if r["part"] == "next_token"} == {"lq", "rtn"}
+
+
+def test_an_fp8_source_adds_its_error_and_is_measured_against_the_original(dense, rows):
+    fp8_rows = quality.evaluate(*dense, fp8_block=(64, 64))
+    by, base = next_token(fp8_rows), next_token(rows)
+    assert list(by)[0] == ("fp8", "e4m3") and 0 < by["fp8", "e4m3"]["mean_kl"] < base["q5", "lq"]["mean_kl"]
+    assert {r["source"] for r in fp8_rows if r["part"] == "next_token" and r["recipe"] != "fp8"} == {"fp8"}
+    errors = {(r["class"], r["bits"]): r["lq"] for r in fp8_rows if r["part"] == "relative_error"}
+    base_errors = {(r["class"], r["bits"]): r["lq"] for r in rows if r["part"] == "relative_error"}
+    assert errors.keys() == base_errors.keys()
+    worse = [k for k in errors if errors[k] > base_errors[k]]
+    assert ("attention", 5) in worse and ("embedding", 5) not in worse  # the releases keep the embedding bf16

@@ -24,8 +24,13 @@ the format on that distribution, not the quality of a quantized Qwen3.6. `--mode
 checkpoint instead (the trained measurement model of tests/gpu/train_measure_model.py), on text
 it never saw.
 
+`--fp8-source BLOCK` measures what starting from an FP8 release costs: the variants quantize the
+weights' round trip through block-scaled FP8 (`fp8_release.fp8_round_trip`, the tensors the
+releases store in FP8), a first row is that round trip alone, and both rows and errors are still
+against the original weights.
+
 CLI: python -m lampo.models.quant.quality (--preset NAME [--layers N] [--vocab N] [--experts N]
-     [--seed S] | --model DIR) [--tokens N] [--text FILE] --json OUT
+     [--seed S] | --model DIR) [--tokens N] [--text FILE] [--fp8-source BLOCK] --json OUT
 (--vocab / --experts cut the vocabulary / routed experts as tests/gpu/full_width.py does.)
 """
 
@@ -45,6 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from lampo.models.config import ModelConfig
+from lampo.models.fp8_release import fp8_round_trip
 from lampo.models.presets import PRESETS, get_preset
 from lampo.models.quant import layout, quantizer
 from lampo.models.quant.recipes import BF16, CLASSES, RECIPES, get_recipe, recipe_size, tensor_bits, tensor_classes
@@ -129,8 +135,10 @@ class RoundTrips:
     until the last variant in `VARIANTS` order that uses them, and its squared error and squared
     norm are kept for `error_rows`."""
 
-    def __init__(self, cfg: ModelConfig, weights: Mapping[str, np.ndarray]):
-        self.weights = weights
+    def __init__(self, cfg: ModelConfig, weights: Mapping[str, np.ndarray],
+                 source: Mapping[str, np.ndarray] | None = None):
+        self.weights = weights  # what the errors are measured against
+        self.source = weights if source is None else source  # what is quantized
         self.classes = tensor_classes(cfg)
         self.widths = {recipe: {n: b for n, b in tensor_bits(get_recipe(recipe), cfg).items()
                                 if n in weights and b != BF16} for recipe in RECIPES}
@@ -147,15 +155,15 @@ class RoundTrips:
             self._uses[key] -= 1
             if not self._uses[key]:
                 self._kept.pop(key, None)
-        return {**self.weights, **trips}
+        return {**self.source, **trips}
 
     def _round_trip(self, name: str, bits: int, method: str) -> np.ndarray:
-        w = self.weights[name]
+        w, src = self.weights[name], self.source[name]
         key = (name, bits, method)
         if key in self._kept:
             return layout.values(*self._kept[key], bits).reshape(w.shape)
         # a bank [E, N, K] is the matrix [E*N, K]: its groups lie along rows either way
-        codes, scales = METHODS[method](w.reshape(-1, w.shape[-1]), bits)
+        codes, scales = METHODS[method](src.reshape(-1, w.shape[-1]), bits)
         w_hat = layout.values(codes, scales, bits).reshape(w.shape)
         self.sq[key] = (_sum_sq(w_hat - w), _sum_sq(w))
         if self._uses[key] > 1:
@@ -183,16 +191,33 @@ def _sum_sq(a: np.ndarray) -> float:
     return float(np.einsum("i,i->", flat, flat, dtype=np.float64))
 
 
-def evaluate(cfg: ModelConfig, weights: Mapping[str, np.ndarray], ids: np.ndarray) -> list[dict]:
-    """The `next_token` row of every variant, then the `relative_error` rows (module docstring)."""
+def fp8_weights(cfg: ModelConfig, weights: Mapping[str, np.ndarray], block: tuple[int, int]) -> dict[str, np.ndarray]:
+    """The weights as Lampo reads them from an FP8 release of them (`fp8_release`)."""
+    specs = expected_tensors(cfg)
+    with ThreadPoolExecutor(os.cpu_count()) as pool:
+        return dict(zip(weights, pool.map(lambda n: fp8_round_trip(n, specs[n], weights[n], block), weights)))
+
+
+def evaluate(cfg: ModelConfig, weights: Mapping[str, np.ndarray], ids: np.ndarray,
+             fp8_block: tuple[int, int] | None = None) -> list[dict]:
+    """The `next_token` row of every variant, then the `relative_error` rows (module docstring).
+    With `fp8_block` the variants quantize the weights' FP8 round trip (what an FP8 release holds)
+    and a first row, recipe "fp8", is that round trip itself; every row still compares with the
+    original weights."""
     ref = reference_run(cfg, weights, ids)
     entropy = mean_entropy(ref[0])
-    trips = RoundTrips(cfg, weights)
     rows = []
+    source = None
+    if fp8_block is not None:
+        source = fp8_weights(cfg, weights, fp8_block)
+        rows.append({"part": "next_token", "recipe": "fp8", "method": "e4m3", "bpw": 8.0,
+                     **compare(ref, reference_run(cfg, source, ids)), "bf16_entropy": entropy})
+    trips = RoundTrips(cfg, weights, source)
     for recipe, method in VARIANTS:
         start = time.monotonic()
         stats = compare(ref, reference_run(cfg, trips.variant(recipe, method), ids))
         rows.append({"part": "next_token", "recipe": recipe, "method": method,
+                     "source": "bf16" if fp8_block is None else "fp8",
                      "bpw": round(recipe_size(get_recipe(recipe), cfg).text_bpw, 3), **stats,
                      "bf16_entropy": entropy, "seconds": round(time.monotonic() - start, 1)})
     return rows + trips.error_rows()
@@ -209,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="synthetic weights' seed (default 0)")
     p.add_argument("--tokens", type=int, default=256, help="positions compared (default 256)")
     p.add_argument("--text", type=Path, default=Path("README.md"), help="text tokenized (default README.md)")
+    p.add_argument("--fp8-source", type=int, metavar="BLOCK",
+                   help="quantize the weights' round trip through FP8 in BLOCK x BLOCK blocks (an FP8 release)")
     p.add_argument("--json", type=Path, required=True, help="where the result goes")
     args = p.parse_args(argv)
     start = time.monotonic()
@@ -224,11 +251,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as e:  # ConfigError and CheckpointError included
         print(f"quality: {e}", file=sys.stderr)
         return 2
-    rows = evaluate(cfg, weights, ids)
+    rows = evaluate(cfg, weights, ids, (args.fp8_source, args.fp8_source) if args.fp8_source else None)
     doc = {"model": cfg.name or str(args.model), "weights": "checkpoint" if args.model else "synthetic",
            "layers": cfg.num_hidden_layers, "hidden": cfg.hidden_size,
            "vocab": cfg.vocab_size, "experts": cfg.num_experts, "seed": args.seed, "tokens": args.tokens,
-           "text": str(args.text), "seconds": round(time.monotonic() - start, 1), "rows": rows}
+           "text": str(args.text), "fp8_source": args.fp8_source, "seconds": round(time.monotonic() - start, 1), "rows": rows}
     args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     for row in rows:
         print(json.dumps(row))
