@@ -41,10 +41,11 @@ class Fp8Matrix:
     def stored(self) -> tuple[StoredTensor, ...]:
         return self.codes, self.scales
 
-    def bf16(self, view: View) -> np.ndarray:
+    def bf16(self, view: View, out: np.ndarray | None = None) -> np.ndarray:
+        """The matrix as bf16 bits (into `out` when given)."""
         scales = view(self.scales)
         scales = from_bf16(scales) if scales.dtype == np.uint16 else np.asarray(scales, dtype=np.float32)
-        return dequantize_bf16(view(self.codes), scales, self.block)
+        return dequantize_bf16(view(self.codes), scales, self.block, out)
 
 
 Part = StoredTensor | Fp8Matrix
@@ -54,9 +55,15 @@ def _stored(part: Part) -> tuple[StoredTensor, ...]:
     return part.stored if isinstance(part, Fp8Matrix) else (part,)
 
 
-def _part_bf16(part: Part, view: View) -> np.ndarray:
-    """One part as bf16 bits [rows, cols] (a plain part is a bf16 matrix: checked at open)."""
-    return part.bf16(view) if isinstance(part, Fp8Matrix) else view(part)
+def _part_bf16(part: Part, view: View, out: np.ndarray | None = None) -> np.ndarray:
+    """One part as bf16 bits [rows, cols] (a plain part is a bf16 matrix: checked at open), into
+    `out` when given."""
+    if isinstance(part, Fp8Matrix):
+        return part.bf16(view, out)
+    if out is None:
+        return view(part)
+    out[...] = view(part)
+    return out
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,7 @@ class Assembled:
         starts = np.cumsum([0] + [p.shape[0] for p in self.parts])
 
         def task(i: int) -> None:
-            flat[starts[i]:starts[i + 1]] = _part_bf16(self.parts[i], view)
+            _part_bf16(self.parts[i], view, flat[starts[i]:starts[i + 1]])
 
         on_threads(task, range(len(self.parts)))
         return out

@@ -112,14 +112,16 @@ def encode_e4m3(x: np.ndarray) -> np.ndarray:
 _VALUES = decode_e4m3(np.arange(256, dtype=np.uint8))  # every code's value: decoding is a lookup
 
 
-def _dequantize_rows(q: np.ndarray, scale: np.ndarray, block: tuple[int, int]) -> np.ndarray:
+def _dequantize_rows(q: np.ndarray, scale: np.ndarray, block: tuple[int, int], out: np.ndarray) -> None:
     rows, cols = q.shape
-    f = _VALUES[q]
-    if rows % block[0] == 0 and cols % block[1] == 0:
-        f.reshape(rows // block[0], block[0], cols // block[1], block[1])[...] *= scale[:, None, :, None]
-    else:
-        f *= np.repeat(np.repeat(scale, block[0], axis=0)[:rows], block[1], axis=1)[:, :cols]
-    return to_bf16(f)
+    (bo, bi), (sr, sc) = block, scale.shape
+    if rows % bo or cols % bi:  # blocks cut at the edges: the values times their scales, rounded
+        out[...] = to_bf16(_VALUES[q] * np.repeat(np.repeat(scale, bo, axis=0)[:rows], bi, axis=1)[:, :cols])
+        return
+    # whole blocks: each block's 256 possible bf16 results, looked up by code
+    tables = to_bf16(scale.reshape(-1, 1) * _VALUES[None, :]).reshape(-1)
+    base = (np.arange(sr * sc, dtype=np.int32) * 256).reshape(sr, 1, sc, 1)
+    np.take(tables, q.reshape(sr, bo, sc, bi) + base, out=out.reshape(sr, bo, sc, bi))
 
 
 def on_threads(task, items) -> None:
@@ -132,18 +134,20 @@ def on_threads(task, items) -> None:
         list(pool.map(task, items))  # list(): a task's error is raised here
 
 
-def dequantize_bf16(q: np.ndarray, scale: np.ndarray, block: tuple[int, int]) -> np.ndarray:
-    """A block-scaled FP8 matrix (codes [out, in] uint8, scales float32) as bf16 bits [out, in], in
-    row slices of whole blocks decoded on several threads."""
+def dequantize_bf16(q: np.ndarray, scale: np.ndarray, block: tuple[int, int],
+                    out: np.ndarray | None = None) -> np.ndarray:
+    """A block-scaled FP8 matrix (codes [out, in] uint8, scales float32) as bf16 bits [out, in]
+    (into `out`, C-contiguous uint16, when given), in row slices of whole blocks decoded on
+    several threads."""
     rows, cols = q.shape
     if scale.shape != scale_shape(q.shape, block):
         raise ValueError(f"fp8: scales of shape {scale.shape} for a [{rows}, {cols}] matrix in blocks of {block}")
+    out = np.empty((rows, cols), dtype=np.uint16) if out is None else out
     step = max(1, _ROWS_PER_TASK // max(cols, 1) // block[0]) * block[0]
-    out = np.empty((rows, cols), dtype=np.uint16)
 
     def task(r0: int) -> None:
         r1 = min(rows, r0 + step)
-        out[r0:r1] = _dequantize_rows(q[r0:r1], scale[r0 // block[0]:-(-r1 // block[0])], block)
+        _dequantize_rows(q[r0:r1], scale[r0 // block[0]:-(-r1 // block[0])], block, out[r0:r1])
 
     on_threads(task, range(0, rows, step))
     return out
