@@ -22,7 +22,8 @@
 #          on the GPU while the extension builds and pytest -m cuda runs (LAMPO_TRAINED_DIR points
 #          the tests at it once written); then lampo bench on it (bf16 and q5) and the full-size q5
 #          benches (prefill and decode at 8,192) beside the numpy
-#          measurements: quant/quality.py --model (KL vs bf16, q5/q4, ours vs round-to-nearest) and
+#          measurements: quant/quality.py --model (KL vs bf16, q5/q4, ours vs round-to-nearest; then
+#          with --fp8-source 128, the recipes quantizing the weights' FP8 release) and
 #          tests/gpu/spec_acceptance.py (MTP and n-gram drafts, k = 1..4: the engine's rounds first,
 #          alone on the GPU, then the numpy reference's, which first compares the engine's plain
 #          replies with its own), and tests/gpu/expert_reuse.py (the distinct experts a window of
@@ -349,9 +350,11 @@ trained)
     >"$OUT/bench/expert-reuse.txt" 2>&1
   log "expert reuse exit $?"
   QUALITY=
-  [ "${TRAINED_QUALITY:-1}" = 0 ] || { (timeout 300 $PY -m lampo.models.quant.quality --model "$TRAINED" \
-     --text docs/architecture.md --tokens 256 --json "$OUT/bench/quality-trained.json" \
-     >"$OUT/bench/quality-trained.txt" 2>&1) & QUALITY=$!; }
+  [ "${TRAINED_QUALITY:-1}" = 0 ] || { (for src in bf16 fp8; do  # the recipes from the weights, then from their FP8 release
+       timeout 300 $PY -m lampo.models.quant.quality --model "$TRAINED" --text docs/architecture.md --tokens 256 \
+         $([ $src = fp8 ] && echo --fp8-source 128) --json "$OUT/bench/quality-trained-$src.json" \
+         >"$OUT/bench/quality-trained-$src.txt" 2>&1
+     done) & QUALITY=$!; }
   (timeout "${TRAINED_REFERENCE_S:-300}" $PY tests/gpu/spec_acceptance.py "$TRAINED" --tokens 256 \
      --engine-json "$OUT/bench/spec-engine.json" \
      --json "$OUT/bench/spec-reference.json" \
