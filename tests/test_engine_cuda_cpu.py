@@ -326,6 +326,9 @@ def test_an_fp8_checkpoint_reaches_the_engine_as_its_bf16_twin(tiny_moe_dir, tmp
     for name, (array, bits) in arrays[1].items():
         assert bits == 0 and arrays[0][name][1] == 0
         np.testing.assert_array_equal(arrays[0][name][0], array, err_msg=name)
+    said = []
+    CudaBackend(fp8, native=FakeNative(get_preset("tiny-moe")), tokenizer=TagTokenizer(), say=said.append)
+    assert any("FP8 weights" in line and "lampo convert" in line for line in said)
 
 
 # ---- generation -------------------------------------------------------------------------------

@@ -221,7 +221,9 @@ class CudaBackend:
             short = mtp_shortfall(self._native, cfg, self.weight_format, vram_limit, **sizes)
             if short:
                 mtp, note = False, f"speculation {speculation}: {short}; drafting from the conversation (n-gram) only"
-        for line in (note, fallback):
+        fp8 = (f"{Path(model_dir).name} holds FP8 weights: the CPU decodes them while loading; `lampo convert` "
+               f"it once to load the LQ checkpoint directly" if self._ck.fp8_block is not None else None)
+        for line in (note, fallback, fp8):
             if line and say is not None:
                 say(line)
         self._settings = dict(sizes, mtp=mtp, weights=self.weight_format,
