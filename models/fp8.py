@@ -30,7 +30,6 @@ from lampo.models.bf16 import to_bf16
 FP8 = "F8_E4M3"
 SCALE_SUFFIX = "_scale_inv"
 E4M3_MAX = 448.0
-_TWO_POW_M6 = np.float32(2.0**-6)
 _ROWS_PER_TASK = 1 << 22  # elements decoded per thread task (whole rows)
 
 
@@ -77,27 +76,23 @@ def scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, in
 
 
 def decode_e4m3(q: np.ndarray) -> np.ndarray:
-    """e4m3 codes (uint8) -> float32, exactly."""
-    magnitude = np.bitwise_and(q, 0x7F)
-    bits = magnitude.astype(np.uint32)
-    bits <<= 20  # exponent e and mantissa m into a float32's fields; + 120 rebiases 7 to 127
-    bits += np.uint32(120 << 23)
-    f = bits.view(np.float32)  # 2^(e - 7) (1 + m / 8), right for e >= 1
-    sub = magnitude < 8
-    if sub.any():  # e = 0: m 2^-9 = 2 * 2^-7 (1 + m / 8) - 2^-6
-        f[sub] = f[sub] * 2 - _TWO_POW_M6
-    nan = magnitude == 0x7F
-    if nan.any():
-        f[nan] = np.nan
-    bits |= (q >= 0x80).astype(np.uint32) << 31
-    return f
+    """e4m3 codes (uint8) -> float32, exactly: (-1)^s 2^(e - 7) (1 + m / 8), subnormals (e = 0)
+    m 2^-9."""
+    q = np.asarray(q, dtype=np.uint8)
+    e, m = (q >> 3) & 0xF, (q & 0x7).astype(np.float32)
+    f = np.where(e == 0, np.ldexp(m / 8, -6), np.ldexp(1 + m / 8, e.astype(np.int32) - 7)).astype(np.float32)
+    f[(q & 0x7F) == 0x7F] = np.nan
+    return np.where(q >= 0x80, -f, f)
+
+
+_VALUES = decode_e4m3(np.arange(256, dtype=np.uint8))  # every code's value: decoding is a lookup
 
 
 def encode_e4m3(x: np.ndarray) -> np.ndarray:
     """float -> e4m3 codes (uint8), rounding to the nearest value (ties to the even code) and
     saturating at +-448; NaN -> 0x7F."""
     x = np.asarray(x, dtype=np.float32)
-    values = decode_e4m3(np.arange(0x7F, dtype=np.uint8))  # the 127 finite magnitudes, increasing
+    values = _VALUES[:0x7F]  # the 127 finite magnitudes, increasing
     a = np.minimum(np.abs(x), np.float32(E4M3_MAX))
     hi = np.clip(np.searchsorted(values, a), 1, 0x7E)  # values[hi - 1] <= a <= values[hi] (a > 0)
     lo = hi - 1
@@ -107,9 +102,6 @@ def encode_e4m3(x: np.ndarray) -> np.ndarray:
     code |= np.signbit(x).astype(np.uint8) << 7
     code[np.isnan(x)] = 0x7F
     return code
-
-
-_VALUES = decode_e4m3(np.arange(256, dtype=np.uint8))  # every code's value: decoding is a lookup
 
 
 def _dequantize_rows(q: np.ndarray, scale: np.ndarray, block: tuple[int, int], out: np.ndarray) -> None:

@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from lampo.models.bf16 import from_bf16, to_bf16
-from lampo.models.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint
+from lampo.models.checkpoint import INDEX_NAME, Checkpoint
 from lampo.models.fp8 import FP8, dequantize_bf16, quantize_blocks, scale_name
 from lampo.models.safetensors_io import build_header
-from lampo.models.synthetic import plan_shards
+from lampo.models.synthetic import plan_shards, shard_names, write_index
 from lampo.models.tensor_specs import BF16, EMBED, F32, LM_HEAD, MATRIX_DTYPES, MTP_PREFIX, TensorSpec, expert_parts
 
 BF16_MATRICES = (EMBED, LM_HEAD, MTP_PREFIX + "fc.weight")  # matrices the releases keep in bf16
@@ -108,8 +108,7 @@ def publish_fp8(src: Path | str, out: Path | str, block: tuple[int, int] | None 
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     specs = {n: TensorSpec(tuple(np.shape(data)), dtype) for n, (dtype, data) in tensors.items()}
     shards = plan_shards(specs, int(shard_mb * 1_000_000))
-    files = ([SINGLE_NAME] if len(shards) == 1
-             else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
+    files = shard_names(len(shards))
     for fname, names in zip(files, shards):
         header, _ = build_header((n, specs[n].dtype, specs[n].shape) for n in names)
         with open(out / fname, "wb") as f:
@@ -117,9 +116,7 @@ def publish_fp8(src: Path | str, out: Path | str, block: tuple[int, int] | None 
             for n in names:
                 f.write(np.ascontiguousarray(tensors[n][1]).data)
     if len(shards) > 1:
-        index = {"metadata": {"total_size": sum(s.nbytes for s in specs.values())},
-                 "weight_map": {n: fname for fname, names in zip(files, shards) for n in names}}
-        (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+        write_index(out, files, shards, specs)
     return out
 
 

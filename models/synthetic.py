@@ -137,6 +137,21 @@ def plan_shards(specs: dict[str, TensorSpec], shard_bytes: int) -> list[list[str
     return shards
 
 
+def shard_names(count: int, single: bool = True) -> list[str]:
+    """The file names of `count` shards as HF `save_pretrained` writes them (one shard is
+    `model.safetensors` when `single`)."""
+    if count == 1 and single:
+        return [SINGLE_NAME]
+    return [f"model-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
+
+
+def write_index(out: Path, files: list[str], shards: list[list[str]], specs: dict[str, TensorSpec]) -> None:
+    """`model.safetensors.index.json` of the shards `files` holding the tensors `shards` of `specs`."""
+    index = {"metadata": {"total_size": sum(s.nbytes for s in specs.values())},
+             "weight_map": {name: fname for fname, names in zip(files, shards) for name in names}}
+    (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+
+
 def packed_blocks(name: str, spec: TensorSpec, bits: int, seed: int) -> Iterator[bytes]:
     """The random packed LQ tiles of a tensor of logical `spec` at `bits` (module docstring), in
     blocks of whole tiles."""
@@ -219,11 +234,7 @@ def write_checkpoint(
         fmt = LqFormat(recipe, tensors, f"synthetic seed {seed}", ())
         specs = {n: t.stored_spec(specs[n]) for n, t in tensors.items()}
     shards = plan_shards(specs, int(shard_mb * 1_000_000))
-    files = (
-        [SINGLE_NAME]
-        if len(shards) == 1
-        else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    )
+    files = shard_names(len(shards))
     (out / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2) + "\n", encoding="utf-8")
     work = [(out / fname, names, {n: specs[n] for n in names}, seed, {n: packed[n] for n in names if n in packed})
             for fname, names in zip(files, shards)]
@@ -234,11 +245,7 @@ def write_checkpoint(
         with ProcessPoolExecutor(min(jobs, len(work))) as pool:
             list(pool.map(_write_shard, *zip(*work)))  # list(): a worker's error is raised here
     if len(shards) > 1:
-        index = {
-            "metadata": {"total_size": sum(s.nbytes for s in specs.values())},
-            "weight_map": {name: fname for fname, names in zip(files, shards) for name in names},
-        }
-        (out / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+        write_index(out, files, shards, specs)
     if tok is not None:
         shutil.copyfile(tok, out / "tokenizer.json")
     if fmt is not None:  # last, as lampo convert: the directory is a model only once it is complete

@@ -21,7 +21,6 @@ renamed to OUT. OUT must not exist. Any error or interrupt removes the partial d
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import shutil
 from collections.abc import Callable, Iterator
@@ -31,14 +30,14 @@ from pathlib import Path
 import numpy as np
 
 from lampo.models.bf16 import from_bf16
-from lampo.models.checkpoint import INDEX_NAME, Checkpoint
+from lampo.models.checkpoint import Checkpoint
 from lampo.models.checkpoint_parts import Assembled
 from lampo.models.quant import layout
 from lampo.models.quant.checkpoint_format import FORMAT_FILE, LqFormat, LqTensor, partial_dir
 from lampo.models.quant.quantizer import quantize
 from lampo.models.quant.recipes import get_recipe, tensor_bits
 from lampo.models.safetensors_io import build_header
-from lampo.models.synthetic import plan_shards
+from lampo.models.synthetic import plan_shards, shard_names, write_index
 
 SHARD_BYTES = 2 << 30
 BLOCK_ELEMENTS = 1 << 22  # weights quantized and packed per step
@@ -105,7 +104,7 @@ def _write_shards(ck: Checkpoint, tensors: dict[str, LqTensor], work: Path, shar
     """Write the shards and the index; the sha256 of the source tensors' bytes."""
     specs = {n: t.stored_spec(ck.spec(n)) for n, t in tensors.items()}
     shards = plan_shards(specs, shard_bytes)
-    files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    files = shard_names(len(shards), single=False)
     hasher = hashlib.sha256()
     tensors_done = bytes_done = 0
     for fname, names in zip(files, shards):
@@ -123,9 +122,7 @@ def _write_shards(ck: Checkpoint, tensors: dict[str, LqTensor], work: Path, shar
                 tensors_done += 1
             if f.tell() != planned:
                 raise ConvertError(f"{fname}: wrote {f.tell():,} bytes where the header plans {planned:,}")
-    index = {"metadata": {"total_size": sum(s.nbytes for s in specs.values())},
-             "weight_map": {n: fname for fname, names in zip(files, shards) for n in names}}
-    (work / INDEX_NAME).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
+    write_index(work, files, shards, specs)
     if progress:
         progress(Progress(tensors_done, len(tensors), bytes_done, ck.total_bytes))
     return hasher.hexdigest()
