@@ -7,7 +7,8 @@ Two forms, both in Qwen's `*-FP8` releases:
   order, are the bank's rows.
 
 `Assembled.bf16(view)` builds the whole tensor as bf16 bits; `Assembled.row_blocks(view)` yields it
-part by part with each part's stored bytes, for `lampo convert`'s streaming. `view(stored)` is the
+part by part with each part's stored bytes, for `lampo convert`'s streaming; `Assembled.fp8_parts(view)`
+hands a tensor stored as FP8 throughout to the CUDA engine as it is stored (it decodes on the GPU). `view(stored)` is the
 checkpoint's zero-copy map of one stored tensor.
 """
 
@@ -41,11 +42,14 @@ class Fp8Matrix:
     def stored(self) -> tuple[StoredTensor, ...]:
         return self.codes, self.scales
 
+    def scales_f32(self, view: View) -> np.ndarray:
+        """The block scales as float32 (stored F32 or BF16)."""
+        scales = view(self.scales)
+        return from_bf16(scales) if scales.dtype == np.uint16 else np.asarray(scales, dtype=np.float32)
+
     def bf16(self, view: View, out: np.ndarray | None = None) -> np.ndarray:
         """The matrix as bf16 bits (into `out` when given)."""
-        scales = view(self.scales)
-        scales = from_bf16(scales) if scales.dtype == np.uint16 else np.asarray(scales, dtype=np.float32)
-        return dequantize_bf16(view(self.codes), scales, self.block, out)
+        return dequantize_bf16(view(self.codes), self.scales_f32(view), self.block, out)
 
 
 Part = StoredTensor | Fp8Matrix
@@ -92,6 +96,13 @@ class Assembled:
     @property
     def has_fp8(self) -> bool:
         return any(isinstance(p, Fp8Matrix) for p in self.parts)
+
+    def fp8_parts(self, view: View) -> list[tuple[np.ndarray, np.ndarray]] | None:
+        """(codes uint8 [rows, cols], scales float32) of every part, its rows in order, for a tensor
+        stored as FP8 throughout (the engine decodes those on the GPU); None when any part is bf16."""
+        if not all(isinstance(p, Fp8Matrix) for p in self.parts):
+            return None
+        return [(view(p.codes), p.scales_f32(view)) for p in self.parts]
 
     def bf16(self, view: View) -> np.ndarray:
         """The whole tensor as bf16 bits (a new array)."""

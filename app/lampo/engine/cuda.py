@@ -43,10 +43,12 @@ from lampo.engine.loop import Decoded, GenerationLoop
 from lampo.engine.native_rounds import NativeSpeculativeSteps, round_policy
 from lampo.engine.speculation import MAX_DRAFTS, Speculation
 from lampo.models.checkpoint import Checkpoint, CheckpointError
+from lampo.models.checkpoint_parts import Assembled
 from lampo.models.config import ModelConfig
 from lampo.models.finite_scan import NonFinite, nonfinite_error
 from lampo.models.memory_plan import DEFAULT_PREFILL_CHUNK, MemoryPlan, plan_memory
 from lampo.models.quant.checkpoint_format import LqFormat
+from lampo.models.quant.layout import TILE_ROWS
 from lampo.models.quant.engine_formats import choose_weights, engine_tensor_bits, recipe_tensor_bits
 from lampo.models.quant.recipes import BF16, RECIPES
 from lampo.models.sampling_params import SamplingParams
@@ -165,21 +167,26 @@ def create_engine(native, cfg: ModelConfig, *, context_max: int, prefill_chunk: 
 
 def load_weights(engine, ck: Checkpoint, progress: LoadProgress | None = None) -> int:
     """Copy every tensor the engine needs from the checkpoint, shard by shard in file order, as
-    stored (packed LQ tensors with their width; an FP8 or per-expert one as the bf16 tensor it
-    assembles to; the engine converts what its format differs in);
-    returns the bytes read. Tensors the engine does not use (MTP, unless it runs it) are skipped.
+    stored: packed LQ tensors with their width; a tensor stored as FP8 throughout (a matrix, or an
+    expert bank's FP8 matrices) as its codes and scales, which the engine decodes on the GPU; any
+    other assembled one (bf16 expert matrices, or parts the engine cannot take whole) as the bf16
+    tensor it assembles to. The engine converts what its format differs in. Returns the bytes read
+    (as stored). Tensors the engine does not use (MTP, unless it runs it) are skipped.
     The engine then counts the NaN/Inf values of every tensor in VRAM; any found raise
     CheckpointError naming the file and tensor."""
-    wanted = {name for name, _shape, _format in engine.weight_specs()}
-    todo = [(path, [n for n in names if n in wanted]) for path, names in ck.shards()]
-    total = sum(ck.raw_nbytes(n) for _path, names in todo for n in names)
+    formats = {name: fmt for name, _shape, fmt in engine.weight_specs()}
+    todo = [(path, [n for n in names if n in formats]) for path, names in ck.shards()]
+    total = sum(ck.source(n).nbytes for _path, names in todo for n in names)
     done = 0
     for _path, names in todo:
         for name in names:
-            array = ck.raw(name)
-            packed = ck.quantized(name)
-            engine.load_tensor(name, array, packed.bits if packed is not None else 0)
-            done += array.nbytes
+            parts = _fp8_parts(ck, name, quantized=formats[name].startswith("LQ"))
+            if parts is not None:
+                engine.load_tensor_fp8(name, parts, *ck.fp8_block)
+            else:
+                packed = ck.quantized(name)
+                engine.load_tensor(name, ck.raw(name), packed.bits if packed is not None else 0)
+            done += ck.source(name).nbytes
             if progress:
                 progress(done, total)
     engine.finish_loading()
@@ -187,6 +194,16 @@ def load_weights(engine, ck: Checkpoint, progress: LoadProgress | None = None) -
     if nonfinite:
         raise nonfinite_error(ck, [NonFinite(*t) for t in nonfinite])
     return done
+
+
+def _fp8_parts(ck: Checkpoint, name: str, quantized: bool) -> list | None:
+    """The FP8 parts `engine.load_tensor_fp8` takes for `name`, or None where it is not stored as FP8
+    throughout, or (quantized on load) a part holds rows off the 16-row strips of the LQ format."""
+    source = ck.source(name)
+    parts = source.fp8_parts(ck.view) if isinstance(source, Assembled) else None
+    if parts is None or (quantized and any(codes.shape[0] % TILE_ROWS for codes, _scales in parts)):
+        return None
+    return parts
 
 
 def random_seed(params: SamplingParams) -> int:
@@ -221,9 +238,7 @@ class CudaBackend:
             short = mtp_shortfall(self._native, cfg, self.weight_format, vram_limit, **sizes)
             if short:
                 mtp, note = False, f"speculation {speculation}: {short}; drafting from the conversation (n-gram) only"
-        fp8 = (f"{Path(model_dir).name} holds FP8 weights: the CPU decodes them while loading; `lampo convert` "
-               f"it once to load the LQ checkpoint directly" if self._ck.fp8_block is not None else None)
-        for line in (note, fallback, fp8):
+        for line in (note, fallback):
             if line and say is not None:
                 say(line)
         self._settings = dict(sizes, mtp=mtp, weights=self.weight_format,

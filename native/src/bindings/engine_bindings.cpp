@@ -150,6 +150,42 @@ void load_tensor(Engine& e, const std::string& name, const py::array& a, int bit
     e.weights().load(name, data, dtype, shape, bits);
 }
 
+// parts: [(codes uint8 [rows, cols], scales float32 [ceil(rows / block_rows), ceil(cols / block_cols)])],
+// C-contiguous, the tensor's rows in order.
+void load_tensor_fp8(Engine& e, const std::string& name, const py::list& parts, int block_rows, int block_cols) {
+    std::vector<py::array> held;  // the arrays stay referenced while the GIL is released
+    std::vector<Fp8Part> views;
+    int cols = -1;
+    for (const py::handle item : parts) {
+        const auto pair = item.cast<py::tuple>();
+        if (pair.size() != 2) throw std::invalid_argument("load_tensor_fp8: '" + name + "': each part is (codes, scales)");
+        const auto codes = pair[0].cast<py::array>(), scales = pair[1].cast<py::array>();
+        const bool contiguous = (codes.flags() & py::array::c_style) && (scales.flags() & py::array::c_style);
+        if (!codes.dtype().is(py::dtype::of<uint8_t>()) || codes.ndim() != 2 ||
+            !scales.dtype().is(py::dtype::of<float>()) || scales.ndim() != 2 || !contiguous) {
+            throw std::invalid_argument("load_tensor_fp8: '" + name + "': a part must be C-contiguous uint8 codes "
+                                        "[rows, cols] with float32 scales [row blocks, column blocks]");
+        }
+        const int64_t rows = codes.shape(0), c = codes.shape(1);
+        if (block_rows <= 0 || block_cols <= 0 || scales.shape(0) != (rows + block_rows - 1) / block_rows ||
+            scales.shape(1) != (c + block_cols - 1) / block_cols) {
+            throw std::invalid_argument("load_tensor_fp8: '" + name + "': scales of shape [" +
+                                        std::to_string(scales.shape(0)) + ", " + std::to_string(scales.shape(1)) +
+                                        "] for codes [" + std::to_string(rows) + ", " + std::to_string(c) +
+                                        "] in blocks of " + std::to_string(block_rows) + " x " +
+                                        std::to_string(block_cols));
+        }
+        if (cols >= 0 && c != cols) throw std::invalid_argument("load_tensor_fp8: '" + name + "': parts of different widths");
+        cols = int(c);
+        views.push_back({static_cast<const uint8_t*>(codes.data()), static_cast<const float*>(scales.data()), rows});
+        held.push_back(codes);
+        held.push_back(scales);
+    }
+    if (views.empty()) throw std::invalid_argument("load_tensor_fp8: '" + name + "': no parts");
+    py::gil_scoped_release release;
+    e.weights().load_fp8(name, views, cols, block_rows, block_cols);
+}
+
 int prefill(Engine& e, const py::array_t<int32_t, py::array::c_style | py::array::forcecast>& ids,
             bool sample) {
     if (ids.ndim() != 1) throw std::invalid_argument("prefill: ids must be a 1-D array");
@@ -287,6 +323,10 @@ void register_engine(py::module_& m) {
         .def("load_tensor", &load_tensor, py::arg("name"), py::arg("array"), py::arg("bits") = 0,
              "Copy one tensor (numpy uint16 bf16 bits or float32, C order; with bits 4..6 the uint8 "
              "packed LQ bytes of a converted checkpoint) into VRAM, converting it to the engine's format")
+        .def("load_tensor_fp8", &load_tensor_fp8, py::arg("name"), py::arg("parts"), py::arg("block_rows"),
+             py::arg("block_cols"),
+             "Copy one tensor stored as block-scaled FP8 matrices (a list of (uint8 codes, float32 scales), "
+             "its rows in order) into VRAM: dequantized on the GPU, then held as bf16 or quantized on load")
         .def("finish_loading", [](Engine& e) { e.weights().finish_loading(); }, release(),
              "Wait for every copy and check that all tensors arrived")
         .def("nonfinite_census",

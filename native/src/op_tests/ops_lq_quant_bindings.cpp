@@ -6,10 +6,13 @@
 //   bench_lq_quantize(rows, cols, bits, iters) -> {ms, GBps} (bf16 bytes read per second)
 //   lq_place_half(block uint8, part uint8, first_strip, cols, bits, half) -> the block's bytes after
 //     lq_place_half put the part's strips (len(part) / strip bytes of them) into their places
+//   fp8_dequantize(codes uint8 [rows, cols], scales f32, block_rows, block_cols) -> w bf16 bits
+//     [rows, cols] (weights/fp8_dequantize.h; models/fp8.py dequantize_bf16)
 // The packed bytes are those of models/quant/layout.py `pack`. Each call runs on a private stream
 // (OpStream); the benchmark times a captured CUDA graph. Helpers: op_helpers.h.
 #include "kernels/matmul.cuh"
 #include "op_tests/op_helpers.h"
+#include "weights/fp8_dequantize.h"
 #include "weights/lq_quantize.h"
 #include "weights/weights.h"
 
@@ -72,6 +75,22 @@ py::array py_lq_place_half(Arr<uint8_t> block, Arr<uint8_t> part, int first_stri
     return download<uint8_t>(d_block, {block.size()});
 }
 
+py::array py_fp8_dequantize(Arr<uint8_t> codes, Arr<float> scales, int block_rows, int block_cols) {
+    const char* op = "fp8_dequantize";
+    check_ndim(op, "codes", codes, 2);
+    check_ndim(op, "scales", scales, 2);
+    const int rows = int(codes.shape(0)), cols = int(codes.shape(1));
+    if (block_rows > 0 && block_cols > 0)
+        check_shape(op, "scales", scales, {(rows + block_rows - 1) / block_rows, (cols + block_cols - 1) / block_cols});
+    auto d_codes = upload(codes);
+    auto d_scales = upload(scales);
+    auto d_w = poisoned(size_t(rows) * size_t(cols) * 2);
+    OpStream st;
+    fp8_dequantize(d_codes.as<uint8_t>(), d_scales.as<float>(), rows, cols, block_rows, block_cols, d_w.as<bf16>(), st.s);
+    st.finish(op);
+    return download<uint16_t>(d_w, {rows, cols});
+}
+
 // W uniform in [-0.05, 0.05); one checked call before the capture, so bad arguments raise there.
 py::dict py_bench_lq_quantize(int rows, int cols, int bits, int iters) {
     const char* op = "bench_lq_quantize";
@@ -104,6 +123,8 @@ void register_lq_quant_ops(py::module_& ops) {
             "a random LQ matrix (bench) -> packed uint8");
     ops.def("lq_place_half", &py_lq_place_half, "block"_a, "part"_a, "first_strip"_a, "cols"_a, "bits"_a, "half"_a,
             "an interleaved gate|up block's bytes with the part's strips of one half (0 gate, 1 up) placed");
+    ops.def("fp8_dequantize", &py_fp8_dequantize, "codes"_a, "scales"_a, "block_rows"_a, "block_cols"_a,
+            "a block-scaled FP8 matrix (e4m3 codes, fp32 scales) as bf16 -> bf16 bits [rows, cols]");
     ops.def("bench_lq_quantize", &py_bench_lq_quantize, "rows"_a, "cols"_a, "bits"_a, "iters"_a = 3,
             "time lq_quantize in a CUDA graph -> {ms, GBps}");
 }

@@ -22,7 +22,7 @@
 //     kept if err < the best err so far (strictly: the first of equal errors wins)
 //   codes = the codes of the kept scale + m.
 // Exactness: the engine builds with --use_fast_math, so the fp32 steps go through PTX without
-// .ftz (ieee_* below: subnormals kept as numpy keeps them) and comparisons with zero use bits.
+// .ftz (ieee_* of ieee_f32.cuh: subnormals kept as numpy keeps them) and comparisons with zero use bits.
 // sum(w q) is exact in fp64 for bf16 weights (each product has <= 8 + 6 significant bits, the
 // weights with q != 0 lie within a factor 64 of |peak|, so the 64 products and their sum fit in 30
 // bits), hence equal to numpy's einsum whatever the order; sum(q q) is an exact integer. The
@@ -41,6 +41,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/ieee_f32.cuh"
 #include "kernels/launch_utils.cuh"
 #include "kernels/lq_tile.cuh"
 #include "kernels/matmul.cuh"
@@ -53,23 +54,8 @@ namespace {
 constexpr int kWarps = 4;  // per block, in every kernel here
 constexpr int kRowPad = 4;  // bytes after each 64-byte staged row of codes (bank-conflict-free lanes)
 
-// ---- IEEE fp32 and fp64 steps, whatever the build's fast-math flags -------------------------------
+// ---- fp64 steps and zero tests, whatever the build's fast-math flags (fp32 steps: ieee_f32.cuh) --
 
-__device__ __forceinline__ float ieee_div(float a, float b) {
-    float r;
-    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float ieee_mul(float a, float b) {
-    float r;
-    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
-__device__ __forceinline__ float ieee_sub(float a, float b) {
-    float r;
-    asm("sub.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
-    return r;
-}
 // volatile: keeps the compiler from hoisting the refit's 64 loop-invariant conversions out of the
 // candidate loop (128 more registers, 230 in all: half the occupancy).
 __device__ __forceinline__ double to_f64(float a) {

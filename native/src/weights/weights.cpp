@@ -6,11 +6,13 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <sstream>
 #include <stdexcept>
 
 #include "kernels/common.cuh"
 #include "kernels/matmul.cuh"
+#include "weights/fp8_dequantize.h"
 #include "weights/lq_quantize.h"
 
 namespace lampo {
@@ -495,12 +497,40 @@ WeightStore::WeightStore(const ModelDims& d, const TensorNames& names, const Ten
 }
 
 // ---- WeightStore: loading ------------------------------------------------------------------
-void WeightStore::load(const std::string& name, const void* data, DType dtype,
-                       const std::vector<int64_t>& shape, int stored_bits) {
+const TensorSlot& WeightStore::slot_to_load(const std::string& name, size_t* index) {
     const auto it = index_.find(name);
     if (it == index_.end()) throw std::invalid_argument("load_tensor: '" + name + "' is not a tensor of this model");
-    const TensorSlot& s = slots_[it->second];
     if (!staging_) staging_ = std::make_unique<StagingRing>();
+    *index = it->second;
+    return slots_[it->second];
+}
+
+void WeightStore::mark_loaded(size_t index) {
+    if (!loaded_[index]) loaded_bytes_ += slots_[index].bytes();
+    loaded_[index] = true;
+}
+
+void WeightStore::quantize_rows(const TensorSlot& s, const bf16* rows_bf16, int64_t row0, int rows,
+                                cudaStream_t stream) {
+    const int cols = int(s.shape.back());
+    if (s.interleaved_half < 0) {
+        lq_quantize(rows_bf16, rows, cols, s.bits,
+                    static_cast<uint8_t*>(s.device) + lq_packed_bytes(int(row0), cols, s.bits), stream);
+        LAMPO_CHECK_LAUNCH("lq_quantize");
+        return;
+    }
+    if (!placing_.get()) placing_ = DeviceMemory(StagingRing::kPieceBytes / 2, "interleaved weight placing");
+    if (lq_packed_bytes(rows, cols, s.bits) > placing_.bytes())
+        throw std::logic_error("weights: a packed piece of '" + s.name + "' exceeds the placing scratch");
+    lq_quantize(rows_bf16, rows, cols, s.bits, placing_.as<uint8_t>(), stream);
+    LAMPO_CHECK_LAUNCH("lq_quantize");
+    place_half(s, placing_.as<uint8_t>(), int(row0 / LQ_TILE_ROWS), rows / LQ_TILE_ROWS, stream);
+}
+
+void WeightStore::load(const std::string& name, const void* data, DType dtype,
+                       const std::vector<int64_t>& shape, int stored_bits) {
+    size_t index = 0;
+    const TensorSlot& s = slot_to_load(name, &index);
     if (stored_bits) {
         load_packed(s, data, shape, stored_bits);
     } else {
@@ -521,23 +551,10 @@ void WeightStore::load(const std::string& name, const void* data, DType dtype,
             }
         };
         if (s.bits) {  // quantize on load: whole row strips of bf16 per piece
-            const int cols = int(s.shape.back());
-            const size_t strip = size_t(LQ_TILE_ROWS) * cols * 2;
+            const size_t row_bytes = size_t(s.shape.back()) * 2, strip = LQ_TILE_ROWS * row_bytes;
             const size_t piece = StagingRing::kPieceBytes / strip * strip;
-            uint8_t* dst = static_cast<uint8_t*>(s.device);
-            uint8_t* placing = nullptr;  // an interleaved half's piece goes through here
-            if (s.interleaved_half >= 0) {  // one size for every piece: packed, at most 0.36 of its bf16 bytes
-                if (!placing_.get()) placing_ = DeviceMemory(StagingRing::kPieceBytes / 2, "interleaved weight placing");
-                if (lq_packed_bytes(int(piece / strip) * LQ_TILE_ROWS, cols, s.bits) > placing_.bytes())
-                    throw std::logic_error("weights: a packed piece of '" + name + "' exceeds the placing scratch");
-                placing = placing_.as<uint8_t>();
-            }
             staging_->convert(n * 2, piece, fill_bf16, [&](void* scratch, size_t off, size_t len, cudaStream_t st) {
-                const int rows = int(len / (size_t(cols) * 2)), row0 = int(off / (size_t(cols) * 2));
-                lq_quantize(static_cast<const bf16*>(scratch), rows, cols, s.bits,
-                            placing ? placing : dst + lq_packed_bytes(row0, cols, s.bits), st);
-                LAMPO_CHECK_LAUNCH("lq_quantize");
-                if (placing) place_half(s, placing, row0 / LQ_TILE_ROWS, rows / LQ_TILE_ROWS, st);
+                quantize_rows(s, static_cast<const bf16*>(scratch), int64_t(off / row_bytes), int(len / row_bytes), st);
             });
         } else if (s.dtype == DType::BF16) {
             staging_->copy(s.device, n * 2, fill_bf16);
@@ -552,8 +569,66 @@ void WeightStore::load(const std::string& name, const void* data, DType dtype,
             });
         }
     }
-    if (!loaded_[it->second]) loaded_bytes_ += s.bytes();
-    loaded_[it->second] = true;
+    mark_loaded(index);
+}
+
+void WeightStore::load_fp8(const std::string& name, const std::vector<Fp8Part>& parts, int cols, int block_rows,
+                           int block_cols) {
+    size_t index = 0;
+    const TensorSlot& s = slot_to_load(name, &index);
+    const auto refuse = [&](const std::string& why) { throw std::invalid_argument("load_fp8: '" + name + "' " + why); };
+    if (s.dtype != DType::BF16 || s.shape.size() < 2)
+        refuse(std::string("is a ") + dtype_name(s.dtype) + " tensor of the engine, not a matrix that can arrive as FP8");
+    if (cols != s.shape.back()) refuse("has " + std::to_string(cols) + " columns, expected " + std::to_string(s.shape.back()));
+    if (block_rows <= 0 || block_cols <= 0)
+        refuse("has a weight block of " + std::to_string(block_rows) + " x " + std::to_string(block_cols));
+    int64_t rows = 0;
+    for (const Fp8Part& p : parts) {
+        if (p.rows <= 0 || (s.bits && p.rows % LQ_TILE_ROWS))
+            refuse("has a part of " + std::to_string(p.rows) + " rows" +
+                   (s.bits ? "; quantized on load, every part must hold whole 16-row strips" : ""));
+        rows += p.rows;
+    }
+    if (rows != s.rows()) refuse("parts hold " + std::to_string(rows) + " rows, expected " + std::to_string(s.rows()));
+    // A piece: whole weight blocks and whole 16-row strips of one part, its codes at most a quarter
+    // of the staging piece (so its bf16 rows fit dequantized_), then the scales of its block rows.
+    const int64_t unit = std::lcm(int64_t(block_rows), int64_t(LQ_TILE_ROWS));
+    const size_t max_codes = StagingRing::kPieceBytes / 4;
+    if (size_t(unit) * size_t(cols) > max_codes) refuse("has rows too wide to stage in blocks of " + std::to_string(unit));
+    const int64_t piece_rows = int64_t(max_codes / (size_t(unit) * size_t(cols))) * unit;
+    const int scale_cols = (cols + block_cols - 1) / block_cols;
+    const auto codes_bytes = [&](int64_t n) { return (size_t(n) * size_t(cols) + 15) / 16 * 16; };
+    const auto scale_bytes = [&](int64_t n) { return size_t((n + block_rows - 1) / block_rows) * scale_cols * 4; };
+    const size_t piece = codes_bytes(piece_rows) + scale_bytes(piece_rows);
+    if (s.bits && !dequantized_.get()) dequantized_ = DeviceMemory(max_codes * 2, "FP8 weight dequantizing");
+    int64_t row0 = 0;
+    for (const Fp8Part& p : parts) {
+        const auto piece_at = [&](size_t off) {  // (first row in the part, rows) of the piece at `off`
+            const int64_t r = int64_t(off / piece) * piece_rows;
+            return std::make_pair(r, std::min(piece_rows, p.rows - r));
+        };
+        const int64_t last = p.rows % piece_rows;
+        const size_t bytes = size_t(p.rows / piece_rows) * piece + (last ? codes_bytes(last) + scale_bytes(last) : 0);
+        staging_->convert(bytes, piece, [&](void* pinned, size_t off, size_t) {
+            const auto [r, n] = piece_at(off);
+            std::memcpy(pinned, p.codes + size_t(r) * cols, size_t(n) * cols);
+            std::memcpy(static_cast<char*>(pinned) + codes_bytes(n), p.scales + size_t(r / block_rows) * scale_cols,
+                        scale_bytes(n));
+        }, [&](void* scratch, size_t off, size_t, cudaStream_t st) {
+            const auto [r, n] = piece_at(off);
+            const uint8_t* codes = static_cast<const uint8_t*>(scratch);
+            const float* scales = reinterpret_cast<const float*>(codes + codes_bytes(n));
+            if (s.bits) {
+                fp8_dequantize(codes, scales, int(n), cols, block_rows, block_cols, dequantized_.as<bf16>(), st);
+                quantize_rows(s, dequantized_.as<bf16>(), row0 + r, int(n), st);
+            } else {
+                fp8_dequantize(codes, scales, int(n), cols, block_rows, block_cols,
+                               static_cast<bf16*>(s.device) + size_t(row0 + r) * cols, st);
+            }
+        });
+        row0 += p.rows;
+    }
+    mark_loaded(index);
 }
 
 // The packed bytes of a tensor stored at `stored_bits`: copied into an LQ slot of that width, or
@@ -613,6 +688,7 @@ void WeightStore::finish_loading() {
         staging_.reset();
     }
     placing_ = DeviceMemory();
+    dequantized_ = DeviceMemory();
     std::vector<std::string> missing;
     for (size_t i = 0; i < slots_.size(); ++i) {
         if (!loaded_[i]) missing.push_back(slots_[i].name);

@@ -126,6 +126,15 @@ private:
     cudaStream_t stream_ = nullptr;
 };
 
+// One block-scaled FP8 matrix of a tensor that WeightStore::load_fp8 takes (models/fp8.py), in host
+// memory: e4m3 codes [rows, cols] and fp32 scales [ceil(rows / block_rows), ceil(cols / block_cols)],
+// both row-major.
+struct Fp8Part {
+    const uint8_t* codes;
+    const float* scales;
+    int64_t rows;
+};
+
 class WeightStore {
 public:
     // Throws std::invalid_argument naming the roles of this model that `names` lacks, or a width
@@ -141,6 +150,13 @@ public:
     // tensor at that width: copied into an LQ slot of the same width, dequantized into a BF16 one.
     void load(const std::string& name, const void* data, DType dtype,
               const std::vector<int64_t>& shape, int stored_bits = 0);
+    // Load `name` from block-scaled FP8 parts whose rows, in order, are the tensor's rows (a bank
+    // [E, N, K] as [E N, K]; `cols` = K). Each part's codes and scales are staged as they are (one
+    // byte a weight over PCIe) and dequantized on the GPU (fp8_dequantize: the bf16 values
+    // models/fp8.py gives) into a BF16 slot, or into scratch that lq_quantize reads for an LQ slot
+    // (quantize-on-load, as from bf16; each part must then hold whole 16-row strips).
+    void load_fp8(const std::string& name, const std::vector<Fp8Part>& parts, int cols, int block_rows,
+                  int block_cols);
     // Waits for every copy and frees the staging buffers; throws naming the tensors never loaded.
     void finish_loading();
     // Bench mode: every tensor filled with deterministic random values in VRAM.
@@ -181,10 +197,16 @@ private:
     // A matrix [out, in], or with `experts` > 0 a bank of that many (Linear: one expert's shape),
     // in the format `bits_` gives its name.
     Linear add_linear(const std::string& name, int out, int in, FillKind fill = FillKind::Matrix, int experts = 0);
+    const TensorSlot& slot_to_load(const std::string& name, size_t* index);  // starts the staging ring
+    void mark_loaded(size_t index);
     void load_packed(const TensorSlot& s, const void* data, const std::vector<int64_t>& shape, int stored_bits);
+    // Rows [row0, row0 + rows) of the LQ slot `s` (whole 16-row strips), quantized from bf16 rows
+    // in device memory; an interleaved half's strips go through placing_ into their places.
+    void quantize_rows(const TensorSlot& s, const bf16* rows_bf16, int64_t row0, int rows, cudaStream_t stream);
     // `strips` packed row strips of interleaved half `s`, from its strip `first` on, into their places.
     void place_half(const TensorSlot& s, const void* packed, int first, int strips, cudaStream_t stream);
     DeviceMemory placing_;  // loading: a piece of an interleaved half, quantized, before it is placed
+    DeviceMemory dequantized_;  // loading FP8 into an LQ slot: a piece as bf16, before it is quantized
 };
 
 // ---- fill_random.cu (bench only) -----------------------------------------------------------
