@@ -25,7 +25,6 @@ shape; `tensor_f32` dequantizes. A `*.partial-<pid>` directory (an unfinished co
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -309,11 +308,6 @@ class Checkpoint:
     def total_bytes(self) -> int:
         """Bytes of all used tensors, as stored."""
         return sum(t.nbytes for t in self._tensors.values())
-
-    def raw_nbytes(self, name: str) -> int:
-        """The size of `raw(name)`, without building it."""
-        t = self.source(name)
-        return math.prod(t.shape) * 2 if isinstance(t, Assembled) else t.nbytes
 
     # ---- data ----------------------------------------------------------------------------
     def view(self, t: StoredTensor) -> np.ndarray:

