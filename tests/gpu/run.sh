@@ -127,7 +127,7 @@
 # tree differs), TEST_PART (i/n: the i-th of n parts of tests/cuda's files, for a suite split over
 # calls), JOBS (build parallelism), TEST_TIMEOUT (seconds; at the limit pytest is interrupted,
 # so its log still ends with the counts and the slowest tests). Pure-Python dependencies missing
-# on a bare machine may be placed in .gpu/pylib (added to PYTHONPATH). PREBUILT=DIR (carried) takes
+# on a bare machine may be placed in .gpu/pylib (added to PYTHONPATH; tests/gpu/pylib.sh writes them). PREBUILT=DIR (carried) takes
 # the modules that tests/gpu/prebuild.sh built elsewhere from this same tree (DIR/base, for timeline
 # DIR/timeline; its SOURCES must equal this tree's engine sources id) instead of building them here.
 set -uo pipefail
