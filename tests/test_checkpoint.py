@@ -8,11 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.safetensors_file import write_safetensors
 
 from lampo.models.bf16 import from_bf16, round_bf16
 from lampo.models.checkpoint import INDEX_NAME, SINGLE_NAME, Checkpoint, CheckpointError
 from lampo.models.presets import get_preset
-from lampo.models.safetensors_io import build_header, read_header
+from lampo.models.safetensors_io import read_header
 from lampo.models.synthetic import synthetic_tensor, tensor_blocks, write_checkpoint
 from lampo.models.tensor_specs import expected_tensors, is_mtp
 
@@ -39,15 +40,7 @@ def _rewrite(path: Path, edit) -> None:
             f.seek(t.start)
             tensors[t.name] = [t.dtype, t.shape, f.read(t.nbytes)]
     edit(tensors)
-    _write_file(path, tensors)
-
-
-def _write_file(path: Path, tensors: dict) -> None:
-    header, _ = build_header((n, d, s) for n, (d, s, _) in tensors.items())
-    with open(path, "wb") as f:
-        f.write(header)
-        for _, _, data in tensors.values():
-            f.write(data)
+    write_safetensors(path, tensors)
 
 
 # ---- round trips -------------------------------------------------------------------------------
@@ -100,7 +93,7 @@ def test_f32_vectors_are_accepted(tmp_path: Path):
 def test_unused_tensors_are_ignored_and_counted(tmp_path: Path):
     write_checkpoint(tmp_path, MICRO, shard_mb=0.5)
     extra = tmp_path / "model-vision.safetensors"
-    _write_file(extra, {"model.visual.blocks.0.attn.qkv.weight": ["BF16", (4, 2), bytes(16)],
+    write_safetensors(extra, {"model.visual.blocks.0.attn.qkv.weight": ["BF16", (4, 2), bytes(16)],
                         "model.visual.pos_embed.weight": ["F16", (3,), bytes(6)]})
     index = json.loads((tmp_path / INDEX_NAME).read_text())
     index["weight_map"].update({"model.visual.blocks.0.attn.qkv.weight": extra.name,

@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from lampo.models.checkpoint import SINGLE_NAME, Checkpoint
-from lampo.models.safetensors_io import build_header
+
+from .safetensors_file import write_safetensors
 
 
 def bf16_twin(src: Path, out: Path) -> Path:
@@ -19,9 +20,5 @@ def bf16_twin(src: Path, out: Path) -> Path:
     config.pop("quantization_config", None)
     out.mkdir(parents=True)
     (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    header, _ = build_header((n, s.dtype, s.shape) for n, s in specs.items())
-    with open(out / SINGLE_NAME, "wb") as f:
-        f.write(header)
-        for data in tensors.values():
-            f.write(data.tobytes())
+    write_safetensors(out / SINGLE_NAME, {n: (specs[n].dtype, specs[n].shape, data.tobytes()) for n, data in tensors.items()})
     return out
