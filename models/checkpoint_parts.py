@@ -7,9 +7,10 @@ Two forms, both in Qwen's `*-FP8` releases:
   order, are the bank's rows.
 
 `Assembled.bf16(view)` builds the whole tensor as bf16 bits; `Assembled.row_blocks(view)` yields it
-part by part with each part's stored bytes, for `lampo convert`'s streaming; `Assembled.fp8_parts(view)`
-hands a tensor stored as FP8 throughout to the CUDA engine as it is stored (it decodes on the GPU). `view(stored)` is the
-checkpoint's zero-copy map of one stored tensor.
+part by part with each part's stored bytes, for `lampo convert`'s streaming;
+`Assembled.fp8_parts(view)` gives a tensor stored as FP8 throughout as its parts' codes and scales,
+which the CUDA engine decodes on the GPU. `view(stored)` is the checkpoint's zero-copy map of one
+stored tensor.
 """
 
 from __future__ import annotations

@@ -94,7 +94,7 @@ def test_unused_tensors_are_ignored_and_counted(tmp_path: Path):
     write_checkpoint(tmp_path, MICRO, shard_mb=0.5)
     extra = tmp_path / "model-vision.safetensors"
     write_safetensors(extra, {"model.visual.blocks.0.attn.qkv.weight": ["BF16", (4, 2), bytes(16)],
-                        "model.visual.pos_embed.weight": ["F16", (3,), bytes(6)]})
+                              "model.visual.pos_embed.weight": ["F16", (3,), bytes(6)]})
     index = json.loads((tmp_path / INDEX_NAME).read_text())
     index["weight_map"].update({"model.visual.blocks.0.attn.qkv.weight": extra.name,
                                 "model.visual.pos_embed.weight": extra.name})

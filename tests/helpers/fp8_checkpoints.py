@@ -20,5 +20,6 @@ def bf16_twin(src: Path, out: Path) -> Path:
     config.pop("quantization_config", None)
     out.mkdir(parents=True)
     (out / "config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-    write_safetensors(out / SINGLE_NAME, {n: (specs[n].dtype, specs[n].shape, data.tobytes()) for n, data in tensors.items()})
+    write_safetensors(out / SINGLE_NAME,
+                      {n: (specs[n].dtype, specs[n].shape, data.tobytes()) for n, data in tensors.items()})
     return out
