@@ -6,8 +6,8 @@ Two forms, both in Qwen's `*-FP8` releases:
   its experts' own matrices (`tensor_specs.expert_parts`), each bf16 or FP8: the parts' rows, in
   order, are the bank's rows.
 
-`Assembled.bf16(view)` builds the whole tensor as bf16 bits; `Assembled.row_blocks(view)` yields it
-part by part with each part's stored bytes, for `lampo convert`'s streaming;
+`Assembled.bf16(view)` builds the whole tensor as bf16 bits; `Assembled.stored_parts(view)` yields
+its parts with each part's stored bytes, for `lampo convert`'s streaming (`part_bf16` decodes one);
 `Assembled.fp8_parts(view)` gives a tensor stored as FP8 throughout as its parts' codes and scales,
 which the CUDA engine decodes on the GPU. `view(stored)` is the checkpoint's zero-copy map of one
 stored tensor.
@@ -60,7 +60,7 @@ def _stored(part: Part) -> tuple[StoredTensor, ...]:
     return part.stored if isinstance(part, Fp8Matrix) else (part,)
 
 
-def _part_bf16(part: Part, view: View, out: np.ndarray | None = None) -> np.ndarray:
+def part_bf16(part: Part, view: View, out: np.ndarray | None = None) -> np.ndarray:
     """One part as bf16 bits [rows, cols] (a plain part is a bf16 matrix: checked at open), into
     `out` when given."""
     if isinstance(part, Fp8Matrix):
@@ -112,13 +112,12 @@ class Assembled:
         starts = np.cumsum([0] + [p.shape[0] for p in self.parts])
 
         def task(i: int) -> None:
-            _part_bf16(self.parts[i], view, flat[starts[i]:starts[i + 1]])
+            part_bf16(self.parts[i], view, flat[starts[i]:starts[i + 1]])
 
         on_threads(task, range(len(self.parts)))
         return out
 
-    def row_blocks(self, view: View) -> Iterator[tuple[bytes, np.ndarray]]:
-        """(the part's stored bytes, the part as bf16 bits [rows, cols]) for each part in order."""
+    def stored_parts(self, view: View) -> Iterator[tuple[bytes, Part]]:
+        """(the part's stored bytes, the part) for each part in order."""
         for part in self.parts:
-            source = b"".join(view(t).tobytes() for t in _stored(part))
-            yield source, _part_bf16(part, view)
+            yield b"".join(view(t).tobytes() for t in _stored(part)), part

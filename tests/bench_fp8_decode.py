@@ -6,9 +6,12 @@ Without --engine: the host's decode alone (`checkpoint_parts.Assembled.bf16`, ea
 freshly allocated bank). With --engine bf16|q5 (a GPU and lampo._native): the bank loaded into a
 35B-A3B engine of that format both ways a load can go, the host's decode then `load_tensor` of the
 bf16 bank, and `load_tensor_fp8` of the parts (decoded on the GPU); each timing ends when the call
-returns, with at most the last two staging pieces (128 MiB) still in flight.
+returns, with at most the last two staging pieces (128 MiB) still in flight. With --convert (a GPU):
+the bank converted to q5 (experts_gate_up: 4 bits) as `lampo convert` does it on the GPU, its
+packed blocks in host memory, both ways: each part decoded on the host and its bf16 rows
+quantized by `LqBlockQuantizer.quantize`, and its codes and scales handed to `quantize_fp8`.
 
-    python tests/bench_fp8_decode.py [--rounds 3] [--engine q5] [--json FILE]
+    python tests/bench_fp8_decode.py [--rounds 3] [--engine q5] [--convert] [--json FILE]
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from lampo.models.checkpoint_parts import Assembled, Fp8Matrix
-from lampo.models.fp8 import FP8, scale_shape
+from lampo.models.fp8 import FP8, dequantize_bf16, scale_shape
+from lampo.models.quant.checkpoint_format import LqTensor
+from lampo.models.quant.convert import assembled_blocks
 from lampo.models.safetensors_io import StoredTensor
 
 EXPERTS, ROWS, COLS, BLOCK = 256, 512, 2048, (128, 128)
@@ -41,6 +46,21 @@ def fp8_bank(rng: np.random.Generator) -> tuple[Assembled, dict[str, np.ndarray]
     return Assembled(BANK, (EXPERTS, 2 * ROWS, COLS), tuple(parts)), arrays
 
 
+class HostDecodeQuantizer:
+    """`lampo convert`'s GPU quantizer with each FP8 block decoded on the host first."""
+
+    def __init__(self, native):
+        self.native = native
+
+    def quantize_fp8(self, codes, scales, block_rows, block_cols, bits) -> bytes:
+        return self.native.quantize(dequantize_bf16(codes, scales, (block_rows, block_cols)), bits)
+
+
+def convert_bank(bank: Assembled, view, quantizer) -> int:
+    """Bytes of the bank's packed q5 blocks, as `lampo convert` makes them."""
+    return sum(len(packed) for _, packed in assembled_blocks(view, bank, LqTensor(4, bank.shape), quantizer))
+
+
 def timed(task) -> float:
     start = time.perf_counter()
     task()
@@ -51,6 +71,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--engine", choices=("bf16", "q5"), help="also load the bank into a 35B-A3B engine (GPU)")
+    p.add_argument("--convert", action="store_true", help="also time the bank's conversion to q5 (GPU)")
     p.add_argument("--json", type=Path, help="write the timings here")
     args = p.parse_args()
     bank, arrays = fp8_bank(np.random.default_rng(0))
@@ -69,18 +90,27 @@ def main() -> None:
         cfg = get_preset("qwen3.6-35b-a3b")
         bits = recipe_tensor_bits(cfg, args.engine) if args.engine != "bf16" else {}
         engine = create_engine(_native, cfg, context_max=4096, prefill_chunk=512, weights=args.engine, tensor_bits=bits)
+    native_quantizer = None
+    if args.convert:
+        from lampo.engine.cuda import load_native
+
+        native_quantizer = load_native().LqBlockQuantizer()
     rows = []
     for r in range(args.rounds):
         row = {"round": r + 1, "host_decode_s": timed(lambda: bank.bf16(view))}
         if engine is not None:
             row["host_decode_and_load_s"] = timed(lambda: engine.load_tensor(BANK, bank.bf16(view)))
             row["gpu_decode_load_s"] = timed(lambda: engine.load_tensor_fp8(BANK, bank.fp8_parts(view), *BLOCK))
+        if native_quantizer is not None:
+            host = HostDecodeQuantizer(native_quantizer)
+            row["convert_host_decode_s"] = timed(lambda: convert_bank(bank, view, host))
+            row["convert_gpu_decode_s"] = timed(lambda: convert_bank(bank, view, native_quantizer))
         rows.append(row)
         print("  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items())
               + f"  ({weights / 1e6:.0f} M weights)", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"what": "35B-A3B gate_up bank from 512 FP8 parts", "weights": weights,
-                                         "engine": args.engine, "rows": rows}, separators=(",", ":")))
+                                         "engine": args.engine, "convert": args.convert, "rows": rows}, separators=(",", ":")))
 
 
 if __name__ == "__main__":

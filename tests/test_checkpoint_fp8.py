@@ -18,7 +18,8 @@ from lampo.models.checkpoint_parts import Assembled, Fp8Matrix
 from lampo.models.fp8 import FP8, scale_name
 from lampo.models.fp8_release import is_fp8, publish_fp8
 from lampo.models.presets import get_preset
-from lampo.models.quant.convert import convert
+from lampo.models.quant import convert as convert_module
+from lampo.models.quant.convert import NumpyBlockQuantizer, convert
 from lampo.models.reference.model import ReferenceModel
 from lampo.models.synthetic import write_checkpoint
 from lampo.models.tensor_specs import expected_tensors
@@ -97,14 +98,39 @@ def test_reference_engine_runs_the_fp8_weights_as_their_bf16_twin(fp8_moe, tmp_p
     np.testing.assert_array_equal(rows[0], rows[1])
 
 
-def test_convert_from_fp8_equals_convert_from_its_bf16_twin(fp8_moe, tmp_path):
+class _RecordingQuantizer(NumpyBlockQuantizer):
+    """The numpy quantizer, noting the rows of every FP8 block it is given."""
+
+    def __init__(self):
+        self.fp8_rows: list[int] = []
+
+    def quantize_fp8(self, codes, scales, block_rows, block_cols, bits):
+        assert scales.shape == (-(-codes.shape[0] // block_rows), -(-codes.shape[1] // block_cols))
+        self.fp8_rows.append(codes.shape[0])
+        return super().quantize_fp8(codes, scales, block_rows, block_cols, bits)
+
+
+@pytest.mark.parametrize("block_elements", [None, 32 * 64])
+def test_convert_from_fp8_equals_convert_from_its_bf16_twin(fp8_moe, tmp_path, monkeypatch, block_elements):
+    """FP8 parts go to the quantizer as codes and scales, in blocks of whole 32-row weight blocks
+    (several a part when the blocks are small), and give the bytes of the bf16 twin's conversion."""
     twin = bf16_twin(fp8_moe, tmp_path / "twin")
-    convert(fp8_moe, tmp_path / "from-fp8", "q5")
+    if block_elements:
+        monkeypatch.setattr(convert_module, "BLOCK_ELEMENTS", block_elements)
+    quantizer = _RecordingQuantizer()
+    convert(fp8_moe, tmp_path / "from-fp8", "q5", quantizer=quantizer)
     convert(twin, tmp_path / "from-twin", "q5")
     a, b = Checkpoint.open(tmp_path / "from-fp8"), Checkpoint.open(tmp_path / "from-twin")
     assert a.names() == b.names() and a.lq.recipe == "q5"
     for name in a.names():
         np.testing.assert_array_equal(a.raw(name), b.raw(name), err_msg=name)
+    src = Checkpoint.open(fp8_moe)
+    fp8_parts = [p for n in a.names() if a.lq.tensors[n].quantized
+                 for p in getattr(src.source(n), "parts", ()) if isinstance(p, Fp8Matrix)]
+    assert sum(quantizer.fp8_rows) == sum(p.shape[0] for p in fp8_parts) > 0
+    assert all(rows % 32 == 0 for rows in quantizer.fp8_rows)
+    if block_elements:
+        assert max(quantizer.fp8_rows) == 32 < max(p.shape[0] for p in fp8_parts)
 
 
 def test_info_names_the_fp8_weights(fp8_moe):

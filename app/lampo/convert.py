@@ -16,7 +16,7 @@ import time
 from typing import TextIO
 
 from lampo.engine.cuda import EngineUnavailable
-from lampo.models.quant.convert import Progress, QuantizeBlock, convert, numpy_block
+from lampo.models.quant.convert import NUMPY_QUANTIZER, BlockQuantizer, Progress, convert
 from lampo.models.quant.recipes import RECIPES
 
 QUANTIZERS = ("auto", "cuda", "numpy")
@@ -56,18 +56,18 @@ class ProgressLine:
         self._stream.flush()
 
 
-def block_quantizer(kind: str) -> tuple[QuantizeBlock, str]:
+def block_quantizer(kind: str) -> tuple[BlockQuantizer, str]:
     """The quantizer of `--quantizer kind` and where it runs: the GPU's for cuda (EngineUnavailable
     without one) and for auto where the CUDA engine runs, else numpy's."""
     if kind != "numpy":
         from lampo.engine.cuda import load_native
 
         try:
-            return load_native().LqBlockQuantizer().quantize, "on the GPU"
+            return load_native().LqBlockQuantizer(), "on the GPU"
         except EngineUnavailable as e:
             if kind == "cuda":
                 raise EngineUnavailable(f"{e}; --quantizer numpy quantizes on the CPU") from None
-    return numpy_block, "with numpy on the CPU"
+    return NUMPY_QUANTIZER, "with numpy on the CPU"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     bar = ProgressLine(sys.stderr)
     try:
-        quantize_block, where = block_quantizer(args.quantizer)
-        fmt = convert(args.hf_dir, args.out_dir, args.recipe, progress=bar, quantize_block=quantize_block)
+        quantizer, where = block_quantizer(args.quantizer)
+        fmt = convert(args.hf_dir, args.out_dir, args.recipe, progress=bar, quantizer=quantizer)
     except KeyboardInterrupt:
         bar.finish("interrupted, nothing written")
         return 130

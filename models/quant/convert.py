@@ -4,9 +4,11 @@
 output from the specs alone (each tensor's stored dtype and shape from `recipes.tensor_bits` and
 `layout.packed_bytes`, the shards, hence every header), then streams the tensors in canonical
 order: a tensor the recipe quantizes is read in blocks of whole rows (a bank expert by expert),
-quantized and packed by `quantize_block` (`numpy_block`: `quantizer.quantize` and `layout.pack`,
-the specification; `lampo convert` passes the GPU's `lampo._native.LqBlockQuantizer`, bit for bit
-the same) and written at once; a bf16 tensor is copied byte for byte. The source's tensor bytes are hashed (sha256) as they are read. Tensors the
+quantized and packed by a `BlockQuantizer` (`NumpyBlockQuantizer`: `quantizer.quantize` and
+`layout.pack`, the specification; `lampo convert` passes the GPU's `lampo._native.LqBlockQuantizer`,
+bit for bit the same) and written at once; the rows of an FP8 matrix go to it as their codes and
+block scales (decoded on the GPU there, by `fp8.dequantize_bf16` in numpy); a bf16 tensor is copied
+byte for byte. The source's tensor bytes are hashed (sha256) as they are read. Tensors the
 text engine does not use (`Checkpoint.ignored`) are left out.
 
 Memory is bounded by one block of at most BLOCK_ELEMENTS weights whatever the model's size (a
@@ -26,12 +28,14 @@ import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from lampo.models.bf16 import from_bf16
 from lampo.models.checkpoint import Checkpoint
-from lampo.models.checkpoint_parts import Assembled
+from lampo.models.checkpoint_parts import Assembled, Fp8Matrix, View, part_bf16
+from lampo.models.fp8 import dequantize_bf16
 from lampo.models.quant import layout
 from lampo.models.quant.checkpoint_format import FORMAT_FILE, LqFormat, LqTensor, partial_dir
 from lampo.models.quant.quantizer import quantize
@@ -58,18 +62,37 @@ class Progress:
     bytes_total: int
 
 
-QuantizeBlock = Callable[[np.ndarray, int], bytes]  # (bf16 bits [rows, k], bits) -> the rows' packed tiles
+class BlockQuantizer(Protocol):
+    """Blocks of whole rows (16n of them, 64k columns) in, their packed LQ tiles out."""
+
+    def quantize(self, rows: np.ndarray, bits: int) -> bytes:
+        """rows: bf16 bits [16n, 64k]."""
+
+    def quantize_fp8(self, codes: np.ndarray, scales: np.ndarray, block_rows: int, block_cols: int,
+                     bits: int) -> bytes:
+        """The rows of an FP8 matrix: codes uint8 [16n, 64k], their block scales float32 (the first
+        row a block's first)."""
 
 
-def numpy_block(rows: np.ndarray, bits: int) -> bytes:
-    """The packed tiles of a block of whole rows by the numpy quantizer and packer."""
-    codes, scales = quantize(from_bf16(rows), bits)
-    return layout.pack(codes, scales, bits).tobytes()
+class NumpyBlockQuantizer:
+    """The specification: `quantizer.quantize` and `layout.pack`, FP8 rows decoded by
+    `fp8.dequantize_bf16` first."""
+
+    def quantize(self, rows: np.ndarray, bits: int) -> bytes:
+        codes, scales = quantize(from_bf16(rows), bits)
+        return layout.pack(codes, scales, bits).tobytes()
+
+    def quantize_fp8(self, codes: np.ndarray, scales: np.ndarray, block_rows: int, block_cols: int,
+                     bits: int) -> bytes:
+        return self.quantize(dequantize_bf16(codes, scales, (block_rows, block_cols)), bits)
+
+
+NUMPY_QUANTIZER = NumpyBlockQuantizer()
 
 
 def convert(src: str | Path, out: str | Path, recipe_name: str,
             progress: Callable[[Progress], None] | None = None, shard_bytes: int = SHARD_BYTES,
-            quantize_block: QuantizeBlock = numpy_block) -> LqFormat:
+            quantizer: BlockQuantizer = NUMPY_QUANTIZER) -> LqFormat:
     """Write the converted checkpoint of SRC at `recipe_name` into OUT; its format on success."""
     recipe = get_recipe(recipe_name)
     out = Path(out)
@@ -87,7 +110,7 @@ def convert(src: str | Path, out: str | Path, recipe_name: str,
         for name in SIDE_FILES:
             if (ck.model_dir / name).is_file():
                 shutil.copyfile(ck.model_dir / name, work / name)
-        digest = _write_shards(ck, tensors, work, shard_bytes, progress, quantize_block)
+        digest = _write_shards(ck, tensors, work, shard_bytes, progress, quantizer)
         fmt = LqFormat(recipe.name, tensors, digest, tuple(p.name for p, _ in ck.shards()))
         (work / FORMAT_FILE).write_text(fmt.to_json(), encoding="utf-8")
         if out.exists():
@@ -100,7 +123,7 @@ def convert(src: str | Path, out: str | Path, recipe_name: str,
 
 
 def _write_shards(ck: Checkpoint, tensors: dict[str, LqTensor], work: Path, shard_bytes: int,
-                  progress: Callable[[Progress], None] | None, quantize_block: QuantizeBlock) -> str:
+                  progress: Callable[[Progress], None] | None, quantizer: BlockQuantizer) -> str:
     """Write the shards and the index; the sha256 of the source tensors' bytes."""
     specs = {n: t.stored_spec(ck.spec(n)) for n, t in tensors.items()}
     shards = plan_shards(specs, shard_bytes)
@@ -113,7 +136,7 @@ def _write_shards(ck: Checkpoint, tensors: dict[str, LqTensor], work: Path, shar
         with open(work / fname, "wb") as f:
             f.write(header)
             for name in names:
-                for source, packed in _blocks(ck, name, tensors[name], quantize_block):
+                for source, packed in _blocks(ck, name, tensors[name], quantizer):
                     hasher.update(source)
                     f.write(packed)
                     bytes_done += len(source)
@@ -128,11 +151,11 @@ def _write_shards(ck: Checkpoint, tensors: dict[str, LqTensor], work: Path, shar
     return hasher.hexdigest()
 
 
-def _blocks(ck: Checkpoint, name: str, t: LqTensor, quantize_block: QuantizeBlock) -> Iterator[tuple[bytes, bytes]]:
+def _blocks(ck: Checkpoint, name: str, t: LqTensor, quantizer: BlockQuantizer) -> Iterator[tuple[bytes, bytes]]:
     """(source bytes, output bytes) of one tensor, block by block in file order."""
     source = ck.source(name)
     if isinstance(source, Assembled):
-        yield from _assembled_blocks(ck, source, t, quantize_block)
+        yield from assembled_blocks(ck.view, source, t, quantizer)
         return
     stored = source
     with open(stored.path, "rb") as f:
@@ -154,7 +177,7 @@ def _blocks(ck: Checkpoint, name: str, t: LqTensor, quantize_block: QuantizeBloc
         for _ in range(math.prod(banks)):
             for first in range(0, n, rows):
                 data = read(min(rows, n - first) * k * 2)
-                yield data, quantize_block(np.frombuffer(data, "<u2").reshape(-1, k), t.bits)
+                yield data, quantizer.quantize(np.frombuffer(data, "<u2").reshape(-1, k), t.bits)
 
 
 def _block_rows(k: int) -> int:
@@ -162,13 +185,36 @@ def _block_rows(k: int) -> int:
     return max(layout.TILE_ROWS, BLOCK_ELEMENTS // k // layout.TILE_ROWS * layout.TILE_ROWS)
 
 
-def _assembled_blocks(ck: Checkpoint, source: Assembled, t: LqTensor,
-                      quantize_block: QuantizeBlock) -> Iterator[tuple[bytes, bytes]]:
+def assembled_blocks(view: View, source: Assembled, t: LqTensor,
+                     quantizer: BlockQuantizer) -> Iterator[tuple[bytes, bytes]]:
     """`_blocks` of a tensor assembled from parts (FP8 matrices, experts' matrices): each part's
-    stored bytes go with its first block; its rows, as bf16, are quantized (or copied) in blocks.
-    A part holds whole tiles of rows (every part of a bank is whole experts' rows)."""
+    stored bytes go with its first block; its rows are quantized (or copied as bf16) in blocks, an
+    FP8 part's as codes and scales in blocks of whole weight blocks. A part holds whole tiles of
+    rows (every part of a bank is whole experts' rows)."""
     rows = _block_rows(t.shape[-1])
-    for data, bf16 in source.row_blocks(ck.view):
-        for first in range(0, bf16.shape[0], rows):
-            block = np.ascontiguousarray(bf16[first:first + rows])
-            yield (data if first == 0 else b""), (quantize_block(block, t.bits) if t.quantized else block.tobytes())
+    for data, part in source.stored_parts(view):
+        if t.quantized and isinstance(part, Fp8Matrix):
+            blocks = _fp8_blocks(view, part, rows, t.bits, quantizer)
+        else:
+            blocks = _bf16_blocks(part_bf16(part, view), rows, t, quantizer)
+        for i, packed in enumerate(blocks):
+            yield (data if i == 0 else b""), packed
+
+
+def _bf16_blocks(bf16: np.ndarray, rows: int, t: LqTensor, quantizer: BlockQuantizer) -> Iterator[bytes]:
+    for first in range(0, bf16.shape[0], rows):
+        block = np.ascontiguousarray(bf16[first:first + rows])
+        yield quantizer.quantize(block, t.bits) if t.quantized else block.tobytes()
+
+
+def _fp8_blocks(view: View, part: Fp8Matrix, rows: int, bits: int, quantizer: BlockQuantizer) -> Iterator[bytes]:
+    """The packed blocks of an FP8 part, each of whole weight blocks' rows (and whole tiles)."""
+    block_rows, block_cols = part.block
+    step = math.lcm(layout.TILE_ROWS, block_rows)
+    step = max(step, rows // step * step)
+    codes, scales = view(part.codes), part.scales_f32(view)
+    for first in range(0, codes.shape[0], step):
+        last = min(first + step, codes.shape[0])
+        yield quantizer.quantize_fp8(np.ascontiguousarray(codes[first:last]),
+                                     np.ascontiguousarray(scales[first // block_rows:-(-last // block_rows)]),
+                                     block_rows, block_cols, bits)

@@ -44,7 +44,7 @@ pytestmark = [
 
 def convert(src: Path, out: Path, recipe: str) -> None:
     """`lampo convert SRC OUT --recipe RECIPE --quantizer cuda`."""
-    convert_with(src, out, recipe, quantize_block=_native.LqBlockQuantizer().quantize)
+    convert_with(src, out, recipe, quantizer=_native.LqBlockQuantizer())
 
 
 def lq_engine(ck: Checkpoint, bits: dict[str, int], context_max=1024, chunk=256, **options):

@@ -17,7 +17,8 @@
 #          holds them; decode near 262,144 by random fill (LQ_BENCHES picks a subset: q5 bf16 vram long);
 #          LQ_BENCHES=prompts: q5 prompts of PROMPT_TOKENS (default 65536) of PROMPT_MODELS (default both)
 #          with each prefill attention form of PROMPT_FORMS (default "tiled core"; tiled4 the 4-warp tiled
-#          form of a desktop GPU: LAMPO_ATTN_PREFILL_TILED)
+#          form of a desktop GPU: LAMPO_ATTN_PREFILL_TILED); LQ_BENCHES=fp8: tests/bench_fp8_decode.py
+#          (a 35B-A3B expert bank from its FP8 parts: loaded and converted, decoded on the host or the GPU)
 #   trained  tests/gpu/train_measure_model.py trains the measurement model (TRAIN_MINUTES, default 3)
 #          on the GPU while the extension builds and pytest -m cuda runs (LAMPO_TRAINED_DIR points
 #          the tests at it once written); then lampo bench on it (bf16 and q5) and the full-size q5
@@ -395,6 +396,9 @@ lq)
         bench "$m-q5-prompt-$f" "${PROMPT_LIMIT:-150}" --preset "qwen3.6-$m" --random-weights --weights q5 \
           --prompt "${PROMPT_TOKENS:-65536}" --depths 0 --decode-tokens 16 --profile-steps 0
       done; done; unset LAMPO_ATTN_PREFILL_TILED ;;
+  fp8) timeout 300 $PY tests/bench_fp8_decode.py --rounds 3 --engine q5 --convert --json "$OUT/bench/fp8-bank.json" \
+        > "$OUT/bench/fp8-bank.txt" 2>&1
+      log "fp8 bank exit $?: $(tail -3 "$OUT/bench/fp8-bank.txt" | tr '\n' ' ')" ;;
   long) for m in 35b-a3b 27b; do
         bench "$m-q5-long" 60 --preset "qwen3.6-$m" --random-weights --weights q5 --prompt 512 --depths 262000 \
           --fast-depth --profile-steps 0

@@ -11,6 +11,7 @@
 #include "bindings/cuda_error.h"
 #include "engine/engine.h"
 #include "kernels/matmul.cuh"
+#include "weights/fp8_dequantize.h"
 #include "weights/lq_quantize.h"
 #include "weights/nonfinite_scan.h"
 
@@ -152,6 +153,20 @@ void load_tensor(Engine& e, const std::string& name, const py::array& a, int bit
 
 // parts: [(codes uint8 [rows, cols], scales float32 [ceil(rows / block_rows), ceil(cols / block_cols)])],
 // C-contiguous, the tensor's rows in order.
+// An FP8 matrix's block scales must be [ceil(rows / block_rows), ceil(cols / block_cols)] for its
+// codes [rows, cols], with positive blocks; `who` starts the message otherwise.
+void check_fp8_scales(const std::string& who, const py::array& codes, const py::array& scales, int block_rows,
+                      int block_cols) {
+    const int64_t rows = codes.shape(0), cols = codes.shape(1);
+    if (block_rows <= 0 || block_cols <= 0 || scales.shape(0) != (rows + block_rows - 1) / block_rows ||
+        scales.shape(1) != (cols + block_cols - 1) / block_cols) {
+        throw std::invalid_argument(who + ": scales of shape [" + std::to_string(scales.shape(0)) + ", " +
+                                    std::to_string(scales.shape(1)) + "] for codes [" + std::to_string(rows) +
+                                    ", " + std::to_string(cols) + "] in blocks of " + std::to_string(block_rows) +
+                                    " x " + std::to_string(block_cols));
+    }
+}
+
 void load_tensor_fp8(Engine& e, const std::string& name, const py::list& parts, int block_rows, int block_cols) {
     std::vector<py::array> held;  // the arrays stay referenced while the GIL is released
     std::vector<Fp8Part> views;
@@ -167,14 +182,7 @@ void load_tensor_fp8(Engine& e, const std::string& name, const py::list& parts, 
                                         "[rows, cols] with float32 scales [row blocks, column blocks]");
         }
         const int64_t rows = codes.shape(0), c = codes.shape(1);
-        if (block_rows <= 0 || block_cols <= 0 || scales.shape(0) != (rows + block_rows - 1) / block_rows ||
-            scales.shape(1) != (c + block_cols - 1) / block_cols) {
-            throw std::invalid_argument("load_tensor_fp8: '" + name + "': scales of shape [" +
-                                        std::to_string(scales.shape(0)) + ", " + std::to_string(scales.shape(1)) +
-                                        "] for codes [" + std::to_string(rows) + ", " + std::to_string(c) +
-                                        "] in blocks of " + std::to_string(block_rows) + " x " +
-                                        std::to_string(block_cols));
-        }
+        check_fp8_scales("load_tensor_fp8: '" + name + "'", codes, scales, block_rows, block_cols);
         if (cols >= 0 && c != cols) throw std::invalid_argument("load_tensor_fp8: '" + name + "': parts of different widths");
         cols = int(c);
         views.push_back({static_cast<const uint8_t*>(codes.data()), static_cast<const float*>(scales.data()), rows});
@@ -244,9 +252,10 @@ py::array_t<float> verify_logits(Engine& e) {
     return out;
 }
 
-// lampo convert's GPU quantizer: blocks of whole rows of a bf16 matrix in, their packed LQ tiles
-// out (lq_quantize: bit for bit the numpy quantizer and packer), through device buffers kept
-// between blocks and grown as needed.
+// lampo convert's GPU quantizer: blocks of whole rows of a bf16 matrix, or of a block-scaled FP8
+// one, in; their packed LQ tiles out (lq_quantize: bit for bit the numpy quantizer and packer; an
+// FP8 block is first decoded by fp8_dequantize, bit for bit models/fp8.py's bf16 values), through
+// device buffers kept between blocks and grown as needed.
 class LqBlockQuantizer {
 public:
     LqBlockQuantizer() { LAMPO_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
@@ -257,38 +266,76 @@ public:
     py::bytes quantize(const py::array_t<uint16_t, py::array::c_style | py::array::forcecast>& w, int bits) {
         if (w.ndim() != 2) throw std::invalid_argument("LqBlockQuantizer.quantize: w must be [rows, cols] bf16 bits");
         const int rows = int(w.shape(0)), cols = int(w.shape(1));
-        if (bits < 4 || bits > 6 || rows <= 0 || rows % 16 != 0 || cols <= 0 || cols % 64 != 0) {
-            throw std::invalid_argument("LqBlockQuantizer.quantize: needs bits 4..6 and a [16n, 64k] block, got bits " +
-                                        std::to_string(bits) + ", [" + std::to_string(rows) + ", " +
-                                        std::to_string(cols) + "]");
-        }
-        const size_t in_bytes = size_t(rows) * size_t(cols) * 2, out_bytes = lq_packed_bytes(rows, cols, bits);
-        if (in_.bytes() < in_bytes) in_ = DeviceMemory(in_bytes, "lampo convert: a block of bf16 rows");
-        if (out_.bytes() < out_bytes) out_ = DeviceMemory(out_bytes, "lampo convert: a block's packed tiles");
-        std::string packed(out_bytes, '\0');
-        {
-            py::gil_scoped_release release;
-            LAMPO_CUDA_CHECK(cudaMemcpyAsync(in_.get(), w.data(), in_bytes, cudaMemcpyHostToDevice, stream_));
-            lq_quantize(in_.as<bf16>(), rows, cols, bits, out_.as<uint8_t>(), stream_);
-            LAMPO_CUDA_CHECK(cudaMemcpyAsync(packed.data(), out_.get(), out_bytes, cudaMemcpyDeviceToHost, stream_));
-            LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
-        }
-        return py::bytes(packed);
+        check_block("LqBlockQuantizer.quantize", rows, cols, bits);
+        const size_t w_bytes = size_t(rows) * size_t(cols) * 2;
+        return packed(rows, cols, bits, [&] {
+            LAMPO_CUDA_CHECK(cudaMemcpyAsync(bf16_.get(), w.data(), w_bytes, cudaMemcpyHostToDevice, stream_));
+        });
+    }
+
+    py::bytes quantize_fp8(const py::array_t<uint8_t, py::array::c_style | py::array::forcecast>& codes,
+                           const py::array_t<float, py::array::c_style | py::array::forcecast>& scales,
+                           int block_rows, int block_cols, int bits) {
+        const char* who = "LqBlockQuantizer.quantize_fp8";
+        if (codes.ndim() != 2 || scales.ndim() != 2)
+            throw std::invalid_argument(std::string(who) + ": codes [rows, cols] uint8 and scales [row blocks, "
+                                        "column blocks] float32 expected");
+        check_fp8_scales(who, codes, scales, block_rows, block_cols);
+        const int rows = int(codes.shape(0)), cols = int(codes.shape(1));
+        check_block(who, rows, cols, bits);
+        const size_t code_bytes = size_t(codes.size()), scale_bytes = size_t(scales.size()) * sizeof(float);
+        if (codes_.bytes() < code_bytes) codes_ = DeviceMemory(code_bytes, "lampo convert: a block of FP8 codes");
+        if (scales_.bytes() < scale_bytes) scales_ = DeviceMemory(scale_bytes, "lampo convert: a block's FP8 scales");
+        return packed(rows, cols, bits, [&] {
+            LAMPO_CUDA_CHECK(cudaMemcpyAsync(codes_.get(), codes.data(), code_bytes, cudaMemcpyHostToDevice, stream_));
+            LAMPO_CUDA_CHECK(cudaMemcpyAsync(scales_.get(), scales.data(), scale_bytes, cudaMemcpyHostToDevice, stream_));
+            fp8_dequantize(codes_.as<uint8_t>(), scales_.as<float>(), rows, cols, block_rows, block_cols,
+                           bf16_.as<bf16>(), stream_);
+        });
     }
 
 private:
+    static void check_block(const char* who, int rows, int cols, int bits) {
+        if (bits < 4 || bits > 6 || rows <= 0 || rows % 16 != 0 || cols <= 0 || cols % 64 != 0) {
+            throw std::invalid_argument(std::string(who) + ": needs bits 4..6 and a [16n, 64k] block, got bits " +
+                                        std::to_string(bits) + ", [" + std::to_string(rows) + ", " +
+                                        std::to_string(cols) + "]");
+        }
+    }
+
+    // The packed tiles of the [rows, cols] block that `fill_bf16` (enqueued on stream_) leaves in bf16_.
+    template <class FillBf16>
+    py::bytes packed(int rows, int cols, int bits, const FillBf16& fill_bf16) {
+        const size_t w_bytes = size_t(rows) * size_t(cols) * 2, out_bytes = lq_packed_bytes(rows, cols, bits);
+        if (bf16_.bytes() < w_bytes) bf16_ = DeviceMemory(w_bytes, "lampo convert: a block of bf16 rows");
+        if (out_.bytes() < out_bytes) out_ = DeviceMemory(out_bytes, "lampo convert: a block's packed tiles");
+        std::string result(out_bytes, '\0');
+        {
+            py::gil_scoped_release release;
+            fill_bf16();
+            lq_quantize(bf16_.as<bf16>(), rows, cols, bits, out_.as<uint8_t>(), stream_);
+            LAMPO_CUDA_CHECK(cudaMemcpyAsync(result.data(), out_.get(), out_bytes, cudaMemcpyDeviceToHost, stream_));
+            LAMPO_CUDA_CHECK(cudaStreamSynchronize(stream_));
+        }
+        return py::bytes(result);
+    }
+
     cudaStream_t stream_ = nullptr;
-    DeviceMemory in_, out_;
+    DeviceMemory bf16_, out_, codes_, scales_;
 };
 
 }  // namespace
 
 void register_engine(py::module_& m) {
     py::class_<LqBlockQuantizer>(m, "LqBlockQuantizer",
-                                 "lampo convert's GPU quantizer: bf16 row blocks in, packed LQ tiles out")
+                                 "lampo convert's GPU quantizer: bf16 or FP8 row blocks in, packed LQ tiles out")
         .def(py::init<>())
         .def("quantize", &LqBlockQuantizer::quantize, py::arg("w"), py::arg("bits"),
-             "The packed LQ tiles (bytes) of w [rows, cols] bf16 bits at `bits`: layout.pack(*quantize(w, bits))");
+             "The packed LQ tiles (bytes) of w [rows, cols] bf16 bits at `bits`: layout.pack(*quantize(w, bits))")
+        .def("quantize_fp8", &LqBlockQuantizer::quantize_fp8, py::arg("codes"), py::arg("scales"),
+             py::arg("block_rows"), py::arg("block_cols"), py::arg("bits"),
+             "The packed LQ tiles (bytes) of the FP8 rows codes [rows, cols] uint8 with their block scales "
+             "(float32) at `bits`: quantize(fp8.dequantize_bf16(codes, scales, block), bits)");
 
     using release = py::call_guard<py::gil_scoped_release>;
     py::class_<Engine>(m, "Engine", "One model in VRAM and one conversation's state (engine.h)")
