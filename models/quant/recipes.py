@@ -124,8 +124,6 @@ def recipe_size(recipe: Recipe, cfg: ModelConfig) -> RecipeSize:
                       text_bytes * 8 / sum(s.numel for s, _ in text))
 
 
-
-
 def active_bytes_per_token(recipe: Recipe, cfg: ModelConfig) -> float:
     """Weight bytes one decoded token reads at `recipe` (params.count_params' active_per_token in
     bytes): every text tensor but the embedding (a row gather), the routed expert banks at
