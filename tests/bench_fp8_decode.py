@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from lampo.models.checkpoint_parts import Assembled, Fp8Matrix
-from lampo.models.fp8 import FP8, dequantize_bf16, scale_shape
+from lampo.models.fp8 import FP8, scale_shape
 from lampo.models.quant.checkpoint_format import LqTensor
-from lampo.models.quant.convert import assembled_blocks
+from lampo.models.quant.convert import NumpyBlockQuantizer, assembled_blocks
 from lampo.models.safetensors_io import StoredTensor
 
 EXPERTS, ROWS, COLS, BLOCK = 256, 512, 2048, (128, 128)
@@ -46,14 +46,15 @@ def fp8_bank(rng: np.random.Generator) -> tuple[Assembled, dict[str, np.ndarray]
     return Assembled(BANK, (EXPERTS, 2 * ROWS, COLS), tuple(parts)), arrays
 
 
-class HostDecodeQuantizer:
-    """`lampo convert`'s GPU quantizer with each FP8 block decoded on the host first."""
+class HostDecodeQuantizer(NumpyBlockQuantizer):
+    """`lampo convert`'s GPU quantizer with each FP8 block decoded on the host first (the numpy
+    quantizer's `quantize_fp8`, its bf16 rows quantized on the GPU)."""
 
     def __init__(self, native):
         self.native = native
 
-    def quantize_fp8(self, codes, scales, block_rows, block_cols, bits) -> bytes:
-        return self.native.quantize(dequantize_bf16(codes, scales, (block_rows, block_cols)), bits)
+    def quantize(self, rows: np.ndarray, bits: int) -> bytes:
+        return self.native.quantize(rows, bits)
 
 
 def convert_bank(bank: Assembled, view, quantizer) -> int:
