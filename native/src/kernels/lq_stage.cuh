@@ -15,7 +15,7 @@
 // adjacent lanes and add their sums by shuffles. With peer_xs / peer_start (another block's areas
 // of the same layout, in its shared memory: a pair of blocks of one cluster staging x once, each
 // half of it) every value also goes there.
-// xs: tokens * lq_x_bytes(in) + LQ_ZERO_X_BYTES bytes; start: lq_start_bytes(in) (in: the staged columns).
+// xs: tokens * lq_x_bytes(in) + LQ_ZERO_X_BYTES bytes; start: lq_start_bytes(in).
 #pragma once
 
 #include "kernels/lq_tile.cuh"
@@ -24,12 +24,11 @@ namespace lampo {
 
 enum class LqXSource { Global, Shared };
 
-// x: `tokens` rows of `in` bf16 in SRC, one every `stride` elements (a column slice of wider rows:
-// x points at its first column, stride the rows' width).
+// x [tokens, in] bf16 in SRC.
 template <LqXSource SRC>
 __device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const bf16* x, int tokens, int in,
-                                                int stride, float centre, int thread, int threads,
-                                                uint4* peer_xs = nullptr, float* peer_start = nullptr) {
+                                                float centre, int thread, int threads, uint4* peer_xs = nullptr,
+                                                float* peer_start = nullptr) {
     auto put_x = [&](int i, uint4 value) {
         xs[i] = value;
         if (peer_xs) peer_xs[i] = value;
@@ -44,7 +43,7 @@ __device__ __forceinline__ void lq_stage_x_from(uint4* xs, float* start, const b
         uint32_t v[8] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
         float sum = 0.0f;
         if (i < items) {
-            const uint32_t* row = reinterpret_cast<const uint32_t*>(x + size_t(n) * stride + t * LQ_TILE_COLS) + q;
+            const uint32_t* row = reinterpret_cast<const uint32_t*>(x + size_t(n) * in + t * LQ_TILE_COLS) + q;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 if constexpr (SRC == LqXSource::Global) {

@@ -37,9 +37,6 @@ size_t lq_packed_bytes(int out, int in, int bits);
 // How many gemv_lq launches so far went out as pairs of blocks (clusters of two staging x once
 // between them; gemv_lq.cu): the op tests check that the launches meant to take them did.
 long long gemv_lq_pair_launches();
-// How many gemv_lq launches so far took a sliced split (column slices, each block staging only its
-// slices' part of x; gemv_lq.cu).
-long long gemv_lq_sliced_launches();
 // The bf16 product of gemv_lq stored as row parts (linear.h RowParts).
 void gemv_lq_parts(const uint8_t* W, int bits, const bf16* x, const RowParts& parts, int T, int out, int in,
                    cudaStream_t stream);

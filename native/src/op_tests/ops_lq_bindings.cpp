@@ -127,8 +127,6 @@ void register_lq_ops(py::module_& ops) {
             "x @ dequantize(packed).T for an LQ matrix (T <= 8) -> bf16 bits / f32");
     ops.def("gemv_lq_pair_launches", &gemv_lq_pair_launches,
             "gemv_lq launches so far that went out as pairs of blocks (clusters of two)");
-    ops.def("gemv_lq_sliced_launches", &gemv_lq_sliced_launches,
-            "gemv_lq launches so far that took a sliced split (each block staging its slices of x)");
     ops.def("linear_parts", &py_linear_parts, "w"_a, "bits"_a, "out"_a, "in_"_a, "x"_a, "widths"_a,
             "linear_forward_parts: x @ W.T stored as row parts, one after another (bits 0: bf16 W)");
     ops.def("bench_gemv_lq", &py_bench_gemv_lq, "out"_a, "in_"_a, "bits"_a, "T"_a = 1, "iters"_a = 50,

@@ -26,13 +26,6 @@
 // would otherwise let the following kernels become resident beside it from the start and load
 // their weights into its stream (the step measured 0.151 / 0.049 ms shorter on the 27B /
 // 35B-A3B at q5 with the later trigger).
-// A wide x (LQ_SLICE_MIN_IN columns or more, e.g. the 27B's 17,408-column down projection) whose
-// strips fill a wave of 16-warp blocks takes a sliced split instead: each strip's groups are cut
-// into 2-4 column slices, the groups dealt out slice by slice, so a block stages only the quarter
-// (say) of x its warps read; every strip is then cut between blocks, its pieces stored in the
-// device scratch as each warp finishes them and added, in a fixed order, by the warp that arrives
-// last once its groups are done (lq_finish_sliced). The split depends on the matrix and the GPU
-// only, so each token's row keeps the bits of its one-token launch.
 // Where a launch stages at least LQ_PAIR_MIN_X_BYTES of x (a verify window's wide products), the
 // blocks go in pairs, clusters of two (the pair form): each block stages half of x's items into its
 // own shared memory and its peer's, between two cluster barriers, so x is read from L2 once per
@@ -170,26 +163,15 @@ struct GemvLqParams {
     Prenorm pre;        // LqOut::AddToResidualPrenorm (y: the residual [T, out])
     const float* strip_squares = nullptr;  // LqIn::Prenormed: [T, in / 16] (x: the prenormed rows)
     float eps = 0.0f;
-    int slices = 1;  // the split's column slices (LqSplit)
-    int x_cols = 0;  // the columns of x a block stages at most (in, or two slices' for a sliced split)
 };
 
 // The split (header): groups of LQ_GROUP tiles, `per_strip` per strip, `total` in all, warp w <
 // warps <= total taking [first(w), first(w + 1)) (never empty); owner(group): the warp taking it.
-// Sliced (slices > 1): each strip's groups are cut into `slices` column slices of `per_slice`
-// groups, and the groups are ordered slice by slice, strip by strip within a slice, so that a
-// block's warps read one or two slices' columns of x, not all of it.
 struct LqSplit {
     int64_t total;
     int per_strip, warps;
-    int strips = 0, per_slice = 0;
     __device__ int64_t first(int w) const { return total * w / warps; }
     __device__ int owner(int64_t group) const { return int(((group + 1) * warps - 1) / total); }
-    __device__ int64_t slice_groups() const { return int64_t(strips) * per_slice; }
-    __device__ int slice_of(int64_t group) const { return int(group / slice_groups()); }
-};
-struct LqPos {
-    int strip, t;  // a group's strip and first tile
 };
 
 // AddToResidualPrenorm: rows g and g + 8 of `strip` for tokens 2 quad, 2 quad + 1 added into the
@@ -340,101 +322,16 @@ __device__ __forceinline__ void lq_finish_strip(const GemvLqParams& p, const LqS
     if (last) lq_store_rows<OutT, OUT>(p, strip, lane, sum, token_inv);
 }
 
-// A sliced split's walk: where group g lies, and the group after the one at `at` of `count` tiles
-// (the tiles that follow in the strip's slice, else the next strip's part of the slice, else the
-// next slice's first strip).
-__device__ __forceinline__ LqPos lq_sliced_at(const LqSplit& split, int64_t g) {
-    const int c = split.slice_of(g);
-    const int64_t in_slice = g - c * split.slice_groups();
-    const int strip = int(in_slice / split.per_slice);
-    return {strip, (c * split.per_slice + int(in_slice - int64_t(strip) * split.per_slice)) * LQ_GROUP};
-}
-__device__ __forceinline__ LqPos lq_sliced_next(const LqSplit& split, LqPos at, int count, int tiles) {
-    const int slice_tiles = split.per_slice * LQ_GROUP, begin = at.t - at.t % slice_tiles;
-    const int end = min(tiles, begin + slice_tiles);
-    if (at.t + count < end) return {at.strip, at.t + LQ_GROUP};
-    return at.strip + 1 < split.strips ? LqPos{at.strip + 1, begin} : LqPos{0, end};
-}
-
-// Sliced: the pieces of `strip`, in the order they are added: slice by slice, and within a slice
-// the warps that hold part of the strip's slice, in order (a warp's range lies within one slice of
-// a strip and touches at most two strips: its piece is in slot 0 for the part its range begins
-// in, else in slot 1). piece(k): the k-th piece's address in the device scratch, for `lane`.
-constexpr int LQ_MAX_SLICES = 4;
-struct LqSlicedPieces {
-    int count = 0;
-    int w_lo[LQ_MAX_SLICES], n[LQ_MAX_SLICES], lo_slot[LQ_MAX_SLICES];
-    __device__ LqSlicedPieces(const LqSplit& split, int strip) {
-#pragma unroll
-        for (int c = 0; c < LQ_MAX_SLICES; ++c) {
-            w_lo[c] = n[c] = lo_slot[c] = 0;
-            if (c * split.per_slice >= split.per_strip) continue;
-            const int64_t lo = c * split.slice_groups() + int64_t(strip) * split.per_slice;
-            w_lo[c] = split.owner(lo);
-            n[c] = split.owner(lo + split.per_slice - 1) - w_lo[c] + 1;
-            lo_slot[c] = split.first(w_lo[c]) != lo ? 1 : 0;
-            count += n[c];
-        }
-    }
-    __device__ const float4* piece(int k, int lane) const {
-        int v = 0, slot = 0;
-#pragma unroll
-        for (int c = 0; c < LQ_MAX_SLICES; ++c) {
-            if (k >= 0 && k < n[c]) {
-                v = w_lo[c] + k;
-                slot = k == 0 ? lo_slot[c] : 0;
-            }
-            k -= n[c];
-        }
-        return lq_split_pieces + (v * 2 + slot) * 32 + lane;
-    }
-};
-
-// Sliced: every strip is cut between the warps of several blocks. A warp stores its pieces in the
-// device scratch as it finishes them (no fence); once its groups are done it fences once and
-// arrives at each of its strips' counters, and the last warp to arrive at a strip adds all its
-// pieces in LqSlicedPieces' order (loaded eight at a time) and writes the rows.
-template <class OutT, LqOut OUT>
-__device__ __forceinline__ void lq_finish_sliced(const GemvLqParams& p, const LqSplit& split, int strip, int lane,
-                                                 const float* token_inv) {
-    const LqSlicedPieces pieces(split, strip);
-    unsigned arrived = 0;
-    if (lane == 0) arrived = atomicAdd(lq_split_arrivals + strip, 1u);
-    if (__shfl_sync(0xffffffffu, arrived, 0) != unsigned(pieces.count - 1)) return;
-    if (lane == 0) lq_split_arrivals[strip] = 0u;  // ready for the next use
-    __threadfence();
-    constexpr int BATCH = 8;
-    float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int k0 = 0; k0 < pieces.count; k0 += BATCH) {
-        float4 value[BATCH];
-#pragma unroll
-        for (int i = 0; i < BATCH; ++i)
-            if (k0 + i < pieces.count) value[i] = __ldcg(pieces.piece(k0 + i, lane));
-#pragma unroll
-        for (int i = 0; i < BATCH; ++i) {
-            if (k0 + i >= pieces.count) continue;
-            sum[0] += value[i].x;
-            sum[1] += value[i].y;
-            sum[2] += value[i].z;
-            sum[3] += value[i].w;
-        }
-    }
-    lq_store_rows<OutT, OUT>(p, strip, lane, sum, token_inv);
-}
-
 // RING (sm_90+): each warp's groups come through a ring of p.slots groups in shared memory, each
 // slot filled by one bulk copy that lane 0 issues and completes on the slot's mbarrier; the warp
 // requests up to LQ_RING_PRE_WAIT groups before the wait and refills a slot as soon as its
 // products are done, so p.slots - 1 groups stay in flight while it computes, and no warp holds a
 // weight load in flight when it hands sums on. Otherwise each warp's groups go through registers
 // (LqGroup, two in turn). Both read the same tiles in the same order: the same sums, bit for bit.
-// SLICED: the split's groups go slice by slice (LqSplit), each block stages only the columns of x
-// its warps' slices cover, and every strip's pieces meet through the device scratch.
-template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS, bool RING, bool PAIR, bool SLICED>
+template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS, bool RING, bool PAIR>
 __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const GemvLqParams p) {
     static_assert(IN != LqIn::NormedResidual || WARPS * 32 >= NORM_THREADS, "the folded norm runs on the GEMV block");
     static_assert(!PAIR || IN != LqIn::NormedResidual, "the pair stages a given x");
-    static_assert(!SLICED || (IN != LqIn::NormedResidual && !PAIR), "a sliced block stages its slices of a given x");
     static_assert(OUT == LqOut::Store || OUT == LqOut::SwiGlu || std::is_same_v<OutT, float>,
                   "residual add: an fp32 row");
     constexpr int TILE_BYTES = lq_tile_bytes(BITS);
@@ -446,22 +343,13 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, w = blockIdx.x * WARPS + warp;
     if (threadIdx.x < WARPS) block_arrivals[threadIdx.x] = 0u;  // read after the staging's barrier
     if constexpr (PAIR) lq_cluster_arrive<false>();  // this block runs: the peer may store into it
-    const int tiles = p.in / LQ_TILE_COLS, per_strip = (tiles + LQ_GROUP - 1) / LQ_GROUP, strips = p.out / LQ_TILE_ROWS;
-    const LqSplit split{int64_t(strips) * per_strip, per_strip, p.warps, strips, per_strip / p.slices};
+    const int tiles = p.in / LQ_TILE_COLS, per_strip = (tiles + LQ_GROUP - 1) / LQ_GROUP;
+    const LqSplit split{int64_t(p.out / LQ_TILE_ROWS) * per_strip, per_strip, p.warps};
     const bool idle = w >= p.warps;  // the last block's warps past the split's count
     const int64_t g_end = idle ? 0 : split.first(w + 1);
     int64_t g = idle ? 0 : split.first(w);
-    // The tiles of x the block stages: all, or (SLICED) those of the slices its warps' groups lie in.
-    int tile0 = 0, staged = tiles;
-    if constexpr (SLICED) {
-        const int w0 = blockIdx.x * WARPS, w1 = min(w0 + WARPS, p.warps);
-        if (w0 >= p.warps) return;  // a block past the split's warps (no pair waits for it)
-        const int slice_tiles = split.per_slice * LQ_GROUP;
-        tile0 = split.slice_of(split.first(w0)) * slice_tiles;
-        staged = min(tiles, (split.slice_of(split.first(w1) - 1) + 1) * slice_tiles) - tile0;
-    }
     float* start = reinterpret_cast<float*>(lq_smem);
-    uint4* xs = reinterpret_cast<uint4*>(start + 8 * staged);
+    uint4* xs = reinterpret_cast<uint4*>(start + 8 * tiles);
     // NormedResidual (T = 1): the norm weight, overwritten in place by the normed row, after the x
     // area; the fp32 residual row (in * 4 bytes) lives in the x area until x is staged.
     bf16* row = reinterpret_cast<bf16*>(xs + lq_x_area_bytes(p.in, 1, IN) / 16);
@@ -473,34 +361,22 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     // The warp's position: group g = tile t of `strip`, at src (a strip's tiles follow the previous
     // strip's).
     int strip = int(g / per_strip), t = int(g - int64_t(strip) * per_strip) * LQ_GROUP;
-    if constexpr (SLICED) {
-        const LqPos at = lq_sliced_at(split, g);
-        strip = at.strip;
-        t = at.t;
-    }
     const uint8_t* src = p.W + (size_t(strip) * tiles + t) * TILE_BYTES;
     LqGroup<BITS> a, b;
     // The ring form: the warp's slots, and where its next request goes (lane 0's).
     constexpr int GROUP_BYTES = LQ_GROUP * TILE_BYTES;
-    uint8_t* ring = reinterpret_cast<uint8_t*>(lq_smem) + lq_smem_bytes(p.x_cols, p.T, IN) + warp * p.slots * GROUP_BYTES;
+    uint8_t* ring = reinterpret_cast<uint8_t*>(lq_smem) + lq_smem_bytes(p.in, p.T, IN) + warp * p.slots * GROUP_BYTES;
     uint64_t* full = ring_full + (RING ? warp * LQ_RING_MAX : 0);
     const int groups = int(g_end - g);
-    int issued = 0, issue_t = t, issue_strip = strip;
+    int issued = 0, issue_t = t;
     const uint8_t* issue_src = src;
     auto request = [&] {  // the warp's next group into its slot (lane 0)
         if constexpr (RING && LQ_SM90_ARCH) {
             const int count = min(LQ_GROUP, tiles - issue_t), slot = issued % p.slots;
             mbarrier_arrive_expect_tx(&full[slot], count * TILE_BYTES);
             bulk_load(ring + slot * GROUP_BYTES, issue_src, count * TILE_BYTES, &full[slot]);
-            if constexpr (SLICED) {
-                const LqPos next = lq_sliced_next(split, {issue_strip, issue_t}, count, tiles);
-                issue_strip = next.strip;
-                issue_t = next.t;
-                issue_src = p.W + (size_t(issue_strip) * tiles + issue_t) * TILE_BYTES;
-            } else {
-                issue_src += count * TILE_BYTES;
-                issue_t = issue_t + count == tiles ? 0 : issue_t + count;
-            }
+            issue_src += count * TILE_BYTES;
+            issue_t = issue_t + count == tiles ? 0 : issue_t + count;
             ++issued;
         }
     };
@@ -526,8 +402,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
         if (p.norm.normed_out && blockIdx.x == 0)
             for (int i = threadIdx.x; i < p.in / 8; i += blockDim.x)
                 reinterpret_cast<uint4*>(p.norm.normed_out)[i] = reinterpret_cast<const uint4*>(row)[i];
-        lq_stage_x_from<LqXSource::Shared>(xs, start, row, 1, p.in, p.in, lq_code_centre<BITS>(), threadIdx.x,
-                                           blockDim.x);
+        lq_stage_x_from<LqXSource::Shared>(xs, start, row, 1, p.in, lq_code_centre<BITS>(), threadIdx.x, blockDim.x);
     } else {
         int thread = threadIdx.x, threads = blockDim.x;
         float* peer_start = nullptr;  // PAIR: the peer block's start values and x, which this block
@@ -540,8 +415,8 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
             thread += rank * blockDim.x;
             threads *= 2;
         }
-        lq_stage_x_from<LqXSource::Global>(xs, start, p.x + tile0 * LQ_TILE_COLS, p.T, staged * LQ_TILE_COLS, p.in,
-                                           lq_code_centre<BITS>(), thread, threads, peer_xs, peer_start);
+        lq_stage_x_from<LqXSource::Global>(xs, start, p.x, p.T, p.in, lq_code_centre<BITS>(), thread, threads,
+                                           peer_xs, peer_start);
         if constexpr (IN == LqIn::Prenormed)  // the last warps, which have the fewest items to stage
             for (int t = WARPS - 1 - warp; t < p.T; t += WARPS) {
                 const float inv = lq_token_inv(p, t, lane);
@@ -559,30 +434,12 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     if constexpr (RING && LQ_SM90_ARCH)
         if (lane == 0) while (issued < min(p.slots, groups)) request();  // the ring's remaining slots
 
-    // x's fragments and start values of tile t, the block's staged tiles beginning at tile0.
-    const LqLaneX x = lq_lane_x(xs, start, staged, p.T, lane);
-    auto frag_at = [&](int tile) { return x.frag + (tile - tile0) * x.frag_step; };
-    auto start_at = [&](int tile) { return x.start + 4 * (tile - tile0); };
+    const LqLaneX x = lq_lane_x(xs, start, tiles, p.T, lane);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     bool first_strip = true;
     int seg_begin = t;  // where the warp's part of the current strip began
-    int sliced_strips[2] = {-1, -1};  // SLICED: the strips of the warp's pieces, by slot
     // After a group's products: finish the strip where it ends, and move to the next group.
     auto advance = [&](int count) {
-        if constexpr (SLICED) {
-            const LqPos next = lq_sliced_next(split, {strip, t}, count, tiles);
-            ++g;
-            if (next.strip != strip || next.t != t + LQ_GROUP || g == g_end) {  // its part of the strip's slice ends
-                const int slot = first_strip ? 0 : 1;
-                lq_split_pieces[(w * 2 + slot) * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
-                sliced_strips[slot] = strip;
-                acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
-                first_strip = false;
-            }
-            strip = next.strip;
-            t = next.t;
-            return;
-        }
         const bool strip_ends = t + count == tiles;
         ++g;
         if (strip_ends || g == g_end) {
@@ -601,32 +458,15 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
     // multiple of 256).
     auto step = [&](LqGroup<BITS>& cur, LqGroup<BITS>& next) {
         const int count = min(LQ_GROUP, tiles - t);
-        int next_t = t + count == tiles ? 0 : t + LQ_GROUP;
-        if constexpr (SLICED) {
-            const LqPos after = lq_sliced_next(split, {strip, t}, count, tiles);
-            next_t = after.t;
-            src = p.W + (size_t(after.strip) * tiles + after.t) * TILE_BYTES;
-        } else {
-            src += count * TILE_BYTES;
-        }
+        const int next_t = t + count == tiles ? 0 : t + LQ_GROUP;
         const int next_count = g + 1 < g_end ? min(LQ_GROUP, tiles - next_t) : 0;
+        src += count * TILE_BYTES;
         if (next_count == LQ_GROUP) lq_load_group<BITS, true>(next, src, LQ_GROUP, lane);
         else lq_load_group(next, src, next_count, lane);
-        const uint4* frag = frag_at(t);
-        if (count == LQ_GROUP) lq_mma_group<BITS, true>(cur, frag, x.frag_step, start_at(t), LQ_GROUP, acc);
-        else lq_mma_group<BITS, false>(cur, frag, x.frag_step, start_at(t), count, acc);
+        const uint4* frag = x.frag + t * x.frag_step;
+        if (count == LQ_GROUP) lq_mma_group<BITS, true>(cur, frag, x.frag_step, x.start + 4 * t, LQ_GROUP, acc);
+        else lq_mma_group<BITS, false>(cur, frag, x.frag_step, x.start + 4 * t, count, acc);
         advance(count);
-    };
-    // SLICED, once the warp's groups are done: one fence for its pieces, then its strips' counters.
-    auto finish_sliced = [&] {
-        if constexpr (SLICED) {
-            __threadfence();
-            __syncwarp();
-            for (int slot = 0; slot < 2; ++slot)
-                if (sliced_strips[slot] >= 0)
-                    lq_finish_sliced<OutT, OUT>(p, split, sliced_strips[slot], lane,
-                                                IN == LqIn::Prenormed ? token_inv : nullptr);
-        }
     };
     if constexpr (RING && LQ_SM90_ARCH) {
         int slot = 0;
@@ -635,13 +475,13 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
             const int count = min(LQ_GROUP, tiles - t);
             mbarrier_wait(&full[slot], parity);
             const uint8_t* tiles_at = ring + slot * GROUP_BYTES;
-            const uint4* frag = frag_at(t);
+            const uint4* frag = x.frag + t * x.frag_step;
             if (count == LQ_GROUP) {
                 lq_load_group<BITS, true, true>(a, tiles_at, LQ_GROUP, lane);
-                lq_mma_group<BITS, true>(a, frag, x.frag_step, start_at(t), LQ_GROUP, acc);
+                lq_mma_group<BITS, true>(a, frag, x.frag_step, x.start + 4 * t, LQ_GROUP, acc);
             } else {
                 lq_load_group<BITS, false, true>(a, tiles_at, count, lane);
-                lq_mma_group<BITS, false>(a, frag, x.frag_step, start_at(t), count, acc);
+                lq_mma_group<BITS, false>(a, frag, x.frag_step, x.start + 4 * t, count, acc);
             }
             __syncwarp();  // every lane has read the slot: refill it
             if (lane == 0 && issued < groups) request();
@@ -649,7 +489,6 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
             advance(count);
             if (g == g_end) break;
         }
-        finish_sliced();
         pdl_trigger();  // (a block's warps without groups returned above: exiting counts as triggering)
     } else {
         while (true) {
@@ -658,7 +497,6 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
             step(b, a);
             if (g == g_end) break;
         }
-        finish_sliced();
     }
     timeline_mark_warp(TL_DONE);
 }
@@ -677,7 +515,7 @@ int lq_ring_slots(const GemvLqParams& p, int bits, int warps, LqIn input, int64_
     static const size_t per_sm = size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor));
     static const size_t reserved = size_t(device_attribute(cudaDevAttrReservedSharedMemoryPerBlock));
     const size_t per_block = std::min(per_sm / (16 / warps) - reserved, smem_optin_bytes());
-    const size_t fixed = lq_smem_bytes(p.x_cols, p.T, input) + lq_static_smem_bytes(warps);
+    const size_t fixed = lq_smem_bytes(p.in, p.T, input) + lq_static_smem_bytes(warps);
     const size_t slot = lq_ring_slot_bytes(bits, warps);
     const size_t slots = per_block > fixed ? (per_block - fixed) / slot : 0;
     return slots < 2 ? 0 : int(std::min<size_t>(slots, LQ_RING_MAX));
@@ -727,63 +565,26 @@ int lq_resident_blocks(Kernel kernel, int warps, size_t smem, bool pair) {
 constexpr size_t LQ_PAIR_MIN_X_BYTES = 64 * 1024;
 std::atomic<long long> lq_pair_launch_count{0};  // gemv_lq_pair_launches()
 
-// Column slices (LqSplit) for a launch of 16-warp blocks: where x is wide (LQ_SLICE_MIN_IN columns
-// or more), a block that stages all of x (every block's warps span whole strips) reads and stores
-// far more of it than its groups use. The most slices, up to LQ_MAX_SLICES, that divide a strip's
-// groups with every warp's range within one slice of a strip (so at most two pieces a warp) and
-// at least a block's warps of strips. The warps are the grid's that the GPU holds at once by
-// registers (16 warps an SM), for every T alike: each token's row keeps its one-token bits.
-constexpr int LQ_SLICE_MIN_IN = 8192;
-std::atomic<long long> lq_slice_launch_count{0};  // gemv_lq_sliced_launches()
-
-// The grid: as many blocks as the GPU holds at once (`most`; fewer when the matrix gives a warp
-// fewer than min_groups groups), so the split's ranges all run in one wave.
-int lq_planned_blocks(int64_t groups, int min_groups, int warps, int most) {
-    const int64_t wanted = (groups + min_groups * warps - 1) / (min_groups * warps);
-    return int(std::min<int64_t>({wanted, int64_t(std::max(most, 1)), LQ_SPLIT_MAX_WARPS / warps}));
-}
-
-void lq_plan_slices(GemvLqParams& p, int64_t groups, int min_groups) {
-    const int strips = p.out / LQ_TILE_ROWS, tiles = p.in / LQ_TILE_COLS, per_strip = ceil_div(tiles, LQ_GROUP);
-    if (p.in < LQ_SLICE_MIN_IN || strips < LQ_WIDE_WARPS) return;
-    const int blocks = lq_planned_blocks(groups, min_groups, LQ_WIDE_WARPS, sm_count());
-    const int warps = int(std::min<int64_t>(int64_t(blocks) * LQ_WIDE_WARPS, groups));
-    const int64_t range = (groups + warps - 1) / warps;  // a warp's groups at most
-    for (int s = LQ_MAX_SLICES; s >= 2; --s) {
-        if (per_strip % s != 0 || range > per_strip / s) continue;
-        p.slices = s;
-        p.warps = warps;
-        p.x_cols = std::min(tiles, 2 * (per_strip / s) * LQ_GROUP) * LQ_TILE_COLS;  // a block's two slices at most
-        return;
-    }
-}
-
-// The ring form keeps to 16 warps per SM, as the register form's registers do. Pairs take the
-// same split (each token's row keeps the bits of its one-token launch), an odd count one more
-// block that stages its half of x and has no groups; where the GPU cannot hold that many pairs at
-// once, single blocks. A sliced split (p.slices > 1) takes the grid lq_plan_slices gave it.
+// The grid: as many blocks as the GPU holds at once (fewer when the matrix gives a warp fewer
+// than min_groups groups), so the split's ranges all run in one wave; the ring form keeps to
+// 16 warps per SM, as the register form's registers do. Pairs take the same split (each token's
+// row keeps the bits of its one-token launch), an odd count one more block that stages its half
+// of x and has no groups; where the GPU cannot hold that many pairs at once, single blocks.
 template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS, bool RING>
 void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, int min_groups, cudaStream_t stream) {
     const size_t smem =
-        lq_smem_bytes(p.x_cols, p.T, IN) + (RING ? size_t(p.slots) * lq_ring_slot_bytes(BITS, WARPS) : 0);
+        lq_smem_bytes(p.in, p.T, IN) + (RING ? size_t(p.slots) * lq_ring_slot_bytes(BITS, WARPS) : 0);
     const bool large = smem + lq_static_smem_bytes(WARPS) > 48 * 1024;
-    if constexpr (WARPS == LQ_WIDE_WARPS && IN != LqIn::NormedResidual) {
-        if (p.slices > 1) {
-            const auto sliced = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS, RING, false, true>;
-            if (large) allow_dynamic_smem(sliced, smem, op);
-            lq_slice_launch_count.fetch_add(1, std::memory_order_relaxed);
-            return launch_pdl(op, sliced, ceil_div(p.warps, WARPS), WARPS * 32, smem, stream, p);
-        }
-    }
-    const auto single = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS, RING, false, false>;
+    const auto single = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS, RING, false>;
     if (large) allow_dynamic_smem(single, smem, op);
     int most = lq_resident_blocks(single, WARPS, smem, false);
     if (RING) most = std::min(most, 16 / WARPS * sm_count());
-    const int blocks = lq_planned_blocks(groups, min_groups, WARPS, most);
+    const int64_t wanted = (groups + min_groups * WARPS - 1) / (min_groups * WARPS);
+    const int blocks = int(std::min<int64_t>({wanted, int64_t(std::max(most, 1)), LQ_SPLIT_MAX_WARPS / WARPS}));
     p.warps = int(std::min<int64_t>(int64_t(blocks) * WARPS, groups));  // each warp has a group at least
     if constexpr (IN != LqIn::NormedResidual) {
         if (p.T > 1 && size_t(p.T) * lq_x_bytes(p.in) >= LQ_PAIR_MIN_X_BYTES && sm90_or_newer()) {
-            const auto pair = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS, RING, true, false>;
+            const auto pair = gemv_lq_kernel<BITS, OutT, IN, OUT, WARPS, RING, true>;
             if (large) allow_dynamic_smem(pair, smem, op);
             const int launched = blocks + (blocks & 1);
             if (launched <= lq_resident_blocks(pair, WARPS, smem, true)) {
@@ -797,9 +598,6 @@ void launch_gemv_lq_blocks(const char* op, GemvLqParams p, int64_t groups, int m
 
 template <int BITS, class OutT, LqIn IN, LqOut OUT, int WARPS>
 void launch_gemv_lq_form(const char* op, GemvLqParams p, int64_t groups, int min_groups, cudaStream_t stream) {
-    p.slices = 1;
-    p.x_cols = p.in;
-    if constexpr (WARPS == LQ_WIDE_WARPS && IN != LqIn::NormedResidual) lq_plan_slices(p, groups, min_groups);
     p.slots = lq_ring_slots(p, BITS, WARPS, IN, groups);
     if (p.slots) launch_gemv_lq_blocks<BITS, OutT, IN, OUT, WARPS, true>(op, p, groups, min_groups, stream);
     else launch_gemv_lq_blocks<BITS, OutT, IN, OUT, WARPS, false>(op, p, groups, min_groups, stream);
@@ -854,7 +652,6 @@ void run_gemv_lq(const char* op, int bits, const GemvLqParams& p, cudaStream_t s
 }  // namespace
 
 long long gemv_lq_pair_launches() { return lq_pair_launch_count.load(std::memory_order_relaxed); }
-long long gemv_lq_sliced_launches() { return lq_slice_launch_count.load(std::memory_order_relaxed); }
 
 size_t lq_packed_bytes(int out, int in, int bits) {
     return size_t(out / LQ_TILE_ROWS) * size_t(in / LQ_TILE_COLS) * size_t(lq_tile_bytes(bits));

@@ -99,7 +99,7 @@ __device__ __forceinline__ void gate_up_block(const MoeLqParams& p, uint4* smem,
     LqGroup<BITS> first;
     lq_load_group(first, src, tend - tbeg, lane);
     if constexpr (SHARED) pdl_begin();
-    lq_stage_x_from<LqXSource::Global>(xs, start, p.x + size_t(t) * p.H, 1, p.H, p.H, lq_code_centre<BITS>(),
+    lq_stage_x_from<LqXSource::Global>(xs, start, p.x + size_t(t) * p.H, 1, p.H, lq_code_centre<BITS>(),
                                        threadIdx.x, blockDim.x);
     __syncthreads();
 
@@ -145,7 +145,7 @@ __device__ __forceinline__ void down_slot(uint4* xs, float* start, const uint8_t
     LqGroup<BITS> first;
     lq_load_group(first, strip_tiles, tiles, lane);
     if (before_wait) pdl_begin();
-    lq_stage_x_from<LqXSource::Global>(xs, start, x, 1, width, width, lq_code_centre<BITS>(), lane, 32);
+    lq_stage_x_from<LqXSource::Global>(xs, start, x, 1, width, lq_code_centre<BITS>(), lane, 32);
     __syncwarp();
     lq_stream_tiles(first, strip_tiles, lq_lane_x(xs, start, tiles, 1, lane), 0, tiles, lane, acc);
 }
