@@ -17,8 +17,8 @@ distributed exactly as plain decoding's:
 
 Drafters: MTP drafts chain the checkpoint's MTP layer (each draft feeds the next step its own
 hidden state), each chosen among the conversation's draft vocabulary (`draft_vocab`);
-`ngram_drafts` looks the context's last n tokens up earlier in the context (prompt lookup) and
-proposes what followed them there, for answers that quote a document.
+`prompt_lookup.ngram_drafts` looks the context's last n tokens up earlier in the context (prompt
+lookup) and proposes what followed them there, for answers that quote a document.
 
 `SpeculativeDecoder` is the one implementation of a round on a `ReferenceModel` (drafting,
 verifying, accepting, rolling back; `rewind` undoes kept drafts a caller will not emit), with
@@ -37,11 +37,11 @@ import numpy as np
 
 from lampo.models.draft_policy import DraftPolicy
 from lampo.models.draft_vocab import DraftVocab
+from lampo.models.prompt_lookup import ngram_drafts
 from lampo.models.sampling import filtered_probs, sample
 from lampo.models.sampling_params import SamplingParams
 
 Drafter = Literal["mtp", "ngram", "auto"]
-NGRAM_MAX, NGRAM_MIN = 4, 2  # the longest and shortest context suffix looked up
 
 
 def accept_greedy(drafts: Sequence[int], target: Callable[[int], int]) -> tuple[int, int]:
@@ -71,18 +71,6 @@ def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Inverse CDF over the ids in ascending order (as `sampling.sample` draws)."""
     cdf = np.cumsum(probs)
     return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(probs) - 1))
-
-
-def ngram_drafts(context: Sequence[int], k: int) -> list[int]:
-    """Up to k tokens that followed the most recent earlier occurrence of the context's last n
-    tokens (n from NGRAM_MAX down to NGRAM_MIN); [] when no suffix occurs earlier."""
-    ctx = list(context)
-    for n in range(min(NGRAM_MAX, len(ctx) - 1), NGRAM_MIN - 1, -1):
-        suffix = ctx[-n:]
-        for start in range(len(ctx) - n - 1, -1, -1):
-            if ctx[start:start + n] == suffix:
-                return ctx[start + n:start + n + k]
-    return []
 
 
 @dataclass

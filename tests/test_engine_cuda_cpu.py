@@ -138,7 +138,7 @@ class FakeEngine:
         start, rows = self.verified
         assert 1 <= keep <= rows
         self.calls.append(("accept", keep))
-        self.history = self.history[:start] + self.history[start:start + rows][:keep]  # `pending` stays
+        del self.history[start + keep:]  # the rows not kept; `pending` stays
 
     def mtp_draft(self, token, k):
         """The model's own continuation of the history and `token`, except that every draft at a

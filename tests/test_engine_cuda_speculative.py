@@ -13,13 +13,14 @@ import threading
 import pytest
 import test_engine_cuda_cpu as fake
 from helpers import TagTokenizer
-from lampo.engine import cuda, native_rounds
+from lampo.engine import cuda
 from lampo.engine.cuda import CudaBackend, NativeSteps
 from lampo.engine.native_rounds import NativeSpeculativeSteps, round_policy
 from lampo.engine.protocol import Done, GenerationRequest, Stats, TokenEvent
 from lampo.engine.speculation import Speculation, parse_speculation
 from lampo.models.draft_vocab import PREFIXES
 from lampo.models.presets import get_preset
+from lampo.models.prompt_lookup import PromptLookup
 from lampo.models.sampling_params import GREEDY, SamplingParams
 
 
@@ -132,7 +133,7 @@ def test_auto_drafts_with_the_mtp_module_and_the_conversation(tiny_dense_dir, mo
     ids, stats, _done = generate(b)
     assert ids == plain_reply(30) and stats.draft_n_accepted > 0
     assert "verify" in {c[0] for c in engine.calls} and "mtp_draft" not in {c[0] for c in engine.calls}
-    monkeypatch.setattr(native_rounds, "ngram_drafts", lambda context, k: [])
+    monkeypatch.setattr(PromptLookup, "drafts", lambda lookup, k: [])
     engine.calls.clear()
     ids, stats, _done = generate(b)
     assert ids == plain_reply(30) and stats.draft_n_accepted > 0

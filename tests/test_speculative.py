@@ -16,7 +16,6 @@ from lampo.models.speculative import (
     SpeculativeReference,
     accept_greedy,
     accept_sampled,
-    ngram_drafts,
 )
 
 GREEDY = SamplingParams(temperature=0.0, top_k=0, top_p=1.0)
@@ -147,13 +146,6 @@ def test_sampled_speculation_runs_and_counts(models):
     out = spec.generate(PROMPT, 12)
     assert len(out) == 12 and spec.stats.drafted == 3 * spec.stats.steps
     assert len(spec.stats.accepted_at) == 3
-
-
-def test_ngram_drafts_quote_the_context():
-    ctx = [1, 2, 3, 4, 5, 6, 9, 9, 2, 3, 4]
-    assert ngram_drafts(ctx, 2) == [5, 6]  # "2 3 4" was followed by 5 6
-    assert ngram_drafts([1, 2, 3, 7, 2, 3], 4) == [7, 2, 3]  # the run stops at the context's end
-    assert ngram_drafts([1, 2, 3, 4], 3) == []
 
 
 def test_bad_arguments(models):

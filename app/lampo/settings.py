@@ -311,7 +311,7 @@ presence_penalty = {_toml(sp.presence_penalty)}   # -2.0 to 2.0
 max_tokens = {_toml(sp.max_tokens)}   # per reply
 {seed}   # fixed seed for reproducible sampling; leave commented for a random one
 
-# Speculative decoding on the reference backend (the CUDA engine does not draft yet): cheap drafts
+# Speculative decoding: cheap drafts (the checkpoint's MTP layer, or text the conversation repeats)
 # checked by the model in one pass, so a step can emit several tokens; the output is the same.
 # `--speculate MODE[:DRAFTS]` overrides this for one run.
 [speculation]

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve().parent
@@ -111,8 +112,9 @@ class DeviceModel:
     def wait(until: float) -> None:
         """Block until `until`, as a stream synchronize does: asleep without the GIL, then (a
         sleep wakes 0.1-0.2 ms late) spinning through the last SPIN_S."""
-        if until - time.perf_counter() > SPIN_S:
-            time.sleep(until - time.perf_counter() - SPIN_S)
+        asleep = until - time.perf_counter() - SPIN_S  # read once: a second read may be past `until`
+        if asleep > 0:
+            time.sleep(asleep)
         while time.perf_counter() < until:
             pass
 
@@ -129,7 +131,7 @@ class TimedEngine(fake.FakeEngine):
     def _sample(self) -> int:
         if self.reply_start is None:
             self.reply_start = len(self.history)
-        return self._sample_at(self.history)
+        return self._sample_at(len(self.history))
 
     def decode_submit(self, token=-1):
         super().decode_submit(token)
@@ -142,18 +144,17 @@ class TimedEngine(fake.FakeEngine):
 
     def mtp_draft(self, token, k):
         done = self.native.device.queue(self.native.profile.draft_ms * k)
-        history = self.history + [int(token)]
+        at = len(self.history) + 1  # the first draft's position (the history, then `token`)
         drafts = []
-        for _ in range(k):
-            true = self._sample_at(history)
+        for i in range(k):
+            true = self._sample_at(at + i)
             drafts.append(true if self.native.rng.random() < self.native.accept else true + 1)
-            history.append(drafts[-1])
         self.native.device.wait(done)
-        return fake.np.asarray(drafts, fake.np.int32)
+        return np.asarray(drafts, np.int32)
 
-    def _sample_at(self, history) -> int:
-        """The reply's token after `history` (the stop id past its end)."""
-        i = len(history) - self.reply_start
+    def _sample_at(self, position: int) -> int:
+        """The reply's token at `position` of the history (the stop id past its end)."""
+        i = position - self.reply_start
         reply = self.native.reply
         return reply[i] if i < len(reply) else fake.STOP
 
@@ -185,11 +186,16 @@ def reply_ids(tokenizer, n_tokens: int) -> list[int]:
     return (ids * (n_tokens // len(ids) + 1))[:n_tokens]
 
 
+def document_ids(n_tokens: int) -> list[int]:
+    """`n_tokens` ids of a document the reply does not quote (seeded ids of Latin-script text's range)."""
+    return [int(t) for t in np.random.default_rng(0).integers(0, 98_304, n_tokens)]
+
+
 def timed_backend(checkpoint: Path, profile: Profile, mode: str, n_tokens: int, accept: float,
-                  say=None) -> CudaBackend:
+                  say=None, document: int = 0) -> CudaBackend:
     tokenizer = real_tokenizer()
     native = TimedNative(profile, reply_ids(tokenizer, n_tokens), accept)
-    return CudaBackend(checkpoint, context_max=32768, native=native, tokenizer=tokenizer,
+    return CudaBackend(checkpoint, context_max=32768 + document, native=native, tokenizer=tokenizer,
                        speculation=parse_speculation({"plain": "off"}.get(mode, mode)), say=say)
 
 
@@ -219,10 +225,11 @@ def device_account(native: TimedNative, ids: list[int]) -> dict:
             "first_start": device.first_start, "free_at": device.free_at}
 
 
-def run_loop(checkpoint: Path, profile: Profile, mode: str, n_tokens: int, accept: float) -> dict:
-    """The generation loop drained in this thread (what `lampo chat --plain` and pipes do)."""
-    backend = timed_backend(checkpoint, profile, mode, n_tokens, accept)
-    request = GenerationRequest(tuple(real_tokenizer().encode("Write me a long answer.")),
+def run_loop(checkpoint: Path, profile: Profile, mode: str, n_tokens: int, accept: float, document: int = 0) -> dict:
+    """The generation loop drained in this thread (what `lampo chat --plain` and pipes do), the
+    prompt led by `document` ids of a document (prompt-lookup drafts search it every round)."""
+    backend = timed_backend(checkpoint, profile, mode, n_tokens, accept, document=document)
+    request = GenerationRequest((*document_ids(document), *real_tokenizer().encode("Write me a long answer.")),
                                 SamplingParams(**{**GREEDY.to_dict(), "max_tokens": n_tokens + 8}))
     done = None
     for event in backend.generate(request, threading.Event()):
@@ -230,7 +237,8 @@ def run_loop(checkpoint: Path, profile: Profile, mode: str, n_tokens: int, accep
             done = event
     native = backend._native
     engine = native.engines[-1]
-    return report(device_account(native, engine.history[engine.reply_start:]), mode, accept, done, "loop")
+    return report(device_account(native, engine.history[engine.reply_start:]), mode, accept, done, "loop") | {
+        "document": document}
 
 
 def run_ui(checkpoint: Path, profile: Profile, mode: str, n_tokens: int, accept: float, home: Path,
@@ -291,6 +299,8 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default="plain,mtp:3", help="speculation settings (plain: off), comma-separated")
     p.add_argument("--profiles", default=",".join(PROFILES))
     p.add_argument("--ui", action="store_true", help="also stream through the chat app (headless)")
+    p.add_argument("--document", type=int, default=0,
+                   help="ids of an unquoted document before the loop's request (the device times stay the 8,192-token ones)")
     p.add_argument("--repeat", type=int, default=1, help="rounds of every measurement, one after another")
     p.add_argument("--json")
     args = p.parse_args(argv)
@@ -301,7 +311,7 @@ def main(argv=None) -> int:
         for round_ in range(1, args.repeat + 1):
             for name in args.profiles.split(","):
                 for mode in args.modes.split(","):
-                    runs = [run_loop(checkpoint, PROFILES[name], mode, args.tokens, args.accept)]
+                    runs = [run_loop(checkpoint, PROFILES[name], mode, args.tokens, args.accept, args.document)]
                     if args.ui:
                         runs += [run_ui(checkpoint, PROFILES[name], mode, args.tokens, args.accept, home, own)
                                  for own in (False, True)]

@@ -1,7 +1,8 @@
 """Speculative decode steps on the CUDA engine: rounds of MTP or n-gram drafts.
 
 `NativeSpeculativeSteps` is `NativeSteps` whose decode step drafts: "ngram" looks the prompt and
-the reply so far up for a repeat of their last tokens (`models.speculative.ngram_drafts`), "mtp"
+the reply so far up for a repeat of their last tokens (`models.prompt_lookup.PromptLookup`, held
+across the rounds, so a lookup costs no copy of the context), "mtp"
 chains the engine's MTP layer from the fed token (`Engine.mtp_draft`, its greedy continuation
 among the conversation's draft vocabulary, `models.draft_vocab`),
 "auto" offers both (MTP where the engine holds the module) and lets each round take one. A
@@ -32,7 +33,8 @@ import numpy as np
 from lampo.engine.loop import Decoded
 from lampo.models.draft_policy import DRAFTERS, DraftPolicy
 from lampo.models.draft_vocab import DraftVocab
-from lampo.models.speculative import accept_greedy, ngram_drafts
+from lampo.models.prompt_lookup import PromptLookup
+from lampo.models.speculative import accept_greedy
 
 
 def round_policy(mode: str, k_max: int, fixed_k: int | None) -> DraftPolicy:
@@ -54,8 +56,8 @@ class NativeSpeculativeSteps:
         self._plain, self._engine, self._policy, self._clock = plain, engine, policy, clock
         self._mtp = policy.mode in ("auto", "mtp") and engine.has_mtp
         self._ngram = policy.mode in ("auto", "ngram")
-        self._context = list(prompt)  # the prompt, then every token fed or kept
-        self._vocab = DraftVocab(engine.real_vocab_size, self._context) if self._mtp else None
+        self._context = PromptLookup(prompt)  # the prompt, then every token fed or kept
+        self._vocab = DraftVocab(engine.real_vocab_size, self._context.ids) if self._mtp else None
         self._round: tuple[str, int, list[int]] | None = None  # (drafter, fed, drafts) of the submitted round
         self._started = 0.0  # when the submitted step began
         self._draft_s = 0.0  # the submitted round's drafting time
@@ -68,7 +70,7 @@ class NativeSpeculativeSteps:
         self._grow([fed])
         cap = min(self._policy.k_max, max_drafts)
         self._started = self._clock()
-        ngram = ngram_drafts(self._context, cap) if self._ngram and cap > 0 else []
+        ngram = self._context.drafts(cap) if self._ngram and cap > 0 else []
         drafter, k = self._policy.choose({"ngram": len(ngram), "mtp": cap if self._mtp else 0})
         if drafter is None:
             self._round = None
@@ -98,7 +100,7 @@ class NativeSpeculativeSteps:
         return Decoded((*drafts[:kept], nxt), len(drafts))
 
     def _grow(self, ids: list[int]) -> None:
-        self._context += ids
+        self._context.extend(ids)
         if self._vocab:
             self._vocab.add(ids)
 
@@ -108,5 +110,5 @@ class NativeSpeculativeSteps:
         self._kept -= n
         self._engine.accept(self._kept + 1)
         if self._vocab:
-            self._vocab.remove(self._context[-n:])
-        del self._context[-n:]
+            self._vocab.remove(self._context.ids[-n:])
+        self._context.drop(n)
