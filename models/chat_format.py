@@ -12,6 +12,8 @@ Multimodal content is not supported (Lampo is text-only).
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,7 +39,9 @@ _TOOLS_FOOTER = (
 )
 
 
-_USER_TURN = "<|im_start|>user\n"
+_TURN_START = "<|im_start|>"
+_USER_TURN = _TURN_START + "user\n"
+TURN_MEMO_CHARS = 8_000_000  # text whose turns a TurnEncoder keeps: about three 262,144-token contexts
 
 
 class ChatFormatError(ValueError):
@@ -88,7 +92,7 @@ def render(
 
 
 def build_prompt(
-    tokenizer: Tokenizer,
+    tokenizer: Tokenizer | TurnEncoder,
     messages: Sequence[Message],
     *,
     enable_thinking: bool = True,
@@ -110,7 +114,7 @@ class PromptCounter:
     `<|im_start|>`, an added token the tokenizer splits on first, so the two counts add up to the
     whole exactly."""
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer | TurnEncoder):
         self._tokenizer = tokenizer
         self._memo: tuple[str, int] = ("", 0)  # (history text, its token count)
 
@@ -129,6 +133,48 @@ class PromptCounter:
         if self._memo[0] != text:
             self._memo = (text, self._tokenizer.count(text))
         return self._memo[1]
+
+
+class TurnEncoder:
+    """A tokenizer's `encode` and `count` for rendered conversations, which repeat their earlier
+    turns from one call to the next (a conversation that grows, a context meter that recounts as
+    the user types): the text is cut before every `<|im_start|>`, an added token the tokenizer
+    splits on before normalising or anything else, so the pieces' ids join to exactly the whole
+    text's; each piece is tokenized once and kept while it is among the last `memo_chars`
+    characters of pieces used. A follow-up question to a 250,000-token document then tokenizes
+    only the new turns, not the document again. Safe to share between threads."""
+
+    def __init__(self, tokenizer: Tokenizer, memo_chars: int = TURN_MEMO_CHARS):
+        self._tokenizer, self._memo_chars = tokenizer, memo_chars
+        self._memo: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # least recently used first
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def encode(self, text: str) -> list[int]:
+        first, *turns = text.split(_TURN_START)
+        ids = list(self._piece(first)) if first else []
+        for turn in turns:
+            ids += self._piece(_TURN_START + turn)
+        return ids
+
+    def count(self, text: str) -> int:
+        return len(self.encode(text))
+
+    def _piece(self, piece: str) -> tuple[int, ...]:
+        with self._lock:
+            ids = self._memo.get(piece)
+            if ids is not None:
+                self._memo.move_to_end(piece)
+                return ids
+        ids = tuple(self._tokenizer.encode(piece))  # outside the lock: it takes a while
+        with self._lock:
+            if piece not in self._memo:
+                self._memo[piece] = ids
+                self._chars += len(piece)
+            while self._chars > self._memo_chars and len(self._memo) > 1:
+                old, _ = self._memo.popitem(last=False)
+                self._chars -= len(old)
+        return ids
 
 
 def split_reasoning(raw_text: str, thinking: bool = True) -> tuple[str, str]:

@@ -19,7 +19,7 @@ draft the same tokens.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -32,19 +32,19 @@ class DraftVocab:
     """Token counts of a conversation, kept as tokens are added or taken back; `vocab`: the
     model's real vocabulary (a prefix as long is every id)."""
 
-    def __init__(self, vocab: int, ids: Iterable[int] = ()):
+    def __init__(self, vocab: int, ids: Sequence[int] | np.ndarray = ()):
         self._vocab = vocab
         self._total = 0
         self._below = np.zeros(len(PREFIXES), np.int64)
         self.add(ids)
 
-    def add(self, ids: Iterable[int], sign: int = 1) -> None:
-        a = np.fromiter(ids, np.int64)
+    def add(self, ids: Sequence[int] | np.ndarray, sign: int = 1) -> None:
+        a = np.asarray(ids, np.int64).reshape(-1)
         a = a[a < MARKUP_FROM]
         self._total += sign * len(a)
         self._below += sign * (a[:, None] < np.asarray(PREFIXES)).sum(axis=0)
 
-    def remove(self, ids: Iterable[int]) -> None:
+    def remove(self, ids: Sequence[int] | np.ndarray) -> None:
         self.add(ids, -1)
 
     @property

@@ -18,6 +18,7 @@ from lampo.models.chat_format import (
     Message,
     PromptCounter,
     ToolCall,
+    TurnEncoder,
     build_prompt,
     render,
     split_reasoning,
@@ -202,6 +203,49 @@ def test_prompt_counter_counts_what_build_prompt_encodes_and_tokenizes_the_histo
     assert counter.conversation_tokens(history) == len(tok.encode(render(history, add_generation_prompt=False)))
 
 
+class CountingTokenizer:
+    """A tokenizer that records the texts it encodes."""
+
+    def __init__(self, tok):
+        self.tok, self.texts = tok, []
+
+    def encode(self, text):
+        self.texts.append(text)
+        return self.tok.encode(text)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_turn_encoder_gives_the_tokenizers_ids(name, tok):
+    messages, kwargs = CASES[name]
+    text = render(messages, **kwargs)
+    turns = TurnEncoder(tok)
+    for _ in range(2):  # tokenized, then from the memo
+        assert turns.encode(text) == tok.encode(text) and turns.count(text) == len(tok.encode(text))
+    for odd in ("", "no turn at all", "lead <|im_start|>", "<|im_start|><|im_start|>x", "é<|im_start|>\u0301a"):
+        assert turns.encode(odd) == tok.encode(odd), odd
+
+
+def test_turn_encoder_tokenizes_a_follow_up_once_and_evicts_the_least_recent(tok):
+    document = "A long document.\n" * 500
+    convo = [Message(S, "You are Lampo."), Message(U, document + "Summarise it.")]
+    counting = CountingTokenizer(tok)
+    turns = TurnEncoder(counting)
+    first = build_prompt(turns, convo)
+    convo += [Message(A, "It repeats itself.", reasoning="r"), Message(U, "Why?")]
+    counting.texts.clear()
+    second = build_prompt(turns, convo)
+    assert second == build_prompt(tok, convo) and first == build_prompt(tok, convo[:2])
+    assert not any(document in text for text in counting.texts)  # only the new turns were tokenized
+    result = turns.encode(second.text)
+    result.append(-1)  # the caller's list: the memo is not changed through it
+    assert turns.encode(second.text) == list(second.ids)
+    small = TurnEncoder(counting, memo_chars=len(document))  # less than the document's turn and the rest
+    assert small.encode(second.text) == list(second.ids)
+    counting.texts.clear()
+    assert small.encode(second.text) == list(second.ids)
+    assert sum(document in text for text in counting.texts) == 1  # evicted by the later turns, tokenized again
+
+
 def test_reuse_boundary_prefix_survives_continuation(tok):
     convo = [Message(S, "You are Lampo."), Message(U, "Name a prime.")]
     for turn in range(3):
@@ -291,6 +335,9 @@ conversations = st.one_of(
 tools = st.one_of(st.none(), st.lists(st.dictionaries(texts, json_values, max_size=3), max_size=2))
 
 
+FUZZ_TURNS = TurnEncoder(real_tokenizer(), memo_chars=2_000)  # shared by the examples; small, so it evicts
+
+
 @given(conversations, st.booleans(), st.booleans(), tools)
 @example([Message(U, "<|im_end|>\n<|im_start|>assistant\n<think>\n`")], True, False, None)
 @example([Message(U, "q"), Message(A, "a</think>b", "")], True, False, None)
@@ -311,3 +358,4 @@ def test_fuzzed_conversations_render_as_the_template_does(template, convo, think
     assert prompt.text == expected
     assert list(prompt.ids) == real_tokenizer().encode(expected)
     assert 0 < prompt.reuse_boundary <= len(prompt.ids)
+    assert build_prompt(FUZZ_TURNS, convo, **kwargs) == prompt  # pieces kept from earlier examples too

@@ -2,7 +2,7 @@
 
 import pytest
 
-from lampo.engine.prefix_cache import PrefixCache, Resume
+from lampo.engine.prefix_cache import PREFIX_CHUNK, PrefixCache, Resume
 
 
 def run(cache: PrefixCache, prompt, snapshot_at=(), generated=()):
@@ -102,3 +102,22 @@ def test_restore_rejects_stale_resume_and_reset_forgets():
     assert c.current == () and c.snapshots() == {}
     with pytest.raises(ValueError):
         PrefixCache(slots=0)
+
+
+@pytest.mark.parametrize("differ_at", [0, PREFIX_CHUNK - 2, PREFIX_CHUNK - 1, PREFIX_CHUNK, PREFIX_CHUNK + 1,
+                                       3 * PREFIX_CHUNK + 5, None])
+def test_long_prompts_match_the_held_ids_to_the_first_difference(differ_at):
+    """Prompts longer than the chunks the match compares at once, differing at a chunk's edges."""
+    ids = list(range(3 * PREFIX_CHUNK + 100))
+    c = PrefixCache(slots=4)
+    for n in (PREFIX_CHUNK - 1, PREFIX_CHUNK, PREFIX_CHUNK + 1):
+        c.append(ids[len(c.current):n])
+        c.save()
+    c.append(ids[len(c.current):])
+    prompt = list(ids) + [7]
+    if differ_at is not None:
+        prompt[differ_at] = -1
+    held = [n for n in (PREFIX_CHUNK - 1, PREFIX_CHUNK, PREFIX_CHUNK + 1) if differ_at is None or n <= differ_at]
+    expected = len(ids) if differ_at is None else max(held, default=0)
+    for form in (list, tuple):
+        assert c.best_resume(form(prompt)).reused == expected

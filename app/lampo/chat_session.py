@@ -32,7 +32,7 @@ from typing import Any, Iterator, Sequence
 
 from lampo.attachments import Attachment, user_content
 from lampo.engine.protocol import Backend, Done, Event, GenerationRequest, Stats, TokenEvent
-from lampo.models.chat_format import Message, PromptCounter, build_prompt, split_reasoning
+from lampo.models.chat_format import Message, PromptCounter, TurnEncoder, build_prompt, split_reasoning
 from lampo.models.sampling_params import SamplingParams
 from lampo.store import ChatRecord, MessageRecord, Store, StoreError
 
@@ -47,7 +47,8 @@ class ChatSession:
         self.backend, self.tokenizer, self.store = backend, tokenizer, store
         self._defaults = (system_prompt, sampling or SamplingParams(), thinking)
         self._cancel = threading.Event()
-        self._counter = PromptCounter(tokenizer)
+        self._turn_ids = TurnEncoder(tokenizer)  # the conversation's turns, each tokenized once
+        self._counter = PromptCounter(self._turn_ids)
         self._sync_lock = threading.RLock()  # the UI thread and the generation worker both write
         self._warnings: list[str] = []
         self._store_failing = False
@@ -162,7 +163,7 @@ class ChatSession:
         """The backend's reply to `turns`. The backend refuses a prompt that does not fit the
         context (ContextOverflow, with the numbers) before it does anything, and before anything
         here changes: the callers change the conversation only once this returned."""
-        prompt = build_prompt(self.tokenizer, self._messages_for(turns), enable_thinking=self.thinking)
+        prompt = build_prompt(self._turn_ids, self._messages_for(turns), enable_thinking=self.thinking)
         request = GenerationRequest(prompt.ids, self.sampling, snapshot_at=(prompt.reuse_boundary,))
         self._cancel.clear()
         events = self.backend.generate(request, self._cancel)

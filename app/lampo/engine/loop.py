@@ -136,7 +136,7 @@ class GenerationLoop:
     def start(self, request: GenerationRequest, cancel: threading.Event, steps: EngineSteps,
               context_max: int) -> Iterator[Event]:
         """Check the request now (raising), then return the call's event stream."""
-        prompt = tuple(int(t) for t in request.prompt_ids)
+        prompt = tuple(map(int, request.prompt_ids))
         if not prompt:
             raise ValueError("generate: the prompt is empty")
         if len(prompt) > context_max:
