@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import threading
+from array import array
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +42,7 @@ _TOOLS_FOOTER = (
 
 _TURN_START = "<|im_start|>"
 _USER_TURN = _TURN_START + "user\n"
-TURN_MEMO_CHARS = 8_000_000  # text whose turns a TurnEncoder keeps: about three 262,144-token contexts
+TURN_MEMO_CHARS = 2_500_000  # text whose turns a TurnEncoder keeps: about two full contexts of English
 
 
 class ChatFormatError(ValueError):
@@ -146,27 +147,35 @@ class TurnEncoder:
 
     def __init__(self, tokenizer: Tokenizer, memo_chars: int = TURN_MEMO_CHARS):
         self._tokenizer, self._memo_chars = tokenizer, memo_chars
-        self._memo: OrderedDict[str, tuple[int, ...]] = OrderedDict()  # least recently used first
+        self._memo: OrderedDict[str, array] = OrderedDict()  # int32 ids; least recently used first
         self._chars = 0
         self._lock = threading.Lock()
 
     def encode(self, text: str) -> list[int]:
-        first, *turns = text.split(_TURN_START)
-        ids = list(self._piece(first)) if first else []
-        for turn in turns:
-            ids += self._piece(_TURN_START + turn)
+        ids: list[int] = []
+        for piece in self._pieces(text):
+            ids += piece
         return ids
 
     def count(self, text: str) -> int:
-        return len(self.encode(text))
+        return sum(map(len, self._pieces(text)))
 
-    def _piece(self, piece: str) -> tuple[int, ...]:
+    def _pieces(self, text: str) -> Iterator[array]:
+        """The ids of the text's pieces, in order: what precedes the first `<|im_start|>`, then each
+        turn from its `<|im_start|>` to the next."""
+        first, *turns = text.split(_TURN_START)
+        if first:
+            yield self._piece(first)
+        for turn in turns:
+            yield self._piece(_TURN_START + turn)
+
+    def _piece(self, piece: str) -> array:
         with self._lock:
             ids = self._memo.get(piece)
             if ids is not None:
                 self._memo.move_to_end(piece)
                 return ids
-        ids = tuple(self._tokenizer.encode(piece))  # outside the lock: it takes a while
+        ids = array("i", self._tokenizer.encode(piece))  # outside the lock: it takes a while
         with self._lock:
             if piece not in self._memo:
                 self._memo[piece] = ids
