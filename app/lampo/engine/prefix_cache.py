@@ -29,6 +29,7 @@ from typing import Iterable, Literal, Sequence
 
 PREFIX_CHUNK = 4096  # ids compared at once when matching a prompt against the held state
 
+
 @dataclass(frozen=True)
 class Resume:
     source: Literal["fresh", "current", "snapshot"]
