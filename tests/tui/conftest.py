@@ -47,6 +47,7 @@ def make_app(lampo_home, tmp_path):
 
 
 def pytest_collect_file(file_path, parent):
-    """bench_ui.py is a script with CPU tests inside (its own name says what it is): collect it."""
-    if file_path.name == "bench_ui.py":
+    """The bench_*.py scripts hold CPU tests of their harnesses (their names say what they are):
+    collect them."""
+    if file_path.name.startswith("bench_") and file_path.suffix == ".py":
         return pytest.Module.from_parent(parent, path=file_path)
