@@ -271,8 +271,13 @@ struct LqPieces {
 };
 
 // Adds this warp's piece (slot 0: its first strip, else 1) to the strip's; true for the warp that
-// arrives last, which then holds the sum of all pieces in warp order in `sum`.
-template <bool SHARED>
+// arrives last, which then holds the sum of all pieces in warp order in `sum`. It loads them
+// BATCH at a time: one after another, a strip of the 27B's down projection (pieces from about
+// seven warps) took seven trips to L2 behind the warp's last products. The ring form takes
+// LQ_MEET_BATCH; the register form, whose registers hold the next group's tiles here, one (eight
+// spilled inside its main loop).
+constexpr int LQ_MEET_BATCH = 8;
+template <bool SHARED, int BATCH>
 __device__ __forceinline__ bool lq_meet(const LqPieces& at, const LqSplit& split, int w, int strip, int w_lo, int w_hi,
                                         bool first_strip, int lane, const float (&acc)[4], float (&sum)[4]) {
     at.piece[((w - at.first_warp) * 2 + (first_strip ? 0 : 1)) * 32 + lane] = make_float4(acc[0], acc[1], acc[2], acc[3]);
@@ -286,15 +291,26 @@ __device__ __forceinline__ bool lq_meet(const LqPieces& at, const LqSplit& split
     if (lane == 0) *at.arrivals = 0u;  // ready for the next use
     if constexpr (SHARED) __threadfence_block();
     else __threadfence();
+    // The pieces in warp order, BATCH loads in flight at once, each added in turn (the lowest
+    // warp's piece is its last strip unless it began here).
+    const int lo_slot = split.first(w_lo) != int64_t(strip) * split.per_strip ? 1 : 0;
     sum[0] = sum[1] = sum[2] = sum[3] = 0.0f;
-    for (int v = w_lo; v <= w_hi; ++v) {  // the lowest warp's piece is its last strip unless it began here
-        const int slot = v == w_lo && split.first(v) != int64_t(strip) * split.per_strip ? 1 : 0;
-        const float4* piece = at.piece + ((v - at.first_warp) * 2 + slot) * 32 + lane;
-        const float4 value = SHARED ? *piece : __ldcg(piece);
-        sum[0] += value.x;
-        sum[1] += value.y;
-        sum[2] += value.z;
-        sum[3] += value.w;
+    for (int v0 = w_lo; v0 <= w_hi; v0 += BATCH) {
+        float4 value[BATCH];
+#pragma unroll
+        for (int i = 0; i < BATCH; ++i) {
+            if (v0 + i > w_hi) continue;
+            const float4* piece = at.piece + ((v0 + i - at.first_warp) * 2 + (i == 0 && v0 == w_lo ? lo_slot : 0)) * 32 + lane;
+            value[i] = SHARED ? *piece : __ldcg(piece);
+        }
+#pragma unroll
+        for (int i = 0; i < BATCH; ++i) {
+            if (v0 + i > w_hi) continue;
+            sum[0] += value[i].x;
+            sum[1] += value[i].y;
+            sum[2] += value[i].z;
+            sum[3] += value[i].w;
+        }
     }
     return true;
 }
@@ -302,7 +318,8 @@ __device__ __forceinline__ bool lq_meet(const LqPieces& at, const LqSplit& split
 // The end of warp w's part of `strip` (acc its sums): the rows, if the warp holds the whole strip;
 // else its piece, and the rows from all pieces if it is the last to arrive. block_pieces /
 // block_arrivals: the block's shared memory for strips within it (counter: the lowest warp's).
-template <int WARPS, class OutT, LqOut OUT>
+// A strip's pieces in the device scratch are loaded MEET_BATCH at a time, in shared memory one.
+template <int WARPS, class OutT, LqOut OUT, int MEET_BATCH>
 __device__ __forceinline__ void lq_finish_strip(const GemvLqParams& p, const LqSplit& split, int w, int strip,
                                                 bool whole, bool first_strip, int lane, const float (&acc)[4],
                                                 float4* block_pieces, unsigned* block_arrivals,
@@ -315,9 +332,9 @@ __device__ __forceinline__ void lq_finish_strip(const GemvLqParams& p, const LqS
     const int w_hi = split.owner(int64_t(strip + 1) * split.per_strip - 1);
     float sum[4];
     const bool last = w_lo / WARPS == w_hi / WARPS
-        ? lq_meet<true>({block_pieces, block_arrivals + w_lo % WARPS, w_lo - w_lo % WARPS}, split, w, strip,
+        ? lq_meet<true, 1>({block_pieces, block_arrivals + w_lo % WARPS, w_lo - w_lo % WARPS}, split, w, strip,
                         w_lo, w_hi, first_strip, lane, acc, sum)
-        : lq_meet<false>({lq_split_pieces, lq_split_arrivals + strip, 0}, split, w, strip, w_lo, w_hi, first_strip,
+        : lq_meet<false, MEET_BATCH>({lq_split_pieces, lq_split_arrivals + strip, 0}, split, w, strip, w_lo, w_hi, first_strip,
                          lane, acc, sum);
     if (last) lq_store_rows<OutT, OUT>(p, strip, lane, sum, token_inv);
 }
@@ -443,7 +460,7 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
         const bool strip_ends = t + count == tiles;
         ++g;
         if (strip_ends || g == g_end) {
-            lq_finish_strip<WARPS, OutT, OUT>(p, split, w, strip, seg_begin == 0 && strip_ends, first_strip, lane, acc,
+            lq_finish_strip<WARPS, OutT, OUT, RING ? LQ_MEET_BATCH : 1>(p, split, w, strip, seg_begin == 0 && strip_ends, first_strip, lane, acc,
                                               block_pieces, block_arrivals,
                                               IN == LqIn::Prenormed ? token_inv : nullptr);
             acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
