@@ -2,10 +2,12 @@
 trained measurement model (tests/gpu/train_measure_model.py) from its CUDA backend (bf16), built
 in the app's own process or in a ProcessBackend as `lampo chat` runs it under the terminal
 interface, against the generation loop drained alone. The user message is the start of
-docs/architecture.md with a request to quote it; the speed is the reply's decode tok/s from its
-last Stats (first token to last). One JSON row per round, setting and consumer.
+docs/architecture.md (or, with --document N, the first N characters of the docs pasted whole, as a
+long document is) with a request to quote it; the speed is the reply's decode tok/s from its last
+Stats (first token to last). One JSON row per round, setting and consumer.
 
-    python3 tests/gpu/app_speed.py MODEL_DIR [--tokens 512] [--settings off,mtp:3] [--rounds 2] --json OUT
+    python3 tests/gpu/app_speed.py MODEL_DIR [--tokens 512] [--settings off,mtp:3,auto] [--document 60000]
+                                   [--rounds 2] --json OUT
 """
 
 from __future__ import annotations
@@ -33,28 +35,42 @@ from lampo.models.sampling_params import GREEDY, SamplingParams  # noqa: E402
 from lampo.models.tokenizer import Tokenizer  # noqa: E402
 
 
-def cuda_backend(model_dir: Path, setting: str, say=None) -> CudaBackend:
-    return CudaBackend(model_dir, context_max=16_384, weights="bf16", speculation=parse_speculation(setting), say=say)
+DOCS = HERE.parents[1] / "docs"
 
 
-def message() -> str:
-    text = (HERE.parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")[:2500]
+def cuda_backend(model_dir: Path, setting: str, context_max: int, say=None) -> CudaBackend:
+    return CudaBackend(model_dir, context_max=context_max, weights="bf16", speculation=parse_speculation(setting),
+                       say=say)
+
+
+def message(document: int) -> str:
+    """The user message: `document` characters of the docs (2,500 of architecture.md if 0) and a
+    request to quote them."""
+    if document:
+        files = [DOCS / "architecture.md", *sorted(DOCS.glob("*.md")), *sorted((DOCS / "design").glob("*.md"))]
+        text = "\n\n".join(dict.fromkeys(f.read_text(encoding="utf-8") for f in files))
+        if len(text) < document:
+            raise SystemExit(f"--document {document}: the docs hold only {len(text)} characters")
+        text = text[:document]
+    else:
+        text = (DOCS / "architecture.md").read_text(encoding="utf-8")[:2500]
     return f"{text}\n\nQuote the first twenty lines of this text exactly."
 
 
-def loop_alone(model_dir: Path, setting: str, tokenizer, tokens: int) -> Stats:
-    backend = cuda_backend(model_dir, setting)
-    prompt = build_prompt(tokenizer, [Message("user", message())], enable_thinking=False)
+def loop_alone(model_dir: Path, setting: str, tokenizer, tokens: int, text: str, context_max: int) -> Stats:
+    backend = cuda_backend(model_dir, setting, context_max)
+    prompt = build_prompt(tokenizer, [Message("user", text)], enable_thinking=False)
     request = GenerationRequest(tuple(prompt.ids), SamplingParams(**{**GREEDY.to_dict(), "max_tokens": tokens}))
     stats = [e for e in backend.generate(request, threading.Event()) if isinstance(e, Stats)][-1]
     backend.close()
     return stats
 
 
-def in_app(model_dir: Path, setting: str, tokenizer, tokens: int, own_process: bool, home: Path) -> Stats:
-    factory = partial(cuda_backend, model_dir, setting)
+def in_app(model_dir: Path, setting: str, tokenizer, tokens: int, text: str, context_max: int, own_process: bool,
+           home: Path) -> Stats:
+    factory = partial(cuda_backend, model_dir, setting, context_max)
     backend = ProcessBackend(factory) if own_process else factory()
-    session = asyncio.run(reply_in_app(backend, tokenizer, home, message(), tokens))
+    session = asyncio.run(reply_in_app(backend, tokenizer, home, text, tokens))
     backend.close()
     return session.last_stats
 
@@ -64,26 +80,31 @@ def main(argv=None) -> int:
     p.add_argument("model", type=Path)
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--settings", default="off,mtp:3", help="speculation settings, comma-separated")
+    p.add_argument("--document", type=int, default=0, help="characters of the docs pasted before the request")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--json", required=True)
     args = p.parse_args(argv)
     tokenizer = Tokenizer.from_checkpoint(args.model)
+    text = message(args.document)
+    prompt_ids = len(build_prompt(tokenizer, [Message("user", text)], enable_thinking=False).ids)
+    context_max = max(16_384, prompt_ids + args.tokens + 1024)  # room for the reply and the drafts
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(1, args.rounds + 1):
             for setting in args.settings.split(","):
-                runs = {"loop alone": lambda: loop_alone(args.model, setting, tokenizer, args.tokens),
-                        "app, backend in its process": lambda: in_app(args.model, setting, tokenizer, args.tokens,
-                                                                      False, Path(tmp)),
-                        "app, backend in its own process": lambda: in_app(args.model, setting, tokenizer, args.tokens,
-                                                                          True, Path(tmp))}
+                app = partial(in_app, args.model, setting, tokenizer, args.tokens, text, context_max, home=Path(tmp))
+                runs = {"loop alone": lambda: loop_alone(args.model, setting, tokenizer, args.tokens, text, context_max),
+                        "app, backend in its process": partial(app, own_process=False),
+                        "app, backend in its own process": partial(app, own_process=True)}
                 for consumer, run in runs.items():
                     stats = run()
                     rows.append({"round": round_, "setting": setting, "consumer": consumer, "tokens": stats.predicted_n,
                                  "decode_tok_s": round(stats.predicted_per_second, 1),
+                                 "prefill_tok_s": round(stats.prompt_per_second, 1),
                                  "drafted": stats.draft_n, "accepted": stats.draft_n_accepted})
                     print(json.dumps(rows[-1]), flush=True)
-    Path(args.json).write_text(json.dumps({"model": str(args.model.name), "tokens": args.tokens, "rows": rows}, indent=1))
+    Path(args.json).write_text(json.dumps({"model": str(args.model.name), "tokens": args.tokens, "prompt_ids": prompt_ids,
+                                           "rows": rows}, indent=1))
     return 0
 
 

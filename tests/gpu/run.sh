@@ -34,8 +34,9 @@
 #          run, TRAINED_REFERENCE_S (default 300) limits the numpy reference's rounds.
 #   app    the measurement model trained as in trained, then tests/gpu/app_speed.py: the chat app's
 #          decode tok/s (headless Textual) with the CUDA backend in the app's process and in a
-#          ProcessBackend, against the generation loop alone (APP_TOKENS, APP_ROUNDS, APP_LIMIT;
-#          Textual's dependencies in .gpu/pylib)
+#          ProcessBackend, against the generation loop alone (APP_TOKENS, APP_ROUNDS, APP_LIMIT,
+#          APP_SETTINGS (default off,mtp:3), APP_DOCUMENT: characters of the docs pasted before the
+#          request; Textual's dependencies in .gpu/pylib)
 #   spec   build + pytest -m cuda (LAMPO_GPU_TESTS; the verify window's and the MTP module's tests
 #          are tests/cuda/test_engine_verify.py and test_engine_mtp.py) + the speculative benches:
 #          35B-A3B and 27B at q5, decode at 8,192 (random fill), the verify window's and the MTP
@@ -375,7 +376,7 @@ trained)
 app)
   wait "$TRAINER"; log "training exit $? ($(tail -1 "$OUT/bench/train.txt"))"
   timeout "${APP_LIMIT:-300}" $PY tests/gpu/app_speed.py "$TRAINED" --tokens "${APP_TOKENS:-512}" \
-    --rounds "${APP_ROUNDS:-2}" --json "$OUT/bench/app-speed.json" >"$OUT/bench/app-speed.txt" 2>&1
+    --rounds "${APP_ROUNDS:-2}" --settings "${APP_SETTINGS:-off,mtp:3}" --document "${APP_DOCUMENT:-0}" --json "$OUT/bench/app-speed.json" >"$OUT/bench/app-speed.txt" 2>&1
   log "app speed exit $?" ;;
 lq)
   for b in ${LQ_BENCHES:-q5 bf16 vram long}; do case "$b" in
