@@ -57,6 +57,12 @@ def message(document: int) -> str:
     return f"{text}\n\nQuote the first twenty lines of this text exactly."
 
 
+def context_for(prompt_ids: int, tokens: int) -> int:
+    """The engine's context for a prompt of `prompt_ids` ids and a reply of `tokens`, with room for a
+    round's drafts past the reply's end."""
+    return max(16_384, prompt_ids + tokens + 1024)
+
+
 def loop_alone(model_dir: Path, setting: str, tokenizer, tokens: int, text: str, context_max: int) -> Stats:
     backend = cuda_backend(model_dir, setting, context_max)
     prompt = build_prompt(tokenizer, [Message("user", text)], enable_thinking=False)
@@ -87,7 +93,7 @@ def main(argv=None) -> int:
     tokenizer = Tokenizer.from_checkpoint(args.model)
     text = message(args.document)
     prompt_ids = len(build_prompt(tokenizer, [Message("user", text)], enable_thinking=False).ids)
-    context_max = max(16_384, prompt_ids + args.tokens + 1024)  # room for the reply and the drafts
+    context_max = context_for(prompt_ids, args.tokens)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(1, args.rounds + 1):
