@@ -26,7 +26,7 @@ def test_a_document_is_the_docs_first_characters_architecture_first(gpu_script, 
     assert text.endswith(REQUEST) and len(text) == chars + len(REQUEST)
     architecture = (speed.DOCS / "architecture.md").read_text(encoding="utf-8")
     assert text.startswith(architecture[:min(chars, len(architecture))])
-    assert text.count(architecture[:200]) == 1  # architecture.md is pasted once, not again in the glob
+    assert text.count(architecture[:200]) == 1  # architecture.md is pasted once
 
 
 def test_a_document_longer_than_the_docs_is_refused(gpu_script):

@@ -25,6 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tui"), str(HERE.parent)]
 
 from bench_host_overlap import reply_in_app  # noqa: E402
+from helpers import docs_markdown  # noqa: E402
 
 from lampo.engine.cuda import CudaBackend  # noqa: E402
 from lampo.engine.process_backend import ProcessBackend  # noqa: E402
@@ -44,11 +45,10 @@ def cuda_backend(model_dir: Path, setting: str, context_max: int, say=None) -> C
 
 
 def message(document: int) -> str:
-    """The user message: `document` characters of the docs (2,500 of architecture.md if 0) and a
-    request to quote them."""
+    """The user message: the first `document` characters of the docs (2,500 of architecture.md if 0)
+    and a request to quote them."""
     if document:
-        files = [DOCS / "architecture.md", *sorted(DOCS.glob("*.md")), *sorted((DOCS / "design").glob("*.md"))]
-        text = "\n\n".join(dict.fromkeys(f.read_text(encoding="utf-8") for f in files))
+        text = docs_markdown()
         if len(text) < document:
             raise SystemExit(f"--document {document}: the docs hold only {len(text)} characters")
         text = text[:document]

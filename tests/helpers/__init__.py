@@ -24,6 +24,13 @@ def real_tokenizer():
     return Tokenizer.from_file(tokenizer_json())
 
 
+def docs_markdown() -> str:
+    """The repository's Markdown documentation (docs/, by path: architecture.md first), one file after
+    another with a blank line between: long real text for the benchmarks' pasted documents."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    return "\n\n".join(p.read_text(encoding="utf-8") for p in sorted(docs.rglob("*.md")))
+
+
 def seed_lampo_home(home: Path) -> Path:
     """Prepare a `LAMPO_HOME` whose cache already holds the tokenizer (a symlink), so nothing
     run under it spends seconds rebuilding the tokenizer. Call before setting LAMPO_HOME."""

@@ -30,7 +30,7 @@ for path in (HERE, HERE.parent):  # `helpers` and the host-overlap harness, also
         sys.path.insert(0, str(path))
 
 from bench_host_overlap import PROFILES, timed_backend  # noqa: E402
-from helpers import real_tokenizer  # noqa: E402
+from helpers import docs_markdown, real_tokenizer  # noqa: E402
 
 from lampo.attachments import Attachment  # noqa: E402
 from lampo.chat_session import ChatSession  # noqa: E402
@@ -40,12 +40,9 @@ from lampo.models.sampling_params import GREEDY, SamplingParams  # noqa: E402
 from lampo.models.synthetic import write_checkpoint  # noqa: E402
 from lampo.store import Store  # noqa: E402
 
-DOCS = HERE.parent.parent / "docs"
-
-
 def document_text(tokenizer, n_tokens: int) -> str:
     """About `n_tokens` tokens of text: the repository's Markdown documentation, repeated."""
-    text = "\n\n".join(p.read_text() for p in sorted(DOCS.rglob("*.md")))
+    text = docs_markdown()
     per_copy = tokenizer.count(text)
     return text * (n_tokens // per_copy) + text[: len(text) * (n_tokens % per_copy) // per_copy]
 
