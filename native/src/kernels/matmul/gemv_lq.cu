@@ -300,7 +300,8 @@ __device__ __forceinline__ bool lq_meet(const LqPieces& at, const LqSplit& split
 #pragma unroll
         for (int i = 0; i < BATCH; ++i) {
             if (v0 + i > w_hi) continue;
-            const float4* piece = at.piece + ((v0 + i - at.first_warp) * 2 + (i == 0 && v0 == w_lo ? lo_slot : 0)) * 32 + lane;
+            const int slot = i == 0 && v0 == w_lo ? lo_slot : 0;
+            const float4* piece = at.piece + ((v0 + i - at.first_warp) * 2 + slot) * 32 + lane;
             value[i] = SHARED ? *piece : __ldcg(piece);
         }
 #pragma unroll
@@ -333,9 +334,9 @@ __device__ __forceinline__ void lq_finish_strip(const GemvLqParams& p, const LqS
     float sum[4];
     const bool last = w_lo / WARPS == w_hi / WARPS
         ? lq_meet<true, 1>({block_pieces, block_arrivals + w_lo % WARPS, w_lo - w_lo % WARPS}, split, w, strip,
-                        w_lo, w_hi, first_strip, lane, acc, sum)
-        : lq_meet<false, MEET_BATCH>({lq_split_pieces, lq_split_arrivals + strip, 0}, split, w, strip, w_lo, w_hi, first_strip,
-                         lane, acc, sum);
+                           w_lo, w_hi, first_strip, lane, acc, sum)
+        : lq_meet<false, MEET_BATCH>({lq_split_pieces, lq_split_arrivals + strip, 0}, split, w, strip, w_lo, w_hi,
+                                     first_strip, lane, acc, sum);
     if (last) lq_store_rows<OutT, OUT>(p, strip, lane, sum, token_inv);
 }
 
@@ -460,9 +461,9 @@ __global__ void __launch_bounds__(WARPS * 32, 16 / WARPS) gemv_lq_kernel(const G
         const bool strip_ends = t + count == tiles;
         ++g;
         if (strip_ends || g == g_end) {
-            lq_finish_strip<WARPS, OutT, OUT, RING ? LQ_MEET_BATCH : 1>(p, split, w, strip, seg_begin == 0 && strip_ends, first_strip, lane, acc,
-                                              block_pieces, block_arrivals,
-                                              IN == LqIn::Prenormed ? token_inv : nullptr);
+            lq_finish_strip<WARPS, OutT, OUT, RING ? LQ_MEET_BATCH : 1>(
+                p, split, w, strip, seg_begin == 0 && strip_ends, first_strip, lane, acc, block_pieces, block_arrivals,
+                IN == LqIn::Prenormed ? token_inv : nullptr);
             acc[0] = acc[1] = acc[2] = acc[3] = 0.0f;
             first_strip = false;
             seg_begin = 0;
