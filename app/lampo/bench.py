@@ -502,7 +502,6 @@ def reach_depth(target, depth: int, w: Workload, rng, seed: int) -> str:
 def measure_decode(target, depth: int, w: Workload, rng, bandwidth: float | None, seed: int) -> dict:
     how = reach_depth(target, depth, w, rng, seed)
     start = target.position
-    graph = target.launches()  # the step's graph as captured for this depth (its attention's form)
     target.decode(WARMUP_STEPS)
     t0 = time.perf_counter()
     target.decode(w.decode_tokens)
@@ -511,8 +510,6 @@ def measure_decode(target, depth: int, w: Workload, rng, bandwidth: float | None
     bytes_tok = bytes_per_token(target.cfg, start, target.weight_format)
     out = {"depth": start, "reached_by": how, "tokens": w.decode_tokens, "seconds": seconds,
            "tokens_per_second": tok_s, "ms_per_token": 1000.0 / tok_s, "bytes_per_token": bytes_tok}
-    if "attention_keys_as_m" in graph:
-        out["attention_keys_as_m"] = graph["attention_keys_as_m"]
     if bandwidth:
         out["roofline_tokens_per_second"] = bandwidth / bytes_tok["total"]
         out["roofline_fraction"] = tok_s * bytes_tok["total"] / bandwidth

@@ -252,44 +252,6 @@ def test_graph_replay_equals_the_ungraphed_step_and_sampling_parameters_keep_the
     assert sampling_info["kernels"] == info["kernels"] + 1
 
 
-def test_the_step_takes_the_keys_as_m_attention_from_its_depth_on(tiny, monkeypatch):
-    """The decode step's graph is captured again when the context reaches LAMPO_ATTN_KEYS_M_FROM
-    keys, with the attention's keys-as-M form (as its capture launched it): steps before that depth
-    are those of a run that never switches, steps after it agree with a run that takes the form from
-    the start (the same math in another summation order), and a bad setting is refused with its
-    name. The steps are fed the same tokens in every run."""
-    ck, engine, _ref = tiny
-    ids = prompt_ids(50, seed=21)
-    fed = prompt_ids(6, seed=22)
-    prefill(fresh(engine), ids)
-    engine.snapshot(0)
-
-    def run(switch_at):
-        monkeypatch.setenv("LAMPO_ATTN_KEYS_M_FROM", str(switch_at))
-        engine.restore(0)
-        forms, rows = [], []
-        for token in fed:
-            forms.append(engine.decode_graph_info()["attention_keys_as_m"])  # the graph the next step runs
-            engine.decode(int(token))
-            rows.append(engine.logits())
-        return forms, rows
-
-    never, always, crossing = run(10**9), run(0), run(len(ids) + 3)
-    assert never[0] == [False] * 6 and always[0] == [True] * 6
-    assert crossing[0] == [False] * 3 + [True] * 3
-    margin = 0.0 if ck.config.is_moe else np.inf  # MoE: the loose bound (routing near-ties may flip)
-    for i in range(6):
-        if i < 3:
-            assert rel_l2(crossing[1][i], never[1][i]) <= 1e-3, f"step {i} before the switch"
-        else:
-            assert_paths_agree(crossing[1][i], always[1][i], f"step {i} after the switch", margin)
-        assert_paths_agree(always[1][i], never[1][i], f"step {i}: keys as M against rows as M", margin)
-    monkeypatch.setenv("LAMPO_ATTN_KEYS_M_FROM", "deep")
-    engine.restore(0)
-    with pytest.raises(ValueError, match="LAMPO_ATTN_KEYS_M_FROM"):
-        engine.decode(int(fed[0]))
-
-
 def test_queued_decode_steps_match_one_at_a_time_and_misuse_is_refused(tiny):
     _ck, engine, _ref = tiny
     ids = prompt_ids(60, seed=12)

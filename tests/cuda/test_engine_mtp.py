@@ -251,23 +251,6 @@ def test_sampled_drafts_are_judged_only_as_the_chains_own(tiny):
     engine.verify(np.asarray([int(targets[0]), *greedy], np.int32), True)
 
 
-def test_the_chain_takes_the_attention_form_of_its_depth(tiny, monkeypatch):
-    """A draft chain after LAMPO_ATTN_KEYS_M_FROM keys runs its attention keys as M (its graph
-    captured again when the setting or the depth moves it across; the launches counted as the
-    captures issue them) and still matches the reference."""
-    _d, engine, ref, moe = tiny
-    prompt = [int(t) for t in np.random.default_rng(9).integers(0, REAL_VOCAB, 21)]
-    first = start(engine, prompt)
-    for switch_at, keys_as_m in ((0, True), (10**9, False), (0, True)):
-        monkeypatch.setenv("LAMPO_ATTN_KEYS_M_FROM", str(switch_at))
-        before = _native.attn_keys_as_m_launches()
-        drafts = [int(t) for t in engine.mtp_draft(first, 3)]
-        assert (_native.attn_keys_as_m_launches() > before) == keys_as_m, switch_at
-        logits = [np.asarray(engine.logits())]
-        want = reference_chain(ref, prompt, first, drafts)[-1:]
-        assert_rows_agree(logits, want, moe, f"MTP chain, keys as M: {keys_as_m}", DENSE_TOL)
-
-
 def test_the_captured_chain_and_windows_equal_the_eager_launches(tiny, tmp_path):
     """Draft chains and verify windows as captured graphs (the default) against an engine that
     launches them eagerly, over rounds back to back: the same kernels, so the same numbers."""

@@ -181,25 +181,20 @@ def attention_ref(q_bits, gate_bits, cache, live, positions):
 
 
 def run_decode(ops, monkeypatch, nq, nkv, Tq, live, context_max, seed_key):
-    """Every form the call has: one token of at most 8 query rows a KV head also runs its keys as the
-    mma's M (what a decode step takes from decode_keys_as_m's depth on); a window whose rows fill two
-    to four M-tiles runs the tiled forms (LAMPO_ATTN_WINDOW_TILED=64: 64-key tiles where the GPU's
-    blocks hold them; =32: 32-key tiles) and the shared core's (=0) beside the engine's choice."""
+    """Every form the call has: a window whose rows fill two to four M-tiles runs the tiled forms
+    (LAMPO_ATTN_WINDOW_TILED=64: 64-key tiles where the GPU's blocks hold them; =32: 32-key tiles)
+    and the shared core's (=0) beside the engine's choice."""
     rng = rng_for("dec", *seed_key)
     cache = make_cache(rng, nkv, context_max, live)
     q = bf16_randn(rng, (Tq, nq, D), 2.0)
     gate = bf16_randn(rng, (Tq, nq * D), 2.0)
     pos0 = live - Tq
     want = attention_ref(q, gate, cache, live, pos0 + np.arange(Tq))
-    forms = [(False, "")]
-    if Tq == 1 and nq // nkv <= 8:
-        forms.append((True, ""))
-    if Tq * (nq // nkv) > 16:
-        forms += [(False, "64"), (False, "32"), (False, "0")]
-    for keys_as_m, window_tiled in forms:
+    forms = ["", "64", "32", "0"] if Tq * (nq // nkv) > 16 else [""]
+    for window_tiled in forms:
         monkeypatch.setenv("LAMPO_ATTN_WINDOW_TILED", window_tiled)
-        out = ops.attn_decode_int8(q, gate, *cache, pos0, keys_as_m=keys_as_m)
-        check_bf16(out, want, what=f"decode L={live} Tq={Tq} keys_as_m={keys_as_m} window_tiled={window_tiled}")
+        out = ops.attn_decode_int8(q, gate, *cache, pos0)
+        check_bf16(out, want, what=f"decode L={live} Tq={Tq} window_tiled={window_tiled}")
 
 
 @pytest.mark.parametrize(
@@ -218,9 +213,6 @@ def run_decode(ops, monkeypatch, nq, nkv, Tq, live, context_max, seed_key):
         (24, 4, 1, 4224, 4288),   # 4 KV heads: 66 splits (H200) of 64 keys exactly
         (24, 4, 1, 4225, 4288),   # one past: chunks of 128
         (24, 4, 2, 20_000, 20_032),
-        (16, 2, 1, 12_672, 12_736),  # H200: keys as M 198 splits of 64 keys (3 blocks a SM), rows as M 132
-        (16, 2, 1, 12_673, 12_736),  # one past
-        (24, 4, 1, 12_673, 12_736),  # 6 query rows of 8 as N, 99 splits
     ],
 )
 def test_attn_decode_int8(ops, monkeypatch, nq, nkv, Tq, live, context_max):
@@ -538,13 +530,11 @@ def test_zz_timings(ops, monkeypatch):
     for nq, nkv, L, Tq in ((16, 2, 65_536, 1), (16, 2, 262_144, 1), (24, 4, 262_144, 1), (16, 2, 8192, 4),
                            (24, 4, 8192, 4), (16, 2, 262_144, 4), (24, 4, 262_144, 4), (16, 2, 8192, 5),
                            (16, 2, 262_144, 5), (16, 2, 8192, 8), (16, 2, 262_144, 8), (16, 2, 4096, 1)):
-        forms = [(False, ""), (True, "")] if Tq == 1 else [(False, "64"), (False, "32"), (False, "0")]
-        for keys_as_m, window_tiled in forms:
+        for window_tiled in [""] if Tq == 1 else ["64", "32", "0"]:
             monkeypatch.setenv("LAMPO_ATTN_WINDOW_TILED", window_tiled)
-            form = (" keys as M" if keys_as_m else "" if Tq == 1
-                    else {"64": " tiled64", "32": " tiled32", "0": " core"}[window_tiled])
+            form = {"": "", "64": " tiled64", "32": " tiled32", "0": " core"}[window_tiled]
             bench(f"decode attn nq={nq} nkv={nkv} L={L} Tq={Tq}{form}",
-                  lambda: ops.bench_attn_decode(nq, nkv, L, Tq, 50, keys_as_m),
+                  lambda: ops.bench_attn_decode(nq, nkv, L, Tq, 50),
                   lambda r: f"{r['us']:7.1f} us  {r['GBps']:6.0f} GB/s")
     for tiled, form in (("1", "tiled "), ("4", "tiled4"), ("0", "core  ")):
         monkeypatch.setenv("LAMPO_ATTN_PREFILL_TILED", tiled)

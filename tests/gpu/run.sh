@@ -79,7 +79,7 @@
 #          BASE_PATCH=a VARIANTS="b c+d" AB_REPEAT=3 VARIANT_TESTS="tests/cuda/test_engine.py" bash tests/gpu/run.sh ab
 #          AB_MODEL="35b-a3b 27b" AB_WEIGHTS=q5 AB_SWEEP=1 VARIANTS=e bash tests/gpu/run.sh ab
 #          A variant NAME:VAR=VAL is the base's modules benched with VAR=VAL in the environment
-#          (e.g. keys0:LAMPO_ATTN_KEYS_M_FROM=0); with PREBUILT, a variant NAME found as
+#          (e.g. core:LAMPO_ATTN_WINDOW_TILED=0); with PREBUILT, a variant NAME found as
 #          $PREBUILT/NAME is taken from there instead of patched and built here (a patch variant
 #          beside prebuilt base modules builds its engine module alone, lampo._native).
 #          AB_DEPTHS (default 0,8192) and AB_SPEC_K (verify windows of k + 1 tokens, e.g. 3) widen

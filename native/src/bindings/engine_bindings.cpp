@@ -479,7 +479,6 @@ void register_engine(py::module_& m) {
                  py::dict d;
                  d["nodes"] = g.nodes;
                  d["kernels"] = g.kernels;
-                 d["attention_keys_as_m"] = g.attention_keys_as_m;
                  return d;
              })
         .def("profile_decode",
@@ -502,8 +501,6 @@ void register_engine(py::module_& m) {
 
     m.def("mem_info", &mem_info, "(free, total) device memory in bytes");
     m.def("engine_allocated", &DeviceMemory::allocated, "Bytes held in the engines' device blocks now");
-    m.def("attn_keys_as_m_launches", &attn_keys_as_m_launches,
-          "One-token decode attention launches in the keys-as-M form so far (eager, or captured into a graph)");
     m.def("device_info", [] {
         const DeviceInfo i = device_info();
         py::dict d;

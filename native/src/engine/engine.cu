@@ -272,13 +272,11 @@ ForwardStep Engine::open_window(const char* op, const int32_t* ids, int n, MtpSt
     step.d_ids = d_ids_;
     step.d_pos = d_pos_;
     step.pos0 = pos_;
-    step.keys_as_m = decode_keys_as_m(pos_);  // a one-token window's attention, as the step's
     if (mtp_hidden_) {
         move_held_row(0);
         step.hidden_out = hidden_row(1);  // rows 1..n, after the held row
     }
     mtp = mtp_hidden_ ? mtp_window(n) : MtpStep{};
-    mtp.keys_as_m = step.keys_as_m;
     return step;
 }
 
@@ -324,14 +322,12 @@ void Engine::set_record_routing(bool on) {
 }
 
 // ---- decode --------------------------------------------------------------------------------
-void Engine::decode_body(OpTimer* timer, bool keys_as_m) {
+void Engine::decode_body(OpTimer* timer) {
     if (mtp_hidden_) {
         MtpStep m = decode_mtp_step();
-        m.keys_as_m = keys_as_m;
         mtp_forward(dims_, weights_->model(), mtp_kv_, opt_.context_max, ws_, m, stream_, timer);
     }
     ForwardStep step;
-    step.keys_as_m = keys_as_m;
     step.T = 1;
     step.d_ids = d_tok_;
     step.d_pos = d_pos_;
@@ -390,26 +386,20 @@ void Engine::launch_captured(cudaGraphExec_t& exec, bool stale, const std::funct
     LAMPO_CUDA_CHECK(cudaGraphLaunch(exec, stream_));
 }
 
-// The step's graph bakes in the sampling settings and the attention's form for the depth (captured
-// again when either changes: a context crossing decode_keys_as_m's depth takes the new form at the
-// first step submitted with no step queued).
+// The step's graph bakes in the sampling settings (captured again when they change).
 void Engine::ensure_decode_graph() {
-    const bool keys_as_m = decode_keys_as_m(pos_);
-    if (graph_exec_ && same_sampling(sampling_, graph_sampling_) && keys_as_m == graph_keys_as_m_) return;
-    const long long keys_as_m_before = attn_keys_as_m_launches();
-    cudaGraph_t g = capture([this, keys_as_m] { decode_body(nullptr, keys_as_m); });
-    const bool captured_keys_as_m = attn_keys_as_m_launches() > keys_as_m_before;
+    if (graph_exec_ && same_sampling(sampling_, graph_sampling_)) return;
+    cudaGraph_t g = capture([this] { decode_body(nullptr); });
     install_graph(graph_exec_, g, "cudaGraphInstantiate (decode step)");
     if (graph_) cudaGraphDestroy(graph_);
     graph_ = g;
     graph_sampling_ = sampling_;
-    graph_keys_as_m_ = keys_as_m;
 
     size_t n = 0;
     LAMPO_CUDA_CHECK(cudaGraphGetNodes(graph_, nullptr, &n));
     std::vector<cudaGraphNode_t> nodes(n);
     LAMPO_CUDA_CHECK(cudaGraphGetNodes(graph_, nodes.data(), &n));
-    graph_info_ = DecodeGraphInfo{int(n), 0, captured_keys_as_m};
+    graph_info_ = DecodeGraphInfo{int(n), 0};
     for (cudaGraphNode_t node : nodes) {
         cudaGraphNodeType type;
         LAMPO_CUDA_CHECK(cudaGraphNodeGetType(node, &type));
@@ -493,8 +483,7 @@ std::vector<std::pair<std::string, double>> Engine::profile_decode(int steps, in
     OpTimer timer(stream_);
     double total_ms = 0.0;
     for (int i = 0; i < steps; ++i) {
-        const bool keys_as_m = decode_keys_as_m(pos_);
-        total_ms += timed_ms([&] { decode_body(&timer, keys_as_m); });
+        total_ms += timed_ms([&] { decode_body(&timer); });
         timer.collect();
         pos_ += 1;
     }

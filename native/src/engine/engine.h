@@ -51,7 +51,6 @@ struct EngineOptions {
 struct DecodeGraphInfo {
     int nodes = 0;    // all nodes of the captured decode step
     int kernels = 0;  // kernel nodes among them (launches per decoded token)
-    bool attention_keys_as_m = false;  // its attention ran keys as M (ops.h decode_keys_as_m: by depth)
 };
 
 class Engine {
@@ -193,7 +192,6 @@ private:
     std::vector<int> slot_pos_;
     SamplingConfig sampling_{};
     SamplingConfig graph_sampling_{};
-    bool graph_keys_as_m_ = false;  // the attention form captured into graph_ (ForwardStep::keys_as_m)
     cudaGraph_t graph_ = nullptr;
     cudaGraphExec_t graph_exec_ = nullptr;
     DecodeGraphInfo graph_info_;
@@ -204,7 +202,6 @@ private:
     cudaGraphExec_t draft_exec_[GEMV_MAX_T + 1] = {};   // the MTP draft chain of each length, once captured
     int draft_exec_vocab_[GEMV_MAX_T + 1] = {};         // the draft vocabulary baked into each
     SamplingConfig draft_sampling_[GEMV_MAX_T + 1] = {};  // and its sampling settings
-    bool draft_keys_as_m_[GEMV_MAX_T + 1] = {};         // and its attention form
     int draft_vocab_ = 0;                               // set_draft_vocab (0: the whole vocabulary)
     DraftDistribution draft_q_[GEMV_MAX_T] = {};        // q of each sampled draft (inside mtp_mem_)
     int32_t* d_draft_step_ = nullptr;                   // the drafts' RNG step (inside mtp_mem_)
@@ -213,7 +210,7 @@ private:
     bool verify_penalised_ = false;      // it ran with a presence penalty (seen_backup_ holds the set before)
     uint8_t* seen_backup_ = nullptr;     // [V] (inside verify_mem_)
 
-    void decode_body(OpTimer* timer, bool keys_as_m);
+    void decode_body(OpTimer* timer);
     void sample(OpTimer* timer);
     cudaGraph_t capture(const std::function<void()>& body);  // body's launches as a graph (not run)
     // Makes `exec` run `g`: updated in place where the topology allows, else instantiated anew.

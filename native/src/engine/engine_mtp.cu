@@ -117,7 +117,6 @@ std::vector<int32_t> Engine::mtp_draft(int token, int k) {
     const int rows = draft_vocab_;
     const bool sampled = sampling_.temperature > 0.0f;
     const int V = rows ? rows : dims_.vocab, v_real = rows ? rows : dims_.vocab_real;
-    const bool keys_as_m = decode_keys_as_m(pos_);  // as the decode step's MTP row at this position
     auto body = [&] {
         for (int i = 0; i < k; ++i) {
             MtpStep m;
@@ -129,7 +128,6 @@ std::vector<int32_t> Engine::mtp_draft(int token, int k) {
             m.out = mtp_chain_;
             m.logits = ws_.logits;
             m.logit_rows = rows;
-            m.keys_as_m = keys_as_m;
             mtp_forward(dims_, weights_->model(), mtp_kv_, opt_.context_max, ws_, m, stream_, nullptr);
             if (sampled) {
                 sample_draft(ws_.logits, V, v_real, sampling_, d_seen_, d_draft_step_, d_mtp_ids_ + i + 1, draft_q_[i],
@@ -141,12 +139,10 @@ std::vector<int32_t> Engine::mtp_draft(int token, int k) {
         }
     };
     if (opt_.speculative_graphs) {  // one graph per chain length: fixed pointers, positions on the device
-        const bool stale = draft_exec_vocab_[k] != rows || !same_sampling(sampling_, draft_sampling_[k]) ||
-                           draft_keys_as_m_[k] != keys_as_m;
+        const bool stale = draft_exec_vocab_[k] != rows || !same_sampling(sampling_, draft_sampling_[k]);
         launch_captured(draft_exec_[k], stale, body, "cudaGraphInstantiate (MTP draft chain)");
         draft_exec_vocab_[k] = rows;
         draft_sampling_[k] = sampling_;
-        draft_keys_as_m_[k] = keys_as_m;
     } else {
         body();
     }

@@ -233,9 +233,6 @@ struct ForwardStep {
     // LM head reads them from here): the MTP module's trunk hiddens. With it a folded decode step
     // runs its final norm even without `logits`.
     bf16* hidden_out = nullptr;
-    // One token's attention with keys as the mma's M (ops.h attn_decode_int8): the engine asks
-    // decode_keys_as_m at the step's depth and captures the step's graph again when that changes.
-    bool keys_as_m = false;
 };
 
 // Runs every layer over T tokens at positions d_pos[0].., appending to the KV cache and advancing
@@ -263,7 +260,6 @@ struct MtpStep {
     bf16* out = nullptr;              // [T, H]; null: the rows only fill the MTP layer's KV cache
     float* logits = nullptr;          // optional [V] fp32 (or [logit_rows]); needs out
     int logit_rows = 0;               // > 0: the logits of ids [0, logit_rows) only (the LM head's first rows)
-    bool keys_as_m = false;           // as ForwardStep::keys_as_m
 };
 void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& kv, int context_max,
                  const Workspace& ws, const MtpStep& step, cudaStream_t stream, OpTimer* timer);

@@ -348,7 +348,7 @@ void gated_attention(const Ctx& c, const GatedAttentionWeights& w, const KvCache
         c.op(OpFamily::Attention, "attn_decode_int8", [&] {
             attn_decode_int8(ws.q, ws.gate, kv.k, kv.v, kv.k_scale, kv.v_scale, c.step.d_pos,
                              ws.mixed, ws.attn_partial, T, d.n_q_heads, d.n_kv_heads, d.head_dim,
-                             context_max, c.step.keys_as_m, c.st);
+                             context_max, c.st);
         });
     } else {
         c.op(OpFamily::Attention, "attn_prefill_int8", [&] {
@@ -695,7 +695,6 @@ void mtp_forward(const ModelDims& d, const ModelWeights& w, const KvCacheLayer& 
     step.d_ids = m.d_ids;
     step.d_pos = m.d_pos;
     step.pos0 = m.pos0;
-    step.keys_as_m = m.keys_as_m;
     // One row (a draft, or a decode step's MTP row) folds its norms as the decode step does.
     const bool folded = m.T == 1 && w.mtp_foldable && decode_fusion_enabled(DecodeFusion::Norms);
     const Ctx c{d, w, ws, step, stream, timer, folded, false};

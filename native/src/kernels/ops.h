@@ -89,19 +89,10 @@ void attn_prep(const bf16* qg, const bf16* k_raw, const bf16* q_norm_w, const bf
 // already be appended). q [Tq, nq, D] bf16 -> out [Tq, nq*D] bf16, multiplied by sigmoid(gate)
 // (gate [Tq, nq*D] bf16). Scale 1/sqrt(D), softmax in fp32. Query head h reads kv head h/(nq/nkv).
 // The sequence is split across SMs; `partial` is scratch of attn_decode_partial_floats() floats.
-// `keys_as_m`: one token of at most 8 query rows a KV head runs the keys as the mma's M dimension
-// (fewer registers: three blocks per SM on an H200 against two; faster over deep contexts, slower
-// over short ones); ignored for other calls. decode_keys_as_m(depth) says which form a one-token
-// pass after `depth` keys should take: from 49,152 on, or from LAMPO_ATTN_KEYS_M_FROM (0: always),
-// on a GPU that holds more of its blocks on an SM than of the rows-as-M form's (never elsewhere).
-// attn_keys_as_m_launches counts the launches of that form so far, eager or captured into a graph.
 size_t attn_decode_partial_floats(int Tq, int nq, int nkv, int D, int context_max);
-bool decode_keys_as_m(int depth);
-long long attn_keys_as_m_launches();
 void attn_decode_int8(const bf16* q, const bf16* gate, const uint8_t* k_cache, const uint8_t* v_cache,
                       const half* k_scale, const half* v_scale, const int32_t* d_pos, bf16* out,
-                      float* partial, int Tq, int nq, int nkv, int D, int context_max, bool keys_as_m,
-                      cudaStream_t stream);
+                      float* partial, int Tq, int nq, int nkv, int D, int context_max, cudaStream_t stream);
 
 // ---- attention_prefill.cu ------------------------------------------------------------------
 // Flash-style causal attention for a prefill chunk of T rows at positions pos0 .. pos0+T-1 over

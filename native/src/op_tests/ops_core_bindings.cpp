@@ -207,8 +207,7 @@ py::tuple py_attn_prep(Arr<uint16_t> qg, Arr<uint16_t> k_raw, Arr<uint16_t> q_no
 }
 
 py::array_t<uint16_t> py_attn_int8(bool decode, Arr<uint16_t> q, Arr<uint16_t> gate, Arr<int8_t> k_cache,
-                                   Arr<int8_t> v_cache, py::array k_scale, py::array v_scale, int pos0,
-                                   bool keys_as_m = false) {
+                                   Arr<int8_t> v_cache, py::array k_scale, py::array v_scale, int pos0) {
     const char* op = decode ? "attn_decode_int8" : "attn_prefill_int8";
     const auto ks = half_bits(k_scale), vs = half_bits(v_scale);
     const CacheArgs c = check_cache(op, k_cache, v_cache, ks, vs);
@@ -230,7 +229,7 @@ py::array_t<uint16_t> py_attn_int8(bool decode, Arr<uint16_t> q, Arr<uint16_t> g
         auto d_part = poisoned(attn_decode_partial_floats(T, nq, c.nkv, c.D, c.context_max) * 4);
         attn_decode_int8(as_bf16(d_q), as_bf16(d_g), d_kc.as<uint8_t>(), d_vc.as<uint8_t>(), d_ks.as<half>(),
                          d_vs.as<half>(), d_pos.as<int32_t>(), as_bf16(d_out), d_part.as<float>(), T, nq, c.nkv, c.D,
-                         c.context_max, keys_as_m, st.s);
+                         c.context_max, st.s);
         st.finish(op);
     } else {
         attn_prefill_int8(as_bf16(d_q), as_bf16(d_g), d_kc.as<uint8_t>(), d_vc.as<uint8_t>(), d_ks.as<half>(),
@@ -430,7 +429,7 @@ py::dict py_bench_linear(int out, int in, int T, int iters, bool f32_out) {
     return d;
 }
 
-py::dict py_bench_attn_decode(int nq, int nkv, int length, int Tq, int iters, bool keys_as_m) {
+py::dict py_bench_attn_decode(int nq, int nkv, int length, int Tq, int iters) {
     const int D = 256;
     const int context_max = (length + 63) / 64 * 64;
     const size_t rows = size_t(nkv) * context_max;
@@ -442,7 +441,7 @@ py::dict py_bench_attn_decode(int nq, int nkv, int length, int Tq, int iters, bo
     DeviceBuffer part(attn_decode_partial_floats(Tq, nq, nkv, D, context_max) * 4);
     const double us = time_graph(iters, [&](int, cudaStream_t s) {
         attn_decode_int8(as_bf16(q), as_bf16(gate), kc.as<uint8_t>(), vc.as<uint8_t>(), ks.as<half>(), vs.as<half>(),
-                         pos.as<int32_t>(), as_bf16(out), part.as<float>(), Tq, nq, nkv, D, context_max, keys_as_m, s);
+                         pos.as<int32_t>(), as_bf16(out), part.as<float>(), Tq, nq, nkv, D, context_max, s);
     });
     const double bytes = 2.0 * nkv * double(length) * (D + D / KV_GROUP * 2);
     py::dict d;
@@ -506,10 +505,11 @@ void register_core_ops(py::module_& ops) {
             "v_scale) also the INT8 append: + updated (k_cache, v_cache, k_scale, v_scale)");
     ops.def(
         "attn_decode_int8",
-        [](Arr<uint16_t> q, Arr<uint16_t> gate, Arr<int8_t> kc, Arr<int8_t> vc, py::array ks, py::array vs, int pos0,
-           bool keys_as_m) { return py_attn_int8(true, q, gate, kc, vc, ks, vs, pos0, keys_as_m); },
-        "q"_a, "gate"_a, "k_cache"_a, "v_cache"_a, "k_scale"_a, "v_scale"_a, "pos0"_a, "keys_as_m"_a = false,
-        "flash-decoding, query row t at pos0 + t -> [Tq, nq*D] bf16 bits (keys_as_m: one token's keys-as-M form)");
+        [](Arr<uint16_t> q, Arr<uint16_t> gate, Arr<int8_t> kc, Arr<int8_t> vc, py::array ks, py::array vs, int pos0) {
+            return py_attn_int8(true, q, gate, kc, vc, ks, vs, pos0);
+        },
+        "q"_a, "gate"_a, "k_cache"_a, "v_cache"_a, "k_scale"_a, "v_scale"_a, "pos0"_a,
+        "flash-decoding, query row t at pos0 + t -> [Tq, nq*D] bf16 bits");
     ops.def(
         "attn_prefill_int8",
         [](Arr<uint16_t> q, Arr<uint16_t> gate, Arr<int8_t> kc, Arr<int8_t> vc, py::array ks, py::array vs, int pos0) {
@@ -540,7 +540,7 @@ void register_core_ops(py::module_& ops) {
     ops.def("bench_linear", &py_bench_linear, "out"_a, "in_"_a, "T"_a, "iters"_a = 50, "f32_out"_a = false,
             "time linear_forward in a CUDA graph -> {us, GBps, TFLOPs}");
     ops.def("bench_attn_decode", &py_bench_attn_decode, "nq"_a, "nkv"_a, "length"_a, "Tq"_a = 1, "iters"_a = 50,
-            "keys_as_m"_a = false, "time attn_decode_int8 at a live length -> {us, GBps of KV read}");
+            "time attn_decode_int8 at a live length -> {us, GBps of KV read}");
     ops.def("bench_attn_prefill", &py_bench_attn_prefill, "nq"_a, "nkv"_a, "T"_a, "pos0"_a = 0, "iters"_a = 5,
             "time attn_prefill_int8 -> {us, TFLOPs (causal)}");
     ops.def("bench_sample", &py_bench_sample, "V"_a, "v_real"_a, "temperature"_a, "top_k"_a, "top_p"_a,

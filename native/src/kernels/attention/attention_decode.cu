@@ -12,9 +12,7 @@
 // the splits) merges the live splits and applies the sigmoid output gate. Needs head dim 256 and
 // Tq * (nq / nkv) <= 64.
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
-#include <stdexcept>
 #include <string>
 #include <type_traits>
 
@@ -29,13 +27,11 @@ constexpr int COMBINE_WARPS = 16;     // each warp sums every 16th split for 32 
 constexpr int COMBINE_PER_WARP = 16;  // splits per warp, their outputs held in registers
 constexpr int COMBINE_MAX_SPLITS = COMBINE_WARPS * COMBINE_PER_WARP;  // <= the block's threads
 
-// Blocks of a one-M-tile form resident on one SM by registers and shared memory, asked of the
-// runtime once: the rows-as-M form two on an H200 (one where an SM has about 100 KiB of shared
-// memory), the keys-as-M form of the decode step as many as its registers leave room for.
-template <bool KEYS_M>
+// Blocks of the one-M-tile form resident on one SM by registers and shared memory, asked of the
+// runtime once: two on an H100 or H200, one where an SM has about 100 KiB of shared memory.
 int decode_blocks_per_sm() {
     static const int blocks = [] {
-        auto kernel = attn::attn_int8_kernel<1, 4, false, KEYS_M>;
+        auto kernel = attn::attn_int8_kernel<1, 4, false>;
         const size_t smem = attn::smem_bytes(1, 4);
         allow_dynamic_smem(kernel, smem, "attn_decode_int8");
         int per_sm = 0;
@@ -43,20 +39,6 @@ int decode_blocks_per_sm() {
         return std::max(per_sm, 1);
     }();
     return blocks;
-}
-
-// Whether this GPU holds more keys-as-M blocks on an SM than rows-as-M ones. That extra block's
-// loads in flight are all the form gains: with as many blocks a SM it lost at every depth (H200,
-// both capped at two; docs/design/kernels-core.md), as it would where an SM has about 100 KiB of
-// shared memory and holds one block of either form.
-bool keys_as_m_gains() {
-    return decode_blocks_per_sm<true>() > decode_blocks_per_sm<false>();
-}
-
-// Whether a call asked for keys as M (attention_int8.cuh) can take it: one token of at most 8 rows,
-// on a GPU where the form gains.
-bool keys_as_m(bool asked, int Tq, int group) {
-    return asked && Tq == 1 && group <= 8 && keys_as_m_gains();
 }
 
 // Splits per KV head: as many as make one wave of blocks of the form (per_sm of them on every SM),
@@ -178,9 +160,9 @@ attn_decode_combine_kernel(const float* __restrict__ part_o, const float* __rest
     }
 }
 
-template <int MT, int KG, bool KEYS_M = false>
+template <int MT, int KG>
 void launch_decode(const attn::Params& p, cudaStream_t stream) {
-    auto kernel = attn::attn_int8_kernel<MT, KG, false, KEYS_M>;
+    auto kernel = attn::attn_int8_kernel<MT, KG, false>;
     const size_t smem = attn::smem_bytes(MT, KG);
     allow_dynamic_smem(kernel, smem, "attn_decode_int8");
     launch_pdl("attn_int8_kernel", kernel, dim3(p.nsplit, p.nkv), MT * KG * 32, smem, stream, p);
@@ -188,49 +170,18 @@ void launch_decode(const attn::Params& p, cudaStream_t stream) {
 
 }  // namespace
 
-// The depth from which the keys-as-M form is the faster one (H200, q5, docs/benchmarks.md: its step
-// 0.01-0.08 ms slower at 8,192 and 32,768 keys, equal or faster at 65,536, 0.138 / 0.377 ms faster
-// at 261,875 on the 35B-A3B / 27B: the forms cross between 32,768 and 65,536 keys). A keys-as-M
-// block is slower than a rows-as-M block; its gain is the third block per SM.
-constexpr int KEYS_AS_M_FROM = 49152;
-std::atomic<long long> keys_as_m_launch_count{0};  // attn_keys_as_m_launches()
-
-long long attn_keys_as_m_launches() { return keys_as_m_launch_count.load(std::memory_order_relaxed); }
-
-namespace {
-// The whole number at least `least` that the environment variable `name` holds, or `unset` when it
-// holds none; anything else is refused, naming what the number means.
-long env_number(const char* name, long least, long unset, const char* meaning) {
-    const char* env = std::getenv(name);
-    if (!env || !*env) return unset;
-    char* end = nullptr;
-    const long n = std::strtol(env, &end, 10);
-    if (*end != '\0' || n < least)
-        throw std::invalid_argument(std::string(name) + " must be " + meaning + ", got '" + env + "'");
-    return n;
-}
-}  // namespace
-
-bool decode_keys_as_m(int depth) {
-    return depth >= env_number("LAMPO_ATTN_KEYS_M_FROM", 0, KEYS_AS_M_FROM, "a number of keys (0: from the start)") &&
-           keys_as_m_gains();
-}
-
-// Room for every Tq up to the given one: one token may take more splits (keys as M) than a window.
+// Room for every Tq up to the given one: the most splits any form takes, for Tq rows of each.
 size_t attn_decode_partial_floats(int Tq, int nq, int nkv, int D, int context_max) {
-    const int one_per_sm = keys_as_m(true, 1, nq / nkv) ? decode_blocks_per_sm<true>() : decode_blocks_per_sm<false>();
-    int window_per_sm = decode_blocks_per_sm<false>();
+    int per_sm = decode_blocks_per_sm();
     for (WindowForm form : {WindowForm::Tiled64, WindowForm::Tiled32})
         for (int mt = 2; mt <= 4; ++mt)
-            if (attn_window_tiled_fits(form, mt))
-                window_per_sm = std::max(window_per_sm, attn_window_tiled_blocks_per_sm(form, mt));
-    const size_t one = size_t(decode_splits(context_max, nkv, one_per_sm)) * nq * (D + 2);
-    return std::max(one, size_t(decode_splits(context_max, nkv, window_per_sm)) * Tq * nq * (D + 2));
+            if (attn_window_tiled_fits(form, mt)) per_sm = std::max(per_sm, attn_window_tiled_blocks_per_sm(form, mt));
+    return size_t(decode_splits(context_max, nkv, per_sm)) * Tq * nq * (D + 2);
 }
 
 void attn_decode_int8(const bf16* q, const bf16* gate, const uint8_t* k_cache, const uint8_t* v_cache,
                       const half* k_scale, const half* v_scale, const int32_t* d_pos, bf16* out, float* partial,
-                      int Tq, int nq, int nkv, int D, int context_max, bool keys_m_asked, cudaStream_t stream) {
+                      int Tq, int nq, int nkv, int D, int context_max, cudaStream_t stream) {
     const char* op = "attn_decode_int8";
     require(D == attn::D, op, "head dim must be 256 (the Qwen3.5/3.6 family), got " + std::to_string(D));
     require(nkv > 0 && nq % nkv == 0, op, "nq must be a multiple of nkv");
@@ -241,28 +192,17 @@ void attn_decode_int8(const bf16* q, const bf16* gate, const uint8_t* k_cache, c
     p.q = q; p.gate = gate; p.k_cache = k_cache; p.v_cache = v_cache; p.k_scale = k_scale; p.v_scale = v_scale;
     p.nq = nq; p.nkv = nkv; p.group = nq / nkv; p.context_max = context_max; p.T = Tq;
     p.d_pos = d_pos;
-    const bool keys_m = keys_as_m(keys_m_asked, Tq, p.group);
     const int mt = ceil_div(Tq * p.group, 16);
     const WindowForm form = window_form(mt);
     const bool tiled = form != WindowForm::Core;
-    p.nsplit = decode_splits(context_max, nkv,
-                             tiled    ? attn_window_tiled_blocks_per_sm(form, mt)
-                             : keys_m ? decode_blocks_per_sm<true>()
-                                      : decode_blocks_per_sm<false>());
+    p.nsplit = decode_splits(context_max, nkv, tiled ? attn_window_tiled_blocks_per_sm(form, mt) : decode_blocks_per_sm());
     p.part_o = partial;
     p.part_ml = partial + size_t(p.nsplit) * Tq * nq * D;
     if (tiled) {
         attn_window_tiled(form, p, mt, stream);
     } else {
         switch (mt) {
-            case 1:
-                if (keys_m) {
-                    launch_decode<1, 4, true>(p, stream);
-                    keys_as_m_launch_count.fetch_add(1, std::memory_order_relaxed);
-                } else {
-                    launch_decode<1, 4>(p, stream);
-                }
-                break;
+            case 1: launch_decode<1, 4>(p, stream); break;
             case 2: launch_decode<2, 2>(p, stream); break;
             case 3: launch_decode<3, 1>(p, stream); break;
             default: launch_decode<4, 1>(p, stream); break;

@@ -23,26 +23,11 @@
 //  is in fp32, base 2.
 // At the end the KG warps of an M-tile merge (max, sum, output) through shared memory, over the Q
 // fragments and the pipeline that no warp reads any more.
-// Keys as M (KEYS_M, the decode step: one token, at most 8 query rows): S^T = K Q^T with the 16
-// keys of a step as the M dimension and the query rows as N = 8, so a step takes 16 mma where the
-// rows-as-M form pads 8 rows to 16 and takes 32, and O^T = V^T P^T holds a lane's output in 64
-// accumulators instead of 128 (room for a third block per SM). Lane (r, c) loads what it loads in
-// the rows-as-M form: its 16 bytes of keys r and r + 8 in each scale group are the A operand of
-// four k-steps (dims 4s, 4s + 1 of the lane's 16 at k 2c, 2c + 1; dims 4s + 2, 4s + 3 at k 2c + 8,
-// 2c + 9), Q's row r the B operand (Q's dims stored in the lane's order, not as A fragments). Those
-// four k-steps take the keys' unscaled codes 1152 + q into a group's own accumulators, and the
-// group's score is scale * (that - 1152 * sum of the group's Q) in fp32: no fp16 work per K value
-// but the byte permute, and no rounding of q * scale to fp16. The
-// S^T accumulators (key r / r + 8, queries 2c, 2c + 1) become P^T's B fragment (keys 2c, 2c + 1 /
-// 2c + 8, 2c + 9, query r) by one 8x8 transpose each (movmatrix). O^T's m-tile j row rho is dim
-// 32 (rho % 8) + 16 (rho / 8) + j, so lane (r, c) reads the 32 bytes of dims 32r .. 32r + 31 (one
-// scale group) of keys 2c, 2c + 1, 2c + 8, 2c + 9 and interleaves them as the rows-as-M form does.
 // Decode blocks read d_pos and issue the INT8 rows of their leading tiles (up to STAGES) that hold
 // only keys of earlier forward passes before the PDL wait (the rule in common.cuh).
 #pragma once
 
 #include <cfloat>
-#include <type_traits>
 
 #include "kernels/common.cuh"
 #include "kernels/mma_sync.cuh"
@@ -272,146 +257,6 @@ __device__ __forceinline__ void attend16(WarpState& s, const Stage& st, const ui
     }
 }
 
-// Online-softmax state of one warp in the keys-as-M form: queries 2c, 2c + 1 of its lane (c = lane
-// % 4); o[j] = O^T rows r, r + 8 of m-tile j (dims 32r + j, 32r + 16 + j) for those two queries.
-struct KeysState {
-    float o[16][4];
-    float m[2];
-    float l[2];      // this lane's keys only: summed over the lanes of a query at the end
-    float qz[4][2];  // 1152 * the sum of those queries' fp16 dims in scale group i (attend16_keys)
-};
-
-// KeysState::qz from the warp's Q fragments (attend16_keys' layout; every lane of the warp calls).
-__device__ __forceinline__ void keys_q_sums(KeysState& s, const uint4* __restrict__ qw, int lane) {
-    const int c = lane & 3;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        float sum = 0.0f;  // query lane / 4, the lane's 16 dims of group i
-#pragma unroll
-        for (int part = 0; part < 2; ++part) {
-            const uint4 q = qw[((i * 2 + 0) * 2 + part) * 32 + lane];
-            const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[k]));
-                sum += f.x + f.y;
-            }
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        s.qz[i][0] = 1152.0f * __shfl_sync(0xffffffffu, sum, 8 * c);
-        s.qz[i][1] = 1152.0f * __shfl_sync(0xffffffffu, sum, 8 * c + 4);
-    }
-}
-
-// The transpose of an 8x8 b16 matrix whose row r, columns 2c, 2c + 1 lane (r, c) holds.
-__device__ __forceinline__ uint32_t transpose8x8(uint32_t x) {
-    uint32_t y;
-    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-    return y;
-}
-
-// One step of 16 keys (stage rows kb .. kb + 15) for one warp, keys as M; every query row sees
-// keys up to `lim` (one token).
-__device__ __forceinline__ void attend16_keys(KeysState& s, const Stage& st, const uint4* __restrict__ qw, int kb,
-                                              int key0, int lim, int lane) {
-    const int r = lane >> 2, c = lane & 3;
-    float sc[4] = {};
-    // ---- S^T = K Q^T over the 256 head dims: per scale group i, four k-steps on the keys' codes
-    //      (1152 + q, exact in fp16), then sc += scale (codes . Q - 1152 sum(Q)) in fp32
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const uint4 qa = qw[((i * 2 + 0) * 2 + 0) * 32 + lane];  // query r, the lane's dims 0..7 of group i
-        const uint4 qb = qw[((i * 2 + 0) * 2 + 1) * 32 + lane];  // dims 8..15
-        const uint32_t q_lo[4] = {qa.x, qa.z, qb.x, qb.z};       // k-step t: dims 4t, 4t + 1
-        const uint32_t q_hi[4] = {qa.y, qa.w, qb.y, qb.w};       // dims 4t + 2, 4t + 3
-        const int key_a = kb + r, key_b = kb + r + 8;           // the same swizzle (same parity)
-        const int chunk = ((4 * i + c) ^ k_swizzle(key_a)) * 16;
-        const uint4 ka = *reinterpret_cast<const uint4*>(st.k() + key_a * D + chunk);
-        const uint4 kk = *reinterpret_cast<const uint4*>(st.k() + key_b * D + chunk);
-        const float sa = __half2float(st.k_scale()[key_a * GROUPS + i]);
-        const float sb = __half2float(st.k_scale()[key_b * GROUPS + i]);
-        const uint32_t wa[4] = {ka.x, ka.y, ka.z, ka.w};
-        const uint32_t wb[4] = {kk.x, kk.y, kk.z, kk.w};
-        float g[4] = {};
-#pragma unroll
-        for (int t = 0; t < 4; ++t) {
-            const uint32_t a[4] = {codes2(wa[t], 0x4140), codes2(wb[t], 0x4140), codes2(wa[t], 0x4342),
-                                   codes2(wb[t], 0x4342)};
-            mma_f16_16816(g, a, q_lo[t], q_hi[t]);
-        }
-        sc[0] = fmaf(sa, g[0] - s.qz[i][0], sc[0]);
-        sc[1] = fmaf(sa, g[1] - s.qz[i][1], sc[1]);
-        sc[2] = fmaf(sb, g[2] - s.qz[i][0], sc[2]);
-        sc[3] = fmaf(sb, g[3] - s.qz[i][1], sc[3]);
-    }
-    // ---- online softmax per query (log2 domain); sc[e]: key r (+8 for e >= 2), query 2c + e % 2
-    float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        const int key = key0 + kb + r + (e >= 2 ? 8 : 0);
-        sc[e] = key <= lim ? sc[e] * SCALE_LOG2 : -INFINITY;
-        mx[e & 1] = fmaxf(mx[e & 1], sc[e]);
-    }
-    float alpha[2], base[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 4));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 8));
-        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 16));
-        softmax_rebase(s.m[h], s.l[h], mx[h], base[h], alpha[h]);
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        sc[e] = exp2f(sc[e] - base[e & 1]);
-        s.l[e & 1] += sc[e];
-    }
-    if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {  // the max moved for some query
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-            s.o[j][0] *= alpha[0]; s.o[j][2] *= alpha[0];
-            s.o[j][1] *= alpha[1]; s.o[j][3] *= alpha[1];
-        }
-    }
-    const uint32_t p_lo = transpose8x8(pack_half2(sc[0], sc[1]));  // keys 2c, 2c + 1 of query r
-    const uint32_t p_hi = transpose8x8(pack_half2(sc[2], sc[3]));  // keys 2c + 8, 2c + 9
-    // ---- O^T += V^T P^T: keys kb + 2c, +1, +8, +9, 32 bytes each at dims 32r
-    const int k0 = kb + 2 * c;
-    const int swz = v_swizzle(k0);  // the same for the four keys
-    const int lo = ((2 * r) ^ swz) * 16, hi = ((2 * r + 1) ^ swz) * 16;
-    const int keys[4] = {k0, k0 + 1, k0 + 8, k0 + 9};
-    uint4 vl[4], vh[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-        vl[q] = *reinterpret_cast<const uint4*>(st.v() + keys[q] * D + lo);
-        vh[q] = *reinterpret_cast<const uint4*>(st.v() + keys[q] * D + hi);
-    }
-    const half* vs = st.v_scale();
-    const int g = r >> 1;
-    const __half2 s01 = __halves2half2(vs[k0 * GROUPS + g], vs[(k0 + 1) * GROUPS + g]);
-    const __half2 s89 = __halves2half2(vs[(k0 + 8) * GROUPS + g], vs[(k0 + 9) * GROUPS + g]);
-    auto word = [](const uint4& v, int wi) { return wi == 0 ? v.x : wi == 1 ? v.y : wi == 2 ? v.z : v.w; };
-#pragma unroll
-    for (int wi = 0; wi < 4; ++wi) {
-        // the two keys of each register interleaved: [k b0, k' b0, k b1, k' b1], [k b2, k' b2, k b3, k' b3]
-        uint32_t t[4][2];  // lo keys 0/1, hi keys 0/1, lo keys 8/9, hi keys 8/9
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const uint4* src = u & 1 ? vh : vl;
-            const uint32_t a = word(src[(u >> 1) * 2], wi), b = word(src[(u >> 1) * 2 + 1], wi);
-            t[u][0] = prmt(a, b, 0x5140);
-            t[u][1] = prmt(a, b, 0x7362);
-        }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const uint32_t sel = (e & 1) ? 0x4342 : 0x4140;
-            const uint32_t a[4] = {dequant2(t[0][e >> 1], sel, s01), dequant2(t[1][e >> 1], sel, s01),
-                                   dequant2(t[2][e >> 1], sel, s89), dequant2(t[3][e >> 1], sel, s89)};
-            mma_f16_16816(s.o[4 * wi + e], a, p_lo, p_hi);
-        }
-    }
-}
-
 // A decode block's keys [kbeg, kend): split blockIdx.x of the live length d_pos[0] + T
 // (split_chunk); none where kbeg >= kend. pos_first = d_pos[0], the first position the pass appends.
 // d_pos and the keys below it come from earlier forward passes (common.cuh): read before the wait.
@@ -519,9 +364,8 @@ struct QChunk {
     __device__ explicit QChunk(int e) : ln(e & 31), part((e >> 5) & 1), hh((e >> 6) & 1), i((e >> 7) & 3), mt(e >> 9) {}
 };
 
-template <int MT, int KG, bool PREFILL, bool KEYS_M = false>
+template <int MT, int KG, bool PREFILL>
 __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p) {
-    static_assert(!KEYS_M || (MT == 1 && !PREFILL), "keys as M: the decode step's one M-tile of rows");
     constexpr int NT = MT * KG * 32;
     extern __shared__ __align__(16) uint8_t smem[];
     uint4* qfrag = reinterpret_cast<uint4*>(smem);
@@ -612,10 +456,9 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
     }
     cp_async_commit();
 
-    // ---- Q -> fp16 fragments. Thread e converts QChunk(e). Keys as M keep it so, at entry e. Rows
-    //      as M store mma A fragments: entry ((mt * 4 + i) * 4 + t) * 32 + ln is k-step t of group i
-    //      for lane ln = (r, c): {row r, row r + 8} x dims 64 i + 16 c + 4 t + {0, 1}, then the same
-    //      rows' dims + {2, 3}.
+    // ---- Q -> fp16 fragments. Thread e converts QChunk(e) and stores mma A fragments: entry
+    //      ((mt * 4 + i) * 4 + t) * 32 + ln is k-step t of group i for lane ln = (r, c): {row r,
+    //      row r + 8} x dims 64 i + 16 c + 4 t + {0, 1}, then the same rows' dims + {2, 3}.
     constexpr int Q_PER_THREAD = MT * 512 / NT, Q_GROUP = Q_PER_THREAD < 4 ? Q_PER_THREAD : 4;
     static_assert(MT * 512 % NT == 0 && Q_PER_THREAD % Q_GROUP == 0, "whole groups of Q entries per thread");
 #pragma unroll
@@ -636,16 +479,12 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
         for (int g = 0; g < Q_GROUP; ++g) {
             const int e = threadIdx.x + (g0 + g) * NT;
             const uint4 h = bf16x8_to_half(raw[g]);
-            if constexpr (KEYS_M) {
-                qfrag[e] = h;
-            } else {
-                const QChunk qc(e);
-                uint32_t* a = reinterpret_cast<uint32_t*>(qfrag + ((qc.mt * 4 + qc.i) * 4 + 2 * qc.part) * 32 + qc.ln);
-                a[qc.hh] = h.x;  // k-step 2 part
-                a[2 + qc.hh] = h.y;
-                a[128 + qc.hh] = h.z;  // k-step 2 part + 1, 32 entries on
-                a[128 + 2 + qc.hh] = h.w;
-            }
+            const QChunk qc(e);
+            uint32_t* a = reinterpret_cast<uint32_t*>(qfrag + ((qc.mt * 4 + qc.i) * 4 + 2 * qc.part) * 32 + qc.ln);
+            a[qc.hh] = h.x;  // k-step 2 part
+            a[2 + qc.hh] = h.y;
+            a[128 + qc.hh] = h.z;  // k-step 2 part + 1, 32 entries on
+            a[128 + 2 + qc.hh] = h.w;
         }
     }
 
@@ -656,15 +495,11 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
     const int warp_lim = __reduce_max_sync(0xffffffffu, max(lim0, lim1));
     const uint4* qw = qfrag + mt * 512;
 
-    std::conditional_t<KEYS_M, KeysState, WarpState> s;
+    WarpState s;
 #pragma unroll
     for (int j = 0; j < int(sizeof(s.o) / sizeof(s.o[0])); ++j) s.o[j][0] = s.o[j][1] = s.o[j][2] = s.o[j][3] = 0.0f;
     s.m[0] = s.m[1] = -INFINITY;
     s.l[0] = s.l[1] = 0.0f;
-    if constexpr (KEYS_M) {  // the Q sums read every lane's fragments
-        __syncthreads();
-        keys_q_sums(s, qw, lane);
-    }
 
     for (int it = 0; it < ntiles; ++it) {
         cp_async_wait<STAGES - 2>();
@@ -681,8 +516,7 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
         for (int sub = 0; sub < 4 / KG; ++sub) {
             const int kb = kg * (KEYS / KG) + sub * 16;
             if (key0 + kb > warp_lim) break;  // causal: nothing visible from here on for this warp
-            if constexpr (KEYS_M) attend16_keys(s, st, qw, kb, key0, warp_lim, lane);
-            else attend16(s, st, qw, kb, key0, lim0, lim1, lane);
+            attend16(s, st, qw, kb, key0, lim0, lim1, lane);
         }
     }
     cp_async_wait<0>();
@@ -692,32 +526,9 @@ __global__ void __launch_bounds__(MT * KG * 32) attn_int8_kernel(const Params p)
     float* mo = reinterpret_cast<float*>(smem);        // [KG][MT*16][MERGE_STRIDE], over Q and the pipeline
     float* mml = mo + KG * MT * 16 * MERGE_STRIDE;     // [KG][MT*16][2]
     const int c = lane & 3;
-    if constexpr (KEYS_M) {  // lane (r, c): queries 2c, 2c + 1, dims 32r + j and 32r + 16 + j
-        const int r = lane >> 2;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 4);
-            s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 8);
-            s.l[h] += __shfl_xor_sync(0xffffffffu, s.l[h], 16);
-        }
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            float* o = mo + (kg * 16 + 2 * c + e) * MERGE_STRIDE;
-#pragma unroll
-            for (int j = 0; j < 16; ++j) {
-                const int d0 = 32 * r + j, d1 = d0 + 16;
-                o[d0 + (d0 >> 5)] = s.o[j][e];
-                o[d1 + (d1 >> 5)] = s.o[j][2 + e];
-            }
-            if (r == 0) {
-                mml[(kg * 16 + 2 * c + e) * 2] = s.m[e];
-                mml[(kg * 16 + 2 * c + e) * 2 + 1] = s.l[e];
-            }
-        }
-    } else {  // the output dims as attend16 permuted them
-        put_rows_state(mo, mml, s, kg * MT * 16 + row0, c,
-                       [c](int j, int e) { return 128 * (j >> 4) + 16 * (2 * c + e) + (j & 15); });
-    }
+    // the output dims as attend16 permuted them
+    put_rows_state(mo, mml, s, kg * MT * 16 + row0, c,
+                   [c](int j, int e) { return 128 * (j >> 4) + 16 * (2 * c + e) + (j & 15); });
     __syncthreads();
     merge_and_store<MT, KG, PREFILL>(mo, mml, p, nrows, t0, split, kvh);
 }
