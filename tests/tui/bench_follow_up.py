@@ -20,7 +20,6 @@ import argparse
 import json
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from lampo.models.presets import get_preset  # noqa: E402
 from lampo.models.sampling_params import GREEDY, SamplingParams  # noqa: E402
 from lampo.models.synthetic import write_checkpoint  # noqa: E402
 from lampo.store import Store  # noqa: E402
+
 
 def document_text(tokenizer, n_tokens: int) -> str:
     """About `n_tokens` tokens of text: the repository's Markdown documentation, repeated."""
